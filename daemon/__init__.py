@@ -1,0 +1,18 @@
+"""swarmd: a peer-to-peer volunteer-computing daemon for training transformer models.
+
+The process side lives here (import package ``swarmd``, folder ``daemon/``):
+
+- ``cli``        the ``swarmd`` command: run, run create, status, peers, demo
+- ``config``     the TOML config file as per-section dataclasses
+- ``node``       composes the services of one daemon and runs them on one asyncio loop
+- ``control``    the local control API: a Unix socket in the state directory
+- ``service``    systemd integration (sd_notify) and signal handling
+- ``device``     what this machine has: CPU/GPU model, memory, measured throughput
+- ``children``   ties child processes' lives to the daemon's
+- ``errors``     the one error hierarchy every package raises from
+
+``swarmd.peers`` holds everything that talks to or reasons about other peers;
+``swarmd.models`` what is trained. This file stays tiny: importing either subpackage runs it.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,5 @@
+"""``python -m swarmd``: the same as the ``swarmd`` command."""
+
+from swarmd.cli import main
+
+raise SystemExit(main())

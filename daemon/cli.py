@@ -1,0 +1,280 @@
+"""The ``swarmd`` command.
+
+    swarmd run --run-id ID [--initial-peers MADDR ...]   join a run and stay in it
+    swarmd run create --spec FILE                         sign a run spec, print its run ID
+    swarmd status [--json]                                this peer, its run and the peers it sees
+    swarmd peers [--json]                                 the swarm, one line a peer
+    swarmd demo                                           a local swarm on 127.0.0.1
+
+User errors print one line and exit non-zero; ``--debug`` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from swarmd import __version__
+from swarmd.errors import SwarmdError
+
+logger = logging.getLogger("swarmd")
+
+EXIT_USAGE = 2
+EXIT_FAILURE = 1
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, help="TOML config file (default: $SWARMD_CONFIG, else built-in defaults)")
+    p.add_argument("--state-dir", help="state directory (overrides [node] state_dir)")
+    p.add_argument("--debug", action="store_true", help="debug logging, and tracebacks on errors")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="swarmd", description="Peer-to-peer volunteer training daemon.")
+    parser.add_argument("--version", action="version", version=f"swarmd {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="join a run's swarm (or 'run create' a new run)")
+    run.add_argument("action", nargs="?", choices=["create"], help="'create': sign a run spec and print its run ID")
+    run.add_argument("--run-id", help="the run to join (overrides [swarm] run_id)")
+    run.add_argument("--spec", type=Path, help="with 'create': the run spec file (TOML or .json)")
+    run.add_argument("--initial-peers", nargs="+", metavar="MADDR", help="multiaddrs of peers in the swarm")
+    run.add_argument("--host-maddrs", nargs="+", metavar="MADDR", help="where the DHT listens")
+    run.add_argument("--lan-maddr", metavar="MADDR", help="where the LAN-discovery host listens")
+    run.add_argument("--no-mdns", action="store_true", help="no LAN discovery")
+    run.add_argument("--no-nat-port-map", action="store_true", help="no UPnP/NAT-PMP port mapping")
+    run.add_argument("--join-timeout", type=float, metavar="S", help="give up joining after S seconds")
+    run.add_argument("--heartbeat-interval", type=float, metavar="S")
+    run.add_argument("--heartbeat-ttl", type=float, metavar="S")
+    run.add_argument("--no-benchmark", action="store_true", help="skip the throughput measurement at start")
+    _add_common(run)
+
+    for name, help_text in (("status", "this peer, its run and the peers it sees"), ("peers", "list the swarm")):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        _add_common(p)
+
+    demo = sub.add_parser("demo", help="start a local swarm of daemons on 127.0.0.1 and show it")
+    demo.add_argument("--peers", type=int, default=3, help="how many daemons (default 3)")
+    demo.add_argument("--duration", type=float, default=0, help="stop after S seconds (default: until Ctrl-C)")
+    demo.add_argument("--debug", action="store_true")
+    return parser
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    if level != "debug":
+        # hivemind logs every bootstrap hiccup at WARNING; our own messages say what matters.
+        logging.getLogger("hivemind").setLevel(logging.ERROR)
+        for noisy in ("libp2p", "zeroconf", "multiaddr"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from swarmd.config import load_config
+
+    path = args.config or (Path(os.environ["SWARMD_CONFIG"]) if os.environ.get("SWARMD_CONFIG") else None)
+    config = load_config(path)
+    if args.state_dir:
+        config.node.state_dir = args.state_dir
+    return config
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from swarmd.config import ConfigError, HeartbeatConfig, SwarmConfig
+
+    config = _load(args)
+    _configure_logging("debug" if args.debug else config.node.log_level)
+    if args.action == "create":
+        return cmd_run_create(args, config)
+    if args.spec:
+        raise ConfigError("--spec goes with 'swarmd run create'; to join a run give --run-id")
+    sw = config.swarm
+    overrides: dict[str, Any] = {
+        "run_id": args.run_id, "initial_peers": args.initial_peers, "host_maddrs": args.host_maddrs,
+        "lan_maddr": args.lan_maddr, "join_timeout_s": args.join_timeout,
+    }  # fmt: skip
+    values = {**sw.__dict__, **{k: v for k, v in overrides.items() if v is not None}}
+    if args.no_mdns:
+        values["mdns"] = False
+    if args.no_nat_port_map:
+        values["nat_port_map"] = False
+    config.swarm = SwarmConfig(**values)  # re-validates the flags
+    hb = config.heartbeat
+    config.heartbeat = HeartbeatConfig(
+        interval_s=args.heartbeat_interval or hb.interval_s, ttl_s=args.heartbeat_ttl or hb.ttl_s
+    )
+    if args.no_benchmark:
+        config.compute.benchmark = False
+    if not config.swarm.run_id:
+        raise ConfigError("no run to join: pass --run-id ID (or set [swarm] run_id); 'swarmd run create' makes one")
+    return _run_node(config)
+
+
+def _run_node(config: Any) -> int:
+    from swarmd.node import Node
+
+    node = Node(config, config.swarm.run_id)
+
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        signals_seen = 0
+
+        def on_signal(signum: int) -> None:
+            nonlocal signals_seen
+            signals_seen += 1
+            if signals_seen == 1:
+                logger.info("Got %s; stopping (send it again to exit at once)", signal.Signals(signum).name)
+                node.request_stop()
+            else:
+                logger.warning("Second signal: exiting at once")
+                if node.dht is not None and node.dht.process_id:
+                    try:
+                        os.killpg(node.dht.process_id, signal.SIGKILL)
+                    except OSError:
+                        pass
+                os._exit(EXIT_FAILURE)
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal, sig)
+        return await node.run()
+
+    code = asyncio.run(main())
+    logger.info("Stopped")
+    return code
+
+
+def cmd_run_create(args: argparse.Namespace, config: Any) -> int:
+    from swarmd.config import ConfigError
+    from swarmd.node import prepare_state_dir, save_spec
+    from swarmd.peers.identity import load_or_create_identity
+    from swarmd.peers.run_spec import load_spec_file, sign_run_spec
+
+    if args.spec is None:
+        raise ConfigError("'swarmd run create' needs --spec FILE (see README for the format)")
+    spec = load_spec_file(args.spec)
+    state_dir = prepare_state_dir(config.node.state_path)
+    identity = load_or_create_identity(state_dir)
+    signed = sign_run_spec(identity, spec)
+    path = save_spec(state_dir, signed)
+    print(signed.run_id)
+    print(
+        f"Signed by {identity.peer_id}; saved to {path}.\n"
+        f"Serve it with:  swarmd run --run-id {signed.run_id}\n"
+        f"Others join with:  swarmd run --run-id {signed.run_id} --initial-peers <this daemon's address>",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _control_path(args: argparse.Namespace) -> Path:
+    from swarmd.control import SOCKET_FILENAME
+
+    if args.state_dir or args.config or os.environ.get("SWARMD_CONFIG"):
+        return _load(args).node.state_path / SOCKET_FILENAME
+    from swarmd.config import DEFAULT_STATE_DIR, load_config
+
+    user_socket = Path(DEFAULT_STATE_DIR).expanduser() / SOCKET_FILENAME
+    system_config = Path("/etc/swarmd/config.toml")
+    if not user_socket.exists() and system_config.exists():
+        return load_config(system_config).node.state_path / SOCKET_FILENAME
+    return user_socket
+
+
+def _fmt_duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def _fmt_peers(peers: list[dict[str, Any]]) -> list[str]:
+    lines = [f"  {'PEER':<54} {'AGE':>6} {'RTT':>9} {'DEVICE':<6} {'GFLOP/S':>8} {'UPTIME':>8}  ROLES"]
+    for p in peers:
+        rtt = "-" if p["rtt_ms"] is None else f"{p['rtt_ms']:.1f}ms"
+        lines.append(
+            f"  {p['peer_id']:<54} {p['age_s']:>5.1f}s {rtt:>9} {p['device']['kind']:<6} "
+            f"{p['throughput_gflops']:>8.1f} {_fmt_duration(p['uptime_s']):>8}  {','.join(p['roles'])}"
+        )
+    return lines
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from swarmd.control import call
+
+    result = call(_control_path(args), "status")
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    run = result["run"]
+    run_text = result["run_id"] + (
+        f" ({run['model']}, {run['layers']} layers, hidden {run['hidden']}, {run['stages']} stages)" if run else ""
+    )
+    device = result["device"]
+    lines = [
+        f"peer      {result['peer_id']}",
+        f"state     {result['state']}, up {_fmt_duration(result['uptime_s'])}, swarmd {result['version']}",
+        f"run       {run_text}",
+        f"roles     {', '.join(result['roles'])}",
+        f"device    {device['kind']}: {device['name']}, {device['memory_bytes'] / 2**30:.1f} GiB, "
+        f"{result['throughput_gflops']:.1f} GFLOP/s",
+        f"addresses {' '.join(result['addrs']) or '-'}",
+        f"peers     {len(result['peers'])} seen",
+    ]
+    if result["peers"]:
+        lines += _fmt_peers(result["peers"])
+    print("\n".join(lines))
+    return 0
+
+
+def cmd_peers(args: argparse.Namespace) -> int:
+    from swarmd.control import call
+
+    result = call(_control_path(args), "peers")
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"run {result['run_id']}: {len(result['peers'])} other peer(s)")
+        if result["peers"]:
+            print("\n".join(_fmt_peers(result["peers"])))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from swarmd.demo import run_demo
+
+    _configure_logging("debug" if args.debug else "info")
+    return run_demo(args.peers, args.duration)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handlers = {"run": cmd_run, "status": cmd_status, "peers": cmd_peers, "demo": cmd_demo}
+    try:
+        return handlers[args.command](args)
+    except SwarmdError as e:
+        if getattr(args, "debug", False):
+            logger.exception("Failed")
+        print(f"swarmd: error: {e}", file=sys.stderr)
+        return EXIT_USAGE if type(e).__name__ == "ConfigError" else EXIT_FAILURE
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:
+        if getattr(args, "debug", False):
+            raise
+        print(f"swarmd: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback, "
+              "and please report it)", file=sys.stderr)  # fmt: skip
+        return EXIT_FAILURE

@@ -1,0 +1,167 @@
+"""The daemon's configuration: one TOML file, one dataclass per section, CLI flags on top.
+
+Each field's docstring says what it is; ``__post_init__`` checks ranges and names the value
+and the limit. The example file ``packaging/config.example.toml`` documents every key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from swarmd.errors import ConfigError
+
+DEFAULT_STATE_DIR = "~/.local/state/swarmd"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _check_range(section: str, name: str, value: float, lo: float, hi: float) -> None:
+    if not lo <= value <= hi:
+        raise ConfigError(f"[{section}] {name} = {value} is outside the allowed range [{lo}, {hi}]")
+
+
+@dataclass(kw_only=True)
+class NodeConfig:
+    state_dir: str = DEFAULT_STATE_DIR
+    """Identity key, control socket and cached run specs live here (mode 0700)."""
+    log_level: str = "info"
+    """debug, info, warning or error."""
+    stop_timeout_s: float = 30.0
+    """How long a SIGTERM may take before the daemon exits anyway."""
+
+    def __post_init__(self) -> None:
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(f"[node] log_level = {self.log_level!r} is not one of {', '.join(LOG_LEVELS)}")
+        _check_range("node", "stop_timeout_s", self.stop_timeout_s, 1, 600)
+
+    @property
+    def state_path(self) -> Path:
+        return Path(self.state_dir).expanduser()
+
+
+@dataclass(kw_only=True)
+class SwarmConfig:
+    run_id: str = ""
+    """The run to join; ``swarmd run --run-id`` overrides."""
+    initial_peers: list[str] = field(default_factory=list)
+    """Multiaddrs of peers already in the swarm."""
+    host_maddrs: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/31337"])
+    """Where the DHT's libp2p daemon listens."""
+    announce_maddrs: list[str] = field(default_factory=list)
+    """Public addresses to announce when behind port forwarding."""
+    lan_maddr: str = "/ip4/0.0.0.0/tcp/0"
+    """Where the py-libp2p host for LAN discovery listens."""
+    mdns: bool = True
+    """Find peers of the same run on the LAN with mDNS."""
+    nat_port_map: bool = True
+    """Ask the router for a port mapping (UPnP / NAT-PMP)."""
+    relay: bool = True
+    """Allow reaching and being reached through libp2p circuit relays."""
+    join_timeout_s: float = 60.0
+    """Give up when no peer serves the run spec within this time."""
+
+    def __post_init__(self) -> None:
+        _check_range("swarm", "join_timeout_s", self.join_timeout_s, 1, 3600)
+        for name in ("initial_peers", "host_maddrs", "announce_maddrs"):
+            for maddr in getattr(self, name):
+                _check_maddr(f"[swarm] {name}", maddr)
+        _check_maddr("[swarm] lan_maddr", self.lan_maddr)
+        if not self.host_maddrs:
+            raise ConfigError("[swarm] host_maddrs is empty; give at least one address to listen on")
+
+
+@dataclass(kw_only=True)
+class HeartbeatConfig:
+    interval_s: float = 15.0
+    """How often this peer re-publishes its signed heartbeat."""
+    ttl_s: float = 60.0
+    """How long a heartbeat stays valid; peers silent longer are dropped."""
+
+    def __post_init__(self) -> None:
+        _check_range("heartbeat", "interval_s", self.interval_s, 0.2, 600)
+        _check_range("heartbeat", "ttl_s", self.ttl_s, 1, 3600)
+        if self.ttl_s < 2 * self.interval_s:
+            raise ConfigError(
+                f"[heartbeat] ttl_s = {self.ttl_s} is under twice interval_s = {self.interval_s}: one lost "
+                "heartbeat would drop this peer; raise ttl_s or lower interval_s"
+            )
+
+
+@dataclass(kw_only=True)
+class ComputeConfig:
+    device: str = "auto"
+    """auto, cpu, cuda or cuda:N."""
+    benchmark: bool = True
+    """Measure matmul throughput at start (published in heartbeats)."""
+
+    def __post_init__(self) -> None:
+        if self.device not in ("auto", "cpu", "cuda") and not (
+            self.device.startswith("cuda:") and self.device[5:].isdigit()
+        ):
+            raise ConfigError(f"[compute] device = {self.device!r} is not auto, cpu, cuda or cuda:N")
+
+
+@dataclass(kw_only=True)
+class Config:
+    node: NodeConfig = field(default_factory=NodeConfig)
+    swarm: SwarmConfig = field(default_factory=SwarmConfig)
+    heartbeat: HeartbeatConfig = field(default_factory=HeartbeatConfig)
+    compute: ComputeConfig = field(default_factory=ComputeConfig)
+
+
+def _check_maddr(where: str, maddr: object) -> None:
+    from multiaddr import Multiaddr  # deferred: keeps `swarmd --help` fast
+
+    if not isinstance(maddr, str):
+        raise ConfigError(f"{where}: {maddr!r} is not a string multiaddr")
+    try:
+        Multiaddr(maddr)
+    except Exception as e:
+        raise ConfigError(f"{where}: {maddr!r} is not a valid multiaddr ({e}); e.g. /ip4/1.2.3.4/tcp/31337/p2p/12D3…") from None
+
+
+_SECTIONS: dict[str, type] = {"node": NodeConfig, "swarm": SwarmConfig, "heartbeat": HeartbeatConfig, "compute": ComputeConfig}
+
+
+def _build_section(name: str, cls: type, values: Any, source: str) -> Any:
+    if not isinstance(values, dict):
+        raise ConfigError(f"{source}: [{name}] must be a table")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key, value in values.items():
+        if key not in fields:
+            raise ConfigError(f"{source}: [{name}] has unknown key {key!r}; known keys: {', '.join(fields)}")
+        default = fields[key].default_factory() if fields[key].default_factory is not dataclasses.MISSING else fields[key].default  # type: ignore[misc]
+        expected = type(default)
+        ok = isinstance(value, expected) and not (isinstance(value, bool) and expected is not bool)
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            ok, values[key] = True, float(value)
+        if not ok:
+            raise ConfigError(
+                f"{source}: [{name}] {key} = {value!r} should be a {expected.__name__}, not {type(value).__name__}"
+            )
+    return cls(**values)
+
+
+def config_from_dict(data: dict[str, Any], source: str = "config") -> Config:
+    unknown = set(data) - set(_SECTIONS)
+    if unknown:
+        raise ConfigError(f"{source}: unknown section(s) {sorted(unknown)}; known: {', '.join(_SECTIONS)}")
+    return Config(**{name: _build_section(name, cls, dict(data.get(name, {})), source) for name, cls in _SECTIONS.items()})
+
+
+def load_config(path: Path | None) -> Config:
+    """Read ``path`` (None: all defaults). Errors name the file, the key and the fix."""
+    if path is None:
+        return Config()
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist; copy packaging/config.example.toml there") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+    return config_from_dict(data, str(path))

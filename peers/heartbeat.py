@@ -1,0 +1,112 @@
+"""The membership record: a signed, expiring heartbeat each daemon publishes about itself.
+
+Readers drop a heartbeat that is too large, malformed, badly signed, signed by a key other
+than the peer it describes, for another run, or expired. What a heartbeat says about the
+peer's device and uptime is its own claim; measured reliability comes from what others observe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from swarmd.errors import RecordError
+from swarmd.peers.identity import Identity
+from swarmd.peers.records import Fields, open_record, sign_record
+
+KIND = "heartbeat"
+MAX_HEARTBEAT_BYTES = 8 * 1024
+MAX_TTL_S = 3600.0
+# Peers' clocks disagree; a record issued this far in our future is still believed.
+CLOCK_SKEW_S = 30.0
+ROLES = ("worker", "parameter_server", "relay")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Device:
+    kind: str
+    """``cpu`` or ``cuda``."""
+    name: str
+    """Model name of the accelerator, or of the CPU when there is none."""
+    memory_bytes: int
+    """Accelerator memory, or system memory for a CPU device."""
+    cpus: int
+    """Logical CPUs the daemon may use."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Heartbeat:
+    run_id: str
+    peer_id: str
+    issued_at: float
+    """Unix time the record was signed."""
+    expires_at: float
+    """Unix time after which readers drop it."""
+    addrs: list[str]
+    """Multiaddrs of the peer's DHT (p2pd) host."""
+    lan_addrs: list[str] = field(default_factory=list)
+    """Multiaddrs of the peer's py-libp2p host (LAN discovery, event path)."""
+    device: Device
+    throughput_gflops: float
+    """Measured dense matmul throughput; 0 when not measured."""
+    version: str
+    roles: list[str]
+    uptime_s: float
+    leaving: bool = False
+    """Set on the last heartbeat of a peer that is shutting down: readers drop it at once."""
+
+    def is_live(self, now: float) -> bool:
+        return not self.leaving and now < self.expires_at
+
+    def sign(self, identity: Identity) -> bytes:
+        if identity.peer_id != self.peer_id:
+            raise RecordError(f"cannot sign a heartbeat for {self.peer_id} with the key of {identity.peer_id}")
+        return sign_record(identity, KIND, asdict(self))
+
+
+def parse_heartbeat(raw: object, *, run_id: str, now: float, peer_id: str | None = None) -> Heartbeat:
+    """Verify and decode a heartbeat for ``run_id``; ``peer_id`` is the DHT subkey it was found under."""
+    record = open_record(raw, KIND, MAX_HEARTBEAT_BYTES)
+    f = Fields(record.body, KIND)
+    f.only({
+        "run_id", "peer_id", "issued_at", "expires_at", "addrs", "lan_addrs", "device",
+        "throughput_gflops", "version", "roles", "uptime_s", "leaving",
+    })  # fmt: skip
+    claimed = f.string("peer_id", 128)
+    if claimed != record.signer:
+        raise RecordError(f"heartbeat claims peer {claimed[:60]} but is signed by {record.signer}")
+    if peer_id is not None and peer_id != claimed:
+        raise RecordError(f"heartbeat of {claimed} was stored under another peer's key {peer_id[:60]}")
+    if (found_run := f.string("run_id", 128)) != run_id:
+        raise RecordError(f"heartbeat is for run {found_run!r}, not {run_id!r}")
+    issued_at = f.number("issued_at", 0, 1e11)
+    expires_at = f.number("expires_at", issued_at, issued_at + MAX_TTL_S)
+    if issued_at > now + CLOCK_SKEW_S:
+        raise RecordError(f"heartbeat of {claimed} is issued {issued_at - now:.0f} s in the future")
+    if expires_at <= now:
+        raise RecordError(f"heartbeat of {claimed} expired {now - expires_at:.0f} s ago")
+    roles = f.strings("roles", len(ROLES), 32)
+    if unknown := set(roles) - set(ROLES):
+        raise RecordError(f"heartbeat of {claimed} names unknown roles {sorted(unknown)}")
+    d = f.object("device")
+    d.only({"kind", "name", "memory_bytes", "cpus"})
+    kind = d.string("kind", 16)
+    if kind not in ("cpu", "cuda"):
+        raise RecordError(f"heartbeat of {claimed} has device kind {kind!r}, not cpu or cuda")
+    device = Device(
+        kind=kind, name=d.string("name", 128), memory_bytes=d.integer("memory_bytes", 0, 2**50),
+        cpus=d.integer("cpus", 1, 4096),
+    )  # fmt: skip
+    return Heartbeat(
+        run_id=run_id,
+        peer_id=claimed,
+        issued_at=issued_at,
+        expires_at=expires_at,
+        addrs=f.strings("addrs", 16, 256),
+        lan_addrs=f.strings("lan_addrs", 16, 256),
+        device=device,
+        throughput_gflops=f.number("throughput_gflops", 0, 1e7),
+        version=f.string("version", 32),
+        roles=roles,
+        uptime_s=f.number("uptime_s", 0, 1e10),
+        leaving=f.boolean("leaving"),
+    )

@@ -1,0 +1,263 @@
+"""One run's records in the hivemind DHT, behind typed functions.
+
+The DHT runs in its own process, as hivemind does it; this module is the only place that
+knows the keys (``swarmd/<run id>/…``) and how values are laid out under them. Every record
+is checked twice: by the DHT process's validator before it stores or returns it, and again by
+the reader here, which also applies the run and the clock.
+
+This node stores only records of its own run: a value under any other key is refused, so a
+daemon never spends memory or trust on data it cannot check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import hivemind
+from hivemind.dht.node import DHTNode
+from hivemind.dht.routing import DHTID
+from hivemind.dht.validation import DHTRecord, RecordValidatorBase
+from hivemind.p2p import PeerID
+from hivemind.utils.serializer import MSGPackSerializer
+from hivemind.utils.timed_storage import get_dht_time
+from multiaddr import Multiaddr
+
+from swarmd.errors import JoinError, RecordError, RunSpecError
+from swarmd.peers.heartbeat import Heartbeat, parse_heartbeat
+from swarmd.peers.run_spec import SignedRunSpec, verify_run_spec
+
+logger = logging.getLogger(__name__)
+
+# A spec lives this long in the DHT unless a member re-publishes it; members do so far sooner.
+SPEC_TTL_S = 3600.0
+# Heartbeats may stay in DHT storage a little past their own expiry (clock skew between peers).
+_EXPIRY_SLACK_S = 30.0
+
+
+def spec_key(run_id: str) -> str:
+    return f"swarmd/{run_id}/spec"
+
+
+def members_key(run_id: str) -> str:
+    return f"swarmd/{run_id}/members"
+
+
+def _dht_id(key: str) -> bytes:
+    return DHTID.generate(source=key).to_bytes()
+
+
+class RunRecordValidator(RecordValidatorBase):
+    """Runs inside the DHT process: stores and returns only well-formed, signed records of one run."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self._spec_key = _dht_id(spec_key(run_id))
+        self._members_key = _dht_id(members_key(run_id))
+
+    def validate(self, record: DHTRecord) -> bool:
+        try:
+            value = MSGPackSerializer.loads(record.value)
+            if record.key == self._members_key:
+                subkey = MSGPackSerializer.loads(record.subkey)
+                if not isinstance(subkey, str):
+                    return False
+                heartbeat = parse_heartbeat(value, run_id=self.run_id, now=time.time(), peer_id=subkey)
+                return record.expiration_time <= heartbeat.expires_at + _EXPIRY_SLACK_S
+            if record.key == self._spec_key:
+                verify_run_spec(value, self.run_id)
+                return record.expiration_time <= time.time() + SPEC_TTL_S + _EXPIRY_SLACK_S
+        except (RecordError, RunSpecError) as e:
+            logger.debug("DHT refused a record: %s", e)
+        except Exception as e:  # msgpack raises many types on garbage
+            logger.debug("DHT refused an undecodable record: %r", e)
+        return False
+
+
+class _TiedDHT(hivemind.DHT):
+    """hivemind's DHT process, with a hook that runs first in the child (to tie its life to ours)."""
+
+    def __init__(self, *args: object, child_init: Callable[[], None] | None, **kwargs: object) -> None:
+        self._child_init = child_init
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    def run(self) -> None:
+        # The fork copied the daemon's signal handlers; the daemon alone decides when we stop.
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # Lead our own process group, which p2pd joins: one killpg ends both.
+        os.setpgid(0, 0)
+        if self._child_init is not None:
+            self._child_init()
+        super().run()
+
+
+@dataclass(frozen=True)
+class MemberScan:
+    live: list[Heartbeat]
+    leaving: list[str]
+    """Peers whose latest heartbeat announces they are shutting down."""
+    rejected: int
+    """Records that failed validation (garbled, foreign, expired, or signed by the wrong key)."""
+
+
+class SwarmDHT:
+    """Typed access to one run's records: spec, heartbeats, and peer reachability."""
+
+    def __init__(
+        self,
+        run_id: str,
+        *,
+        identity_path: str,
+        initial_peers: Sequence[str],
+        host_maddrs: Sequence[str],
+        announce_maddrs: Sequence[str] = (),
+        nat_port_map: bool = True,
+        relay: bool = True,
+        startup_timeout_s: float = 30.0,
+        child_init: Callable[[], None] | None = None,
+    ) -> None:
+        self.run_id = run_id
+        self._kwargs = dict(
+            initial_peers=list(initial_peers),
+            identity_path=identity_path,
+            host_maddrs=list(host_maddrs),
+            announce_maddrs=list(announce_maddrs) or None,
+            nat_port_map=nat_port_map,
+            use_relay=relay,
+            auto_nat=nat_port_map,
+            # hivemind's check spawns a second p2pd and only understands RSA keys; a state-dir
+            # lock already keeps two local daemons off one identity.
+            check_if_identity_free=False,
+            startup_timeout=startup_timeout_s,
+            ensure_bootstrap_success=False,
+            record_validators=[RunRecordValidator(run_id)],
+            child_init=child_init,
+            shutdown_timeout=5,
+        )
+        self._dht: _TiedDHT | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the DHT process and bootstrap (blocking: call from a worker thread)."""
+        try:
+            self._dht = _TiedDHT(start=True, **self._kwargs)  # type: ignore[arg-type]
+        except Exception as e:
+            raise JoinError(f"the DHT failed to start: {e}") from None
+
+    @property
+    def dht(self) -> _TiedDHT:
+        if self._dht is None:
+            raise RuntimeError("SwarmDHT is not started")
+        return self._dht
+
+    @property
+    def process_id(self) -> int | None:
+        return self._dht.pid if self._dht is not None else None
+
+    def is_alive(self) -> bool:
+        return self._dht is not None and self._dht.is_alive()
+
+    def visible_maddrs(self) -> list[str]:
+        return [str(m) for m in self.dht.get_visible_maddrs()]
+
+    def shutdown(self) -> None:
+        """Bounded: hivemind joins for shutdown_timeout, then terminates; then we kill the group."""
+        if self._dht is None:
+            return
+        pid = self._dht.pid
+        try:
+            self._dht.shutdown()
+        finally:
+            if pid is not None:
+                try:
+                    os.killpg(pid, signal.SIGKILL)  # p2pd, if hivemind left it behind
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    # --- records ---------------------------------------------------------------------------
+
+    async def publish_heartbeat(self, peer_id: str, raw: bytes, expires_at: float) -> bool:
+        fut = self.dht.store(members_key(self.run_id), raw, expires_at, subkey=peer_id, return_future=True)
+        return bool(await fut)
+
+    async def scan_members(self, now: float) -> MemberScan:
+        found = await self.dht.get(members_key(self.run_id), latest=True, return_future=True)
+        if found is None or not isinstance(found.value, dict):
+            return MemberScan([], [], 0)
+        live, leaving, rejected = [], [], 0
+        for subkey, item in found.value.items():
+            try:
+                heartbeat = parse_heartbeat(item.value, run_id=self.run_id, now=now, peer_id=subkey)
+            except RecordError as e:
+                logger.debug("Dropped a member record: %s", e)
+                rejected += 1
+                continue
+            if heartbeat.leaving:
+                leaving.append(heartbeat.peer_id)
+            elif heartbeat.is_live(now):
+                live.append(heartbeat)
+        return MemberScan(live, leaving, rejected)
+
+    async def publish_spec(self, raw: bytes) -> bool:
+        expiration = get_dht_time() + SPEC_TTL_S
+        return bool(await self.dht.store(spec_key(self.run_id), raw, expiration, return_future=True))
+
+    async def fetch_spec(self) -> SignedRunSpec | None:
+        found = await self.dht.get(spec_key(self.run_id), latest=True, return_future=True)
+        if found is None:
+            return None
+        try:
+            return verify_run_spec(found.value, self.run_id)
+        except RunSpecError as e:
+            logger.warning("%s", e)
+            return None
+
+    # --- peers -----------------------------------------------------------------------------
+
+    async def ping(self, peer_id: str) -> float | None:
+        """Round-trip time of a DHT ping to ``peer_id`` in seconds, or None if it did not answer."""
+        return await self.dht.run_coroutine(functools.partial(_ping, peer_id), return_future=True)
+
+    async def known_peers(self) -> int:
+        """How many other DHT nodes this one knows (0: it has not reached the swarm)."""
+        return await self.dht.run_coroutine(_routing_table_size, return_future=True)
+
+    async def add_peers(self, maddrs: Sequence[str]) -> int:
+        """Connect to peers found out of band (LAN discovery); returns how many answered."""
+        return await self.dht.run_coroutine(functools.partial(_add_peers, list(maddrs)), return_future=True)
+
+
+# These run inside the DHT process (hivemind pickles them across), so they are module-level.
+
+
+async def _ping(peer_id: str, dht: hivemind.DHT, node: DHTNode) -> float | None:
+    started = time.perf_counter()
+    answered = await node.protocol.call_ping(PeerID.from_base58(peer_id))
+    return time.perf_counter() - started if answered is not None else None
+
+
+async def _add_peers(maddrs: list[str], dht: hivemind.DHT, node: DHTNode) -> int:
+    async def one(maddr: str) -> bool:
+        try:
+            addr = Multiaddr(maddr)
+            peer = PeerID.from_base58(addr["p2p"])
+            await asyncio.wait_for(node.protocol.p2p._client.connect(peer, [addr.decapsulate(f"/p2p/{peer}")]), 5)
+            return await node.protocol.call_ping(peer) is not None
+        except Exception as e:
+            logger.debug("Could not reach %s: %r", maddr, e)
+            return False
+
+    return sum(await asyncio.gather(*(one(m) for m in maddrs)))
+
+
+async def _routing_table_size(dht: hivemind.DHT, node: DHTNode) -> int:
+    return len(node.protocol.routing_table.uid_to_peer_id)
