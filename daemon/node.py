@@ -28,7 +28,7 @@ from swarmd.peers.heartbeat import Device, Heartbeat, parse_heartbeat
 from swarmd.peers.identity import Identity, load_or_create_identity, write_p2pd_identity
 from swarmd.peers.membership import Membership
 from swarmd.peers.run_spec import SignedRunSpec, check_run_id, verify_run_spec
-from swarmd.peers.swarm_dht import SPEC_TTL_S, SwarmDHT
+from swarmd.peers.swarm_dht import SPEC_TTL_S, BootstrapError, SwarmDHT
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ class Node:
             child_init=self._liveness.watch_in_child,
         )
         # The DHT forks before torch starts threads: fork after that is unsafe.
-        await asyncio.to_thread(self.dht.start)
+        await self._start_dht()
         self.addrs = await asyncio.to_thread(self.dht.visible_maddrs)
         logger.info("DHT listening on %s", " ".join(self.addrs))
         if cfg.mdns:
@@ -175,6 +175,22 @@ class Node:
         self.spec = await self._join()
         await device_task
         self._spawn(self._heartbeat_loop, self._member_loop, self._rtt_loop, self._spec_loop, self._watchdog_loop)
+
+    async def _start_dht(self) -> None:
+        """Start the DHT; while no initial peer answers, retry with capped backoff until the join timeout."""
+        assert self.dht is not None
+        timeout = self.config.swarm.join_timeout_s
+        deadline, delay = time.monotonic() + timeout, 1.0
+        while True:
+            try:
+                await asyncio.to_thread(self.dht.start)
+                return
+            except BootstrapError as e:
+                if time.monotonic() + delay > deadline or self._stop.is_set():
+                    raise JoinError(f"cannot join run {self.run_id} within {timeout:.0f} s: {e}") from None
+                logger.warning("%s; retrying in %.0f s", e, delay)
+                await self._sleep_or_stop(delay)
+                delay = min(delay * 2, 30.0)
 
     async def _start_lan(self) -> None:
         from swarmd.peers.lan import LanDiscovery  # py-libp2p and trio load only when used

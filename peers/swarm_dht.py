@@ -53,6 +53,10 @@ def _dht_id(key: str) -> bytes:
     return DHTID.generate(source=key).to_bytes()
 
 
+class BootstrapError(JoinError):
+    """None of the initial peers could be reached; worth retrying, they may come back."""
+
+
 class RunRecordValidator(RecordValidatorBase):
     """Runs inside the DHT process: stores and returns only well-formed, signed records of one run."""
 
@@ -151,6 +155,11 @@ class SwarmDHT:
         try:
             self._dht = _TiedDHT(start=True, **self._kwargs)  # type: ignore[arg-type]
         except Exception as e:
+            if "failed to connect to bootstrap peers" in str(e):
+                raise BootstrapError(
+                    f"none of the initial peers answered ({', '.join(self._kwargs['initial_peers'])}); "  # type: ignore[arg-type]
+                    "check the addresses and that those daemons run"
+                ) from None
             raise JoinError(f"the DHT failed to start: {e}") from None
 
     @property

@@ -1,0 +1,102 @@
+"""Fixtures for tests that start real daemons as subprocesses on 127.0.0.1.
+
+Every daemon a test starts is registered and torn down afterwards (SIGTERM, then SIGKILL);
+a session fixture kills any process group a daemon left behind. State directories live under
+/tmp because a Unix socket path must fit in 107 bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from swarmd.local_swarm import LocalDaemon, create_run
+from swarmd.models.presets import DEFAULT_RUN
+
+# Short heartbeats so that a killed daemon is dropped within seconds.
+FAST_HEARTBEAT = ["--heartbeat-interval", "1", "--heartbeat-ttl", "8", "--no-benchmark"]
+
+_started: list[LocalDaemon] = []
+
+
+def descendants(pid: int) -> set[int]:
+    """All live descendants of ``pid``, from /proc (children of children included)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if fields[0] != "Z":  # a zombie has already exited
+            parents[int(entry)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] != "Z"
+
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="swd-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def make_run(workdir: Path) -> Callable[..., str]:
+    """Create a run (signed by the identity in ``state_dir``) and return its run ID."""
+
+    def make(state_dir: Path, name: str = "tiny-bytes") -> str:
+        spec_path = workdir / f"{name}.json"
+        spec_path.write_text(json.dumps({**DEFAULT_RUN, "name": name}))
+        return create_run(state_dir, spec_path)
+
+    return make
+
+
+@pytest.fixture
+def daemon_factory() -> Iterator[Callable[..., LocalDaemon]]:
+    mine: list[LocalDaemon] = []
+
+    def make(state_dir: Path, run_id: str, extra_args: list[str] | None = None) -> LocalDaemon:
+        daemon = LocalDaemon(state_dir, run_id, FAST_HEARTBEAT + (extra_args or []))
+        mine.append(daemon)
+        _started.append(daemon)
+        return daemon
+
+    yield make
+    for daemon in mine:
+        daemon.stop(timeout=20)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def reap_strays() -> Iterator[None]:
+    yield
+    for daemon in _started:
+        daemon.kill()
+        for pid in descendants(daemon.pid) if daemon.proc else ():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
