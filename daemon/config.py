@@ -129,6 +129,7 @@ _SECTIONS: dict[str, type] = {"node": NodeConfig, "swarm": SwarmConfig, "heartbe
 def _build_section(name: str, cls: type, values: Any, source: str) -> Any:
     if not isinstance(values, dict):
         raise ConfigError(f"{source}: [{name}] must be a table")
+    values = dict(values)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for key, value in values.items():
         if key not in fields:
@@ -149,7 +150,7 @@ def config_from_dict(data: dict[str, Any], source: str = "config") -> Config:
     unknown = set(data) - set(_SECTIONS)
     if unknown:
         raise ConfigError(f"{source}: unknown section(s) {sorted(unknown)}; known: {', '.join(_SECTIONS)}")
-    return Config(**{name: _build_section(name, cls, dict(data.get(name, {})), source) for name, cls in _SECTIONS.items()})
+    return Config(**{name: _build_section(name, cls, data.get(name, {}), source) for name, cls in _SECTIONS.items()})
 
 
 def load_config(path: Path | None) -> Config:

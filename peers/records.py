@@ -33,6 +33,14 @@ def canonical_json(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 
 
+def _parse_json(data: bytes, what: str) -> Any:
+    # Hostile JSON can also nest past the recursion limit or carry a 5000-digit integer.
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as e:
+        raise RecordError(f"{what} is not valid JSON ({type(e).__name__}: {str(e)[:80]})") from None
+
+
 def _signed_message(kind: str, body: bytes) -> bytes:
     return _DOMAIN + kind.encode() + b"\x00" + body
 
@@ -75,13 +83,10 @@ def open_record(raw: object, kind: str, max_bytes: int = MAX_RECORD_BYTES) -> Si
     raw = bytes(raw)
     if len(raw) > max_bytes:
         raise RecordError(f"{kind} record is {len(raw)} bytes, over the {max_bytes}-byte limit")
-    try:
-        envelope = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise RecordError(f"{kind} record is not valid JSON ({e})") from None
+    envelope = _parse_json(raw, f"{kind} record")
     if not isinstance(envelope, dict) or set(envelope) != {"v", "kind", "body", "pk", "sig"}:
         raise RecordError(f"{kind} record has the wrong envelope fields")
-    if envelope["v"] != RECORD_VERSION:
+    if type(envelope["v"]) is not int or envelope["v"] != RECORD_VERSION:
         raise RecordError(f"{kind} record version {envelope['v']!r} is not {RECORD_VERSION}; upgrade swarmd")
     if envelope["kind"] != kind:
         raise RecordError(f"expected a {kind} record, got {str(envelope['kind'])[:40]!r}")
@@ -95,10 +100,7 @@ def open_record(raw: object, kind: str, max_bytes: int = MAX_RECORD_BYTES) -> Si
     body_bytes = envelope["body"].encode()
     if not verify_signature(public_key, signature, _signed_message(kind, body_bytes)):
         raise RecordError(f"{kind} record has a bad signature")
-    try:
-        body = json.loads(body_bytes)
-    except json.JSONDecodeError as e:
-        raise RecordError(f"{kind} record body is not valid JSON ({e})") from None
+    body = _parse_json(body_bytes, f"{kind} record body")
     if not isinstance(body, dict):
         raise RecordError(f"{kind} record body must be a JSON object")
     return SignedRecord(kind, body, public_key, peer_id_from_public_key(public_key), raw)
@@ -129,7 +131,10 @@ class Fields:
         return value
 
     def number(self, name: str, lo: float, hi: float) -> float:
-        value = float(self._get(name, (int, float)))
+        try:
+            value = float(self._get(name, (int, float)))
+        except OverflowError:
+            raise RecordError(f"{self.what}: field {name!r} is too large a number") from None
         if not lo <= value <= hi:
             raise RecordError(f"{self.what}: field {name!r} = {value} is outside [{lo}, {hi}]")
         return value

@@ -25,8 +25,8 @@ from swarmd.peers.records import Fields, SignedRecord, open_record, sign_record
 KIND = "run-spec"
 MAX_SPEC_BYTES = 32 * 1024
 MAX_SPEC_FILE_BYTES = 256 * 1024
-_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
-_RUN_ID = re.compile(r"^([a-z0-9][a-z0-9-]{0,39})\.([a-z2-7]{24})$")
+_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
+_RUN_ID = re.compile(r"([a-z0-9][a-z0-9-]{0,39})\.([a-z2-7]{24})")
 MODEL_FAMILIES = ("gpt2", "llama")
 OPTIMIZERS = ("adamw", "sgd")
 
@@ -39,7 +39,7 @@ def derive_run_id(name: str, creator_public_key: bytes) -> str:
 
 def check_run_id(run_id: str) -> str:
     """Validate the form of a run ID typed by a user or received from a peer."""
-    if not isinstance(run_id, str) or not _RUN_ID.match(run_id):
+    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
         shown = run_id[:80] if isinstance(run_id, str) else type(run_id).__name__
         raise RunSpecError(
             f"run ID {shown!r} is malformed: expected NAME.HASH as printed by 'swarmd run create' "
@@ -98,7 +98,7 @@ def parse_spec_body(body: dict[str, Any]) -> RunSpec:
     f = Fields(body, "run spec")
     f.only({"name", "model", "data", "batch", "optimizer", "stages"})
     name = f.string("name", 40)
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise RecordError(f"run spec: name {name!r} must be 1-40 characters of a-z, 0-9 and '-'")
     m = f.object("model")
     m.only({"family", "layers", "hidden", "heads", "vocab", "seq_len"})
@@ -178,6 +178,8 @@ def load_spec_file(path: Path) -> RunSpec:
         raise RunSpecError(f"cannot read spec file {path}: {e.strerror}") from None
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RunSpecError(f"spec file {path} is not valid {path.suffix.lstrip('.') or 'TOML'}: {e}") from None
+    if not isinstance(body, dict):
+        raise RunSpecError(f"spec file {path} must hold an object (a table of settings), not {type(body).__name__}")
     try:
         return parse_spec_body(body)
     except RecordError as e:

@@ -49,6 +49,9 @@ def members_key(run_id: str) -> str:
     return f"swarmd/{run_id}/members"
 
 
+_PLAIN_VALUE = MSGPackSerializer.dumps(None)  # hivemind's subkey for a value without subkeys
+
+
 def _dht_id(key: str) -> bytes:
     return DHTID.generate(source=key).to_bytes()
 
@@ -75,6 +78,9 @@ class RunRecordValidator(RecordValidatorBase):
                 heartbeat = parse_heartbeat(value, run_id=self.run_id, now=time.time(), peer_id=subkey)
                 return record.expiration_time <= heartbeat.expires_at + _EXPIRY_SLACK_S
             if record.key == self._spec_key:
+                # One plain value: a subkey would turn the spec into a dictionary joiners cannot read.
+                if record.subkey != _PLAIN_VALUE:
+                    return False
                 verify_run_spec(value, self.run_id)
                 return record.expiration_time <= time.time() + SPEC_TTL_S + _EXPIRY_SLACK_S
         except (RecordError, RunSpecError) as e:

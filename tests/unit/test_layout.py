@@ -1,0 +1,182 @@
+"""The folder layout (daemon/ -> swarmd, peers/ -> swarmd.peers, models/ -> swarmd.models).
+
+Checks that pyproject.toml lists every package (setuptools silently drops unlisted ones from
+wheels) and that the layering holds: models knows nothing of peers or the daemon, peers
+nothing of the daemon except ``swarmd.errors``.
+"""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(30)
+
+ROOT = Path(__file__).resolve().parents[2]
+TOP = {"daemon": "swarmd", "peers": "swarmd.peers", "models": "swarmd.models"}
+SKIP_DIRS = {".git", ".venv", "venv", "build", "dist", "__pycache__", "node_modules"}
+
+
+def _setuptools() -> dict[str, object]:
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    section: dict[str, object] = data["tool"]["setuptools"]
+    return section
+
+
+def _package_folders() -> dict[str, Path]:
+    """Every folder with an __init__.py under the three roots, by its import name."""
+    found: dict[str, Path] = {}
+    for folder, package in TOP.items():
+        base = ROOT / folder
+        for init in sorted(base.rglob("__init__.py")):
+            if any(part in SKIP_DIRS for part in init.relative_to(ROOT).parts):
+                continue
+            rel = init.parent.relative_to(base).parts
+            found[".".join((package, *rel))] = init.parent
+    return found
+
+
+def _resolve_dir(package: str, package_dir: dict[str, str]) -> Path:
+    """Where setuptools looks for ``package``: the longest mapped prefix, then the rest as folders."""
+    parts = package.split(".")
+    for n in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:n])
+        if prefix in package_dir:
+            return ROOT / package_dir[prefix] / Path(*parts[n:])
+    return ROOT / Path(*parts)
+
+
+def test_top_level_folders_are_packages() -> None:
+    for folder in TOP:
+        assert (ROOT / folder / "__init__.py").is_file(), folder
+
+
+def test_every_package_folder_is_listed() -> None:
+    setuptools = _setuptools()
+    listed = setuptools["packages"]
+    package_dir = setuptools["package-dir"]
+    assert isinstance(listed, list) and isinstance(package_dir, dict)
+    for folder, package in TOP.items():
+        assert package_dir.get(package) == folder, f"package-dir must map {package!r} to {folder!r}"
+    folders = _package_folders()
+    missing = sorted(set(folders) - set(listed))
+    assert not missing, f"packages in pyproject.toml [tool.setuptools] lacks {missing}"
+    for package, folder in folders.items():
+        assert _resolve_dir(package, package_dir).resolve() == folder.resolve(), package
+
+
+def test_every_listed_package_exists() -> None:
+    setuptools = _setuptools()
+    package_dir = setuptools["package-dir"]
+    assert isinstance(package_dir, dict)
+    for package in setuptools["packages"]:  # type: ignore[attr-defined]
+        folder = _resolve_dir(package, package_dir)
+        assert (folder / "__init__.py").is_file(), f"{package} maps to {folder}, which has no __init__.py"
+
+
+# --- layering -------------------------------------------------------------------------------
+
+
+def _modules(folder: str) -> Iterator[tuple[Path, str]]:
+    """(file, dotted module name) of every .py file under a top-level folder."""
+    base = ROOT / folder
+    for path in sorted(base.rglob("*.py")):
+        if any(part in SKIP_DIRS for part in path.relative_to(ROOT).parts):
+            continue
+        rel = path.relative_to(base).with_suffix("").parts
+        if rel[-1] == "__init__":
+            rel = rel[:-1]
+        yield path, ".".join((TOP[folder], *rel))
+
+
+def _daemon_modules() -> set[str]:
+    """swarmd.X for every module and subpackage of daemon/ (not the swarmd package itself)."""
+    return {name for _, name in _modules("daemon") if name != "swarmd"}
+
+
+def _imports(path: Path, module: str) -> Iterator[tuple[int, str]]:
+    """(line, imported module) pairs; ``from a import b`` yields both a and a.b."""
+    is_package = path.name == "__init__.py"
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                package = module.split(".") if is_package else module.split(".")[:-1]
+                base_parts = package[: len(package) - (node.level - 1)]
+                base = ".".join([*base_parts, *([node.module] if node.module else [])])
+            else:
+                base = node.module or ""
+            yield node.lineno, base
+            for alias in node.names:
+                yield node.lineno, f"{base}.{alias.name}"
+
+
+def _violations(folder: str, forbidden: set[str]) -> list[str]:
+    found = []
+    for path, module in _modules(folder):
+        for line, name in _imports(path, module):
+            if any(name == f or name.startswith(f + ".") for f in forbidden):
+                found.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+    return found
+
+
+def test_daemon_modules_found() -> None:
+    daemon = _daemon_modules()
+    assert {"swarmd.errors", "swarmd.config", "swarmd.node"} <= daemon
+
+
+def test_models_import_neither_peers_nor_daemon() -> None:
+    forbidden = (_daemon_modules() - {"swarmd.errors"}) | {"swarmd.peers"}
+    assert _violations("models", forbidden) == []
+
+
+def test_peers_import_no_daemon_module_but_errors() -> None:
+    forbidden = _daemon_modules() - {"swarmd.errors"}
+    assert _violations("peers", forbidden) == []
+
+
+def test_layering_check_catches_violations(tmp_path: Path) -> None:
+    # The checker itself: each of these forms counts as importing a daemon module.
+    daemon = {"swarmd.config", "swarmd.node"}
+    source = (
+        "import swarmd.config\n"
+        "from swarmd import node\n"
+        "from swarmd.config import Config\n"
+        "from ... import config\n"
+        "from swarmd import errors, __version__\n"
+    )
+    path = tmp_path / "mod.py"
+    path.write_text(source)
+    hits = sorted(
+        (line, name)
+        for line, name in _imports(path, "swarmd.peers.sub.mod")
+        if any(name == f or name.startswith(f + ".") for f in daemon)
+    )
+    assert [line for line, _ in hits] == [1, 2, 3, 3, 4]
+
+
+def test_no_bare_top_level_folder_imports() -> None:
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        if any(part in SKIP_DIRS or part.startswith(".") or part.endswith(".egg-info") for part in rel.parts):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                if name.split(".")[0] in TOP:
+                    found.append(f"{rel}:{node.lineno} imports {name}")
+    assert found == [], "import swarmd, swarmd.peers or swarmd.models, not the folder names"
