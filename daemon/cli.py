@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -56,7 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-benchmark", action="store_true", help="skip the throughput measurement at start")
     _add_common(run)
 
-    for name, help_text in (("status", "this peer, its run and the peers it sees"), ("peers", "list the swarm")):
+    for name, help_text in (
+        ("status", "this peer, its run and the peers it sees"),
+        ("peers", "list the swarm"),
+    ):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--json", action="store_true", help="machine-readable output")
         _add_common(p)
@@ -140,10 +144,8 @@ def _run_node(config: Any) -> int:
             else:
                 logger.warning("Second signal: exiting at once")
                 if node.dht is not None and node.dht.process_id:
-                    try:
+                    with contextlib.suppress(OSError):
                         os.killpg(node.dht.process_id, signal.SIGKILL)
-                    except OSError:
-                        pass
                 os._exit(EXIT_FAILURE)
 
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -120,10 +120,23 @@ def _check_maddr(where: str, maddr: object) -> None:
     try:
         Multiaddr(maddr)
     except Exception as e:
-        raise ConfigError(f"{where}: {maddr!r} is not a valid multiaddr ({e}); e.g. /ip4/1.2.3.4/tcp/31337/p2p/12D3…") from None
+        raise ConfigError(
+            f"{where}: {maddr!r} is not a valid multiaddr ({e}); e.g. /ip4/1.2.3.4/tcp/31337/p2p/12D3…"
+        ) from None
 
 
-_SECTIONS: dict[str, type] = {"node": NodeConfig, "swarm": SwarmConfig, "heartbeat": HeartbeatConfig, "compute": ComputeConfig}
+_SECTIONS: dict[str, type] = {
+    "node": NodeConfig,
+    "swarm": SwarmConfig,
+    "heartbeat": HeartbeatConfig,
+    "compute": ComputeConfig,
+}
+
+
+def _field_type(f: dataclasses.Field[Any]) -> type:
+    """The Python type of a field's default: what a TOML value for it must be."""
+    factory = f.default_factory
+    return type(factory() if callable(factory) else f.default)
 
 
 def _build_section(name: str, cls: type, values: Any, source: str) -> Any:
@@ -134,8 +147,7 @@ def _build_section(name: str, cls: type, values: Any, source: str) -> Any:
     for key, value in values.items():
         if key not in fields:
             raise ConfigError(f"{source}: [{name}] has unknown key {key!r}; known keys: {', '.join(fields)}")
-        default = fields[key].default_factory() if fields[key].default_factory is not dataclasses.MISSING else fields[key].default  # type: ignore[misc]
-        expected = type(default)
+        expected = _field_type(fields[key])
         ok = isinstance(value, expected) and not (isinstance(value, bool) and expected is not bool)
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             ok, values[key] = True, float(value)

@@ -63,7 +63,7 @@ class ControlServer:
             response = await self._answer(reader)
             writer.write(json.dumps(response).encode() + b"\n")
             await asyncio.wait_for(writer.drain(), 5)
-        except (ConnectionError, asyncio.TimeoutError):
+        except (TimeoutError, ConnectionError):
             pass
         finally:
             writer.close()
@@ -73,7 +73,7 @@ class ControlServer:
             line = await asyncio.wait_for(reader.readuntil(b"\n"), 5)
         except asyncio.LimitOverrunError:
             return {"ok": False, "error": f"request over {MAX_REQUEST_BYTES} bytes"}
-        except (asyncio.IncompleteReadError, asyncio.TimeoutError):
+        except (TimeoutError, asyncio.IncompleteReadError):
             return {"ok": False, "error": "incomplete request"}
         if len(line) > MAX_REQUEST_BYTES:
             return {"ok": False, "error": f"request is {len(line)} bytes, over {MAX_REQUEST_BYTES}"}
@@ -84,7 +84,10 @@ class ControlServer:
         command = request.get("command") if isinstance(request, dict) else None
         handler = self.handlers.get(command) if isinstance(command, str) else None
         if handler is None:
-            return {"ok": False, "error": f"unknown command {str(command)[:40]!r}; known: {sorted(self.handlers)}"}
+            return {
+                "ok": False,
+                "error": f"unknown command {str(command)[:40]!r}; known: {sorted(self.handlers)}",
+            }
         try:
             return {"ok": True, "result": handler(request)}
         except Exception as e:
@@ -102,7 +105,8 @@ def call(path: Path, command: str, timeout: float = 5.0, **args: Any) -> Any:
         try:
             sock.connect(str(path))
             sock.sendall(request)
-            chunks, size = [], 0
+            chunks: list[bytes] = []
+            size = 0
             while not (chunks and chunks[-1].endswith(b"\n")):
                 chunk = sock.recv(65536)
                 if not chunk:
@@ -122,5 +126,7 @@ def call(path: Path, command: str, timeout: float = 5.0, **args: Any) -> Any:
     except json.JSONDecodeError:
         raise ControlError(f"daemon's answer on {path} is not JSON") from None
     if not isinstance(response, dict) or not response.get("ok"):
-        raise ControlError(f"daemon refused {command}: {response.get('error') if isinstance(response, dict) else response}")
+        raise ControlError(
+            f"daemon refused {command}: {response.get('error') if isinstance(response, dict) else response}"
+        )
     return response.get("result")

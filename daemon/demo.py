@@ -39,7 +39,11 @@ def run_demo(peers: int, duration_s: float) -> int:
         for i, daemon in enumerate(daemons[1:], 1):
             status = daemon.wait_running()
             print(f"d{i} {status['peer_id']} joined")
-        wait_for(lambda: all(len(d.seen_peers()) == peers - 1 for d in daemons), 60, "every daemon to see the others")
+        wait_for(
+            lambda: all(len(d.seen_peers()) == peers - 1 for d in daemons),
+            60,
+            "every daemon to see the others",
+        )
         print(f"every daemon sees the other {peers - 1}. Swarm as d0 sees it (swarmd status --state-dir {root}/d0):")
         from swarmd.cli import main as cli_main
 

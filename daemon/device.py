@@ -85,5 +85,13 @@ def measure_throughput_gflops(device: str, size: int = 512, budget_s: float = 0.
         if elapsed >= budget_s:
             break
     gflops = 2 * size**3 * iterations / elapsed / 1e9
-    logger.info("Measured %.1f GFLOP/s on %s (%d x %dx%d matmuls in %.2f s)", gflops, device, iterations, size, size, elapsed)
+    logger.info(
+        "Measured %.1f GFLOP/s on %s (%d x %dx%d matmuls in %.2f s)",
+        gflops,
+        device,
+        iterations,
+        size,
+        size,
+        elapsed,
+    )
     return gflops

@@ -50,10 +50,21 @@ def create_run(state_dir: Path, spec_path: Path, env: dict[str, str] | None = No
 
 
 class LocalDaemon:
-    def __init__(self, state_dir: Path, run_id: str, extra_args: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        run_id: str,
+        extra_args: list[str] | None = None,
+        *,
+        network_args: list[str] | None = None,
+        command_prefix: list[str] | None = None,
+    ) -> None:
         self.state_dir = state_dir
         self.run_id = run_id
         self.extra_args = extra_args or []
+        self.network_args = LOOPBACK_FLAGS if network_args is None else network_args
+        # e.g. ["ip", "netns", "exec", NS] to run the daemon inside a test's network namespace
+        self.command_prefix = command_prefix or []
         self.log_path = state_dir.parent / f"{state_dir.name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -62,8 +73,8 @@ class LocalDaemon:
         return self.state_dir / SOCKET_FILENAME
 
     def start(self, initial_peers: list[str] | None = None) -> LocalDaemon:
-        args = [sys.executable, "-m", "swarmd", "run", "--run-id", self.run_id, "--state-dir", str(self.state_dir)]
-        args += LOOPBACK_FLAGS + self.extra_args
+        args = [*self.command_prefix, sys.executable, "-m", "swarmd", "run", "--run-id", self.run_id]
+        args += ["--state-dir", str(self.state_dir), *self.network_args, *self.extra_args]
         if initial_peers:
             args += ["--initial-peers", *initial_peers]
         self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -24,6 +24,7 @@ from swarmd.config import Config
 from swarmd.control import SOCKET_FILENAME, ControlServer
 from swarmd.device import describe_device, measure_throughput_gflops, resolve_device
 from swarmd.errors import AlreadyRunningError, JoinError, RecordError, RunSpecError, SwarmdError
+from swarmd.lan_process import LanDiscoveryProcess
 from swarmd.peers.heartbeat import Device, Heartbeat, parse_heartbeat
 from swarmd.peers.identity import Identity, load_or_create_identity, write_p2pd_identity
 from swarmd.peers.membership import Membership
@@ -110,7 +111,7 @@ class Node:
         self.identity: Identity | None = None
         self.spec: SignedRunSpec | None = None
         self.dht: SwarmDHT | None = None
-        self.lan: Any = None  # swarmd.peers.lan.LanDiscovery, when mDNS is on
+        self.lan: LanDiscoveryProcess | None = None  # when mDNS is on
         self.membership: Membership | None = None
         self.device = Device(kind="cpu", name="unknown", memory_bytes=0, cpus=1)
         self.throughput_gflops = 0.0
@@ -118,7 +119,6 @@ class Node:
         self.state = "starting"
         self.started_at = time.time()
         self.rejected_records = 0
-        self.last_heartbeat: bytes = b""
         self.addrs: list[str] = []  # the DHT's visible multiaddrs, cached: asking is a blocking call
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -193,18 +193,10 @@ class Node:
                 delay = min(delay * 2, 30.0)
 
     async def _start_lan(self) -> None:
-        from swarmd.peers.lan import LanDiscovery  # py-libp2p and trio load only when used
-
-        assert self.identity is not None
-        loop = asyncio.get_running_loop()
-        self.lan = LanDiscovery(
-            self.identity,
-            self.run_id,
-            self.config.swarm.lan_maddr,
-            get_hello=lambda: self.last_heartbeat,
-            on_hello=lambda peer_id, payload: loop.call_soon_threadsafe(self._on_lan_hello, peer_id, payload),
-        )
-        await asyncio.to_thread(self.lan.start)
+        self.lan = LanDiscoveryProcess(self.state_dir, self.run_id, self.config.swarm.lan_maddr, self._on_lan_hello)
+        await self.lan.start()
+        # Answer hellos from the start: a LAN peer greets us once a minute at most.
+        self.lan.set_hello(self._sign_heartbeat()[0])
         logger.info("LAN discovery (mDNS) on %s", " ".join(self.lan.listen_maddrs))
 
     async def _shutdown(self) -> None:
@@ -213,7 +205,7 @@ class Node:
         budget = self.config.node.stop_timeout_s
         try:
             await asyncio.wait_for(self._leave(), budget)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             logger.warning("Shutdown took over [node] stop_timeout_s = %.0f s; exiting anyway", budget)
         if self.dht is not None:
             self.dht.shutdown()
@@ -222,12 +214,15 @@ class Node:
         if self.dht is not None and self.dht.is_alive() and self.spec is not None:
             with contextlib.suppress(Exception):
                 raw, expires_at = self._sign_heartbeat(leaving=True)
-                await asyncio.wait_for(self.dht.publish_heartbeat(self.identity_peer_id, raw, expires_at), LEAVE_ANNOUNCE_TIMEOUT_S)
+                await asyncio.wait_for(
+                    self.dht.publish_heartbeat(self.identity_peer_id, raw, expires_at),
+                    LEAVE_ANNOUNCE_TIMEOUT_S,
+                )
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.lan is not None:
-            await asyncio.to_thread(self.lan.stop)
+            await self.lan.stop()
         await self._control.stop()
 
     def _spawn(self, *loops: Callable[[], Awaitable[None]]) -> None:
@@ -258,7 +253,11 @@ class Node:
         assert self.dht is not None
         cached = load_cached_spec(self.state_dir, self.run_id)
         if cached is not None:
-            logger.info("Serving the spec of run %s from %s", self.run_id, spec_cache_path(self.state_dir, self.run_id))
+            logger.info(
+                "Serving the spec of run %s from %s",
+                self.run_id,
+                spec_cache_path(self.state_dir, self.run_id),
+            )
             await self._publish_spec(cached)
             return cached
         timeout = self.config.swarm.join_timeout_s
@@ -267,7 +266,12 @@ class Node:
             spec = await self.dht.fetch_spec()
             if spec is not None:
                 save_spec(self.state_dir, spec)
-                logger.info("Joined run %s (model %s, created by %s)", self.run_id, spec.spec.model.family, spec.creator)
+                logger.info(
+                    "Joined run %s (model %s, created by %s)",
+                    self.run_id,
+                    spec.spec.model.family,
+                    spec.creator,
+                )
                 return spec
             if time.monotonic() + delay > deadline or self._stop.is_set():
                 break
@@ -327,7 +331,8 @@ class Node:
         while True:
             self.addrs = await asyncio.to_thread(self.dht.visible_maddrs)
             raw, expires_at = self._sign_heartbeat()
-            self.last_heartbeat = raw
+            if self.lan is not None:
+                self.lan.set_hello(raw)
             if not await self.dht.publish_heartbeat(self.identity_peer_id, raw, expires_at):
                 logger.debug("Heartbeat stored only locally (no other DHT node accepted it yet)")
             if await self._sleep_or_stop(self.config.heartbeat.interval_s):
@@ -415,4 +420,7 @@ class Node:
 
     def peers(self, request: dict[str, Any]) -> dict[str, Any]:
         now = time.time()
-        return {"run_id": self.run_id, "peers": self.membership.snapshot(now) if self.membership is not None else []}
+        return {
+            "run_id": self.run_id,
+            "peers": self.membership.snapshot(now) if self.membership is not None else [],
+        }

@@ -76,9 +76,7 @@ class Identity:
 
     @property
     def public_key(self) -> bytes:
-        return self.private_key.public_key().public_bytes(
-            serialization.Encoding.Raw, serialization.PublicFormat.Raw
-        )
+        return self.private_key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
     @property
     def peer_id(self) -> str:

@@ -29,7 +29,11 @@ class PeerView:
             "seen_for_s": round(now - self.first_seen, 1),
             "addrs": hb.addrs,
             "roles": hb.roles,
-            "device": {"kind": hb.device.kind, "name": hb.device.name, "memory_bytes": hb.device.memory_bytes},
+            "device": {
+                "kind": hb.device.kind,
+                "name": hb.device.name,
+                "memory_bytes": hb.device.memory_bytes,
+            },
             "throughput_gflops": round(hb.throughput_gflops, 1),
             "uptime_s": round(hb.uptime_s, 1),
             "version": hb.version,
@@ -45,9 +49,10 @@ class Membership:
         """Merge a scan of live heartbeats; return the peer IDs that joined and that left."""
         latest: dict[str, Heartbeat] = {}
         for hb in live:
-            if hb.peer_id != self.own_peer_id and hb.is_live(now):
-                if hb.peer_id not in latest or hb.issued_at > latest[hb.peer_id].issued_at:
-                    latest[hb.peer_id] = hb
+            if hb.peer_id == self.own_peer_id or not hb.is_live(now):
+                continue
+            if hb.peer_id not in latest or hb.issued_at > latest[hb.peer_id].issued_at:
+                latest[hb.peer_id] = hb
         joined = [p for p in latest if p not in self.peers]
         left = [
             p for p, view in self.peers.items()

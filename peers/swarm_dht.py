@@ -12,6 +12,7 @@ daemon never spends memory or trust on data it cannot check.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -193,10 +194,8 @@ class SwarmDHT:
             self._dht.shutdown()
         finally:
             if pid is not None:
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGKILL)  # p2pd, if hivemind left it behind
-                except (ProcessLookupError, PermissionError):
-                    pass
 
     # --- records ---------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ a session fixture kills any process group a daemon left behind. State directorie
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -96,7 +97,5 @@ def reap_strays() -> Iterator[None]:
     for daemon in _started:
         daemon.kill()
         for pid in descendants(daemon.pid) if daemon.proc else ():
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass

@@ -20,7 +20,11 @@ RUN_ID = "tiny-bytes.aaaaaaaaaaaaaaaaaaaaaaaa"
 
 def swarmd(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "swarmd", *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        [sys.executable, "-m", "swarmd", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
     )
 
 

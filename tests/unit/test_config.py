@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from swarmd.config import (
     ComputeConfig,
     Config,
@@ -161,9 +162,7 @@ def test_bad_multiaddr(key: str, value: object) -> None:
 
 def test_valid_multiaddrs() -> None:
     peer = "/ip4/203.0.113.5/tcp/31337/p2p/12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA"
-    cfg = config_from_dict(
-        {"swarm": {"initial_peers": [peer], "announce_maddrs": ["/ip4/203.0.113.7/tcp/31337"]}}
-    )
+    cfg = config_from_dict({"swarm": {"initial_peers": [peer], "announce_maddrs": ["/ip4/203.0.113.7/tcp/31337"]}})
     assert cfg.swarm.initial_peers == [peer]
 
 

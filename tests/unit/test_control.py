@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from swarmd.control import MAX_REQUEST_BYTES, MAX_SOCKET_PATH, ControlServer, call
 from swarmd.errors import ControlError
 

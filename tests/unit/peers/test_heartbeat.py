@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 import pytest
+
 from swarmd.errors import RecordError
 from swarmd.peers.heartbeat import (
     CLOCK_SKEW_S,

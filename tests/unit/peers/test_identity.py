@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+
 from swarmd.errors import IdentityError
 from swarmd.peers.identity import (
     KEY_FILENAME,

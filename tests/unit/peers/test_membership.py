@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from swarmd.peers.heartbeat import Device, Heartbeat
 from swarmd.peers.membership import Membership
 
@@ -15,9 +16,7 @@ B = "12D3KooWPeerB"
 T0 = 1_000_000.0
 
 
-def hb(
-    peer_id: str, issued_at: float = T0, ttl: float = 60.0, leaving: bool = False, **kw: object
-) -> Heartbeat:
+def hb(peer_id: str, issued_at: float = T0, ttl: float = 60.0, leaving: bool = False, **kw: object) -> Heartbeat:
     fields: dict[str, object] = dict(
         run_id=RUN_ID,
         peer_id=peer_id,

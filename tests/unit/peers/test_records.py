@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import pytest
+
 from swarmd.errors import RecordError
 from swarmd.peers.identity import Identity
 from swarmd.peers.records import (

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from swarmd.errors import RecordError, RunSpecError
 from swarmd.models.presets import DEFAULT_RUN
 from swarmd.peers.identity import Identity

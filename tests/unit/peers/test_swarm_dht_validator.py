@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
 from swarmd.models.presets import DEFAULT_RUN
 from swarmd.peers.heartbeat import KIND as HEARTBEAT_KIND
 from swarmd.peers.heartbeat import Device, Heartbeat
@@ -176,9 +177,7 @@ def test_valid_heartbeat_accepted(validate: Validator, run_id: str, member: Iden
     hb = heartbeat(member, run_id)
     assert validate(run_id, value=hb.sign(member), subkey=member.peer_id, expiration=hb.expires_at)
     # Stored a little past its own expiry (clock skew between peers) is still fine.
-    assert validate(
-        run_id, value=hb.sign(member), subkey=member.peer_id, expiration=hb.expires_at + EXPIRY_SLACK_S
-    )
+    assert validate(run_id, value=hb.sign(member), subkey=member.peer_id, expiration=hb.expires_at + EXPIRY_SLACK_S)
 
 
 def test_leaving_heartbeat_accepted(validate: Validator, run_id: str, member: Identity) -> None:
@@ -190,9 +189,7 @@ def test_leaving_heartbeat_accepted(validate: Validator, run_id: str, member: Id
 def test_expiration_far_beyond_heartbeat_rejected(validate: Validator, run_id: str, member: Identity) -> None:
     hb = heartbeat(member, run_id)
     raw = hb.sign(member)
-    assert not validate(
-        run_id, value=raw, subkey=member.peer_id, expiration=hb.expires_at + EXPIRY_SLACK_S + 5
-    )
+    assert not validate(run_id, value=raw, subkey=member.peer_id, expiration=hb.expires_at + EXPIRY_SLACK_S + 5)
     assert not validate(run_id, value=raw, subkey=member.peer_id, expiration=hb.expires_at + 86400)
 
 
@@ -215,9 +212,7 @@ def test_heartbeat_of_another_run_rejected(validate: Validator, run_id: str, mem
 @pytest.mark.parametrize("key", ["some-other-key", "swarmd/x/members", "spec-not-members"])
 def test_foreign_key_rejected(validate: Validator, run_id: str, member: Identity, key: str) -> None:
     hb = heartbeat(member, run_id)
-    assert not validate(
-        run_id, key=key, value=hb.sign(member), subkey=member.peer_id, expiration=hb.expires_at
-    )
+    assert not validate(run_id, key=key, value=hb.sign(member), subkey=member.peer_id, expiration=hb.expires_at)
 
 
 @pytest.mark.parametrize("raw_value", [b"\xc1", b"", b"\xc4\x10short", b"\x92\x01"])
@@ -227,9 +222,7 @@ def test_garbled_value_rejected(validate: Validator, run_id: str, member: Identi
 
 
 @pytest.mark.parametrize("value_obj", [None, 5, "text", [1, 2], {"a": 1}])
-def test_value_not_bytes_rejected(
-    validate: Validator, run_id: str, member: Identity, value_obj: object
-) -> None:
+def test_value_not_bytes_rejected(validate: Validator, run_id: str, member: Identity, value_obj: object) -> None:
     assert not validate(run_id, value_obj=value_obj, subkey=member.peer_id, expiration=time.time() + 60)
 
 
