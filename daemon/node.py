@@ -390,7 +390,8 @@ class Node:
         if self.dht is not None and heartbeat.addrs:
             logger.info("Found %s on the LAN; connecting its DHT node", peer_id)
             task = asyncio.ensure_future(self.dht.add_peers(heartbeat.addrs))
-            task.add_done_callback(lambda t: t.exception())  # best-effort: logged inside
+            # Best effort (failures are logged inside); retrieve the outcome so none goes unobserved.
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     # --- control API -----------------------------------------------------------------------
 

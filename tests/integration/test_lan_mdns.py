@@ -252,6 +252,8 @@ def test_daemons_on_one_lan_find_each_other_without_bootstrap(
         status = b.status()
         assert status is not None and status["run"]["name"] == "tiny-bytes"
         assert status["lan_addrs"][0].startswith(f"/ip4/{ip_b}/tcp/")
+        # One key, one ID: the py-libp2p host and the DHT's p2pd both carry the peer's own ID.
+        assert status["lan_addrs"][0].endswith(f"/p2p/{id_b}") and status["addrs"][0].endswith(f"/p2p/{id_b}")
     finally:
         for d in daemons:
             d.stop(timeout=20)

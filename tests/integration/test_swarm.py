@@ -5,13 +5,15 @@ from __future__ import annotations
 import os
 import signal
 import stat
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from swarmd.local_swarm import LocalDaemon, wait_for
+from swarmd.local_swarm import LOOPBACK_FLAGS, LocalDaemon, wait_for
 
 from .conftest import alive, descendants
 
@@ -56,9 +58,12 @@ def test_three_daemons_membership_kill_and_foreign_run(
     children = descendants(d2.pid)
     assert len(children) >= 2, f"expected the DHT process and p2pd under d2, found {children}"
     os.kill(d2.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
     d2.proc.wait(10)
     wait_for(lambda: not any(alive(pid) for pid in children), 15, "d2's DHT process and p2pd to exit")
+    print(f"\nd2's {len(children)} descendants gone {time.monotonic() - killed_at:.2f} s after SIGKILL")
     wait_for(lambda: ids[d2] not in d0.seen_peers() | d1.seen_peers(), 40, "d0 and d1 to drop the killed d2")
+    print(f"d2 dropped by d0 and d1 {time.monotonic() - killed_at:.1f} s after SIGKILL (heartbeat TTL 8 s)")
     wait_for(lambda: d0.seen_peers() == {ids[d1]}, 10, "d0 to still see d1")
     assert foreign_id not in d0.seen_peers() | d1.seen_peers()
 
@@ -72,6 +77,13 @@ def test_sigterm_announces_leaving_and_exits_cleanly(
     d1_id = d1.wait_running()["peer_id"]
     wait_for(lambda: d1_id in d0.seen_peers(), 60, "d0 to see d1")
     children = descendants(d1.pid)
+
+    # A second daemon on d1's state directory would fight over d1's identity: refused.
+    twin = subprocess.run(
+        [sys.executable, "-m", "swarmd", "run", "--run-id", run_id, "--state-dir", str(d1.state_dir), *LOOPBACK_FLAGS],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert twin.returncode == 1 and "another swarmd" in twin.stderr and "Traceback" not in twin.stderr
 
     stopped_at = time.monotonic()
     assert d1.stop(timeout=30) == 0, d1.log_tail()
