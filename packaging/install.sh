@@ -174,6 +174,9 @@ install_venv() {
     log "installing swarmd from $package"
     # --upgrade so that rerunning the script upgrades an installed swarmd.
     run "$venv/bin/pip" install --disable-pip-version-check --upgrade "$package"
+    # The command on PATH, so that 'swarmd status' works for the admin as the next steps say.
+    run mkdir -p "$ROOT/usr/local/bin"
+    run ln -sf "$PREFIX/venv/bin/swarmd" "$ROOT/usr/local/bin/swarmd"
 }
 
 install_unit() {
@@ -231,7 +234,7 @@ next_steps() {
 $done Next steps:
   1. Set run_id (and initial_peers, if the run's organiser gave any) in $ROOT/etc/swarmd/config.toml
   2. Start it now and at every boot:  systemctl enable --now swarmd
-  3. Check on it:                      swarmd status   (logs: journalctl -u swarmd -f)
+  3. Check on it:                      sudo swarmd status   (logs: journalctl -u swarmd -f)
 EOF
 }
 
