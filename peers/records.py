@@ -97,13 +97,21 @@ def open_record(raw: object, kind: str, max_bytes: int = MAX_RECORD_BYTES) -> Si
         signature = base64.b64decode(envelope["sig"], validate=True)
     except (binascii.Error, ValueError):
         raise RecordError(f"{kind} record has a malformed key or signature encoding") from None
-    body_bytes = envelope["body"].encode()
+    try:
+        body_bytes = envelope["body"].encode()
+    except UnicodeEncodeError:  # a lone surrogate, as JSON "\ud800", has no UTF-8 form
+        raise RecordError(f"{kind} record body is not valid Unicode") from None
     if not verify_signature(public_key, signature, _signed_message(kind, body_bytes)):
         raise RecordError(f"{kind} record has a bad signature")
     body = _parse_json(body_bytes, f"{kind} record body")
     if not isinstance(body, dict):
         raise RecordError(f"{kind} record body must be a JSON object")
     return SignedRecord(kind, body, public_key, peer_id_from_public_key(public_key), raw)
+
+
+def _printable(text: str) -> bool:
+    # Peers' strings end up in logs and terminals: no escapes, newlines or surrogates.
+    return text.isprintable() and all(not "\ud800" <= c <= "\udfff" for c in text)
 
 
 class Fields:
@@ -128,6 +136,8 @@ class Fields:
         value: str = self._get(name, str)
         if len(value) > max_len:
             raise RecordError(f"{self.what}: field {name!r} is {len(value)} characters, over {max_len}")
+        if not _printable(value):
+            raise RecordError(f"{self.what}: field {name!r} holds control characters")
         return value
 
     def number(self, name: str, lo: float, hi: float) -> float:
@@ -153,7 +163,7 @@ class Fields:
         values = self._get(name, list)
         if len(values) > max_items:
             raise RecordError(f"{self.what}: field {name!r} has {len(values)} items, over {max_items}")
-        if not all(isinstance(v, str) and len(v) <= max_len for v in values):
+        if not all(isinstance(v, str) and len(v) <= max_len and _printable(v) for v in values):
             raise RecordError(f"{self.what}: field {name!r} must hold strings of at most {max_len} characters")
         return list(values)
 

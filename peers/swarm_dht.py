@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 # A spec lives this long in the DHT unless a member re-publishes it; members do so far sooner.
 SPEC_TTL_S = 3600.0
-# Heartbeats may stay in DHT storage a little past their own expiry (clock skew between peers).
+# A spec's DHT expiration may run this far past our clock's now + SPEC_TTL_S (clock skew).
 _EXPIRY_SLACK_S = 30.0
 
 
@@ -76,14 +76,15 @@ class RunRecordValidator(RecordValidatorBase):
                 subkey = MSGPackSerializer.loads(record.subkey)
                 if not isinstance(subkey, str):
                     return False
-                heartbeat = parse_heartbeat(value, run_id=self.run_id, now=time.time(), peer_id=subkey)
-                return record.expiration_time <= heartbeat.expires_at + _EXPIRY_SLACK_S
+                heartbeat = parse_heartbeat(value, run_id=self.run_id, now=None, peer_id=subkey)
+                # Stored no longer than the record itself is valid (the signer sets both).
+                return record.expiration_time <= heartbeat.expires_at
             if record.key == self._spec_key:
                 # One plain value: a subkey would turn the spec into a dictionary joiners cannot read.
                 if record.subkey != _PLAIN_VALUE:
                     return False
                 verify_run_spec(value, self.run_id)
-                return record.expiration_time <= time.time() + SPEC_TTL_S + _EXPIRY_SLACK_S
+                return record.expiration_time <= get_dht_time() + SPEC_TTL_S + _EXPIRY_SLACK_S
         except (RecordError, RunSpecError) as e:
             logger.debug("DHT refused a record: %s", e)
         except Exception as e:  # msgpack raises many types on garbage

@@ -217,3 +217,11 @@ def test_leaving_round_trips(identity: Identity) -> None:
     assert parsed == hb
     assert not parsed.is_live(NOW)
     assert parse_heartbeat(make_heartbeat(identity).sign(identity), run_id=RUN_ID, now=NOW).leaving is False
+
+
+def test_device_name_with_terminal_escapes_rejected(identity: Identity) -> None:
+    body = dataclasses.asdict(make_heartbeat(identity))
+    body["device"]["name"] = "GPU\x1b]0;owned\x07"
+    raw = sign_record(identity, KIND, body)
+    with pytest.raises(RecordError, match="control characters"):
+        parse_heartbeat(raw, run_id=body["run_id"], now=body["issued_at"])

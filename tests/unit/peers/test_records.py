@@ -318,3 +318,20 @@ def test_fields_object_names_the_path() -> None:
     f = Fields({"outer": {"inner": True}}, "thing")
     with pytest.raises(RecordError, match=r"thing\.outer: field 'inner' must not be a boolean"):
         f.object("outer").integer("inner", 0, 1)
+
+
+def test_lone_surrogate_body_is_a_record_error(identity: Identity) -> None:
+    # JSON may spell a lone surrogate ("\ud800"), which has no UTF-8 form: a hostile LAN hello
+    # used this to escape as UnicodeEncodeError before the signature check.
+    envelope = _envelope(sign_record(identity, "thing", {"a": 1}))
+    envelope["body"] = "\ud800"
+    with pytest.raises(RecordError, match="not valid Unicode"):
+        open_record(json.dumps(envelope).encode(), "thing")  # ASCII-escaped, as a peer would send it
+
+
+@pytest.mark.parametrize("text", ["evil\x1b[31m", "two\nlines", "tab\there", "\ud800"])
+def test_strings_with_control_characters_rejected(text: str) -> None:
+    with pytest.raises(RecordError, match="control characters"):
+        Fields({"s": text}, "t").string("s")
+    with pytest.raises(RecordError):
+        Fields({"s": [text]}, "t").strings("s", 4)

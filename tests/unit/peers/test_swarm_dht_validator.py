@@ -176,8 +176,7 @@ def heartbeat(identity: Identity, run_id: str, ttl: float = 60.0, **kw: Any) -> 
 def test_valid_heartbeat_accepted(validate: Validator, run_id: str, member: Identity) -> None:
     hb = heartbeat(member, run_id)
     assert validate(run_id, value=hb.sign(member), subkey=member.peer_id, expiration=hb.expires_at)
-    # Stored a little past its own expiry (clock skew between peers) is still fine.
-    assert validate(run_id, value=hb.sign(member), subkey=member.peer_id, expiration=hb.expires_at + EXPIRY_SLACK_S)
+    assert validate(run_id, value=hb.sign(member), subkey=member.peer_id, expiration=hb.expires_at - 10)
 
 
 def test_leaving_heartbeat_accepted(validate: Validator, run_id: str, member: Identity) -> None:
@@ -189,13 +188,17 @@ def test_leaving_heartbeat_accepted(validate: Validator, run_id: str, member: Id
 def test_expiration_far_beyond_heartbeat_rejected(validate: Validator, run_id: str, member: Identity) -> None:
     hb = heartbeat(member, run_id)
     raw = hb.sign(member)
-    assert not validate(run_id, value=raw, subkey=member.peer_id, expiration=hb.expires_at + EXPIRY_SLACK_S + 5)
+    assert not validate(run_id, value=raw, subkey=member.peer_id, expiration=hb.expires_at + 1)
     assert not validate(run_id, value=raw, subkey=member.peer_id, expiration=hb.expires_at + 86400)
 
 
-def test_expired_heartbeat_rejected(validate: Validator, run_id: str, member: Identity) -> None:
+def test_expired_heartbeat_left_to_the_reader(validate: Validator, run_id: str, member: Identity) -> None:
+    # hivemind discards a whole member list when one record in it fails validation, so the
+    # validator leaves the clock to the reader (and to the DHT's own expiration time): one
+    # record that expired in flight must not hide every other member.
     old = heartbeat(member, run_id, issued_at=time.time() - 120, expires_at=time.time() - 60)
-    assert not validate(run_id, value=old.sign(member), subkey=member.peer_id, expiration=old.expires_at)
+    assert validate(run_id, value=old.sign(member), subkey=member.peer_id, expiration=old.expires_at)
+    assert not validate(run_id, value=old.sign(member), subkey=member.peer_id, expiration=time.time() + 60)
 
 
 def test_heartbeat_of_another_run_rejected(validate: Validator, run_id: str, member: Identity) -> None:
