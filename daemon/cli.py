@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -143,9 +142,8 @@ def _run_node(config: Any) -> int:
                 node.request_stop()
             else:
                 logger.warning("Second signal: exiting at once")
-                if node.dht is not None and node.dht.process_id:
-                    with contextlib.suppress(OSError):
-                        os.killpg(node.dht.process_id, signal.SIGKILL)
+                if node.dht is not None:
+                    node.dht.kill_now()
                 os._exit(EXIT_FAILURE)
 
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -159,9 +157,9 @@ def _run_node(config: Any) -> int:
 
 def cmd_run_create(args: argparse.Namespace, config: Any) -> int:
     from swarmd.config import ConfigError
-    from swarmd.node import prepare_state_dir, save_spec
     from swarmd.peers.identity import load_or_create_identity
     from swarmd.peers.run_spec import load_spec_file, sign_run_spec
+    from swarmd.state_dir import prepare_state_dir, save_spec
 
     if args.spec is None:
         raise ConfigError("'swarmd run create' needs --spec FILE (see README for the format)")

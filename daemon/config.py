@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from swarmd.errors import ConfigError
+from swarmd.peers.heartbeat import MAX_TTL_S
 
 DEFAULT_STATE_DIR = "~/.local/state/swarmd"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -82,7 +83,8 @@ class HeartbeatConfig:
 
     def __post_init__(self) -> None:
         _check_range("heartbeat", "interval_s", self.interval_s, 0.2, 600)
-        _check_range("heartbeat", "ttl_s", self.ttl_s, 1, 3600)
+        # Readers refuse longer-lived heartbeats (a flood of one-off keys must age out soon).
+        _check_range("heartbeat", "ttl_s", self.ttl_s, 1, MAX_TTL_S - 1)
         if self.ttl_s < 2 * self.interval_s:
             raise ConfigError(
                 f"[heartbeat] ttl_s = {self.ttl_s} is under twice interval_s = {self.interval_s}: one lost "

@@ -23,6 +23,7 @@ import binascii
 import contextlib
 import json
 import logging
+import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -118,15 +119,20 @@ class LanDiscoveryProcess:
                 logger.warning("LAN discovery sent a line over %d bytes; ignoring it", MAX_LINE_BYTES)
                 continue
             if not line:
+                code = await self._proc.wait()
+                if code != 0:
+                    logger.warning("LAN discovery exited with %s; continuing without it (the DHT still works)", code)
                 return
-            message = self._parse(line)
+            # What the child relays came from unauthenticated LAN peers: one bad line is one bad line.
             try:
+                message = self._parse(line)
                 peer_id, payload = message["peer"], base64.b64decode(message["hello"], validate=True)  # type: ignore[index]
+                if isinstance(peer_id, str) and len(peer_id) <= 128:
+                    self.on_hello(peer_id, payload)
             except (TypeError, KeyError, binascii.Error, ValueError):
                 logger.debug("Ignoring a malformed line from LAN discovery")
-                continue
-            if isinstance(peer_id, str):
-                self.on_hello(peer_id, payload)
+            except Exception:
+                logger.exception("Handling a LAN hello failed; carrying on")
 
 
 # --- the child ---------------------------------------------------------------------------
@@ -138,6 +144,9 @@ def _child_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--listen", required=True)
     args = parser.parse_args(argv)
+    # Ctrl-C in a terminal reaches the whole process group; the daemon decides when we stop
+    # (by closing our stdin), so a second traceback-printing KeyboardInterrupt must not happen here.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
     )
@@ -163,8 +172,8 @@ def _child_main(argv: list[str] | None = None) -> int:
         identity = load_or_create_identity(args.state_dir)
         lan = LanDiscovery(identity, args.run_id, args.listen, get_hello=lambda: hello, on_hello=on_hello)
         lan.start()
-    except SwarmdError as e:
-        send({"error": str(e)})
+    except Exception as e:  # reported to the daemon, which logs one line and goes on without us
+        send({"error": str(e) if isinstance(e, SwarmdError) else f"{type(e).__name__}: {e}"})
         return 1
     send({"ready": lan.listen_maddrs})
     try:

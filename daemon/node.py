@@ -1,106 +1,49 @@
 """One daemon: joins a run's swarm, keeps its membership fresh, and answers its owner.
 
-The services of a node run as tasks on one asyncio loop; the hivemind DHT has its own process
-and py-libp2p (LAN discovery) its own trio thread. Nothing here blocks the loop: DHT calls
-return futures, torch work runs in a worker thread. ``stop()`` is bounded by the config's
-``stop_timeout_s``.
+The services of a node run as periodic tasks on one asyncio loop; the hivemind DHT has its
+own process, and py-libp2p (LAN discovery) a child process of its own. Nothing here blocks
+the loop: DHT calls return futures with deadlines, torch work runs in a worker thread. A
+service whose round fails (a DHT hiccup) retries with capped backoff; only the DHT process
+dying stops the daemon, so that the service manager restarts it. Shutdown is bounded by
+``[node] stop_timeout_s``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from swarmd import __version__, service
 from swarmd.children import LivenessPipe
 from swarmd.config import Config
 from swarmd.control import SOCKET_FILENAME, ControlServer
 from swarmd.device import describe_device, measure_throughput_gflops, resolve_device
-from swarmd.errors import AlreadyRunningError, JoinError, RecordError, RunSpecError, SwarmdError
+from swarmd.errors import JoinError, RecordError, SwarmdError
 from swarmd.lan_process import LanDiscoveryProcess
-from swarmd.peers.heartbeat import Device, Heartbeat, parse_heartbeat
+from swarmd.peers.heartbeat import MAX_ADDRS, Device, Heartbeat, parse_heartbeat
 from swarmd.peers.identity import Identity, load_or_create_identity, write_p2pd_identity
 from swarmd.peers.membership import Membership
-from swarmd.peers.run_spec import SignedRunSpec, check_run_id, verify_run_spec
+from swarmd.peers.run_spec import SignedRunSpec, check_run_id
 from swarmd.peers.swarm_dht import SPEC_TTL_S, BootstrapError, SwarmDHT
+from swarmd.state_dir import StateDirLock, load_cached_spec, prepare_state_dir, save_spec, spec_cache_path
 
 logger = logging.getLogger(__name__)
 
-RUNS_DIRNAME = "runs"
+T = TypeVar("T")
+
 # How long the last ("leaving") heartbeat may take to reach the DHT during shutdown.
 LEAVE_ANNOUNCE_TIMEOUT_S = 3.0
+LEAVING_RECORD_TTL_S = 30.0
+DHT_CALL_TIMEOUT_S = 10.0
 RTT_PROBE_TIMEOUT_S = 2.0
-
-
-def prepare_state_dir(path: Path) -> Path:
-    """Create the state directory (0700) or check that an existing one is ours alone."""
-    try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as e:
-        raise SwarmdError(f"cannot create state directory {path}: {e.strerror}; set [node] state_dir") from None
-    if not os.access(path, os.W_OK):
-        raise SwarmdError(f"state directory {path} is not writable by this user; fix its owner or set [node] state_dir")
-    return path
-
-
-def spec_cache_path(state_dir: Path, run_id: str) -> Path:
-    return state_dir / RUNS_DIRNAME / f"{run_id}.spec"
-
-
-def save_spec(state_dir: Path, signed: SignedRunSpec) -> Path:
-    path = spec_cache_path(state_dir, signed.run_id)
-    path.parent.mkdir(mode=0o700, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_bytes(signed.raw)
-    os.replace(tmp, path)
-    return path
-
-
-def load_cached_spec(state_dir: Path, run_id: str) -> SignedRunSpec | None:
-    """A spec cached by an earlier join or by ``run create``; re-verified, never trusted blindly."""
-    path = spec_cache_path(state_dir, run_id)
-    if not path.exists():
-        return None
-    try:
-        return verify_run_spec(path.read_bytes(), run_id)
-    except RunSpecError as e:
-        logger.warning("Ignoring the cached spec %s: %s", path, e)
-        return None
-
-
-class StateDirLock:
-    """One daemon per state directory: two on one identity would fight over the same peer ID."""
-
-    def __init__(self, state_dir: Path) -> None:
-        self.path = state_dir / "lock"
-        self._fd: int | None = None
-
-    def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise AlreadyRunningError(
-                f"another swarmd (pid {holder}) uses state directory {self.path.parent}; stop it, or give this "
-                "one its own [node] state_dir"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
-        self._fd = fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+MAX_RETRY_DELAY_S = 30.0
+# LAN peers introduced to the DHT at once; more hellos than this wait for the next minute.
+MAX_LAN_DIALS = 8
 
 
 class Node:
@@ -111,7 +54,7 @@ class Node:
         self.identity: Identity | None = None
         self.spec: SignedRunSpec | None = None
         self.dht: SwarmDHT | None = None
-        self.lan: LanDiscoveryProcess | None = None  # when mDNS is on
+        self.lan: LanDiscoveryProcess | None = None  # when mDNS is on and it started
         self.membership: Membership | None = None
         self.device = Device(kind="cpu", name="unknown", memory_bytes=0, cpus=1)
         self.throughput_gflops = 0.0
@@ -119,9 +62,11 @@ class Node:
         self.state = "starting"
         self.started_at = time.time()
         self.rejected_records = 0
-        self.addrs: list[str] = []  # the DHT's visible multiaddrs, cached: asking is a blocking call
+        self.addrs: list[str] = []  # the DHT's visible multiaddrs, refreshed with each heartbeat
+        self._last_expires_at = 0.0  # of the last heartbeat published: a later one must outlive it
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._lan_dials: set[asyncio.Task[int]] = set()
         self._lock = StateDirLock(self.state_dir)
         self._liveness = LivenessPipe()
         self._control = ControlServer(self.state_dir / SOCKET_FILENAME, {"status": self.status, "peers": self.peers})
@@ -138,14 +83,23 @@ class Node:
     async def run(self) -> int:
         """Join, serve until asked to stop, then leave. Returns the process exit code."""
         self._lock.acquire()
+        starting = asyncio.create_task(self._start())
+        stopping = asyncio.create_task(self._stop.wait())
         try:
-            await self._start()
+            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if not starting.done():  # asked to stop while still joining: not a failure
+                starting.cancel()
+                with contextlib.suppress(asyncio.CancelledError, SwarmdError):
+                    await starting
+                return self._exit_code
+            starting.result()  # a start-up error propagates from here
             service.notify_ready(f"member of {self.run_id}")
             self.state = "running"
-            logger.info("Running as %s in run %s", self.identity.peer_id if self.identity else "?", self.run_id)
-            await self._stop.wait()
+            logger.info("Running as %s in run %s", self.identity_peer_id, self.run_id)
+            await stopping
             return self._exit_code
         finally:
+            stopping.cancel()
             await self._shutdown()
             self._lock.release()
 
@@ -167,37 +121,65 @@ class Node:
         )
         # The DHT forks before torch starts threads: fork after that is unsafe.
         await self._start_dht()
-        self.addrs = await asyncio.to_thread(self.dht.visible_maddrs)
+        self.addrs = await self._dht_call(self.dht.visible_maddrs())
         logger.info("DHT listening on %s", " ".join(self.addrs))
         if cfg.mdns:
             await self._start_lan()
         device_task = asyncio.create_task(self._measure_device())
         self.spec = await self._join()
         await device_task
-        self._spawn(self._heartbeat_loop, self._member_loop, self._rtt_loop, self._spec_loop, self._watchdog_loop)
+        hb = self.config.heartbeat
+        self._spawn("heartbeat", lambda: hb.interval_s, self._publish_heartbeat)
+        self._spawn("membership", lambda: min(hb.interval_s, 5.0), self._scan_members)
+        self._spawn("rtt", lambda: max(hb.interval_s, 2.0), self._probe_rtts)
+        self._spawn("spec", lambda: SPEC_TTL_S / 4, self._republish_spec, run_first=False)
+        self._spawn("watchdog", lambda: service.watchdog_interval_s() or 2.0, self._watchdog)
+
+    async def _retry(self, attempt: Callable[[], Awaitable[T | str]], timeout: float) -> T | str:
+        """Call ``attempt`` until it returns a result, backing off while it returns a reason.
+
+        Returns the last reason once ``timeout`` has passed. While joining, systemd is asked to
+        extend the start timeout, so a long join is not mistaken for a hung start.
+        """
+        deadline, delay = time.monotonic() + timeout, 0.5
+        while True:
+            outcome = await attempt()
+            if not isinstance(outcome, str) or time.monotonic() + delay > deadline:
+                return outcome
+            logger.info("%s; retrying in %.0f s", outcome, delay)
+            service.sd_notify(f"EXTEND_TIMEOUT_USEC={int((delay + DHT_CALL_TIMEOUT_S) * 1e6)}")
+            await self._sleep_or_stop(delay)
+            delay = min(delay * 2, MAX_RETRY_DELAY_S)
 
     async def _start_dht(self) -> None:
-        """Start the DHT; while no initial peer answers, retry with capped backoff until the join timeout."""
+        """Start the DHT; while no initial peer answers (it may be restarting), retry until the join timeout."""
         assert self.dht is not None
-        timeout = self.config.swarm.join_timeout_s
-        deadline, delay = time.monotonic() + timeout, 1.0
-        while True:
+        dht = self.dht
+
+        async def attempt() -> bool | str:
             try:
-                await asyncio.to_thread(self.dht.start)
-                return
+                await asyncio.to_thread(dht.start)
             except BootstrapError as e:
-                if time.monotonic() + delay > deadline or self._stop.is_set():
-                    raise JoinError(f"cannot join run {self.run_id} within {timeout:.0f} s: {e}") from None
-                logger.warning("%s; retrying in %.0f s", e, delay)
-                await self._sleep_or_stop(delay)
-                delay = min(delay * 2, 30.0)
+                return str(e)
+            return True
+
+        outcome = await self._retry(attempt, self.config.swarm.join_timeout_s)
+        if isinstance(outcome, str):
+            timeout = self.config.swarm.join_timeout_s
+            raise JoinError(f"cannot join run {self.run_id} within {timeout:.0f} s: {outcome}")
 
     async def _start_lan(self) -> None:
-        self.lan = LanDiscoveryProcess(self.state_dir, self.run_id, self.config.swarm.lan_maddr, self._on_lan_hello)
-        await self.lan.start()
+        """LAN discovery only introduces peers; the DHT is the source of truth, so its failure is not fatal."""
+        lan = LanDiscoveryProcess(self.state_dir, self.run_id, self.config.swarm.lan_maddr, self._on_lan_hello)
+        try:
+            await lan.start()
+        except SwarmdError as e:
+            logger.warning("%s; continuing without LAN discovery (peers must be given with --initial-peers)", e)
+            return
+        self.lan = lan
         # Answer hellos from the start: a LAN peer greets us once a minute at most.
-        self.lan.set_hello(self._sign_heartbeat()[0])
-        logger.info("LAN discovery (mDNS) on %s", " ".join(self.lan.listen_maddrs))
+        lan.set_hello(self._sign_heartbeat())
+        logger.info("LAN discovery (mDNS) on %s", " ".join(lan.listen_maddrs))
 
     async def _shutdown(self) -> None:
         self.state = "stopping"
@@ -208,88 +190,99 @@ class Node:
         except TimeoutError:
             logger.warning("Shutdown took over [node] stop_timeout_s = %.0f s; exiting anyway", budget)
         if self.dht is not None:
-            self.dht.shutdown()
+            await asyncio.to_thread(self.dht.shutdown)
 
     async def _leave(self) -> None:
+        """Stop the loops, announce leaving, stop the rest; each step runs whatever the others did."""
+        for task in [*self._tasks, *self._lan_dials]:
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._lan_dials, return_exceptions=True)
+        # After the loops: a regular heartbeat still in flight would overwrite the leave.
         if self.dht is not None and self.dht.is_alive() and self.spec is not None:
-            with contextlib.suppress(Exception):
-                raw, expires_at = self._sign_heartbeat(leaving=True)
+            try:
+                raw = self._sign_heartbeat(leaving=True)
                 await asyncio.wait_for(
-                    self.dht.publish_heartbeat(self.identity_peer_id, raw, expires_at),
+                    self.dht.publish_heartbeat(self.identity_peer_id, raw, self._last_expires_at),
                     LEAVE_ANNOUNCE_TIMEOUT_S,
                 )
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self.lan is not None:
-            await self.lan.stop()
-        await self._control.stop()
+            except Exception as e:
+                logger.warning("Could not announce leaving (%s); peers will drop us when our heartbeat expires", e)
+        for step in (self.lan.stop if self.lan is not None else None, self._control.stop):
+            if step is not None:
+                try:
+                    await step()
+                except Exception:
+                    logger.exception("Shutdown step %s failed; continuing", step.__qualname__)
 
-    def _spawn(self, *loops: Callable[[], Awaitable[None]]) -> None:
-        for loop_fn in loops:
-            task = asyncio.create_task(self._guarded(loop_fn), name=loop_fn.__name__)
-            self._tasks.append(task)
+    def _spawn(
+        self, name: str, interval: Callable[[], float], body: Callable[[], Awaitable[None]], run_first: bool = True
+    ) -> None:
+        self._tasks.append(asyncio.create_task(self._periodic(name, interval, body, run_first), name=name))
 
-    async def _guarded(self, loop_fn: Callable[[], Awaitable[None]]) -> None:
-        """A service loop that dies takes the daemon down with it (systemd restarts us)."""
-        try:
-            await loop_fn()
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            logger.exception("Service %s failed; stopping the daemon", loop_fn.__name__)
-            self.request_stop(exit_code=1)
+    async def _periodic(
+        self, name: str, interval: Callable[[], float], body: Callable[[], Awaitable[None]], run_first: bool
+    ) -> None:
+        """Run ``body`` every ``interval()`` seconds; a failed round is retried with capped backoff."""
+        failures = 0
+        if not run_first and await self._sleep_or_stop(interval()):
+            return
+        while True:
+            try:
+                await body()
+                failures, delay = 0, interval()
+            except Exception as e:
+                failures += 1
+                delay = min(interval() * 2**failures, 60.0)
+                logger.warning("%s failed (%s: %s); retrying in %.0f s", name, type(e).__name__, e, delay)
+            if await self._sleep_or_stop(delay):
+                return
 
     async def _sleep_or_stop(self, seconds: float) -> bool:
         """Sleep ``seconds``; True when the node was asked to stop meanwhile."""
-        with contextlib.suppress(asyncio.TimeoutError):
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stop.wait(), seconds)
         return self._stop.is_set()
+
+    async def _dht_call(self, call: Awaitable[T]) -> T:
+        """A DHT request with a deadline: a dead or wedged DHT process must not wedge the loop."""
+        return await asyncio.wait_for(call, DHT_CALL_TIMEOUT_S)
 
     # --- joining ---------------------------------------------------------------------------
 
     async def _join(self) -> SignedRunSpec:
         """Find the run's spec: from the local cache (the creator's, or an earlier join), else the DHT."""
         assert self.dht is not None
+        dht = self.dht
         cached = load_cached_spec(self.state_dir, self.run_id)
         if cached is not None:
-            logger.info(
-                "Serving the spec of run %s from %s",
-                self.run_id,
-                spec_cache_path(self.state_dir, self.run_id),
-            )
+            logger.info("Serving the spec of run %s from %s", self.run_id, spec_cache_path(self.state_dir, self.run_id))
             await self._publish_spec(cached)
             return cached
-        timeout = self.config.swarm.join_timeout_s
-        deadline, delay = time.monotonic() + timeout, 0.5
-        while True:
-            spec = await self.dht.fetch_spec()
-            if spec is not None:
-                save_spec(self.state_dir, spec)
-                logger.info(
-                    "Joined run %s (model %s, created by %s)",
-                    self.run_id,
-                    spec.spec.model.family,
-                    spec.creator,
-                )
-                return spec
-            if time.monotonic() + delay > deadline or self._stop.is_set():
-                break
-            await self._sleep_or_stop(delay)
-            delay = min(delay * 2, 5.0)
-        known = await self.dht.known_peers()
-        if not self.config.swarm.initial_peers and not self.config.swarm.mdns:
+
+        async def attempt() -> SignedRunSpec | str:
+            return await self._dht_call(dht.fetch_spec()) or f"no peer has served the spec of run {self.run_id} yet"
+
+        outcome = await self._retry(attempt, self.config.swarm.join_timeout_s)
+        if not isinstance(outcome, str):
+            save_spec(self.state_dir, outcome)
+            logger.info(
+                "Joined run %s (model %s, created by %s)", self.run_id, outcome.spec.model.family, outcome.creator
+            )
+            return outcome
+        known = await self._dht_call(dht.known_peers())
+        swarm = self.config.swarm
+        if not swarm.initial_peers and not swarm.mdns:
             hint = "no --initial-peers were given and mDNS is off; pass the address of a peer in the run"
         elif known == 0:
-            hint = (f"none of the initial peers answered ({', '.join(self.config.swarm.initial_peers) or 'none given'})"
-                    "; check the addresses and that those daemons run")  # fmt: skip
+            given = ", ".join(swarm.initial_peers) or "none given"
+            hint = f"no peer was reached (initial peers: {given}); check the addresses and that those daemons run"
         else:
             hint = f"{known} peer(s) answered but none serves this run; check the run ID"
-        raise JoinError(f"run {self.run_id} is not served by any peer after {timeout:.0f} s: {hint}")
+        raise JoinError(f"run {self.run_id} is not served by any peer after {swarm.join_timeout_s:.0f} s: {hint}")
 
     async def _publish_spec(self, spec: SignedRunSpec) -> None:
         assert self.dht is not None
-        if not await self.dht.publish_spec(spec.raw):
+        if not await self._dht_call(self.dht.publish_spec(spec.raw)):
             logger.debug("Spec of run %s is stored only locally for now (no other DHT node yet)", self.run_id)
 
     async def _measure_device(self) -> None:
@@ -299,24 +292,29 @@ class Node:
         if cfg.benchmark:
             self.throughput_gflops = await asyncio.to_thread(measure_throughput_gflops, device)
 
-    # --- service loops ---------------------------------------------------------------------
+    # --- service rounds --------------------------------------------------------------------
 
     @property
     def identity_peer_id(self) -> str:
         assert self.identity is not None
         return self.identity.peer_id
 
-    def _sign_heartbeat(self, leaving: bool = False) -> tuple[bytes, float]:
-        assert self.identity is not None and self.dht is not None
+    def _sign_heartbeat(self, leaving: bool = False) -> bytes:
+        """Sign this peer's heartbeat; it must pass the very checks every reader applies."""
+        assert self.identity is not None
         now = time.time()
-        expires_at = now + (LEAVE_ANNOUNCE_TIMEOUT_S * 10 if leaving else self.config.heartbeat.ttl_s)
+        if leaving:
+            # hivemind keeps the value with the later expiration: the leave must outlive the last beat.
+            expires_at = max(now + LEAVING_RECORD_TTL_S, self._last_expires_at + 1)
+        else:
+            expires_at = now + self.config.heartbeat.ttl_s
         heartbeat = Heartbeat(
             run_id=self.run_id,
             peer_id=self.identity.peer_id,
             issued_at=now,
             expires_at=expires_at,
-            addrs=self.addrs,
-            lan_addrs=self.lan.listen_maddrs if self.lan is not None else [],
+            addrs=self.addrs[:MAX_ADDRS],
+            lan_addrs=self.lan.listen_maddrs[:MAX_ADDRS] if self.lan is not None else [],
             device=self.device,
             throughput_gflops=self.throughput_gflops,
             version=__version__,
@@ -324,74 +322,68 @@ class Node:
             uptime_s=now - self.started_at,
             leaving=leaving,
         )
-        return heartbeat.sign(self.identity), expires_at
+        raw = heartbeat.sign(self.identity)
+        parse_heartbeat(raw, run_id=self.run_id, now=now, peer_id=self.identity.peer_id)  # raises RecordError
+        self._last_expires_at = expires_at
+        return raw
 
-    async def _heartbeat_loop(self) -> None:
+    async def _publish_heartbeat(self) -> None:
         assert self.dht is not None
-        while True:
-            self.addrs = await asyncio.to_thread(self.dht.visible_maddrs)
-            raw, expires_at = self._sign_heartbeat()
-            if self.lan is not None:
-                self.lan.set_hello(raw)
-            if not await self.dht.publish_heartbeat(self.identity_peer_id, raw, expires_at):
-                logger.debug("Heartbeat stored only locally (no other DHT node accepted it yet)")
-            if await self._sleep_or_stop(self.config.heartbeat.interval_s):
-                return
+        self.addrs = await self._dht_call(self.dht.visible_maddrs())
+        raw = self._sign_heartbeat()
+        if self.lan is not None:
+            self.lan.set_hello(raw)
+        if not await self._dht_call(self.dht.publish_heartbeat(self.identity_peer_id, raw, self._last_expires_at)):
+            logger.debug("Heartbeat stored only locally (no other DHT node accepted it yet)")
 
-    async def _member_loop(self) -> None:
+    async def _scan_members(self) -> None:
         assert self.dht is not None and self.membership is not None
-        while True:
-            scan = await self.dht.scan_members(time.time())
-            self.rejected_records += scan.rejected
-            self.membership.update(scan.live, scan.leaving, time.time())
-            if await self._sleep_or_stop(min(self.config.heartbeat.interval_s, 5.0)):
-                return
+        scan = await self._dht_call(self.dht.scan_members(time.time()))
+        self.rejected_records += scan.rejected
+        self.membership.update(scan.live, scan.leaving, time.time())
 
-    async def _rtt_loop(self) -> None:
+    async def _probe_rtts(self) -> None:
         assert self.dht is not None and self.membership is not None
-        while True:
-            peer_ids = list(self.membership.peers)
+        dht, membership = self.dht, self.membership
 
-            async def probe(peer_id: str) -> None:
-                assert self.dht is not None and self.membership is not None
-                with contextlib.suppress(Exception):
-                    rtt = await asyncio.wait_for(self.dht.ping(peer_id), RTT_PROBE_TIMEOUT_S)
-                    self.membership.record_rtt(peer_id, rtt)
+        async def probe(peer_id: str) -> None:
+            with contextlib.suppress(Exception):
+                membership.record_rtt(peer_id, await asyncio.wait_for(dht.ping(peer_id), RTT_PROBE_TIMEOUT_S))
 
-            await asyncio.gather(*(probe(p) for p in peer_ids))
-            if await self._sleep_or_stop(max(self.config.heartbeat.interval_s, 2.0)):
-                return
+        await asyncio.gather(*(probe(p) for p in list(membership.peers)))
 
-    async def _spec_loop(self) -> None:
+    async def _republish_spec(self) -> None:
         """Every member keeps the run's spec alive in the DHT: the run outlives its creator."""
         assert self.spec is not None
-        while not await self._sleep_or_stop(SPEC_TTL_S / 4):
-            await self._publish_spec(self.spec)
+        await self._publish_spec(self.spec)
 
-    async def _watchdog_loop(self) -> None:
-        interval = service.watchdog_interval_s()
-        while True:
-            if self.dht is not None and not self.dht.is_alive():
-                logger.error("The DHT process died; stopping so that the service manager restarts swarmd")
-                self.request_stop(exit_code=1)
-                return
-            if interval is not None:
-                service.notify_watchdog()
-            if await self._sleep_or_stop(interval or 2.0):
-                return
+    async def _watchdog(self) -> None:
+        if self.dht is not None and not self.dht.is_alive():
+            logger.error("The DHT process died; stopping so that the service manager restarts swarmd")
+            self.request_stop(exit_code=1)
+            return
+        if service.watchdog_interval_s() is not None:
+            service.notify_watchdog()
 
     def _on_lan_hello(self, peer_id: str, payload: bytes) -> None:
         """A peer found on the LAN sent its heartbeat: if it is of our run, reach it through the DHT."""
         try:
             heartbeat = parse_heartbeat(payload, run_id=self.run_id, now=time.time(), peer_id=peer_id)
         except RecordError as e:
-            logger.debug("Ignoring LAN peer %s: %s", peer_id, e)
+            logger.debug("Ignoring LAN peer %s: %s", peer_id[:60], e)
             return
-        if self.dht is not None and heartbeat.addrs:
-            logger.info("Found %s on the LAN; connecting its DHT node", peer_id)
-            task = asyncio.ensure_future(self.dht.add_peers(heartbeat.addrs))
-            # Best effort (failures are logged inside); retrieve the outcome so none goes unobserved.
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        if self.dht is None or not heartbeat.addrs or len(self._lan_dials) >= MAX_LAN_DIALS:
+            return
+        logger.info("Found %s on the LAN; connecting its DHT node", peer_id)
+        task = asyncio.create_task(self.dht.add_peers(heartbeat.peer_id, heartbeat.addrs))
+        self._lan_dials.add(task)
+        task.add_done_callback(self._lan_dial_done)
+
+    def _lan_dial_done(self, task: asyncio.Task[int]) -> None:
+        self._lan_dials.discard(task)
+        # Best effort (failures are logged inside); retrieve the outcome so none goes unobserved.
+        if not task.cancelled() and task.exception() is not None:
+            logger.debug("Introducing a LAN peer failed: %r", task.exception())
 
     # --- control API -----------------------------------------------------------------------
 
@@ -421,7 +413,4 @@ class Node:
 
     def peers(self, request: dict[str, Any]) -> dict[str, Any]:
         now = time.time()
-        return {
-            "run_id": self.run_id,
-            "peers": self.membership.snapshot(now) if self.membership is not None else [],
-        }
+        return {"run_id": self.run_id, "peers": self.membership.snapshot(now) if self.membership is not None else []}

@@ -1,0 +1,14 @@
+"""Everything that talks to or reasons about other peers (import package ``swarmd.peers``).
+
+- ``identity``    the peer's Ed25519 key and the libp2p peer ID it gives
+- ``records``     the signed-record envelope and the checks on untrusted input
+- ``heartbeat``   the signed, expiring membership record
+- ``run_spec``    run specs and self-certifying run IDs
+- ``swarm_dht``   one run's records in the hivemind DHT, behind typed keys and a validator
+- ``membership``  the swarm as this peer sees it: live heartbeats and round-trip times
+- ``lan``         LAN discovery with py-libp2p's mDNS and the hello protocol
+
+Nothing here imports the daemon's modules (only ``swarmd.errors``): decisions and protocols
+know no process or CLI. ``lan`` (py-libp2p) and ``swarm_dht`` (hivemind) must not be imported
+into one interpreter: both register the protobuf symbol ``crypto.pb.KeyType``.
+"""

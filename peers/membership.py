@@ -19,6 +19,7 @@ class PeerView:
     heartbeat: Heartbeat
     first_seen: float
     rtt_s: float | None = None
+    probes: int = 0
 
     def as_dict(self, now: float) -> dict[str, object]:
         hb = self.heartbeat
@@ -76,16 +77,13 @@ class Membership:
         # heartbeat we hold expires, and drop it at once when it announced leaving.
         return view.heartbeat.is_live(now)
 
-    def drop_expired(self, now: float) -> list[str]:
-        gone = [p for p, view in self.peers.items() if not view.heartbeat.is_live(now)]
-        for peer_id in gone:
-            del self.peers[peer_id]
-            logger.info("Peer left: %s (heartbeat expired)", peer_id)
-        return gone
-
     def record_rtt(self, peer_id: str, rtt_s: float | None) -> None:
         view = self.peers.get(peer_id)
         if view is not None and rtt_s is not None:
+            view.probes += 1
+            if view.probes == 1:
+                return  # the first ping pays for dialling the peer: not a round trip
+
             # Smooth like TCP's SRTT so one slow ping does not jump the figure.
             view.rtt_s = rtt_s if view.rtt_s is None else 0.875 * view.rtt_s + 0.125 * rtt_s
 

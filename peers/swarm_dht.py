@@ -31,7 +31,7 @@ from hivemind.utils.timed_storage import get_dht_time
 from multiaddr import Multiaddr
 
 from swarmd.errors import JoinError, RecordError, RunSpecError
-from swarmd.peers.heartbeat import Heartbeat, parse_heartbeat
+from swarmd.peers.heartbeat import MAX_ADDRS, Heartbeat, parse_heartbeat
 from swarmd.peers.run_spec import SignedRunSpec, verify_run_spec
 
 logger = logging.getLogger(__name__)
@@ -176,27 +176,28 @@ class SwarmDHT:
             raise RuntimeError("SwarmDHT is not started")
         return self._dht
 
-    @property
-    def process_id(self) -> int | None:
-        return self._dht.pid if self._dht is not None else None
-
     def is_alive(self) -> bool:
         return self._dht is not None and self._dht.is_alive()
 
-    def visible_maddrs(self) -> list[str]:
-        return [str(m) for m in self.dht.get_visible_maddrs()]
+    async def visible_maddrs(self) -> list[str]:
+        """Addresses others can dial (a future: hivemind's own getter blocks without a deadline)."""
+        return await self.dht.run_coroutine(_visible_maddrs, return_future=True)
 
     def shutdown(self) -> None:
         """Bounded: hivemind joins for shutdown_timeout, then terminates; then we kill the group."""
         if self._dht is None:
             return
-        pid = self._dht.pid
         try:
             self._dht.shutdown()
         finally:
-            if pid is not None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pid, signal.SIGKILL)  # p2pd, if hivemind left it behind
+            self.kill_now()
+
+    def kill_now(self) -> None:
+        """SIGKILL the DHT process and everything in its group (p2pd); safe from a signal handler."""
+        pid = self._dht.pid if self._dht is not None else None
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
 
     # --- records ---------------------------------------------------------------------------
 
@@ -246,9 +247,11 @@ class SwarmDHT:
         """How many other DHT nodes this one knows (0: it has not reached the swarm)."""
         return await self.dht.run_coroutine(_routing_table_size, return_future=True)
 
-    async def add_peers(self, maddrs: Sequence[str]) -> int:
-        """Connect to peers found out of band (LAN discovery); returns how many answered."""
-        return await self.dht.run_coroutine(functools.partial(_add_peers, list(maddrs)), return_future=True)
+    async def add_peers(self, peer_id: str, maddrs: Sequence[str]) -> int:
+        """Connect to ``peer_id``, found out of band (LAN discovery), at those of ``maddrs`` that
+        name it (a hello must not make us dial third parties); returns how many answered."""
+        own = [m for m in maddrs if m.endswith(f"/p2p/{peer_id}")][:MAX_ADDRS]
+        return await self.dht.run_coroutine(functools.partial(_add_peers, own), return_future=True)
 
 
 # These run inside the DHT process (hivemind pickles them across), so they are module-level.
@@ -272,6 +275,10 @@ async def _add_peers(maddrs: list[str], dht: hivemind.DHT, node: DHTNode) -> int
             return False
 
     return sum(await asyncio.gather(*(one(m) for m in maddrs)))
+
+
+async def _visible_maddrs(dht: hivemind.DHT, node: DHTNode) -> list[str]:
+    return [str(m) for m in await node.get_visible_maddrs()]
 
 
 async def _routing_table_size(dht: hivemind.DHT, node: DHTNode) -> int:

@@ -127,7 +127,7 @@ def test_unit_settings() -> None:
         "Restart": "on-failure",
         "WatchdogSec": "120",
         "TimeoutStopSec": "45",
-        "KillMode": "control-group",
+        "KillMode": "mixed",
         "NoNewPrivileges": "yes",
         "ProtectSystem": "strict",
         "ProtectHome": "yes",

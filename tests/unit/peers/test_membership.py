@@ -95,11 +95,11 @@ def test_latest_heartbeat_wins() -> None:
     assert m.peers[A].first_seen == T0 + 5
 
 
-def test_drop_expired() -> None:
+def test_expired_dropped_on_the_next_scan_even_if_missing() -> None:
     m = Membership(ME)
     m.update([hb(A, ttl=10), hb(B, ttl=100)], [], T0)
-    assert m.drop_expired(T0 + 5) == []
-    assert m.drop_expired(T0 + 10) == [A]
+    assert m.update([], [], T0 + 5) == ([], [])
+    assert m.update([], [], T0 + 10) == ([], [A])
     assert set(m.peers) == {B}
 
 
@@ -107,6 +107,8 @@ def test_rtt_smoothing() -> None:
     m = Membership(ME)
     m.update([hb(A)], [], T0)
     m.record_rtt(A, None)
+    assert m.peers[A].rtt_s is None
+    m.record_rtt(A, 5.0)  # the first ping includes dialling the peer: ignored
     assert m.peers[A].rtt_s is None
     m.record_rtt(A, 0.100)
     assert m.peers[A].rtt_s == pytest.approx(0.100)
@@ -121,6 +123,7 @@ def test_rtt_smoothing() -> None:
 def test_snapshot_fields() -> None:
     m = Membership(ME)
     m.update([hb(B, T0 - 2), hb(A, T0 - 1)], [], T0)
+    m.record_rtt(A, 1.0)  # the dial
     m.record_rtt(A, 0.012345)
     snap = m.snapshot(T0 + 10)
     assert [p["peer_id"] for p in snap] == [A, B]  # sorted
