@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from swarmd.errors import RecordError
+from swarmd.errors import RecordError, RunSpecError
 from swarmd.peers.identity import Identity
 from swarmd.peers.records import Fields, open_record, sign_record
+from swarmd.peers.run_spec import check_run_id
 
 KIND = "heartbeat"
 MAX_HEARTBEAT_BYTES = 8 * 1024
@@ -65,8 +66,11 @@ class Heartbeat:
         return sign_record(identity, KIND, asdict(self))
 
 
-def parse_heartbeat(raw: object, *, run_id: str, now: float | None, peer_id: str | None = None) -> Heartbeat:
+def parse_heartbeat(raw: object, *, run_id: str | None, now: float | None, peer_id: str | None = None) -> Heartbeat:
     """Verify and decode a heartbeat for ``run_id``; ``peer_id`` is the DHT subkey it was found under.
+
+    ``run_id=None`` accepts any well-formed run ID: the DHT's validator then checks that the
+    record sits under that run's key.
 
     ``now=None`` skips the clock checks (future issue time, expiry): the DHT's validator does
     so, because hivemind drops a whole member list when one record in it fails, and a record
@@ -83,8 +87,13 @@ def parse_heartbeat(raw: object, *, run_id: str, now: float | None, peer_id: str
         raise RecordError(f"heartbeat claims peer {claimed[:60]} but is signed by {record.signer}")
     if peer_id is not None and peer_id != claimed:
         raise RecordError(f"heartbeat of {claimed} was stored under another peer's key {peer_id[:60]}")
-    if (found_run := f.string("run_id", 128)) != run_id:
+    found_run = f.string("run_id", 128)
+    if run_id is not None and found_run != run_id:
         raise RecordError(f"heartbeat is for run {found_run!r}, not {run_id!r}")
+    try:
+        check_run_id(found_run)
+    except RunSpecError as e:
+        raise RecordError(str(e)) from None
     issued_at = f.number("issued_at", 0, 1e11)
     expires_at = f.number("expires_at", issued_at, issued_at + MAX_TTL_S)
     if now is not None and issued_at > now + CLOCK_SKEW_S:
@@ -104,7 +113,7 @@ def parse_heartbeat(raw: object, *, run_id: str, now: float | None, peer_id: str
         cpus=d.integer("cpus", 1, 4096),
     )  # fmt: skip
     return Heartbeat(
-        run_id=run_id,
+        run_id=found_run,
         peer_id=claimed,
         issued_at=issued_at,
         expires_at=expires_at,

@@ -150,20 +150,30 @@ def sign_run_spec(identity: Identity, spec: RunSpec) -> SignedRunSpec:
     return SignedRunSpec(derive_run_id(spec.name, identity.public_key), spec, identity.peer_id, raw)
 
 
-def verify_run_spec(raw: object, run_id: str) -> SignedRunSpec:
-    """Accept ``raw`` as the spec of ``run_id`` only if its creator's key certifies that ID."""
+def open_run_spec(raw: object) -> SignedRunSpec:
+    """Check a signed spec and derive the one run ID its creator's key certifies."""
     try:
         record: SignedRecord = open_record(raw, KIND, MAX_SPEC_BYTES)
         spec = parse_spec_body(record.body)
     except RecordError as e:
-        raise RunSpecError(f"spec offered for run {run_id} is invalid: {e}") from None
-    derived = derive_run_id(spec.name, record.public_key)
-    if derived != run_id:
+        raise RunSpecError(f"run spec is invalid: {e}") from None
+    return SignedRunSpec(derive_run_id(spec.name, record.public_key), spec, record.signer, record.raw)
+
+
+def verify_run_spec(raw: object, run_id: str) -> SignedRunSpec:
+    """Accept ``raw`` as the spec of ``run_id`` only if its creator's key certifies that ID."""
+    try:
+        signed = open_run_spec(raw)
+    except RunSpecError as e:
         raise RunSpecError(
-            f"spec offered for run {run_id} was signed by {record.signer}, whose key certifies run "
-            f"{derived} instead; someone tried to replace the run's spec"
+            f"spec offered for run {run_id} is invalid: {str(e).removeprefix('run spec is invalid: ')}"
+        ) from None
+    if signed.run_id != run_id:
+        raise RunSpecError(
+            f"spec offered for run {run_id} was signed by {signed.creator}, whose key certifies run "
+            f"{signed.run_id} instead; someone tried to replace the run's spec"
         )
-    return SignedRunSpec(run_id, spec, record.signer, record.raw)
+    return signed
 
 
 def load_spec_file(path: Path) -> RunSpec:

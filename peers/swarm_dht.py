@@ -5,8 +5,9 @@ knows the keys (``swarmd/<run id>/…``) and how values are laid out under them.
 is checked twice: by the DHT process's validator before it stores or returns it, and again by
 the reader here, which also applies the run and the clock.
 
-This node stores only records of its own run: a value under any other key is refused, so a
-daemon never spends memory or trust on data it cannot check.
+This node stores swarmd records of any run, each checked in full (signature, schema, and the
+key its content implies), and nothing else: a DHT shared by many runs works for all of them,
+while a daemon never spends memory or trust on data it cannot check.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from multiaddr import Multiaddr
 
 from swarmd.errors import JoinError, RecordError, RunSpecError
 from swarmd.peers.heartbeat import MAX_ADDRS, Heartbeat, parse_heartbeat
-from swarmd.peers.run_spec import SignedRunSpec, verify_run_spec
+from swarmd.peers.run_spec import SignedRunSpec, open_run_spec, verify_run_spec
 
 logger = logging.getLogger(__name__)
 
@@ -61,30 +62,32 @@ class BootstrapError(JoinError):
     """None of the initial peers could be reached; worth retrying, they may come back."""
 
 
-class RunRecordValidator(RecordValidatorBase):
-    """Runs inside the DHT process: stores and returns only well-formed, signed records of one run."""
+class SwarmRecordValidator(RecordValidatorBase):
+    """Runs inside the DHT process: stores and returns only swarmd records, well-formed, signed,
+    and under the very key their content implies.
 
-    def __init__(self, run_id: str) -> None:
-        self.run_id = run_id
-        self._spec_key = _dht_id(spec_key(run_id))
-        self._members_key = _dht_id(members_key(run_id))
+    A record names its run (a heartbeat in its body, a spec through its creator's key and
+    name), so the validator needs no list of runs: it recomputes the key and compares. A DHT
+    shared by many runs thus stores every run's records, each checked, and nothing else.
+    """
 
     def validate(self, record: DHTRecord) -> bool:
         try:
             value = MSGPackSerializer.loads(record.value)
-            if record.key == self._members_key:
-                subkey = MSGPackSerializer.loads(record.subkey)
-                if not isinstance(subkey, str):
-                    return False
-                heartbeat = parse_heartbeat(value, run_id=self.run_id, now=None, peer_id=subkey)
-                # Stored no longer than the record itself is valid (the signer sets both).
-                return record.expiration_time <= heartbeat.expires_at
-            if record.key == self._spec_key:
-                # One plain value: a subkey would turn the spec into a dictionary joiners cannot read.
-                if record.subkey != _PLAIN_VALUE:
-                    return False
-                verify_run_spec(value, self.run_id)
-                return record.expiration_time <= get_dht_time() + SPEC_TTL_S + _EXPIRY_SLACK_S
+            if record.subkey == _PLAIN_VALUE:  # a spec is the one plain value swarmd stores
+                spec = open_run_spec(value)
+                return (
+                    record.key == _dht_id(spec_key(spec.run_id))
+                    and record.expiration_time <= get_dht_time() + SPEC_TTL_S + _EXPIRY_SLACK_S
+                )
+            subkey = MSGPackSerializer.loads(record.subkey)
+            if not isinstance(subkey, str):
+                return False
+            heartbeat = parse_heartbeat(value, run_id=None, now=None, peer_id=subkey)
+            # Under its run's members key, and stored no longer than the record is valid.
+            return (
+                record.key == _dht_id(members_key(heartbeat.run_id)) and record.expiration_time <= heartbeat.expires_at
+            )
         except (RecordError, RunSpecError) as e:
             logger.debug("DHT refused a record: %s", e)
         except Exception as e:  # msgpack raises many types on garbage
@@ -150,7 +153,7 @@ class SwarmDHT:
             check_if_identity_free=False,
             startup_timeout=startup_timeout_s,
             ensure_bootstrap_success=False,
-            record_validators=[RunRecordValidator(run_id)],
+            record_validators=[SwarmRecordValidator()],
             child_init=child_init,
             shutdown_timeout=5,
         )

@@ -1,4 +1,4 @@
-"""RunRecordValidator (peers/swarm_dht.py) on DHT records built by hand.
+"""SwarmRecordValidator (peers/swarm_dht.py) on DHT records built by hand.
 
 hivemind and py-libp2p register clashing protobuf symbols (both define ``crypto.pb.KeyType``),
 so they cannot be imported into one process; py-libp2p is imported by other unit tests (LAN
@@ -40,7 +40,7 @@ import base64, json, sys
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord
 from hivemind.utils.serializer import MSGPackSerializer
-from swarmd.peers.swarm_dht import RunRecordValidator, members_key, spec_key
+from swarmd.peers.swarm_dht import SwarmRecordValidator, members_key, spec_key
 
 validators = {}
 print(json.dumps({"ready": True}), flush=True)
@@ -48,7 +48,7 @@ for line in sys.stdin:
     try:
         req = json.loads(line)
         run_id = req["run_id"]
-        validator = validators.setdefault(run_id, RunRecordValidator(run_id))
+        validator = validators.setdefault(run_id, SwarmRecordValidator())
         key = req["key"]
         source = {"members": members_key(run_id), "spec": spec_key(run_id)}.get(key["name"], key["name"])
         sub = req["subkey"]
@@ -205,8 +205,9 @@ def test_heartbeat_of_another_run_rejected(validate: Validator, run_id: str, mem
     other_run = derive_run_id("other-run", member.public_key)
     hb = heartbeat(member, other_run)
     assert not validate(run_id, value=hb.sign(member), subkey=member.peer_id, expiration=hb.expires_at)
-    # ... even under the key of its own run: this DHT node stores only its run's records.
-    assert not validate(
+    # Under the key of its own run it is stored: a DHT shared by several runs serves them all
+    # (readers still see only their own run).
+    assert validate(
         run_id, key=f"swarmd/{other_run}/members", value=hb.sign(member), subkey=member.peer_id,
         expiration=hb.expires_at,
     )  # fmt: skip
