@@ -40,7 +40,7 @@ class ControlServer:
             )
         self.path = path
         self.handlers = handlers
-        self._server: asyncio.AbstractServer | None = None
+        self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
         self.path.unlink(missing_ok=True)
@@ -50,6 +50,10 @@ class ControlServer:
             self._server = await asyncio.start_unix_server(self._serve, path=str(self.path), limit=MAX_REQUEST_BYTES)
         finally:
             os.umask(old_umask)
+
+    def fds(self) -> list[int]:
+        """The listening sockets' descriptors (a forked child closes its copies)."""
+        return [s.fileno() for s in self._server.sockets] if self._server is not None else []
 
     async def stop(self) -> None:
         if self._server is not None:

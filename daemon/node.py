@@ -117,7 +117,7 @@ class Node:
             announce_maddrs=cfg.announce_maddrs,
             nat_port_map=cfg.nat_port_map,
             relay=cfg.relay,
-            child_init=self._liveness.watch_in_child,
+            child_init=self._init_dht_child,
         )
         # The DHT forks before torch starts threads: fork after that is unsafe.
         await self._start_dht()
@@ -134,6 +134,15 @@ class Node:
         self._spawn("rtt", lambda: max(hb.interval_s, 2.0), self._probe_rtts)
         self._spawn("spec", lambda: SPEC_TTL_S / 4, self._republish_spec, run_first=False)
         self._spawn("watchdog", lambda: service.watchdog_interval_s() or 2.0, self._watchdog)
+
+    def _init_dht_child(self) -> None:
+        """First thing in the forked DHT process: tie its life to ours, drop what is ours alone."""
+        self._liveness.watch_in_child()
+        # A lingering copy would hold the state-dir lock, or accept on the control socket.
+        for fd in (self._lock.fd, *self._control.fds()):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
     async def _retry(self, attempt: Callable[[], Awaitable[T | str]], timeout: float) -> T | str:
         """Call ``attempt`` until it returns a result, backing off while it returns a reason.

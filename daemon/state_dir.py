@@ -78,6 +78,10 @@ class StateDirLock:
         os.write(fd, str(os.getpid()).encode())
         self._fd = fd
 
+    @property
+    def fd(self) -> int | None:
+        return self._fd
+
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
