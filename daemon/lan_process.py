@@ -80,6 +80,10 @@ class LanDiscoveryProcess:
         self.listen_maddrs = [str(m) for m in message["ready"]][:16]
         self._reader = asyncio.create_task(self._read())
 
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.returncode is None
+
     def set_hello(self, raw: bytes) -> None:
         if self._proc is None or self._proc.stdin is None or self._proc.stdin.is_closing():
             return

@@ -44,6 +44,7 @@ RTT_PROBE_TIMEOUT_S = 2.0
 MAX_RETRY_DELAY_S = 30.0
 # LAN peers introduced to the DHT at once; more hellos than this wait for the next minute.
 MAX_LAN_DIALS = 8
+LAN_RESTART_INTERVAL_S = 10.0
 
 
 class Node:
@@ -124,7 +125,10 @@ class Node:
         self.addrs = await self._dht_call(self.dht.visible_maddrs())
         logger.info("DHT listening on %s", " ".join(self.addrs))
         if cfg.mdns:
-            await self._start_lan()
+            try:
+                await self._start_lan()
+            except SwarmdError as e:
+                logger.warning("%s; going on without it, retrying in %.0f s", e, LAN_RESTART_INTERVAL_S)
         device_task = asyncio.create_task(self._measure_device())
         self.spec = await self._join()
         await device_task
@@ -134,6 +138,8 @@ class Node:
         self._spawn("rtt", lambda: max(hb.interval_s, 2.0), self._probe_rtts)
         self._spawn("spec", lambda: SPEC_TTL_S / 4, self._republish_spec, run_first=False)
         self._spawn("watchdog", lambda: service.watchdog_interval_s() or 2.0, self._watchdog)
+        if cfg.mdns:
+            self._spawn("LAN discovery", lambda: LAN_RESTART_INTERVAL_S, self._keep_lan, run_first=False)
 
     def _init_dht_child(self) -> None:
         """First thing in the forked DHT process: tie its life to ours, drop what is ours alone."""
@@ -178,13 +184,10 @@ class Node:
             raise JoinError(f"cannot join run {self.run_id} within {timeout:.0f} s: {outcome}")
 
     async def _start_lan(self) -> None:
-        """LAN discovery only introduces peers; the DHT is the source of truth, so its failure is not fatal."""
+        """LAN discovery only introduces peers; the DHT is the source of truth, so its failure is
+        not fatal: it is logged here, and the "lan" service tries again later."""
         lan = LanDiscoveryProcess(self.state_dir, self.run_id, self.config.swarm.lan_maddr, self._on_lan_hello)
-        try:
-            await lan.start()
-        except SwarmdError as e:
-            logger.warning("%s; continuing without LAN discovery (peers must be given with --initial-peers)", e)
-            return
+        await lan.start()
         self.lan = lan
         # Answer hellos from the start: a LAN peer greets us once a minute at most.
         lan.set_hello(self._sign_heartbeat())
@@ -365,6 +368,15 @@ class Node:
         """Every member keeps the run's spec alive in the DHT: the run outlives its creator."""
         assert self.spec is not None
         await self._publish_spec(self.spec)
+
+    async def _keep_lan(self) -> None:
+        """Restart LAN discovery if it failed to start or its child died."""
+        if self.lan is not None and self.lan.alive:
+            return
+        if self.lan is not None:
+            await self.lan.stop()
+            self.lan = None
+        await self._start_lan()
 
     async def _watchdog(self) -> None:
         if self.dht is not None and not self.dht.is_alive():

@@ -21,6 +21,7 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import hivemind
 from hivemind.dht.node import DHTNode
@@ -212,8 +213,12 @@ class SwarmDHT:
         found = await self.dht.get(members_key(self.run_id), latest=True, return_future=True)
         if found is None or not isinstance(found.value, dict):
             return MemberScan([], [], 0)
+        # One signature check per member: in a worker thread, so that a big swarm cannot stall the loop.
+        return await asyncio.to_thread(self._check_members, found.value, now)
+
+    def _check_members(self, records: dict[Any, Any], now: float) -> MemberScan:
         live, leaving, rejected = [], [], 0
-        for subkey, item in found.value.items():
+        for subkey, item in records.items():
             try:
                 heartbeat = parse_heartbeat(item.value, run_id=self.run_id, now=now, peer_id=subkey)
             except RecordError as e:

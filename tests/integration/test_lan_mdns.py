@@ -257,3 +257,42 @@ def test_daemons_on_one_lan_find_each_other_without_bootstrap(
     finally:
         for d in daemons:
             d.stop(timeout=20)
+
+
+@pytest.mark.timeout(120)
+def test_lan_discovery_child_is_restarted(
+    lan: tuple[str, str, str, str], make_run: Callable[..., str], workdir: Path
+) -> None:
+    """LAN discovery is a child process: if it dies, the daemon carries on and starts a new one."""
+    from swarmd.local_swarm import LocalDaemon, wait_for
+
+    from .conftest import descendants
+
+    ns_a, ip_a, _, _ = lan
+    run_id = make_run(workdir / "a")
+    network = ["--host-maddrs", f"/ip4/{ip_a}/tcp/0", "--lan-maddr", f"/ip4/{ip_a}/tcp/0", "--no-nat-port-map"]
+    a = LocalDaemon(workdir / "a", run_id, ["--no-benchmark"], network_args=network,
+                    command_prefix=["ip", "netns", "exec", ns_a])  # fmt: skip
+    try:
+        a.start()
+        before = a.wait_running()["lan_addrs"]
+
+        def lan_children() -> list[int]:
+            found = []
+            for pid in descendants(a.pid):
+                try:
+                    if b"swarmd.lan_process" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                        found.append(pid)
+                except OSError:
+                    pass
+            return found
+
+        (child,) = wait_for(lan_children, 10, "the LAN discovery child")
+        os.kill(child, signal.SIGKILL)
+        wait_for(lambda: [p for p in lan_children() if p != child], 40, "a new LAN discovery child")
+        after = wait_for(lambda: (a.status() or {}).get("lan_addrs") != before and a.status()["lan_addrs"], 20,
+                         "the new child's addresses in status")  # fmt: skip
+        assert after[0].startswith(f"/ip4/{ip_a}/tcp/")
+        assert a.status()["state"] == "running"
+    finally:
+        assert a.stop(timeout=20) == 0, a.log_tail()
