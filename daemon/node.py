@@ -109,6 +109,7 @@ class Node:
         self.membership = Membership(self.identity.peer_id)
         await self._control.start()
         self.state = "joining"
+        service.notify_status(f"joining run {self.run_id}")
         cfg = self.config.swarm
         self.dht = SwarmDHT(
             self.run_id,
@@ -352,7 +353,9 @@ class Node:
         assert self.dht is not None and self.membership is not None
         scan = await self._dht_call(self.dht.scan_members(time.time()))
         self.rejected_records += scan.rejected
-        self.membership.update(scan.live, scan.leaving, time.time())
+        joined, left = self.membership.update(scan.live, scan.leaving, time.time())
+        if joined or left:  # what `systemctl status swarmd` shows
+            service.notify_status(f"member of {self.run_id}; {len(self.membership.peers)} other peer(s) seen")
 
     async def _probe_rtts(self) -> None:
         assert self.dht is not None and self.membership is not None

@@ -38,6 +38,7 @@ def test_ready_watchdog_stopping(workdir: Path, make_run: Callable[..., str]) ->
                         got.extend(sock.recv(4096).decode().splitlines())
 
             receive_until("READY=1", 60)
+            assert f"STATUS=joining run {run_id}" in got
             receive_until("WATCHDOG=1", 10)
             proc.terminate()
             receive_until("STOPPING=1", 10)
