@@ -7,6 +7,7 @@
 - ``swarm_dht``   one run's records in the hivemind DHT, behind typed keys and a validator
 - ``membership``  the swarm as this peer sees it: live heartbeats and round-trip times
 - ``lan``         LAN discovery with py-libp2p's mDNS and the hello protocol
+- ``tensor_wire`` tensors on the wire: fp16/bf16 frames checked against the plan
 
 Nothing here imports the daemon's modules (only ``swarmd.errors``): decisions and protocols
 know no process or CLI. ``lan`` (py-libp2p) and ``swarm_dht`` (hivemind) must not be imported
