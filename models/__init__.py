@@ -1,6 +1,12 @@
 """What is trained and how a stage computes (import package ``swarmd.models``).
 
-- ``presets``  the run specs that ship with swarmd (``tiny-bytes``, the default run)
+- ``presets``       the run specs that ship with swarmd (``tiny-bytes``, the default run)
+- ``build``         model shapes and ``transformers`` models built from a config and a seed
+- ``stages``        a model cut into stages by layer ranges; each stage's forward and loss
+- ``tokenizer``     the byte-level tokenizer (256 ids, nothing to download)
+- ``corpus``        the built-in corpus (``data/``) and deterministic sequences by data index
+- ``checkpoint``    atomic safetensors checkpoints, and export to a ``from_pretrained`` folder
+- ``param_server``  a stage's parameter server: AdamW, versions, staleness bound, resuming
 
 Nothing here imports ``swarmd.peers`` or the daemon's modules: a stage computes; it knows no
 network.

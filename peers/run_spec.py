@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from swarmd.errors import RecordError, RunSpecError
+from swarmd.models.shape import FAMILIES, ModelError, ModelShape
 from swarmd.peers.identity import Identity
 from swarmd.peers.records import Fields, SignedRecord, open_record, sign_record
 
@@ -27,7 +28,7 @@ MAX_SPEC_BYTES = 32 * 1024
 MAX_SPEC_FILE_BYTES = 256 * 1024
 _NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
 _RUN_ID = re.compile(r"([a-z0-9][a-z0-9-]{0,39})\.([a-z2-7]{24})")
-MODEL_FAMILIES = ("gpt2", "llama")
+MODEL_FAMILIES = FAMILIES
 OPTIMIZERS = ("adamw", "sgd")
 
 
@@ -49,20 +50,9 @@ def check_run_id(run_id: str) -> str:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ModelSpec:
-    family: str
-    """``gpt2`` or ``llama``: the transformers model class built from this config."""
-    layers: int
-    hidden: int
-    heads: int
-    vocab: int
-    seq_len: int
-
-
-@dataclass(frozen=True, kw_only=True)
 class RunSpec:
     name: str
-    model: ModelSpec
+    model: ModelShape
     corpus: str
     """Where training text comes from: ``builtin`` (ships with swarmd) or a local path on every peer."""
     batch_sequences: int
@@ -105,13 +95,15 @@ def parse_spec_body(body: dict[str, Any]) -> RunSpec:
     family = m.string("family", 16)
     if family not in MODEL_FAMILIES:
         raise RecordError(f"run spec: model.family {family!r} is not one of {', '.join(MODEL_FAMILIES)}")
-    model = ModelSpec(
-        family=family, layers=m.integer("layers", 1, 1024), hidden=m.integer("hidden", 8, 65536),
-        heads=m.integer("heads", 1, 1024), vocab=m.integer("vocab", 2, 1_000_000),
-        seq_len=m.integer("seq_len", 2, 1_000_000),
-    )  # fmt: skip
-    if model.hidden % model.heads:
-        raise RecordError(f"run spec: model.hidden {model.hidden} is not divisible by model.heads {model.heads}")
+    # Bounds first (a peer's numbers), then the shape's own rules (divisibility, rotary).
+    try:
+        model = ModelShape(
+            family=family, layers=m.integer("layers", 1, 1024), hidden=m.integer("hidden", 8, 65536),
+            heads=m.integer("heads", 1, 1024), vocab=m.integer("vocab", 2, 1_000_000),
+            seq_len=m.integer("seq_len", 2, 1_000_000),
+        )  # fmt: skip
+    except ModelError as e:
+        raise RecordError(f"run spec: {e}") from None
     d = f.object("data")
     d.only({"corpus"})
     b = f.object("batch")

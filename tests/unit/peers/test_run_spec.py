@@ -195,7 +195,7 @@ def test_verify_wrong_kind(creator: Identity) -> None:
     ("changes", "match"),
     [
         ({"stages": 5}, "stages 5 exceeds model.layers 4"),
-        ({"model__hidden": 130}, "not divisible by model.heads"),
+        ({"model__hidden": 130}, "not divisible by 4 heads"),
         ({"optimizer__name": "lion"}, "optimizer.name 'lion'"),
         ({"batch__micro_batch": 64}, "micro_batch 64 exceeds batch.sequences 32"),
         ({"model__family": "bert"}, "model.family 'bert'"),

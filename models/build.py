@@ -1,0 +1,109 @@
+"""Model shapes and how a model is built from one: a ``transformers`` config, weights from a seed.
+
+Nothing is ever downloaded: the model class comes from the config alone (``from_config``), and
+the weights start from ``torch.manual_seed(seed)`` or are loaded later from a local checkpoint.
+Every peer that builds the same shape with the same seed holds bit-identical weights, which is
+what lets parameter servers and workers start a run without shipping the initial weights around.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PretrainedConfig, PreTrainedModel
+
+from swarmd.models.shape import FAMILIES, ModelError, ModelShape
+
+__all__ = ["ATTN_IMPLEMENTATION", "FAMILIES", "ModelError", "ModelShape", "build_model", "make_config"]
+
+logger = logging.getLogger(__name__)
+
+# The attention kernel every swarmd model uses. "eager" rather than "sdpa": both give the same
+# numbers when a stage chain is compared with the full model on one machine, but the sdpa
+# dispatcher picks its kernel per device (math, flash, memory-efficient) and the fused CUDA
+# backward passes accumulate with atomics, so the "same" stage computes slightly different
+# gradients on different peers and from run to run. Eager is plain matmul + softmax with an
+# explicit additive mask that the stage builds itself (see stages.py), so a stage's output
+# depends only on its weights and its input, never on which peer ran it. Sequences are short
+# (the default run uses 128 tokens), so the T x T scores eager materialises cost little.
+ATTN_IMPLEMENTATION = "eager"
+
+
+def llama_intermediate_size(hidden: int) -> int:
+    """Width of Llama's SwiGLU MLP: 2/3 of 4 * hidden, rounded up to a multiple of 64.
+
+    SwiGLU has three matrices where GPT-2's MLP has two, so 2/3 of the usual 4x width keeps the
+    parameter count (and compute) equal to a GPT-2 block of the same hidden size; this is the
+    rule the Llama papers use. Rounding to 64 keeps matmuls aligned on accelerators.
+    """
+    target = (8 * hidden + 2) // 3  # ceil(8 * hidden / 3) in integers
+    return ((target + 63) // 64) * 64
+
+
+def make_config(shape: ModelShape) -> PretrainedConfig:
+    """The transformers config for ``shape``: deterministic, untied, eager attention.
+
+    Dropout is 0 everywhere: a micro-batch's forward must be recomputable bit for bit (a lost
+    backward task is recomputed from its stored input), and a random mask would differ.
+
+    Word embeddings are untied: GPT-2 ties ``lm_head.weight`` to ``wte.weight`` by default, but
+    in a pipeline the embedding lives on the first stage and the head on the last, usually on
+    different peers with different parameter servers. A tied weight would need its two gradients
+    summed across stages before every update; untied, each stage owns its parameters outright
+    and the merged checkpoint has both keys, which ``from_pretrained`` loads as they are.
+
+    ``bos``/``eos`` token ids are cleared: GPT-2's defaults (50256) lie outside a byte-level
+    vocabulary and Llama's (1, 2) would name ordinary bytes; the tokenizer sets its own.
+    """
+    common: dict[str, Any] = {
+        "vocab_size": shape.vocab,
+        "tie_word_embeddings": False,
+        "attn_implementation": ATTN_IMPLEMENTATION,
+        "bos_token_id": None,
+        "eos_token_id": None,
+    }
+    if shape.family == "gpt2":
+        return GPT2Config(
+            n_layer=shape.layers,
+            n_embd=shape.hidden,
+            n_head=shape.heads,
+            n_positions=shape.seq_len,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            summary_first_dropout=0.0,
+            **common,
+        )
+    return LlamaConfig(
+        num_hidden_layers=shape.layers,
+        hidden_size=shape.hidden,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.heads,
+        intermediate_size=llama_intermediate_size(shape.hidden),
+        max_position_embeddings=shape.seq_len,
+        attention_dropout=0.0,
+        **common,
+    )
+
+
+def build_model(shape: ModelShape, seed: int) -> PreTrainedModel:
+    """A causal LM of ``shape`` with weights drawn from ``seed``, in float32, in training mode.
+
+    The global RNG is forked so building a model neither depends on nor disturbs whatever the
+    caller seeded (a data loader's shuffle, say).
+    """
+    config = make_config(shape)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config)
+    # from_config uses torch's default dtype, which a caller may have changed; the seed weights
+    # are defined in float32 so every peer starts from the same numbers.
+    model = model.to(torch.float32)
+    # transformers picks the loss by class name and GPT2LMHeadModel matches no pattern, so every
+    # reference loss would log "loss_type=None ... unrecognized"; it is the causal-LM loss anyway.
+    model.loss_type = "ForCausalLM"
+    model.train()
+    logger.debug("built %s model (%d layers, hidden %d) from seed %d", shape.family, shape.layers, shape.hidden, seed)
+    return model

@@ -1,0 +1,303 @@
+"""models/build.py and models/stages.py: layer splits, and a stage chain that equals the full model."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from swarmd.errors import SwarmdError
+from swarmd.models.build import ModelError, ModelShape, build_model, make_config
+from swarmd.models.stages import (
+    StageModule,
+    full_state_dict_keys,
+    merge_stage_state_dicts,
+    split_layers,
+    stage_input_spec,
+    stage_output_spec,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+FAMILIES = ["gpt2", "llama"]
+# One stage, two even, three uneven, two uneven: every boundary kind (first/middle/last).
+PLANS = [
+    [(0, 4)],
+    [(0, 2), (2, 4)],
+    [(0, 1), (1, 3), (3, 4)],
+    [(0, 3), (3, 4)],
+]
+
+
+def _shape(family: str) -> ModelShape:
+    return ModelShape(family=family, layers=4, hidden=32, heads=4, vocab=256, seq_len=16)
+
+
+def _batch(seed: int = 1, batch: int = 3, seq: int = 16) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (batch, seq), generator=gen)
+
+
+def _assert_valid_split(layers: int, stages: int, ranges: list[tuple[int, int]]) -> None:
+    assert len(ranges) == stages
+    assert ranges[0][0] == 0 and ranges[-1][1] == layers
+    for (_, end), (start, _) in itertools.pairwise(ranges):
+        assert end == start
+    assert all(end - start >= 1 for start, end in ranges)
+
+
+# ---- split_layers ----
+
+
+@pytest.mark.parametrize(
+    ("layers", "stages", "weights", "expected"),
+    [
+        (4, 1, None, [(0, 4)]),
+        (4, 2, None, [(0, 2), (2, 4)]),
+        (10, 3, None, [(0, 4), (4, 7), (7, 10)]),
+        (4, 4, None, [(0, 1), (1, 2), (2, 3), (3, 4)]),
+        (8, 2, [3.0, 1.0], [(0, 6), (6, 8)]),
+        (12, 3, [1.0, 2.0, 3.0], [(0, 2), (2, 6), (6, 12)]),
+        (5, 3, [100.0, 1.0, 1.0], [(0, 3), (3, 4), (4, 5)]),  # the one-layer minimum wins
+    ],
+)
+def test_split_layers_cases(
+    layers: int, stages: int, weights: list[float] | None, expected: list[tuple[int, int]]
+) -> None:
+    assert split_layers(layers, stages, weights) == expected
+
+
+@pytest.mark.parametrize(
+    ("layers", "stages", "weights", "needle"),
+    [
+        (3, 4, None, "3 layers into 4 stages"),
+        (0, 1, None, "0"),
+        (4, 0, None, "0 stages"),
+        (4, 2, [1.0], "1 stage weights for 2 stages"),
+        (4, 2, [1.0, 0.0], "stage 1 weight is 0.0"),
+        (4, 2, [1.0, -2.0], "stage 1 weight is -2.0"),
+        (4, 2, [float("nan"), 1.0], "stage 0 weight is nan"),
+        (4, 2, [float("inf"), 1.0], "stage 0 weight is inf"),
+    ],
+)
+def test_split_layers_rejects_bad_input(layers: int, stages: int, weights: list[float] | None, needle: str) -> None:
+    with pytest.raises(ModelError, match=needle) as info:
+        split_layers(layers, stages, weights)
+    # Callers may catch either the swarmd base or the plain ValueError.
+    assert isinstance(info.value, SwarmdError) and isinstance(info.value, ValueError)
+
+
+def test_split_layers_brute_force() -> None:
+    weight_choices = [0.5, 1.0, 2.0, 3.0]
+    for layers in range(1, 11):
+        for stages in range(1, min(layers, 4) + 1):
+            even = split_layers(layers, stages)
+            _assert_valid_split(layers, stages, even)
+            sizes = [end - start for start, end in even]
+            assert max(sizes) - min(sizes) <= 1
+            assert sizes == sorted(sizes, reverse=True)  # extra layers go to the earlier stages
+            for weights in itertools.product(weight_choices, repeat=stages):
+                ranges = split_layers(layers, stages, list(weights))
+                _assert_valid_split(layers, stages, ranges)
+                total = sum(Fraction(w) for w in weights)
+                quotas = [layers * Fraction(w) / total for w in weights]
+                if all(q >= 1 for q in quotas):
+                    # Largest remainder: each stage within one layer of its exact share.
+                    for (start, end), q in zip(ranges, quotas, strict=True):
+                        assert abs((end - start) - q) < 1, (layers, weights, ranges)
+                # A faster device never gets fewer layers than a slower one.
+                for (i, wi), (j, wj) in itertools.permutations(enumerate(weights), 2):
+                    if wi > wj:
+                        assert ranges[i][1] - ranges[i][0] >= ranges[j][1] - ranges[j][0], (layers, weights)
+
+
+# ---- build_model / ModelShape ----
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_build_model_is_seeded(family: str) -> None:
+    shape = _shape(family)
+    torch.manual_seed(123)
+    before = torch.rand(1)
+    a, b, c = build_model(shape, 7), build_model(shape, 7), build_model(shape, 8)
+    sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
+    assert sa.keys() == sb.keys() == sc.keys()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert any(not torch.equal(sa[k], sc[k]) for k in sa if sa[k].dim() > 1)
+    # Building a model neither reads nor moves the caller's RNG.
+    torch.manual_seed(123)
+    assert torch.equal(torch.rand(1), before)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_config_is_untied_eager_and_dropout_free(family: str) -> None:
+    model = build_model(_shape(family), 0)
+    assert model.config.tie_word_embeddings is False
+    assert model.config._attn_implementation == "eager"
+    head = model.lm_head.weight
+    embedding = model.get_input_embeddings().weight
+    assert head.data_ptr() != embedding.data_ptr()
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert all(m.p == 0.0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
+
+
+def test_model_shape_validation() -> None:
+    d = _shape("gpt2").to_dict()
+    assert ModelShape.from_dict(d) == _shape("gpt2")
+    with pytest.raises(ModelError, match="unknown keys"):
+        ModelShape.from_dict({**d, "experts": 8})
+    with pytest.raises(ModelError, match="lacks keys"):
+        ModelShape.from_dict({k: v for k, v in d.items() if k != "heads"})
+    with pytest.raises(ModelError, match="family 'bert'"):
+        ModelShape.from_dict({**d, "family": "bert"})
+    with pytest.raises(ModelError, match="not divisible by 5 heads"):
+        ModelShape.from_dict({**d, "heads": 5})
+    with pytest.raises(ModelError, match="layers must be a positive integer"):
+        ModelShape.from_dict({**d, "layers": True})
+    with pytest.raises(ModelError, match="must be even"):
+        ModelShape(family="llama", layers=1, hidden=12, heads=4, vocab=8, seq_len=8)
+
+
+# ---- stage chain == full model ----
+
+
+def _chain_loss_and_grads(
+    stages: list[StageModule], ids: torch.Tensor, micro_batch: int, shape: ModelShape
+) -> torch.Tensor:
+    """Forward then backward through the stages exactly as the pipeline runs them."""
+    inputs: list[torch.Tensor] = []
+    outputs: list[torch.Tensor] = []
+    x = ids
+    for stage in stages:
+        spec = stage_input_spec(shape, stage.stage, micro_batch)
+        assert (x.dtype, tuple(x.shape)) == spec
+        if stage.stage > 0:
+            # What arrives over the wire: a leaf that collects the gradient to send back.
+            x = x.detach().requires_grad_()
+        inputs.append(x)
+        out = stage(x, labels=ids) if stage.is_last else stage(x)
+        assert (out.dtype, tuple(out.shape)) == stage_output_spec(shape, stage.stage, len(stages), micro_batch)
+        outputs.append(out)
+        x = out
+    loss = outputs[-1]
+    loss.backward()
+    for i in range(len(stages) - 2, -1, -1):
+        grad = inputs[i + 1].grad
+        assert grad is not None
+        assert (grad.dtype, tuple(grad.shape)) == stage_input_spec(shape, i + 1, micro_batch)
+        outputs[i].backward(grad)
+    return loss.detach()
+
+
+def _prefixed(name: str) -> Callable[[str], str]:
+    return lambda message: f"{name}: {message}"
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=lambda p: "-".join(f"{a}:{b}" for a, b in p))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_stage_chain_matches_full_model(family: str, plan: list[tuple[int, int]]) -> None:
+    shape = _shape(family)
+    model = build_model(shape, 3)
+    stages = [StageModule(model, plan, i) for i in range(len(plan))]
+    ids = _batch()
+
+    loss = _chain_loss_and_grads(stages, ids, ids.size(0), shape)
+    reference = model(ids, labels=ids).loss
+    reference.backward()
+    torch.testing.assert_close(loss, reference.detach(), atol=1e-5, rtol=0)
+
+    full_grads = {name: p.grad for name, p in model.named_parameters()}
+    seen: set[str] = set()
+    for stage in stages:
+        for name, p in stage.named_parameters():
+            assert name not in seen, f"{name} owned by two stages"
+            seen.add(name)
+            assert p.grad is not None, f"stage {stage.stage}: {name} got no gradient"
+            full = full_grads[name]
+            assert full is not None
+            torch.testing.assert_close(p.grad, full, atol=1e-5, rtol=1e-4, msg=_prefixed(name))
+    assert seen == set(full_grads), "every parameter of the full model is owned by exactly one stage"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_stage_ownership_and_outputs(family: str) -> None:
+    shape = _shape(family)
+    plan = [(0, 1), (1, 3), (3, 4)]
+    first, middle, last = (StageModule.from_shape(shape, 0, plan, i) for i in range(3))
+    embed = "transformer.wte.weight" if family == "gpt2" else "model.embed_tokens.weight"
+    blocks = "transformer.h." if family == "gpt2" else "model.layers."
+    assert embed in first.state_dict() and "lm_head.weight" not in first.state_dict()
+    assert {k.split(".")[2] for k in middle.state_dict()} == {"1", "2"}
+    assert all(k.startswith(blocks) for k in middle.state_dict())
+    assert "lm_head.weight" in last.state_dict() and embed not in last.state_dict()
+
+    ids = _batch(seq=10)  # shorter than seq_len: allowed, positions start at 0
+    hidden = middle(first(ids))
+    assert hidden.shape == (3, 10, shape.hidden)
+    assert last(hidden).shape == (3, 10, shape.vocab)  # logits without labels
+    assert last(hidden, labels=ids).dim() == 0
+
+    with pytest.raises(ModelError, match="token ids"):
+        first(hidden)
+    with pytest.raises(ModelError, match="hidden states"):
+        middle(ids)
+    with pytest.raises(ModelError, match="longer than"):
+        first(_batch(seq=17))
+    with pytest.raises(ModelError, match="cover 3 of 4 layers"):
+        StageModule.from_shape(shape, 0, [(0, 1), (1, 3)], 0)
+    with pytest.raises(ModelError, match="does not follow on"):
+        StageModule.from_shape(shape, 0, [(0, 2), (1, 4)], 0)
+
+
+def test_stage_does_not_share_tensors_with_source() -> None:
+    model = build_model(_shape("gpt2"), 0)
+    stage = StageModule(model, [(0, 4)], 0)
+    source_ptrs = {p.data_ptr() for p in model.parameters()}
+    assert not any(p.data_ptr() in source_ptrs for p in stage.parameters())
+
+
+# ---- checkpoints ----
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_merged_stage_state_dicts_load_into_full_model(
+    family: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shape = _shape(family)
+    model = build_model(shape, 5)
+    plan = split_layers(shape.layers, 3, [1.0, 2.0, 1.0])
+    parts = [StageModule.from_shape(shape, 5, plan, i).state_dict() for i in range(len(plan))]
+    merged = merge_stage_state_dicts(parts, shape)
+
+    full = model.state_dict()
+    assert merged.keys() == full.keys() == full_state_dict_keys(shape)
+    assert all(torch.equal(merged[k], full[k]) for k in full)
+
+    fresh = AutoModelForCausalLM.from_config(make_config(shape))
+    fresh.load_state_dict(merged, strict=True)
+    ids = _batch()
+    torch.testing.assert_close(fresh(ids, labels=ids).loss, model(ids, labels=ids).loss, atol=1e-6, rtol=0)
+
+    # The export path: a safetensors file plus config that from_pretrained reads, offline.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    make_config(shape).save_pretrained(tmp_path)
+    save_file({k: v.contiguous() for k, v in merged.items()}, str(tmp_path / "model.safetensors"))
+    loaded: PreTrainedModel = AutoModelForCausalLM.from_pretrained(tmp_path)
+    loaded_sd = loaded.state_dict()
+    assert all(torch.equal(loaded_sd[k], full[k]) for k in full)
+
+
+def test_merge_rejects_duplicate_and_missing_keys() -> None:
+    shape = _shape("llama")
+    plan = [(0, 2), (2, 4)]
+    parts = [StageModule.from_shape(shape, 0, plan, i).state_dict() for i in range(2)]
+    with pytest.raises(ModelError, match="held by both stage 0 and stage 1"):
+        merge_stage_state_dicts([parts[0], parts[0]])
+    with pytest.raises(ModelError, match="missing"):
+        merge_stage_state_dicts(parts[:1], shape)
