@@ -7,6 +7,7 @@
 - ``corpus``        the built-in corpus (``data/``) and deterministic sequences by data index
 - ``checkpoint``    atomic safetensors checkpoints, and export to a ``from_pretrained`` folder
 - ``param_server``  a stage's parameter server: AdamW, versions, staleness bound, resuming
+- ``reference``     the single-process synchronous baseline the swarm is measured against
 
 Nothing here imports ``swarmd.peers`` or the daemon's modules: a stage computes; it knows no
 network.

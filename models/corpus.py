@@ -168,6 +168,17 @@ class Dataset:
             self._orders[epoch] = order
         return order
 
+    def micro_batch(self, index: int, size: int) -> torch.Tensor:
+        """Micro-batch ``index`` of ``size`` sequences: data indices ``[index*size, (index+1)*size)``.
+
+        The one convention every trainer shares (swarm workers and the single-process
+        reference), so that their losses can be compared at equal tokens and any micro-batch
+        can be recomputed from its index alone.
+        """
+        if index < 0 or size < 1:
+            raise CorpusError(f"micro-batch {index} of size {size}: the index must be >= 0 and the size >= 1")
+        return self.batch(range(index * size, (index + 1) * size))
+
 
 def train_eval_split(
     data: bytes, seq_len: int, seed: int, *, eval_fraction: float = EVAL_FRACTION
