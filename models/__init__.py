@@ -8,6 +8,7 @@
 - ``checkpoint``    atomic safetensors checkpoints, and export to a ``from_pretrained`` folder
 - ``param_server``  a stage's parameter server: AdamW, versions, staleness bound, resuming
 - ``reference``     the single-process synchronous baseline the swarm is measured against
+- ``stage_worker``  a worker's compute: forward and backward tasks on a named weights version
 
 Nothing here imports ``swarmd.peers`` or the daemon's modules: a stage computes; it knows no
 network.
