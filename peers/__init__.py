@@ -8,6 +8,7 @@
 - ``membership``  the swarm as this peer sees it: live heartbeats and round-trip times
 - ``lan``         LAN discovery with py-libp2p's mDNS and the hello protocol
 - ``tensor_wire`` tensors on the wire: fp16/bf16 frames checked against the plan
+- ``task_queue``  a stage's micro-batch task queue: leases, re-queues, bounded memory
 
 Nothing here imports the daemon's modules (only ``swarmd.errors``): decisions and protocols
 know no process or CLI. ``lan`` (py-libp2p) and ``swarm_dht`` (hivemind) must not be imported
