@@ -11,6 +11,7 @@ The process side lives here (import package ``swarmd``, folder ``daemon/``):
 - ``service``      systemd integration: sd_notify and the watchdog interval
 - ``device``       what this machine has: CPU/GPU model, memory, measured throughput
 - ``children``     ties child processes' lives to the daemon's
+- ``local_pipeline`` the whole asynchronous pipeline in one process (a daemon alone serves every stage)
 - ``local_swarm``  daemons as subprocesses on this machine (``swarmd demo``, integration tests)
 - ``demo``         ``swarmd demo``: a local swarm on 127.0.0.1
 - ``errors``       the one error hierarchy every package raises from
