@@ -14,6 +14,7 @@ The process side lives here (import package ``swarmd``, folder ``daemon/``):
 - ``local_pipeline`` the whole asynchronous pipeline in one process (a daemon alone serves every stage)
 - ``local_swarm``  daemons as subprocesses on this machine (``swarmd demo``, integration tests)
 - ``demo``         ``swarmd demo``: a local swarm on 127.0.0.1
+- ``export``       ``swarmd export``: a run's stage checkpoints as a from_pretrained folder
 - ``errors``       the one error hierarchy every package raises from
 
 ``swarmd.peers`` holds everything that talks to or reasons about other peers;

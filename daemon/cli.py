@@ -4,6 +4,7 @@
     swarmd run create --spec FILE                         sign a run spec, print its run ID
     swarmd status [--json]                                this peer, its run and the peers it sees
     swarmd peers [--json]                                 the swarm, one line a peer
+    swarmd export --run-id ID DIR                         a folder transformers' from_pretrained loads
     swarmd demo                                           a local swarm on 127.0.0.1
 
 User errors print one line and exit non-zero; ``--debug`` adds the traceback.
@@ -63,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--json", action="store_true", help="machine-readable output")
         _add_common(p)
+
+    export = sub.add_parser("export", help="write a run's weights as a folder transformers loads")
+    export.add_argument("--run-id", required=True, help="the run to export")
+    export.add_argument("out_dir", type=Path, metavar="DIR", help="the folder to write")
+    export.add_argument("--overwrite", action="store_true", help="replace DIR if it exists")
+    _add_common(export)
 
     demo = sub.add_parser("demo", help="start a local swarm of daemons on 127.0.0.1 and show it")
     demo.add_argument("--peers", type=int, default=3, help="how many daemons (default 3)")
@@ -253,6 +260,17 @@ def cmd_peers(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from swarmd.export import export_run
+
+    config = _load(args)
+    _configure_logging("debug" if args.debug else config.node.log_level)
+    out_dir, versions = export_run(config.node.state_path, args.run_id, args.out_dir, overwrite=args.overwrite)
+    print(f"exported run {args.run_id} (stage weight versions {versions}) to {out_dir}")
+    print(f"load it with: AutoModelForCausalLM.from_pretrained({str(out_dir)!r})")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from swarmd.demo import run_demo
 
@@ -262,7 +280,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handlers = {"run": cmd_run, "status": cmd_status, "peers": cmd_peers, "demo": cmd_demo}
+    handlers = {"run": cmd_run, "status": cmd_status, "peers": cmd_peers, "export": cmd_export, "demo": cmd_demo}
     try:
         return handlers[args.command](args)
     except SwarmdError as e:

@@ -25,7 +25,7 @@ import torch
 
 from swarmd.models.build import ModelShape, build_model
 from swarmd.models.corpus import Dataset
-from swarmd.models.param_server import ServerConfig, StageParameterServer
+from swarmd.models.param_server import ServerConfig, StageParameterServer, stage_checkpoint_name
 from swarmd.models.stage_worker import StageWorker
 from swarmd.models.stages import StageModule, split_layers, stage_input_spec, stage_output_spec
 from swarmd.models.stages import TensorSpec as StageTensorSpec
@@ -88,7 +88,7 @@ class LocalPipeline:
         capacity = frame * (2 * settings.max_in_flight + 4)
         for s in range(settings.stages):
             module = StageModule(model, ranges, s)
-            path = checkpoint_dir / f"stage{s}.safetensors" if checkpoint_dir is not None else None
+            path = checkpoint_dir / stage_checkpoint_name(s) if checkpoint_dir is not None else None
             self.servers.append(StageParameterServer(module.state_dict(), server_config, path))
             keep = settings.max_staleness + settings.max_in_flight + 2
             self.workers.append(StageWorker(module, keep_versions=keep, accumulate=settings.accumulate))

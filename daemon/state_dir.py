@@ -86,3 +86,8 @@ class StateDirLock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def run_checkpoint_dir(state_dir: Path, run_id: str) -> Path:
+    """Where this peer's parameter servers of ``run_id`` keep their stage checkpoints."""
+    return state_dir / RUNS_DIRNAME / run_id

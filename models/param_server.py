@@ -77,6 +77,20 @@ class PushResult:
     """The factor the gradient was applied with (0 when dropped)."""
 
 
+def stage_checkpoint_name(stage: int) -> str:
+    """The file a stage's server checkpoints to, inside the run's checkpoint folder."""
+    return f"stage{stage}.safetensors"
+
+
+def read_checkpoint_weights(path: Path) -> tuple[int, dict[str, torch.Tensor]]:
+    """The version and weights a server checkpoint holds (for export; the moments stay behind)."""
+    tensors, metadata = load_safetensors(path)
+    weights = {key.split("/", 1)[1]: t for key, t in tensors.items() if key.startswith("weight/")}
+    if not weights:
+        raise GradientError(f"{path} holds no stage weights; is it a swarmd parameter-server checkpoint?")
+    return int(metadata.get("version", "0")), weights
+
+
 class StageParameterServer:
     def __init__(self, initial: dict[str, torch.Tensor], config: ServerConfig, checkpoint_path: Path | None) -> None:
         self.config = config

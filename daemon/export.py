@@ -1,0 +1,51 @@
+"""``swarmd export``: a run's stage checkpoints on this peer, merged into a ``from_pretrained`` folder."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+from swarmd.errors import SwarmdError
+from swarmd.models.build import make_config
+from swarmd.models.checkpoint import export_pretrained
+from swarmd.models.corpus import BUILTIN, BUILTIN_SHA256
+from swarmd.models.param_server import read_checkpoint_weights, stage_checkpoint_name
+from swarmd.models.stages import merge_stage_state_dicts
+from swarmd.state_dir import load_cached_spec, run_checkpoint_dir
+
+logger = logging.getLogger(__name__)
+
+_STAGE_FILE = re.compile(r"stage(\d+)\.safetensors")
+
+
+def export_run(state_dir: Path, run_id: str, out_dir: Path, *, overwrite: bool = False) -> tuple[Path, list[int]]:
+    """Export ``run_id`` from ``state_dir``; returns the folder and each stage's weights version."""
+    signed = load_cached_spec(state_dir, run_id)
+    if signed is None:
+        raise SwarmdError(
+            f"this peer has no spec of run {run_id} in {state_dir}; join the run first, or pass --state-dir"
+        )
+    folder = run_checkpoint_dir(state_dir, run_id)
+    found = sorted(int(m.group(1)) for p in folder.glob("stage*.safetensors") if (m := _STAGE_FILE.fullmatch(p.name)))
+    if not found:
+        raise SwarmdError(f"no stage checkpoints of run {run_id} in {folder}; has this peer trained it yet?")
+    if found != list(range(len(found))):
+        missing = sorted(set(range(max(found) + 1)) - set(found))
+        raise SwarmdError(
+            f"stage checkpoints {missing} of run {run_id} are not on this peer (in {folder}); "
+            "export from a peer that serves every stage"
+        )
+    versions, parts = [], []
+    for stage in found:
+        version, weights = read_checkpoint_weights(folder / stage_checkpoint_name(stage))
+        versions.append(version)
+        parts.append(weights)
+    shape = signed.spec.model
+    merged = merge_stage_state_dicts(parts, shape)  # refuses a gap or an overlap between stages
+    corpus = signed.spec.corpus
+    digest = BUILTIN_SHA256 if corpus == BUILTIN else None
+    export_pretrained(make_config(shape), merged, out_dir, overwrite=overwrite, corpus=corpus,
+                      corpus_sha256=digest, run_id=run_id)  # fmt: skip
+    logger.info("Exported run %s (stage versions %s) to %s", run_id, versions, out_dir)
+    return out_dir, versions
