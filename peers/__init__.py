@@ -9,6 +9,7 @@
 - ``lan``         LAN discovery with py-libp2p's mDNS and the hello protocol
 - ``tensor_wire`` tensors on the wire: fp16/bf16 frames checked against the plan
 - ``task_queue``  a stage's micro-batch task queue: leases, re-queues, bounded memory
+- ``stage_leases`` which peer serves which stage: signed leases and the claim-settling rule
 
 Nothing here imports the daemon's modules (only ``swarmd.errors``): decisions and protocols
 know no process or CLI. ``lan`` (py-libp2p) and ``swarm_dht`` (hivemind) must not be imported

@@ -114,6 +114,17 @@ def _printable(text: str) -> bool:
     return text.isprintable() and all(not "\ud800" <= c <= "\udfff" for c in text)
 
 
+def peek_kind(raw: object, max_bytes: int = MAX_RECORD_BYTES) -> str:
+    """The kind an envelope says it is (unverified: only to pick the parser that verifies it)."""
+    if not isinstance(raw, bytes | bytearray) or len(raw) > max_bytes:
+        raise RecordError("record is not bytes, or over the size limit")
+    envelope = _parse_json(bytes(raw), "record")
+    kind = envelope.get("kind") if isinstance(envelope, dict) else None
+    if not isinstance(kind, str):
+        raise RecordError("record has no kind")
+    return kind
+
+
 class Fields:
     """Typed reads from an untrusted JSON object, with errors that name the field."""
 

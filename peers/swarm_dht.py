@@ -34,7 +34,10 @@ from multiaddr import Multiaddr
 
 from swarmd.errors import JoinError, RecordError, RunSpecError
 from swarmd.peers.heartbeat import MAX_ADDRS, Heartbeat, parse_heartbeat
+from swarmd.peers.records import peek_kind
 from swarmd.peers.run_spec import SignedRunSpec, open_run_spec, verify_run_spec
+from swarmd.peers.stage_leases import KIND as LEASE_KIND
+from swarmd.peers.stage_leases import StageLease, parse_lease
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +53,10 @@ def spec_key(run_id: str) -> str:
 
 def members_key(run_id: str) -> str:
     return f"swarmd/{run_id}/members"
+
+
+def stage_key(run_id: str, stage: int) -> str:
+    return f"swarmd/{run_id}/stage/{stage}"
 
 
 _PLAIN_VALUE = MSGPackSerializer.dumps(None)  # hivemind's subkey for a value without subkeys
@@ -84,6 +91,12 @@ class SwarmRecordValidator(RecordValidatorBase):
             subkey = MSGPackSerializer.loads(record.subkey)
             if not isinstance(subkey, str):
                 return False
+            if peek_kind(value) == LEASE_KIND:
+                lease = parse_lease(value, run_id=None, now=None, peer_id=subkey)
+                return (
+                    record.key == _dht_id(stage_key(lease.run_id, lease.stage))
+                    and record.expiration_time <= lease.expires_at
+                )
             heartbeat = parse_heartbeat(value, run_id=None, now=None, peer_id=subkey)
             # Under its run's members key, and stored no longer than the record is valid.
             return (
@@ -230,6 +243,26 @@ class SwarmDHT:
             elif heartbeat.is_live(now):
                 live.append(heartbeat)
         return MemberScan(live, leaving, rejected)
+
+    async def publish_lease(self, lease: StageLease, raw: bytes) -> bool:
+        key = stage_key(self.run_id, lease.stage)
+        return bool(await self.dht.store(key, raw, lease.expires_at, subkey=lease.peer_id, return_future=True))
+
+    async def scan_leases(self, stage: int, now: float) -> list[StageLease]:
+        """Every verified lease of ``stage`` (live or not: the caller applies resolve_holder)."""
+        found = await self.dht.get(stage_key(self.run_id, stage), latest=True, return_future=True)
+        if found is None or not isinstance(found.value, dict):
+            return []
+        leases = []
+        for subkey, item in found.value.items():
+            try:
+                lease = parse_lease(item.value, run_id=self.run_id, now=now, peer_id=subkey)
+            except RecordError as e:
+                logger.debug("Dropped a lease record: %s", e)
+                continue
+            if lease.stage == stage:
+                leases.append(lease)
+        return leases
 
     async def publish_spec(self, raw: bytes) -> bool:
         expiration = get_dht_time() + SPEC_TTL_S

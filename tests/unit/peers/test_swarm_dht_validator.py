@@ -286,3 +286,18 @@ def test_heartbeat_under_spec_key_rejected(validate: Validator, run_id: str, mem
 def test_spec_under_a_subkey_rejected(validate: Validator, run_id: str, creator: Identity) -> None:
     signed = sign_run_spec(creator, parse_spec_body(dict(DEFAULT_RUN)))
     assert not validate(run_id, key="spec", value=signed.raw, subkey="x", expiration=time.time() + 60)
+
+
+def test_stage_lease_under_its_stage_key_only(validate: Validator, run_id: str, member: Identity) -> None:
+    from swarmd.peers.stage_leases import StageLease
+
+    now = time.time()
+    lease = StageLease(run_id=run_id, stage=1, peer_id=member.peer_id, claimed_at=now, issued_at=now,
+                       expires_at=now + 30)  # fmt: skip
+    raw = lease.sign(member)
+    ok = dict(value=raw, subkey=member.peer_id, expiration=lease.expires_at)
+    assert validate(run_id, key=f"swarmd/{run_id}/stage/1", **ok)
+    assert not validate(run_id, key=f"swarmd/{run_id}/stage/0", **ok)  # another stage's key
+    assert not validate(run_id, key="members", **ok)
+    assert not validate(run_id, key=f"swarmd/{run_id}/stage/1", value=raw, subkey=member.peer_id,
+                        expiration=lease.expires_at + 60)  # fmt: skip
