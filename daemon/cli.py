@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--heartbeat-interval", type=float, metavar="S")
     run.add_argument("--heartbeat-ttl", type=float, metavar="S")
     run.add_argument("--no-benchmark", action="store_true", help="skip the throughput measurement at start")
+    run.add_argument("--no-train", action="store_true", help="join and stay, but train nothing")
     _add_common(run)
 
     for name, help_text in (
@@ -127,6 +128,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     if args.no_benchmark:
         config.compute.benchmark = False
+    if args.no_train:
+        config.compute.train = False
     if not config.swarm.run_id:
         raise ConfigError("no run to join: pass --run-id ID (or set [swarm] run_id); 'swarmd run create' makes one")
     return _run_node(config)

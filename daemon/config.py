@@ -98,6 +98,8 @@ class ComputeConfig:
     """auto, cpu, cuda or cuda:N."""
     benchmark: bool = True
     """Measure matmul throughput at start (published in heartbeats)."""
+    train: bool = True
+    """Train the run's stages when this peer holds them."""
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda") and not (

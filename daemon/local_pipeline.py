@@ -99,7 +99,8 @@ class LocalPipeline:
             _wire_spec(stage_output_spec(shape, s, settings.stages, settings.micro_batch))
             for s in range(settings.stages)
         ]
-        self._next_micro_batch = 0
+        # Resumed servers continue with the data after what their updates consumed.
+        self._next_micro_batch = min(server.version for server in self.servers) * settings.accumulate
         self._clock = 0.0
         self._seconds = {"compute": 0.0, "wire": 0.0, "bookkeeping": 0.0}
 

@@ -30,7 +30,15 @@ from swarmd.peers.identity import Identity, load_or_create_identity, write_p2pd_
 from swarmd.peers.membership import Membership
 from swarmd.peers.run_spec import SignedRunSpec, check_run_id
 from swarmd.peers.swarm_dht import SPEC_TTL_S, BootstrapError, SwarmDHT
-from swarmd.state_dir import StateDirLock, load_cached_spec, prepare_state_dir, save_spec, spec_cache_path
+from swarmd.state_dir import (
+    StateDirLock,
+    load_cached_spec,
+    prepare_state_dir,
+    run_checkpoint_dir,
+    save_spec,
+    spec_cache_path,
+)
+from swarmd.trainer import LEASE_TTL_S, Trainer
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +53,7 @@ MAX_RETRY_DELAY_S = 30.0
 # LAN peers introduced to the DHT at once; more hellos than this wait for the next minute.
 MAX_LAN_DIALS = 8
 LAN_RESTART_INTERVAL_S = 10.0
+TRAINER_STOP_TIMEOUT_S = 25.0
 
 
 class Node:
@@ -56,6 +65,7 @@ class Node:
         self.spec: SignedRunSpec | None = None
         self.dht: SwarmDHT | None = None
         self.lan: LanDiscoveryProcess | None = None  # when mDNS is on and it started
+        self.trainer: Trainer | None = None  # when [compute] train is on
         self.membership: Membership | None = None
         self.device = Device(kind="cpu", name="unknown", memory_bytes=0, cpus=1)
         self.throughput_gflops = 0.0
@@ -139,6 +149,9 @@ class Node:
         self._spawn("rtt", lambda: max(hb.interval_s, 2.0), self._probe_rtts)
         self._spawn("spec", lambda: SPEC_TTL_S / 4, self._republish_spec, run_first=False)
         self._spawn("watchdog", lambda: service.watchdog_interval_s() or 2.0, self._watchdog)
+        if self.config.compute.train:
+            self.trainer = Trainer(self.spec, self.identity, self.dht, run_checkpoint_dir(self.state_dir, self.run_id))
+            self._spawn("trainer", lambda: min(hb.interval_s, LEASE_TTL_S / 3), self.trainer.tick)
         if cfg.mdns:
             self._spawn("LAN discovery", lambda: LAN_RESTART_INTERVAL_S, self._keep_lan, run_first=False)
 
@@ -210,6 +223,11 @@ class Node:
         for task in [*self._tasks, *self._lan_dials]:
             task.cancel()
         await asyncio.gather(*self._tasks, *self._lan_dials, return_exceptions=True)
+        if self.trainer is not None and self.dht is not None and self.dht.is_alive():
+            try:  # checkpoint every stage we train, and free the stages for the others at once
+                await asyncio.wait_for(self.trainer.release(), TRAINER_STOP_TIMEOUT_S)
+            except Exception as e:
+                logger.warning("Could not release our stages cleanly (%s); they free when their leases expire", e)
         # After the loops: a regular heartbeat still in flight would overwrite the leave.
         if self.dht is not None and self.dht.is_alive() and self.spec is not None:
             try:
@@ -433,6 +451,7 @@ class Node:
             "throughput_gflops": round(self.throughput_gflops, 1),
             "rejected_records": self.rejected_records,
             "peers": self.membership.snapshot(now) if self.membership is not None else [],
+            "training": self.trainer.status() if self.trainer is not None else None,
         }  # fmt: skip
 
     def peers(self, request: dict[str, Any]) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from swarmd.local_swarm import LocalDaemon, create_run
 from swarmd.models.presets import DEFAULT_RUN
 
 # Short heartbeats so that a killed daemon is dropped within seconds.
-FAST_HEARTBEAT = ["--heartbeat-interval", "1", "--heartbeat-ttl", "8", "--no-benchmark"]
+FAST_HEARTBEAT = ["--heartbeat-interval", "1", "--heartbeat-ttl", "8", "--no-benchmark", "--no-train"]
 
 _started: list[LocalDaemon] = []
 

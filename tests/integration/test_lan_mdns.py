@@ -242,7 +242,8 @@ def test_daemons_on_one_lan_find_each_other_without_bootstrap(
             daemons.append(
                 LocalDaemon(
                     workdir / name, run_id,
-                    ["--heartbeat-interval", "1", "--heartbeat-ttl", "8", "--no-benchmark", "--join-timeout", "60"],
+                    ["--heartbeat-interval", "1", "--heartbeat-ttl", "8", "--no-benchmark", "--no-train",
+                     "--join-timeout", "60"],
                     network_args=network, command_prefix=["ip", "netns", "exec", ns],
                 ).start()
             )  # fmt: skip
@@ -271,7 +272,7 @@ def test_lan_discovery_child_is_restarted(
     ns_a, ip_a, _, _ = lan
     run_id = make_run(workdir / "a")
     network = ["--host-maddrs", f"/ip4/{ip_a}/tcp/0", "--lan-maddr", f"/ip4/{ip_a}/tcp/0", "--no-nat-port-map"]
-    a = LocalDaemon(workdir / "a", run_id, ["--no-benchmark"], network_args=network,
+    a = LocalDaemon(workdir / "a", run_id, ["--no-benchmark", "--no-train"], network_args=network,
                     command_prefix=["ip", "netns", "exec", ns_a])  # fmt: skip
     try:
         a.start()

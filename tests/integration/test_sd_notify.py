@@ -26,7 +26,9 @@ def test_ready_watchdog_stopping(workdir: Path, make_run: Callable[..., str]) ->
         sock.settimeout(1.0)
         env = {**os.environ, "NOTIFY_SOCKET": str(notify_path), "WATCHDOG_USEC": "2000000"}
         args = [sys.executable, "-m", "swarmd", "run", "--run-id", run_id, "--state-dir", str(workdir / "d0")]
-        proc = subprocess.Popen(args + LOOPBACK_FLAGS + ["--no-benchmark"], env=env, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            args + LOOPBACK_FLAGS + ["--no-benchmark", "--no-train"], env=env, stderr=subprocess.DEVNULL
+        )
         try:
             got: list[str] = []
 

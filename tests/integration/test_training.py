@@ -1,0 +1,52 @@
+"""A daemon alone trains the whole run; a second one stands by and takes over when it stops."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from swarmd.local_swarm import LocalDaemon, wait_for
+from swarmd.models.param_server import read_checkpoint_weights
+from swarmd.state_dir import run_checkpoint_dir
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+TRAINING = ["--heartbeat-interval", "1", "--heartbeat-ttl", "8", "--no-benchmark"]
+
+
+def training(daemon: LocalDaemon) -> dict[str, Any]:
+    status = daemon.status()
+    return (status or {}).get("training") or {}
+
+
+def test_one_daemon_trains_and_hands_over_on_stop(workdir: Path, make_run: Callable[..., str]) -> None:
+    run_id = make_run(workdir / "d0")
+    d0 = LocalDaemon(workdir / "d0", run_id, TRAINING)
+    d1 = LocalDaemon(workdir / "d1", run_id, TRAINING)
+    try:
+        d0.start()
+        addrs = d0.wait_running()["addrs"]
+        wait_for(lambda: training(d0).get("updates", 0) >= 3, 90, "d0 to make 3 updates")
+        first = training(d0)
+        assert first["state"] == "training" and first["loss"] is not None
+
+        d1.start(addrs)
+        d1_id = d1.wait_running()["peer_id"]
+        wait_for(lambda: training(d1).get("holder") == d0.status()["peer_id"], 30, "d1 to see d0 holding the stages")
+        assert training(d1)["state"] == "waiting"
+
+        assert d0.stop(timeout=60) == 0, d0.log_tail()
+        # d0 checkpointed every stage on the way out, at the update it had reached.
+        versions = [read_checkpoint_weights(run_checkpoint_dir(d0.state_dir, run_id) / f"stage{s}.safetensors")[0]
+                    for s in (0, 1)]  # fmt: skip
+        assert min(versions) >= 3
+        # Its leases were released, not left to expire: d1 claims the stages and trains.
+        wait_for(lambda: training(d1).get("state") == "training", 30, "d1 to take the stages over")
+        wait_for(lambda: training(d1).get("updates", 0) >= 1, 60, "d1 to make an update")
+        assert training(d1)["holder"] == d1_id
+    finally:
+        for d in (d0, d1):
+            d.stop(timeout=60)
