@@ -11,6 +11,7 @@ daemon resumes from there.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import threading
@@ -81,6 +82,12 @@ class Trainer:
         holder = resolve_holder(await self.dht.scan_leases(0, now), now)
         self.holder = holder.peer_id if holder is not None else None
         mine = holder is not None and holder.peer_id == self.identity.peer_id
+        if self.error is not None:
+            # Training failed here (a broken corpus or checkpoint): let another peer have the stages.
+            if self._claimed_at is not None:
+                await self.release()
+            self.state = "failed"
+            return
         if holder is None or mine:
             # Claim (or renew, keeping the first claim time) every stage; the next round re-reads.
             self._claimed_at = self._claimed_at or now
@@ -92,8 +99,6 @@ class Trainer:
             self._start_pipeline()
         self.state = "training" if self._thread is not None and self._thread.is_alive() else (
             "claiming" if self._claimed_at is not None else "waiting")  # fmt: skip
-        if self.error is not None:
-            self.state = "failed"
 
     async def _publish_leases(self, now: float, released: bool) -> None:
         assert self._claimed_at is not None
@@ -105,7 +110,7 @@ class Trainer:
 
     async def release(self) -> None:
         """Stop training (checkpointing every stage) and give the stages up at once."""
-        self._stop_pipeline()
+        await asyncio.to_thread(self._stop_pipeline)  # joins the training thread: never on the loop
         if self._claimed_at is not None:
             await self._publish_leases(time.time(), released=True)
             self._claimed_at = None

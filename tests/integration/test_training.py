@@ -50,3 +50,22 @@ def test_one_daemon_trains_and_hands_over_on_stop(workdir: Path, make_run: Calla
     finally:
         for d in (d0, d1):
             d.stop(timeout=60)
+
+
+def test_a_corpus_missing_here_fails_training_not_the_daemon(workdir: Path) -> None:
+    import json
+
+    from swarmd.local_swarm import create_run
+    from swarmd.models.presets import DEFAULT_RUN
+
+    spec = workdir / "spec.json"
+    spec.write_text(json.dumps({**DEFAULT_RUN, "name": "elsewhere", "data": {"corpus": "/nonexistent/corpus.txt"}}))
+    run_id = create_run(workdir / "d0", spec)
+    d0 = LocalDaemon(workdir / "d0", run_id, TRAINING)
+    try:
+        d0.start().wait_running()
+        wait_for(lambda: training(d0).get("state") == "failed", 60, "training to fail")
+        assert "/nonexistent/corpus.txt" in training(d0)["error"]
+        assert d0.status()["state"] == "running"  # the daemon stays a member of the swarm
+    finally:
+        assert d0.stop(timeout=60) == 0
