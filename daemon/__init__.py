@@ -15,6 +15,8 @@ The process side lives here (import package ``swarmd``, folder ``daemon/``):
 - ``local_swarm``  daemons as subprocesses on this machine (``swarmd demo``, integration tests)
 - ``demo``         ``swarmd demo``: a local swarm on 127.0.0.1
 - ``export``       ``swarmd export``: a run's stage checkpoints as a from_pretrained folder
+- ``trainer``      claims the run's stages, trains them in a thread, hands them over on stop
+- ``replication``  stage checkpoints copied to a standby peer (the lease holder's only)
 - ``errors``       the one error hierarchy every package raises from
 
 ``swarmd.peers`` holds everything that talks to or reasons about other peers;

@@ -29,7 +29,10 @@ from swarmd.peers.heartbeat import MAX_ADDRS, Device, Heartbeat, parse_heartbeat
 from swarmd.peers.identity import Identity, load_or_create_identity, write_p2pd_identity
 from swarmd.peers.membership import Membership
 from swarmd.peers.run_spec import SignedRunSpec, check_run_id
+from swarmd.peers.stage_rpc import RpcServer
 from swarmd.peers.swarm_dht import SPEC_TTL_S, BootstrapError, SwarmDHT
+from swarmd.replication import METHOD as REPLICATE_METHOD
+from swarmd.replication import StageReplicator, choose_standby
 from swarmd.state_dir import (
     StateDirLock,
     load_cached_spec,
@@ -66,6 +69,9 @@ class Node:
         self.dht: SwarmDHT | None = None
         self.lan: LanDiscoveryProcess | None = None  # when mDNS is on and it started
         self.trainer: Trainer | None = None  # when [compute] train is on
+        self.replicator: StageReplicator | None = None
+        self.rpc: RpcServer | None = None
+        self._p2p: Any = None  # hivemind P2P replica: the data path's requests go through it
         self.membership: Membership | None = None
         self.device = Device(kind="cpu", name="unknown", memory_bytes=0, cpus=1)
         self.throughput_gflops = 0.0
@@ -149,8 +155,14 @@ class Node:
         self._spawn("rtt", lambda: max(hb.interval_s, 2.0), self._probe_rtts)
         self._spawn("spec", lambda: SPEC_TTL_S / 4, self._republish_spec, run_first=False)
         self._spawn("watchdog", lambda: service.watchdog_interval_s() or 2.0, self._watchdog)
+        await self._start_rpc()
         if self.config.compute.train:
-            self.trainer = Trainer(self.spec, self.identity, self.dht, run_checkpoint_dir(self.state_dir, self.run_id))
+            own = self.identity.peer_id
+            self.trainer = Trainer(
+                self.spec, self.identity, self.dht, run_checkpoint_dir(self.state_dir, self.run_id),
+                replicator=self.replicator,
+                standby=lambda: choose_standby(self.membership.snapshot(time.time()) if self.membership else [], own),
+            )  # fmt: skip
             self._spawn("trainer", lambda: min(hb.interval_s, LEASE_TTL_S / 3), self.trainer.tick)
         if cfg.mdns:
             self._spawn("LAN discovery", lambda: LAN_RESTART_INTERVAL_S, self._keep_lan, run_first=False)
@@ -197,6 +209,17 @@ class Node:
             timeout = self.config.swarm.join_timeout_s
             raise JoinError(f"cannot join run {self.run_id} within {timeout:.0f} s: {outcome}")
 
+    async def _start_rpc(self) -> None:
+        """The data path's request server on the DHT's libp2p host: stage checkpoints for now."""
+        assert self.dht is not None and self.spec is not None
+        self.replicator = StageReplicator(
+            self.run_id, self.spec.spec.stages, run_checkpoint_dir(self.state_dir, self.run_id), self.dht
+        )
+        self._p2p = await self._dht_call(self.dht.replicate_p2p())
+        self.rpc = RpcServer({REPLICATE_METHOD: self.replicator.handle})
+        await self.rpc.attach(self._p2p)
+        self.replicator.p2p = self._p2p
+
     async def _start_lan(self) -> None:
         """LAN discovery only introduces peers; the DHT is the source of truth, so its failure is
         not fatal: it is logged here, and the "lan" service tries again later."""
@@ -238,7 +261,11 @@ class Node:
                 )
             except Exception as e:
                 logger.warning("Could not announce leaving (%s); peers will drop us when our heartbeat expires", e)
-        for step in (self.lan.stop if self.lan is not None else None, self._control.stop):
+        for step in (
+            self.lan.stop if self.lan is not None else None,
+            self._p2p.shutdown if self._p2p is not None else None,
+            self._control.stop,
+        ):
             if step is not None:
                 try:
                     await step()
@@ -452,6 +479,12 @@ class Node:
             "rejected_records": self.rejected_records,
             "peers": self.membership.snapshot(now) if self.membership is not None else [],
             "training": self.trainer.status() if self.trainer is not None else None,
+            "standby_copies": {"received": self.replicator.received, "refused": self.replicator.refused}
+            if self.replicator is not None else None,
+            "rpc": None if self.rpc is None else {
+                "requests": self.rpc.counters.requests, "refused": self.rpc.counters.refused,
+                "handler_errors": self.rpc.counters.handler_errors,
+            },
         }  # fmt: skip
 
     def peers(self, request: dict[str, Any]) -> dict[str, Any]:

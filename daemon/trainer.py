@@ -17,16 +17,19 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from swarmd.errors import SwarmdError
 from swarmd.local_pipeline import LocalPipeline, PipelineSettings
 from swarmd.models.corpus import load_corpus, train_eval_split
 from swarmd.peers.identity import Identity
 from swarmd.peers.run_spec import SignedRunSpec
 from swarmd.peers.stage_leases import StageLease, resolve_holder
 from swarmd.peers.swarm_dht import SwarmDHT
+from swarmd.replication import StageReplicator
 
 logger = logging.getLogger(__name__)
 
@@ -59,8 +62,20 @@ class Progress:
 
 
 class Trainer:
-    def __init__(self, spec: SignedRunSpec, identity: Identity, dht: SwarmDHT, checkpoint_dir: Path) -> None:
+    def __init__(
+        self,
+        spec: SignedRunSpec,
+        identity: Identity,
+        dht: SwarmDHT,
+        checkpoint_dir: Path,
+        replicator: StageReplicator | None = None,
+        standby: Callable[[], str | None] = lambda: None,
+    ) -> None:
         self.spec = spec
+        self.replicator = replicator
+        self.standby = standby
+        self._pushed: dict[int, int] = {}
+        self._push_task: asyncio.Task[None] | None = None
         self.identity = identity
         self.dht = dht
         self.checkpoint_dir = checkpoint_dir
@@ -97,6 +112,8 @@ class Trainer:
             await self.release()
         if mine and self._thread is None:
             self._start_pipeline()
+        if mine and (self._push_task is None or self._push_task.done()):
+            self._push_task = asyncio.create_task(self._replicate())
         self.state = "training" if self._thread is not None and self._thread.is_alive() else (
             "claiming" if self._claimed_at is not None else "waiting")  # fmt: skip
 
@@ -108,9 +125,24 @@ class Trainer:
                                released=released)  # fmt: skip
             await self.dht.publish_lease(lease, lease.sign(self.identity))
 
+    async def _replicate(self) -> None:
+        """Copy new stage checkpoints to the standby; a failure is retried on a later round."""
+        standby = self.standby()
+        if self.replicator is None or standby is None:
+            return
+        try:
+            await self.replicator.push(standby, self._pushed)
+        except SwarmdError as e:
+            logger.warning("Could not copy stage checkpoints to standby %s (%s); retrying next round", standby, e)
+
     async def release(self) -> None:
-        """Stop training (checkpointing every stage) and give the stages up at once."""
+        """Stop training (checkpointing every stage), copy the final state to the standby, then
+        give the stages up at once: the next holder resumes where we stopped."""
         await asyncio.to_thread(self._stop_pipeline)  # joins the training thread: never on the loop
+        if self._push_task is not None:
+            await asyncio.gather(self._push_task, return_exceptions=True)
+        if self._claimed_at is not None and self.error is None:
+            await self._replicate()
         if self._claimed_at is not None:
             await self._publish_leases(time.time(), released=True)
             self._claimed_at = None

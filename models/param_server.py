@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 from swarmd.errors import SwarmdError
 from swarmd.models.checkpoint import load_safetensors, save_safetensors_atomic
@@ -80,6 +81,15 @@ class PushResult:
 def stage_checkpoint_name(stage: int) -> str:
     """The file a stage's server checkpoints to, inside the run's checkpoint folder."""
     return f"stage{stage}.safetensors"
+
+
+def checkpoint_version(path: Path) -> int | None:
+    """The version a server checkpoint holds, from its metadata alone (None: no readable file)."""
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            return int((f.metadata() or {}).get("version", "0"))
+    except Exception:
+        return None
 
 
 def read_checkpoint_weights(path: Path) -> tuple[int, dict[str, torch.Tensor]]:

@@ -288,6 +288,13 @@ class SwarmDHT:
         """How many other DHT nodes this one knows (0: it has not reached the swarm)."""
         return await self.dht.run_coroutine(_routing_table_size, return_future=True)
 
+    async def replicate_p2p(self) -> Any:
+        """A hivemind P2P handle in this process on the DHT's own p2pd (same peer ID, same host)."""
+        from hivemind.p2p import P2P
+
+        maddr = await self.dht.run_coroutine(_daemon_listen_maddr, return_future=True)
+        return await P2P.replicate(maddr)
+
     async def add_peers(self, peer_id: str, maddrs: Sequence[str]) -> int:
         """Connect to ``peer_id``, found out of band (LAN discovery), at those of ``maddrs`` that
         name it (a hello must not make us dial third parties); returns how many answered."""
@@ -320,6 +327,10 @@ async def _add_peers(maddrs: list[str], dht: hivemind.DHT, node: DHTNode) -> int
 
 async def _visible_maddrs(dht: hivemind.DHT, node: DHTNode) -> list[str]:
     return [str(m) for m in await node.get_visible_maddrs()]
+
+
+async def _daemon_listen_maddr(dht: hivemind.DHT, node: DHTNode) -> Any:
+    return node.protocol.p2p.daemon_listen_maddr
 
 
 async def _routing_table_size(dht: hivemind.DHT, node: DHTNode) -> int:
