@@ -66,6 +66,24 @@ class Heartbeat:
         return sign_record(identity, KIND, asdict(self))
 
 
+def check_subject(f: Fields, signer: str, kind: str, *, run_id: str | None, peer_id: str | None) -> tuple[str, str]:
+    """The peer and run a record is about, checked: the peer must be its signer (and the DHT
+    subkey it was stored under), the run well formed (and ``run_id`` when given)."""
+    claimed = f.string("peer_id", 128)
+    if claimed != signer:
+        raise RecordError(f"{kind} claims peer {claimed[:60]} but is signed by {signer}")
+    if peer_id is not None and peer_id != claimed:
+        raise RecordError(f"{kind} of {claimed} was stored under another peer's key {peer_id[:60]}")
+    found_run = f.string("run_id", 128)
+    if run_id is not None and found_run != run_id:
+        raise RecordError(f"{kind} is for run {found_run!r}, not {run_id!r}")
+    try:
+        check_run_id(found_run)
+    except RunSpecError as e:
+        raise RecordError(str(e)) from None
+    return claimed, found_run
+
+
 def parse_heartbeat(raw: object, *, run_id: str | None, now: float | None, peer_id: str | None = None) -> Heartbeat:
     """Verify and decode a heartbeat for ``run_id``; ``peer_id`` is the DHT subkey it was found under.
 
@@ -82,18 +100,7 @@ def parse_heartbeat(raw: object, *, run_id: str | None, now: float | None, peer_
         "run_id", "peer_id", "issued_at", "expires_at", "addrs", "lan_addrs", "device",
         "throughput_gflops", "version", "roles", "uptime_s", "leaving",
     })  # fmt: skip
-    claimed = f.string("peer_id", 128)
-    if claimed != record.signer:
-        raise RecordError(f"heartbeat claims peer {claimed[:60]} but is signed by {record.signer}")
-    if peer_id is not None and peer_id != claimed:
-        raise RecordError(f"heartbeat of {claimed} was stored under another peer's key {peer_id[:60]}")
-    found_run = f.string("run_id", 128)
-    if run_id is not None and found_run != run_id:
-        raise RecordError(f"heartbeat is for run {found_run!r}, not {run_id!r}")
-    try:
-        check_run_id(found_run)
-    except RunSpecError as e:
-        raise RecordError(str(e)) from None
+    claimed, found_run = check_subject(f, record.signer, KIND, run_id=run_id, peer_id=peer_id)
     issued_at = f.number("issued_at", 0, 1e11)
     expires_at = f.number("expires_at", issued_at, issued_at + MAX_TTL_S)
     if now is not None and issued_at > now + CLOCK_SKEW_S:

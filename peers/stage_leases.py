@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from swarmd.errors import RecordError, RunSpecError
-from swarmd.peers.heartbeat import CLOCK_SKEW_S
+from swarmd.errors import RecordError
+from swarmd.peers.heartbeat import CLOCK_SKEW_S, check_subject
 from swarmd.peers.identity import Identity
 from swarmd.peers.records import Fields, open_record, sign_record
-from swarmd.peers.run_spec import check_run_id
 
 KIND = "stage-lease"
 MAX_LEASE_BYTES = 2048
@@ -51,18 +50,7 @@ def parse_lease(raw: object, *, run_id: str | None, now: float | None, peer_id: 
     record = open_record(raw, KIND, MAX_LEASE_BYTES)
     f = Fields(record.body, KIND)
     f.only({"run_id", "stage", "peer_id", "claimed_at", "issued_at", "expires_at", "released"})
-    claimed = f.string("peer_id", 128)
-    if claimed != record.signer:
-        raise RecordError(f"lease claims peer {claimed[:60]} but is signed by {record.signer}")
-    if peer_id is not None and peer_id != claimed:
-        raise RecordError(f"lease of {claimed} was stored under another peer's key {peer_id[:60]}")
-    found_run = f.string("run_id", 128)
-    if run_id is not None and found_run != run_id:
-        raise RecordError(f"lease is for run {found_run!r}, not {run_id!r}")
-    try:
-        check_run_id(found_run)
-    except RunSpecError as e:
-        raise RecordError(str(e)) from None
+    claimed, found_run = check_subject(f, record.signer, "lease", run_id=run_id, peer_id=peer_id)
     issued_at = f.number("issued_at", 0, 1e11)
     lease = StageLease(
         run_id=found_run,
