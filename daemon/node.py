@@ -16,7 +16,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from swarmd import __version__, service
 from swarmd.children import LivenessPipe
@@ -41,7 +41,9 @@ from swarmd.state_dir import (
     save_spec,
     spec_cache_path,
 )
-from swarmd.trainer import LEASE_TTL_S, Trainer
+
+if TYPE_CHECKING:
+    from swarmd.trainer import Trainer
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +70,7 @@ class Node:
         self.spec: SignedRunSpec | None = None
         self.dht: SwarmDHT | None = None
         self.lan: LanDiscoveryProcess | None = None  # when mDNS is on and it started
-        self.trainer: Trainer | None = None  # when [compute] train is on
+        self.trainer: Trainer | None = None  # when [compute] train is on (swarmd.trainer)
         self.replicator: StageReplicator | None = None
         self.rpc: RpcServer | None = None
         self._p2p: Any = None  # hivemind P2P replica: the data path's requests go through it
@@ -157,6 +159,9 @@ class Node:
         self._spawn("watchdog", lambda: service.watchdog_interval_s() or 2.0, self._watchdog)
         await self._start_rpc()
         if self.config.compute.train:
+            # transformers loads only on peers that train (seconds of start-up otherwise).
+            from swarmd.trainer import LEASE_TTL_S, Trainer
+
             own = self.identity.peer_id
             self.trainer = Trainer(
                 self.spec, self.identity, self.dht, run_checkpoint_dir(self.state_dir, self.run_id),
