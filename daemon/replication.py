@@ -48,10 +48,10 @@ class StageReplicator:
         self, sender: str, header: dict[str, Any], blobs: list[bytes]
     ) -> tuple[dict[str, Any], list[bytes]]:
         run_id, stage, version = header.get("run_id"), header.get("stage"), header.get("version")
-        if run_id != self.run_id or not isinstance(stage, int) or not 0 <= stage < self.stages:
+        if run_id != self.run_id or type(stage) is not int or not 0 <= stage < self.stages:
             self.refused += 1
             raise SwarmdError(f"not a stage of run {self.run_id}: run {str(run_id)[:60]!r}, stage {stage!r}")
-        if not isinstance(version, int) or version < 0 or len(blobs) != 1:
+        if type(version) is not int or version < 0 or len(blobs) != 1:
             self.refused += 1
             raise SwarmdError("a stage checkpoint needs a version and exactly one file")
         now = time.time()
