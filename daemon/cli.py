@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -56,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--heartbeat-ttl", type=float, metavar="S")
     run.add_argument("--no-benchmark", action="store_true", help="skip the throughput measurement at start")
     run.add_argument("--no-train", action="store_true", help="join and stay, but train nothing")
+    run.add_argument("--threads", type=int, metavar="N", help="torch threads for compute (0: one per core)")
     _add_common(run)
 
     for name, help_text in (
@@ -130,6 +132,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         config.compute.benchmark = False
     if args.no_train:
         config.compute.train = False
+    if args.threads is not None:
+        config.compute = dataclasses.replace(config.compute, threads=args.threads)  # re-validates
     if not config.swarm.run_id:
         raise ConfigError("no run to join: pass --run-id ID (or set [swarm] run_id); 'swarmd run create' makes one")
     return _run_node(config)

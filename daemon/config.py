@@ -99,13 +99,17 @@ class ComputeConfig:
     benchmark: bool = True
     """Measure matmul throughput at start (published in heartbeats)."""
     train: bool = True
-    """Train the run's stages when this peer holds them."""
+    """Work on the run's micro-batches, and host stages when it is this peer's turn."""
+    threads: int = 0
+    """torch threads for compute (0: torch's default, one per core)."""
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda") and not (
             self.device.startswith("cuda:") and self.device[5:].isdigit()
         ):
             raise ConfigError(f"[compute] device = {self.device!r} is not auto, cpu, cuda or cuda:N")
+        if isinstance(self.threads, bool) or not isinstance(self.threads, int) or not 0 <= self.threads <= 1024:
+            raise ConfigError(f"[compute] threads = {self.threads!r} must be an integer in [0, 1024] (0: one per core)")
 
 
 @dataclass(kw_only=True)

@@ -28,7 +28,6 @@ from swarmd.models.corpus import Dataset
 from swarmd.models.param_server import ServerConfig, StageParameterServer, stage_checkpoint_name
 from swarmd.models.stage_worker import StageWorker
 from swarmd.models.stages import StageModule, split_layers, stage_input_spec, stage_output_spec
-from swarmd.models.stages import TensorSpec as StageTensorSpec
 from swarmd.peers.task_queue import Lease, Task, TaskKind, TaskQueue, TaskQueueConfig
 from swarmd.peers.tensor_wire import TensorSpec, decode_tensor, encode_tensor
 
@@ -94,9 +93,11 @@ class LocalPipeline:
             self.workers.append(StageWorker(module, keep_versions=keep, accumulate=settings.accumulate))
             config = TaskQueueConfig(stage=s, capacity_bytes=capacity, backward_reserve_bytes=capacity // 2)
             self.queues.append(TaskQueue(config))
-        self._in_spec = [_wire_spec(stage_input_spec(shape, s, settings.micro_batch)) for s in range(settings.stages)]
+        self._in_spec = [
+            TensorSpec.like(stage_input_spec(shape, s, settings.micro_batch)) for s in range(settings.stages)
+        ]
         self._out_spec = [
-            _wire_spec(stage_output_spec(shape, s, settings.stages, settings.micro_batch))
+            TensorSpec.like(stage_output_spec(shape, s, settings.stages, settings.micro_batch))
             for s in range(settings.stages)
         ]
         # Resumed servers continue with the data after what their updates consumed.
@@ -204,8 +205,3 @@ class LocalPipeline:
         tensor = decode_tensor(frame, spec)
         self._seconds["wire"] += time.perf_counter() - started
         return tensor
-
-
-def _wire_spec(spec: StageTensorSpec) -> TensorSpec:
-    """The wire's view of a stage tensor spec: its shape, and floats or ids."""
-    return TensorSpec(tuple(spec.shape), spec.dtype.is_floating_point)

@@ -29,10 +29,10 @@ from swarmd.peers.heartbeat import MAX_ADDRS, Device, Heartbeat, parse_heartbeat
 from swarmd.peers.identity import Identity, load_or_create_identity, write_p2pd_identity
 from swarmd.peers.membership import Membership
 from swarmd.peers.run_spec import SignedRunSpec, check_run_id
-from swarmd.peers.stage_rpc import RpcServer
+from swarmd.peers.stage_rpc import Answer, RpcServer
 from swarmd.peers.swarm_dht import SPEC_TTL_S, BootstrapError, SwarmDHT
+from swarmd.replication import FETCH_METHOD, StageReplicator, choose_standby
 from swarmd.replication import METHOD as REPLICATE_METHOD
-from swarmd.replication import StageReplicator, choose_standby
 from swarmd.state_dir import (
     StateDirLock,
     load_cached_spec,
@@ -44,6 +44,8 @@ from swarmd.state_dir import (
 
 if TYPE_CHECKING:
     from swarmd.trainer import Trainer
+
+STAGE_METHOD = "stage"  # swarmd.trainer.STAGE_METHOD, without importing torch here
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +61,7 @@ MAX_RETRY_DELAY_S = 30.0
 MAX_LAN_DIALS = 8
 LAN_RESTART_INTERVAL_S = 10.0
 TRAINER_STOP_TIMEOUT_S = 25.0
+TRAINER_TICK_S = 1.0
 
 
 class Node:
@@ -77,7 +80,7 @@ class Node:
         self.membership: Membership | None = None
         self.device = Device(kind="cpu", name="unknown", memory_bytes=0, cpus=1)
         self.throughput_gflops = 0.0
-        self.roles = ["worker"]
+        self.roles = ["worker"] if config.compute.train else []
         self.state = "starting"
         self.started_at = time.time()
         self.rejected_records = 0
@@ -159,18 +162,30 @@ class Node:
         self._spawn("watchdog", lambda: service.watchdog_interval_s() or 2.0, self._watchdog)
         await self._start_rpc()
         if self.config.compute.train:
-            # transformers loads only on peers that train (seconds of start-up otherwise).
-            from swarmd.trainer import LEASE_TTL_S, Trainer
-
-            own = self.identity.peer_id
-            self.trainer = Trainer(
-                self.spec, self.identity, self.dht, run_checkpoint_dir(self.state_dir, self.run_id),
-                replicator=self.replicator,
-                standby=lambda: choose_standby(self.membership.snapshot(time.time()) if self.membership else [], own),
-            )  # fmt: skip
-            self._spawn("trainer", lambda: min(hb.interval_s, LEASE_TTL_S / 3), self.trainer.tick)
+            await self._start_trainer()
         if cfg.mdns:
             self._spawn("LAN discovery", lambda: LAN_RESTART_INTERVAL_S, self._keep_lan, run_first=False)
+
+    async def _start_trainer(self) -> None:
+        # transformers loads only on peers that train (seconds of start-up otherwise).
+        from swarmd.trainer import Trainer
+
+        assert self.identity is not None and self.spec is not None and self.dht is not None
+        assert self.replicator is not None and self.membership is not None
+        if self.config.compute.threads:
+            import torch
+
+            torch.set_num_threads(self.config.compute.threads)
+        membership, own = self.membership, self.identity.peer_id
+
+        def members() -> list[dict[str, Any]]:
+            return membership.snapshot(time.time())
+
+        self.trainer = Trainer(
+            self.spec, self.identity, self.dht, run_checkpoint_dir(self.state_dir, self.run_id), self.replicator,
+            members, standby=lambda: choose_standby(members(), own),
+        )  # fmt: skip
+        self._spawn("trainer", lambda: TRAINER_TICK_S, self.trainer.tick)
 
     def _init_dht_child(self) -> None:
         """First thing in the forked DHT process: tie its life to ours, drop what is ours alone."""
@@ -221,9 +236,18 @@ class Node:
             self.run_id, self.spec.spec.stages, run_checkpoint_dir(self.state_dir, self.run_id), self.dht
         )
         self._p2p = await self._dht_call(self.dht.replicate_p2p())
-        self.rpc = RpcServer({REPLICATE_METHOD: self.replicator.handle})
+        self.rpc = RpcServer({
+            REPLICATE_METHOD: self.replicator.handle,
+            FETCH_METHOD: self.replicator.serve_checkpoint,
+            STAGE_METHOD: self._serve_stage,
+        })  # fmt: skip
         await self.rpc.attach(self._p2p)
         self.replicator.p2p = self._p2p
+
+    async def _serve_stage(self, sender: str, header: dict[str, Any], blobs: list[bytes]) -> Answer:
+        if self.trainer is None:
+            raise SwarmdError("this peer does not train; it hosts no stage")
+        return await self.trainer.serve(sender, header, blobs)
 
     async def _start_lan(self) -> None:
         """LAN discovery only introduces peers; the DHT is the source of truth, so its failure is

@@ -23,13 +23,15 @@ from typing import Any
 from swarmd.errors import SwarmdError
 from swarmd.models.param_server import checkpoint_version, read_checkpoint_weights, stage_checkpoint_name
 from swarmd.peers.stage_leases import resolve_holder
-from swarmd.peers.stage_rpc import call
+from swarmd.peers.stage_rpc import Answer, call
 from swarmd.peers.swarm_dht import SwarmDHT
 
 logger = logging.getLogger(__name__)
 
 METHOD = "replicate_stage"
+FETCH_METHOD = "stage_checkpoint"
 PUSH_TIMEOUT_S = 60.0
+ASK_TIMEOUT_S = 5.0
 
 
 class StageReplicator:
@@ -44,9 +46,7 @@ class StageReplicator:
 
     # --- receiving (an RPC handler) ------------------------------------------------------
 
-    async def handle(
-        self, sender: str, header: dict[str, Any], blobs: list[bytes]
-    ) -> tuple[dict[str, Any], list[bytes]]:
+    async def handle(self, sender: str, header: dict[str, Any], blobs: list[bytes]) -> Answer:
         run_id, stage, version = header.get("run_id"), header.get("stage"), header.get("version")
         if run_id != self.run_id or type(stage) is not int or not 0 <= stage < self.stages:
             self.refused += 1
@@ -84,13 +84,57 @@ class StageReplicator:
         logger.info("Stored stage %d of run %s at version %d (standby copy)", stage, self.run_id, version)
         return version
 
+    async def serve_checkpoint(self, sender: str, header: dict[str, Any], blobs: list[bytes]) -> Answer:
+        """``op=version``: the version of our copy of a stage; ``op=fetch``: the file itself.
+        A public run's weights are no secret: any peer that asks may have them."""
+        stage, op = header.get("stage"), header.get("op")
+        if header.get("run_id") != self.run_id or type(stage) is not int or not 0 <= stage < self.stages:
+            raise SwarmdError(f"not a stage of run {self.run_id}: stage {stage!r}")
+        path = self.checkpoint_dir / stage_checkpoint_name(stage)
+        version = await asyncio.to_thread(checkpoint_version, path)
+        if op == "version" or version is None:
+            return {"version": version}, []
+        if op != "fetch":
+            raise SwarmdError(f"unknown checkpoint op {str(op)[:20]!r}")
+        return {"version": version}, [await asyncio.to_thread(path.read_bytes)]
+
+    async def fetch_newest(self, stage: int, candidates: list[str]) -> int | None:
+        """Make our copy of ``stage`` the newest any of ``candidates`` holds; returns its version.
+
+        Called before hosting a stage, so that a new host resumes where the last one stopped
+        (the previous holder and the standby are among the candidates)."""
+        path = self.checkpoint_dir / stage_checkpoint_name(stage)
+        own = await asyncio.to_thread(checkpoint_version, path)
+        if self.p2p is None or not candidates:
+            return own
+        args = {"run_id": self.run_id, "stage": stage}
+
+        async def ask(peer: str) -> tuple[int, str]:
+            answer, _ = await call(self.p2p, peer, FETCH_METHOD, {**args, "op": "version"}, timeout_s=ASK_TIMEOUT_S)
+            version = answer.get("version")
+            return (version if type(version) is int else -1), peer
+
+        found = await asyncio.gather(*(ask(p) for p in candidates), return_exceptions=True)
+        offers = sorted((v, p) for v, p in (f for f in found if isinstance(f, tuple)) if v > (own or 0))
+        for version, peer in reversed(offers):  # the newest first; the next if it fails
+            try:
+                answer, blobs = await call(self.p2p, peer, FETCH_METHOD, {**args, "op": "fetch"},
+                                           timeout_s=PUSH_TIMEOUT_S)  # fmt: skip
+                if len(blobs) == 1 and answer.get("version") == version:
+                    stored = await asyncio.to_thread(self._store, stage, version, blobs[0])
+                    logger.info("Fetched stage %d at version %d from %s", stage, stored, peer)
+                    return stored
+            except SwarmdError as e:
+                logger.warning("Could not fetch stage %d from %s (%s); trying the next copy", stage, peer, e)
+        return own
+
     # --- sending -------------------------------------------------------------------------
 
-    async def push(self, standby: str, pushed: dict[int, int]) -> None:
-        """Send every stage checkpoint newer than ``pushed`` (stage -> version) to ``standby``."""
+    async def push(self, standby: str, pushed: dict[int, int], stages: list[int]) -> None:
+        """Send each of ``stages``' checkpoints newer than ``pushed`` (stage -> version) to ``standby``."""
         if self.p2p is None:
             return
-        for stage in range(self.stages):
+        for stage in stages:
             path = self.checkpoint_dir / stage_checkpoint_name(stage)
             version = checkpoint_version(path)
             if version is None or version <= pushed.get(stage, -1):

@@ -1,12 +1,17 @@
-"""The daemon's training service: claim the run's stages, train them, show progress, release.
+"""The daemon's training service: host a fair share of the run's stages, and work on all of them.
 
-Until the distributed data path lands, a daemon trains only when it holds *every* stage: it
-claims all stages at once with one claim time, and the stage-0 lease (settled by the rule in
-``swarmd.peers.stage_leases``) decides which daemon that is. The others wait, and take over
-when the holder's leases are released or expire. The pipeline itself runs in a thread of its
-own (torch never runs on the event loop), in chunks of one update, so a stop takes effect
-within one update; its parameter servers checkpoint into the state directory and a restarted
-daemon resumes from there.
+Every round (``tick``) it reads the stage leases, settles who hosts what by the rule in
+``swarmd.peers.stage_assignment``, claims or hands over stages accordingly, opens a
+``StageHost`` for each stage it holds (after fetching the newest checkpoint of that stage from
+the previous holder or the standby, so versions only grow), and tells its hosts the run's
+epoch. One ``PipelineWorker`` per daemon claims tasks from every stage's host, here or on
+other peers: a daemon alone hosts and works every stage; as daemons join, hosting spreads and
+everyone works; as they leave, the rest take the stages back.
+
+Hosted stages checkpoint every ``checkpoint_every`` updates and on stop, and the checkpoints
+are copied to a standby (the member with the longest uptime). Stopping hands everything back:
+the worker pushes what it holds, each host checkpoints, the copies go out, and the leases are
+released at once so that the next host resumes without waiting for them to expire.
 """
 
 from __future__ import annotations
@@ -14,51 +19,39 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from swarmd.errors import SwarmdError
-from swarmd.local_pipeline import LocalPipeline, PipelineSettings
-from swarmd.models.corpus import load_corpus, train_eval_split
+from swarmd.models.corpus import Dataset, load_corpus, train_eval_split
 from swarmd.peers.identity import Identity
 from swarmd.peers.run_spec import SignedRunSpec
+from swarmd.peers.stage_assignment import Trainer as TrainingPeer
+from swarmd.peers.stage_assignment import decide, epoch_of
 from swarmd.peers.stage_leases import StageLease, resolve_holder
+from swarmd.peers.stage_rpc import Answer, call
 from swarmd.peers.swarm_dht import SwarmDHT
+from swarmd.pipeline_worker import PipelineWorker, WorkerSettings
 from swarmd.replication import StageReplicator
+from swarmd.stage_host import HostSettings, StageHost
 
 logger = logging.getLogger(__name__)
 
 LEASE_TTL_S = 30.0
-THREAD_STOP_TIMEOUT_S = 20.0
+CLAIM_GRACE_S = 10.0
+"""How long a free stage waits for its designated claimant before anyone may claim it."""
+STAGE_METHOD = "stage"
+REQUEST_TIMEOUT_S = 30.0
+MAX_CHECKPOINT_SOURCES = 6
+WORKER_STOP_TIMEOUT_S = 15.0
 
 
 def run_seed(run_id: str) -> int:
     """The run's seed for weights and data order: every peer derives the same one."""
     return int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:4], "little")
-
-
-def pipeline_settings(spec: SignedRunSpec) -> PipelineSettings:
-    s = spec.spec
-    return PipelineSettings(
-        seed=run_seed(spec.run_id), stages=s.stages, micro_batch=s.micro_batch,
-        accumulate=max(1, s.batch_sequences // s.micro_batch), lr=s.lr, weight_decay=s.weight_decay,
-        max_staleness=s.max_staleness,
-    )  # fmt: skip
-
-
-@dataclass
-class Progress:
-    updates: int = 0
-    micro_batches: int = 0
-    tokens: int = 0
-    loss: float | None = None
-    """Mean loss of the last 16 micro-batches."""
-    tokens_per_s: float = 0.0
 
 
 class Trainer:
@@ -68,137 +61,248 @@ class Trainer:
         identity: Identity,
         dht: SwarmDHT,
         checkpoint_dir: Path,
-        replicator: StageReplicator | None = None,
+        replicator: StageReplicator,
+        members: Callable[[], list[dict[str, Any]]],
         standby: Callable[[], str | None] = lambda: None,
+        max_in_flight: int = 8,
     ) -> None:
         self.spec = spec
-        self.replicator = replicator
-        self.standby = standby
-        self._pushed: dict[int, int] = {}
-        self._push_task: asyncio.Task[None] | None = None
         self.identity = identity
+        self.own = identity.peer_id
         self.dht = dht
         self.checkpoint_dir = checkpoint_dir
-        self.state = "waiting"
-        self.holder: str | None = None
-        self.progress = Progress()
-        self._claimed_at: float | None = None
-        self._thread: threading.Thread | None = None
-        self._stop_thread = threading.Event()
-        self._recent: deque[tuple[float, int, float]] = deque(maxlen=16)  # (time, tokens, loss)
-        self._pipeline: LocalPipeline | None = None
+        self.replicator = replicator
+        self.members = members
+        self.standby = standby
+        self.max_in_flight = max_in_flight
+        self.stages = spec.spec.stages
+        self.state = "starting"
         self.error: str | None = None
+        self.hosts: dict[int, StageHost] = {}
+        self.holders: list[StageLease | None] = [None] * self.stages
+        self.epoch: str | None = None
+        self.worker: PipelineWorker | None = None
+        self._dataset: Dataset | None = None
+        self._claimed: dict[int, float] = {}  # stage -> our claim time
+        self._free_since: list[float | None] = [None] * self.stages
+        self._last_holder: list[str | None] = [None] * self.stages
+        self._seen_members: set[str] = set()
+        self._pushed: dict[int, int] = {}
+        self._replicating: asyncio.Task[None] | None = None
+        self._worker_task: asyncio.Task[None] | None = None
+        self._worker_stop = asyncio.Event()
+        self._rate: deque[tuple[float, int]] = deque(maxlen=30)  # (time, micro-batches finished at the last stage)
 
-    # --- leases (on the event loop) ----------------------------------------------------------
+    # --- the round ----------------------------------------------------------------------------
 
     async def tick(self) -> None:
-        """One round: settle who holds the stages; start or stop training accordingly."""
-        now = time.time()
-        holder = resolve_holder(await self.dht.scan_leases(0, now), now)
-        self.holder = holder.peer_id if holder is not None else None
-        mine = holder is not None and holder.peer_id == self.identity.peer_id
         if self.error is not None:
-            # Training failed here (a broken corpus or checkpoint): let another peer have the stages.
-            if self._claimed_at is not None:
+            if self._claimed or self.hosts:
                 await self.release()
             self.state = "failed"
             return
-        if holder is None or mine:
-            # Claim (or renew, keeping the first claim time) every stage; the next round re-reads.
-            self._claimed_at = self._claimed_at or now
-            await self._publish_leases(now, released=False)
-        elif self._claimed_at is not None:
-            logger.info("Stages of run %s are held by %s; stopping our pipeline", self.spec.run_id, holder.peer_id)
-            await self.release()
-        if mine and self._thread is None:
-            self._start_pipeline()
-        if mine and (self._push_task is None or self._push_task.done()):
-            self._push_task = asyncio.create_task(self._replicate())
-        self.state = "training" if self._thread is not None and self._thread.is_alive() else (
-            "claiming" if self._claimed_at is not None else "waiting")  # fmt: skip
+        if self._dataset is None:
+            try:
+                self._dataset = await asyncio.to_thread(self._load_dataset)
+            except SwarmdError as e:
+                self.error = str(e)
+                logger.error("Cannot train run %s: %s", self.spec.run_id, e)
+                self.state = "failed"
+                return
+        now = time.time()
+        scans = await asyncio.gather(*(self.dht.scan_leases(s, now) for s in range(self.stages)))
+        holders = [resolve_holder(leases, now) for leases in scans]
+        for s, lease in enumerate(holders):
+            if lease is not None:
+                self._last_holder[s] = lease.peer_id
+                self._free_since[s] = None
+            elif self._free_since[s] is None:
+                self._free_since[s] = now
+            if s in self._claimed and lease is not None and lease.peer_id != self.own:
+                logger.info("Stage %d went to %s (an earlier claim); withdrawing ours", s, lease.peer_id)
+                del self._claimed[s]
+        members = self.members()
+        trainers = [TrainingPeer(m["peer_id"], m["uptime_s"]) for m in members if "worker" in m["roles"]]
+        free_for = [0.0 if since is None else now - since for since in self._free_since]
+        decision = decide(self.own, holders, trainers, free_for, CLAIM_GRACE_S)
+        for s in decision.release:
+            logger.info("Handing stage %d over: %d training peers now share %d stages", s, len(trainers) + 1,
+                        self.stages)  # fmt: skip
+            await self._close_host(s)
+            await self._publish_lease(s, now, released=True)
+            del self._claimed[s]
+            holders[s] = None
+        for s in decision.claim:
+            self._claimed.setdefault(s, now)
+        for s in self._claimed:
+            await self._publish_lease(s, now, released=False)
+        for s in list(self.hosts):
+            if holders[s] is None or holders[s].peer_id != self.own:  # type: ignore[union-attr]
+                await self._close_host(s)
+        for s, lease in enumerate(holders):
+            if lease is not None and lease.peer_id == self.own and s not in self.hosts:
+                await self._open_host(s)
+        self.holders = holders
+        self.epoch = epoch_of(holders) if all(
+            lease is not None and (lease.peer_id != self.own or lease.stage in self.hosts) for lease in holders
+        ) else None  # fmt: skip
+        live = {m["peer_id"] for m in members}
+        for gone in self._seen_members - live:
+            for host in self.hosts.values():
+                host.drop_worker(gone)
+        self._seen_members = live
+        for host in self.hosts.values():
+            host.set_epoch(self.epoch)
+        self._start_worker()
+        if self.hosts and (self._replicating is None or self._replicating.done()):
+            self._replicating = asyncio.create_task(self._replicate())
+        self._sample_rate()
+        self.state = "training" if self.epoch is not None else "claiming"
 
-    async def _publish_leases(self, now: float, released: bool) -> None:
-        assert self._claimed_at is not None
-        for stage in range(self.spec.spec.stages):
-            lease = StageLease(run_id=self.spec.run_id, stage=stage, peer_id=self.identity.peer_id,
-                               claimed_at=self._claimed_at, issued_at=now, expires_at=now + LEASE_TTL_S,
-                               released=released)  # fmt: skip
-            await self.dht.publish_lease(lease, lease.sign(self.identity))
+    def _load_dataset(self) -> Dataset:
+        spec = self.spec.spec
+        train, _ = train_eval_split(load_corpus(spec.corpus), spec.model.seq_len, seed=run_seed(self.spec.run_id))
+        return train
 
-    async def _replicate(self) -> None:
-        """Copy new stage checkpoints to the standby; a failure is retried on a later round."""
+    async def _publish_lease(self, stage: int, now: float, released: bool) -> None:
+        lease = StageLease(run_id=self.spec.run_id, stage=stage, peer_id=self.own, claimed_at=self._claimed[stage],
+                           issued_at=now, expires_at=now + LEASE_TTL_S, released=released)  # fmt: skip
+        await self.dht.publish_lease(lease, lease.sign(self.identity))
+
+    # --- hosting ----------------------------------------------------------------------------
+
+    async def _open_host(self, stage: int) -> None:
+        """Host ``stage``: resume from the newest checkpoint anyone offers, then serve it."""
+        by_uptime = sorted(self.members(), key=lambda m: -m["uptime_s"])
+        sources = [p for p in [self._last_holder[stage], *(m["peer_id"] for m in by_uptime)] if p and p != self.own]
+        await self.replicator.fetch_newest(stage, list(dict.fromkeys(sources))[:MAX_CHECKPOINT_SOURCES])
+        s = self.spec.spec
+        settings = HostSettings(
+            run_id=self.spec.run_id, stage=stage, stages=self.stages, shape=s.model, seed=run_seed(self.spec.run_id),
+            micro_batch=s.micro_batch, lr=s.lr, weight_decay=s.weight_decay, max_staleness=s.max_staleness,
+            max_in_flight=self.max_in_flight,
+        )  # fmt: skip
+        try:
+            host = await asyncio.to_thread(StageHost, settings, self.checkpoint_dir, self._dataset)
+        except Exception as e:  # a corrupt checkpoint: report it, and let another peer host
+            self.error = f"cannot host stage {stage}: {type(e).__name__}: {e}"
+            logger.error("%s", self.error)
+            return
+        self.hosts[stage] = host
+        logger.info("Hosting stage %d of run %s from version %d", stage, self.spec.run_id, host.server.version)
+
+    async def _close_host(self, stage: int) -> None:
+        host = self.hosts.pop(stage, None)
+        if host is None:
+            return
+        await asyncio.to_thread(host.checkpoint)
+        logger.info("Stopped hosting stage %d at version %d", stage, host.server.version)
+        await self._replicate([stage])
+
+    async def _replicate(self, stages: list[int] | None = None) -> None:
+        """Copy new checkpoints of our stages to the standby; a failure is retried next round."""
         standby = self.standby()
-        if self.replicator is None or standby is None:
+        if standby is None:
             return
         try:
-            await self.replicator.push(standby, self._pushed)
+            await self.replicator.push(standby, self._pushed, sorted(self.hosts) if stages is None else stages)
         except SwarmdError as e:
             logger.warning("Could not copy stage checkpoints to standby %s (%s); retrying next round", standby, e)
 
-    async def release(self) -> None:
-        """Stop training (checkpointing every stage), copy the final state to the standby, then
-        give the stages up at once: the next holder resumes where we stopped."""
-        await asyncio.to_thread(self._stop_pipeline)  # joins the training thread: never on the loop
-        if self._push_task is not None:
-            await asyncio.gather(self._push_task, return_exceptions=True)
-        if self._claimed_at is not None and self.error is None:
-            await self._replicate()
-        if self._claimed_at is not None:
-            await self._publish_leases(time.time(), released=True)
-            self._claimed_at = None
-        self.state = "waiting"
+    # --- requests: to our hosts, from our worker and from peers ---------------------------
 
-    # --- the pipeline (in its own thread) ------------------------------------------------
+    async def serve(self, sender: str, header: dict[str, Any], blobs: list[bytes]) -> Answer:
+        """The ``stage`` RPC method: a peer's worker asks one of our hosts."""
+        stage, op = header.get("stage"), header.get("op")
+        if header.get("run_id") != self.spec.run_id or type(stage) is not int or not isinstance(op, str):
+            raise SwarmdError(f"not a stage request of run {self.spec.run_id}")
+        host = self.hosts.get(stage)
+        if host is None:
+            raise SwarmdError(f"this peer does not host stage {stage} (any more); refresh the stage holders")
+        return await host.handle(op, sender, header, blobs)
 
-    def _start_pipeline(self) -> None:
-        self._stop_thread.clear()
-        self._thread = threading.Thread(target=self._train, name="swarmd-train", daemon=True)
-        self._thread.start()
-        logger.info("Holding all %d stages of run %s: training", self.spec.spec.stages, self.spec.run_id)
+    async def _request(self, stage: int, op: str, header: dict[str, Any], blobs: list[bytes]) -> Answer:
+        lease = self.holders[stage]
+        if lease is None:
+            raise SwarmdError(f"stage {stage} has no host right now")
+        header = {**header, "run_id": self.spec.run_id, "stage": stage, "op": op}
+        if lease.peer_id == self.own:
+            return await self.serve(self.own, header, blobs)
+        p2p = self.replicator.p2p
+        if p2p is None:
+            raise SwarmdError("the data path is not up yet")
+        return await call(p2p, lease.peer_id, STAGE_METHOD, header, blobs, timeout_s=REQUEST_TIMEOUT_S)
 
-    def _stop_pipeline(self) -> None:
-        if self._thread is None:
+    # --- the worker ---------------------------------------------------------------------------
+
+    def _start_worker(self) -> None:
+        if self._worker_task is not None or self._dataset is None:
             return
-        self._stop_thread.set()
-        self._thread.join(THREAD_STOP_TIMEOUT_S)
-        if self._thread.is_alive():
-            logger.warning("Training thread did not stop in %.0f s", THREAD_STOP_TIMEOUT_S)
-        self._thread = None
+        s = self.spec.spec
+        settings = WorkerSettings(
+            shape=s.model, stages=self.stages, seed=run_seed(self.spec.run_id), micro_batch=s.micro_batch,
+            accumulate=max(1, s.batch_sequences // s.micro_batch),
+        )  # fmt: skip
+        self.worker = PipelineWorker(settings, self._dataset, self.own, self._request, lambda: self.epoch)
+        self._worker_stop.clear()
+        self._worker_task = asyncio.create_task(self._run_worker(), name="pipeline worker")
 
-    def _train(self) -> None:
+    async def _run_worker(self) -> None:
+        assert self.worker is not None
         try:
-            spec = self.spec.spec
-            settings = pipeline_settings(self.spec)
-            train, _ = train_eval_split(load_corpus(spec.corpus), spec.model.seq_len, seed=settings.seed)
-            pipeline = LocalPipeline(spec.model, train, settings, checkpoint_dir=self.checkpoint_dir)
-            self._pipeline = pipeline
-            tokens_per_micro_batch = spec.micro_batch * spec.model.seq_len
-            while not self._stop_thread.is_set():
-                pipeline.run(min(s.version for s in pipeline.servers) + 1, on_loss=self._record_loss)
-                self.progress.updates = min(s.version for s in pipeline.servers)
-                self.progress.tokens = self.progress.micro_batches * tokens_per_micro_batch
-            for server in pipeline.servers:
-                server.checkpoint()
-            logger.info("Training stopped at update %d; checkpoints in %s", self.progress.updates, self.checkpoint_dir)
-        except Exception as e:  # a broken corpus or checkpoint: report it in status, keep the daemon up
-            logger.exception("Training failed")
-            self.error = f"{type(e).__name__}: {e}"
+            await self.worker.run(self._worker_stop)
+        except Exception as e:
+            logger.exception("The pipeline worker failed")
+            self.error = f"worker: {type(e).__name__}: {e}"
 
-    def _record_loss(self, micro_batch: int, loss: float) -> None:
-        self.progress.micro_batches += 1
-        now = time.perf_counter()
-        self._recent.append((now, self.progress.micro_batches, loss))
-        self.progress.loss = sum(x[2] for x in self._recent) / len(self._recent)
-        if len(self._recent) >= 2 and now > self._recent[0][0]:
-            span = self._recent[-1][1] - self._recent[0][1]
-            tokens = span * self.spec.spec.micro_batch * self.spec.spec.model.seq_len
-            self.progress.tokens_per_s = tokens / (now - self._recent[0][0])
+    async def release(self) -> None:
+        """Stop working, checkpoint and copy every hosted stage, release the leases at once."""
+        self._worker_stop.set()
+        if self._worker_task is not None:
+            try:
+                await asyncio.wait_for(self._worker_task, WORKER_STOP_TIMEOUT_S)
+            except TimeoutError:
+                logger.warning("The pipeline worker did not stop in %.0f s", WORKER_STOP_TIMEOUT_S)
+            self._worker_task = None
+        if self._replicating is not None:
+            await asyncio.gather(self._replicating, return_exceptions=True)
+        for s in list(self.hosts):
+            await self._close_host(s)
+        now = time.time()
+        for s in list(self._claimed):
+            await self._publish_lease(s, now, released=True)
+        self._claimed.clear()
+        self.epoch = None
+        self.state = "stopped"
+
+    # --- status -----------------------------------------------------------------------------
+
+    def _sample_rate(self) -> None:
+        last = self.hosts.get(self.stages - 1)
+        if last is not None:
+            self._rate.append((time.monotonic(), last.stats.micro_batches_finished))
 
     def status(self) -> dict[str, Any]:
-        p = self.progress
-        return {
-            "state": self.state, "holder": self.holder, "stages": self.spec.spec.stages,
-            "updates": p.updates, "micro_batches": p.micro_batches, "tokens": p.tokens,
-            "loss": None if p.loss is None else round(p.loss, 4), "tokens_per_s": round(p.tokens_per_s, 1),
-            "error": self.error,
+        s = self.spec.spec
+        tokens_per_mb = s.micro_batch * s.model.seq_len
+        versions = list(self.worker.host_versions) if self.worker is not None else [0] * self.stages
+        for stage, host in self.hosts.items():
+            versions[stage] = host.server.version
+        answer: dict[str, Any] = {
+            "state": self.state, "error": self.error, "stages": self.stages, "epoch": self.epoch,
+            "holders": [None if h is None else h.peer_id for h in self.holders],
+            "hosting": sorted(self.hosts), "stage_versions": versions, "updates": min(versions),
+            "hosts": {str(k): h.info() for k, h in sorted(self.hosts.items())},
+            "worker": self.worker.status() if self.worker is not None else None,
+            "loss": None, "tokens": None, "tokens_per_s": None, "losses": None,
         }  # fmt: skip
+        last = self.hosts.get(self.stages - 1)
+        if last is not None:  # the last stage's host sees every micro-batch finish, with its loss
+            recent = [loss for _, loss in list(last.losses)[-16:]]
+            answer["loss"] = round(sum(recent) / len(recent), 4) if recent else None
+            answer["tokens"] = last.stats.micro_batches_finished * tokens_per_mb
+            answer["losses"] = [[m, round(loss, 4)] for m, loss in last.losses]
+            if len(self._rate) >= 2 and self._rate[-1][0] > self._rate[0][0]:
+                (t0, n0), (t1, n1) = self._rate[0], self._rate[-1]
+                answer["tokens_per_s"] = round((n1 - n0) * tokens_per_mb / (t1 - t0), 1)
+        return answer

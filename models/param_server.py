@@ -109,6 +109,8 @@ class StageParameterServer:
         self.optimizer = torch.optim.AdamW(self.params.values(), lr=config.lr, weight_decay=config.weight_decay)
         self.version = 0
         self.counters = ServerCounters()
+        self.metadata: dict[str, str] = {}
+        """Strings the owner keeps with the weights (a data cursor): checkpointed and restored."""
         self._since_checkpoint = 0
         if checkpoint_path is not None and checkpoint_path.exists():
             self._restore(checkpoint_path)
@@ -175,7 +177,7 @@ class StageParameterServer:
                 tensors[f"exp_avg/{name}"] = state["exp_avg"].contiguous()
                 tensors[f"exp_avg_sq/{name}"] = state["exp_avg_sq"].contiguous()
                 steps.append(float(state["step"]))
-        metadata = {"version": str(self.version), "adam_step": str(int(max(steps, default=0)))}
+        metadata = {**self.metadata, "version": str(self.version), "adam_step": str(int(max(steps, default=0)))}
         save_safetensors_atomic(tensors, self.checkpoint_path, metadata)
         self._since_checkpoint = 0
         logger.debug("Checkpointed version %d to %s", self.version, self.checkpoint_path)
@@ -199,4 +201,5 @@ class StageParameterServer:
                     "exp_avg_sq": tensors[f"exp_avg_sq/{name}"].clone(),
                 }
         self.version = int(metadata.get("version", "0"))
+        self.metadata = {k: v for k, v in metadata.items() if k not in ("version", "adam_step", "format")}
         logger.info("Resumed stage weights at version %d from %s", self.version, path)

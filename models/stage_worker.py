@@ -139,6 +139,15 @@ class StageWorker:
     def ready_to_push(self) -> bool:
         return self._count >= self.accumulate
 
+    @property
+    def accumulated(self) -> int:
+        """Micro-batches in the gradient sum not yet pushed."""
+        return self._count
+
+    def discard(self) -> None:
+        """Forget the accumulated gradient (its micro-batches will be recomputed elsewhere)."""
+        self._sum, self._count, self._oldest = None, 0, None
+
     def take_push(self) -> GradientPush | None:
         """The accumulated mean gradient, and reset; None when nothing was accumulated."""
         if self._sum is None or self._oldest is None or self._count == 0:

@@ -34,7 +34,9 @@ DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 DEFAULT_TIMEOUT_S = 30.0
 MAX_CONCURRENT_REQUESTS = 32
 
-Handler = Callable[[str, dict[str, Any], list[bytes]], Awaitable[tuple[dict[str, Any], list[bytes]]]]
+Answer = tuple[dict[str, Any], list[bytes]]
+"""A request's or answer's header and blobs."""
+Handler = Callable[[str, dict[str, Any], list[bytes]], Awaitable[Answer]]
 
 
 class RpcError(SwarmdError):

@@ -274,6 +274,13 @@ class TaskQueue:
         self._c.claimed += 1
         return lease
 
+    def holds(self, lease_id: str, worker_id: str, now: float) -> bool:
+        """Whether ``worker_id`` holds the live lease ``lease_id`` (an expired one is re-queued now)."""
+        _check_now(now)
+        self._sweep(now)
+        lease = self._leases.get(lease_id)
+        return lease is not None and lease.worker_id == worker_id
+
     def renew(self, lease_id: str, worker_id: str, now: float) -> Lease:
         """Extend a live lease by its original length; only its holder may."""
         lease = self._held(lease_id, worker_id, now)

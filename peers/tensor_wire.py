@@ -15,6 +15,7 @@ from __future__ import annotations
 import struct
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -49,6 +50,11 @@ class TensorSpec:
 
     shape: tuple[int, ...]
     floating: bool
+
+    @classmethod
+    def like(cls, spec: Any) -> TensorSpec:
+        """The wire's view of a stage tensor spec (anything with ``shape`` and a torch ``dtype``)."""
+        return cls(tuple(spec.shape), spec.dtype.is_floating_point)
 
     def describe(self) -> str:
         return f"{'float' if self.floating else 'integer'} tensor of shape {list(self.shape)}"

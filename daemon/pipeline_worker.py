@@ -1,0 +1,321 @@
+"""A daemon's worker: claims micro-batch tasks from the stage hosts, computes them, sends results on.
+
+One loop per daemon, on the event loop; torch runs in a worker thread. Each round it asks the
+stage with the most ready work (as the hosts last reported) for a task, backward before
+forward at the host. A task's stage input (and, for a backward, its output gradient) comes
+with the lease; the worker pulls the weights version the task names (PipeDream: a
+micro-batch's backward recomputes its forward on the weights that forward used), or for a new
+forward the host's newest (one version behind is close enough to save a pull).
+
+- A forward's output goes to the next stage's host as a forward task; then the lease is
+  completed with the version used.
+- A finishing task (backward; or the last stage's forward, which runs loss and backward) sends
+  its input gradient upstream and adds its parameter gradient to this stage's sum. Its lease
+  stays open until the sum is pushed, ``accumulate`` micro-batches later, or sooner when the
+  worker runs out of tasks (so that held micro-batches never starve the pipeline) or a lease
+  nears its end. The host completes the leases with the push, in one step.
+- When a result cannot be delivered, the leases held for that stage are failed (re-queued)
+  and the sum is discarded, so nothing is applied twice; the hosts recompute those tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from swarmd.errors import SwarmdError
+from swarmd.models.build import ModelShape, build_model
+from swarmd.models.corpus import Dataset
+from swarmd.models.stage_worker import StageWorker
+from swarmd.models.stages import StageModule, split_layers, stage_input_spec, stage_output_spec
+from swarmd.peers.stage_rpc import Answer
+from swarmd.peers.tensor_wire import TensorSpec, decode_tensor, encode_tensor
+from swarmd.stage_host import deserialize_tensors, serialize_tensors
+
+logger = logging.getLogger(__name__)
+
+Request = Callable[[int, str, dict[str, Any], list[bytes]], Awaitable[Answer]]
+
+IDLE_MIN_S, IDLE_MAX_S = 0.005, 0.1
+FLUSH_IDLE_S = 0.25
+PUT_RETRY_S = 10.0
+STAGE_BACKOFF_S = 0.5
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerSettings:
+    shape: ModelShape
+    stages: int
+    seed: int
+    micro_batch: int
+    accumulate: int
+    wire_dtype: str = "fp16"
+    lease_s: float = 30.0
+    keep_versions: int = 8
+
+
+@dataclass
+class WorkerStats:
+    tasks: dict[str, int] = field(default_factory=lambda: {"forward": 0, "backward": 0, "last": 0})
+    pushes: int = 0
+    pushes_refused: int = 0
+    micro_batches_pushed: int = 0
+    weight_pulls: int = 0
+    results_failed: int = 0
+    seconds: dict[str, float] = field(
+        default_factory=lambda: {"compute": 0.0, "serialise": 0.0, "requests": 0.0, "waiting": 0.0}
+    )
+    """compute: torch; serialise: tensor frames and safetensors; requests: to hosts (wire and
+    their handling); waiting: nothing to claim."""
+    losses: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class _Held:
+    lease_ids: list[str] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    since: float = 0.0
+
+
+class PipelineWorker:
+    def __init__(self, settings: WorkerSettings, dataset: Dataset, worker_id: str, request: Request,
+                 epoch: Callable[[], str | None]) -> None:  # fmt: skip
+        self.settings = settings
+        self.dataset = dataset
+        self.worker_id = worker_id
+        self._request = request
+        self._epoch = epoch
+        self.stats = WorkerStats()
+        self.host_versions = [0] * settings.stages
+        s, mb = settings, settings.micro_batch
+        model = build_model(s.shape, s.seed)
+        ranges = split_layers(s.shape.layers, s.stages)
+        self._workers = [
+            StageWorker(StageModule(model, ranges, i), keep_versions=s.keep_versions, accumulate=s.accumulate)
+            for i in range(s.stages)
+        ]
+        self._param_shapes = [{n: p.shape for n, p in w.module.named_parameters()} for w in self._workers]
+        self._in = [TensorSpec.like(stage_input_spec(s.shape, i, mb)) for i in range(s.stages)]
+        self._out = [TensorSpec.like(stage_output_spec(s.shape, i, s.stages, mb)) for i in range(s.stages)]
+        self._held = [_Held() for _ in range(s.stages)]
+        self._ready = [1] * s.stages
+        self._backoff_until = [0.0] * s.stages
+        self._current_epoch: str | None = None
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        idle_s, idle_since = IDLE_MIN_S, None
+        while not stop.is_set():
+            epoch = self._epoch()
+            if epoch != self._current_epoch:
+                self._forget_held()  # the hosts dropped those leases with the old epoch
+                self._current_epoch = epoch
+            if epoch is None:
+                await self._wait(stop, 0.2)
+                continue
+            await self._flush_old()
+            if await self._one_task(epoch):
+                idle_s, idle_since = IDLE_MIN_S, None
+                continue
+            now = time.monotonic()
+            idle_since = idle_since or now
+            if now - idle_since >= FLUSH_IDLE_S:
+                for s in range(self.settings.stages):
+                    await self._push(s)  # nothing to do: don't sit on micro-batches others wait for
+            await self._wait(stop, idle_s)
+            idle_s = min(idle_s * 2, IDLE_MAX_S)
+        for s in range(self.settings.stages):
+            await self._push(s)
+
+    async def release(self) -> None:
+        """Hand back what is held: push sums, fail the rest (used on stop)."""
+        for s in range(self.settings.stages):
+            await self._push(s)
+
+    async def _wait(self, stop: asyncio.Event, seconds: float) -> None:
+        started = time.perf_counter()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), seconds)
+        self.stats.seconds["waiting"] += time.perf_counter() - started
+
+    def _stage_order(self) -> list[int]:
+        now = time.monotonic()
+        stages = [s for s in range(self.settings.stages) if self._backoff_until[s] <= now]
+        return sorted(stages, key=lambda s: (-self._ready[s], -s))
+
+    async def _one_task(self, epoch: str) -> bool:
+        for s in self._stage_order():
+            try:
+                answer, blobs = await self._call(s, "claim", {"epoch": epoch, "lease_s": self.settings.lease_s})
+            except SwarmdError as e:
+                logger.debug("claim on stage %d failed: %s", s, e)
+                self._backoff_until[s] = time.monotonic() + STAGE_BACKOFF_S
+                continue
+            self._ready[s] = int(answer.get("ready", 0))
+            self.host_versions[s] = max(self.host_versions[s], int(answer.get("version", 0)))
+            if "lease_id" not in answer:
+                continue
+            try:
+                await self._run_task(s, epoch, answer, blobs)
+            except SwarmdError as e:
+                logger.info("stage %d task %s failed: %s; handing it back", s, answer["lease_id"], e)
+                await self._fail(s, epoch, [answer["lease_id"]])
+            return True
+        return False
+
+    # --- one task ---------------------------------------------------------------------------
+
+    async def _run_task(self, s: int, epoch: str, task: dict[str, Any], blobs: list[bytes]) -> None:
+        kind, m, lease_id = task["kind"], task["micro_batch"], task["lease_id"]
+        last = s == self.settings.stages - 1
+        if kind == "backward" or task.get("weights_version") is not None:
+            version = await self._weights(s, task["weights_version"], exact=True)
+        else:
+            version = await self._weights(s, task["version"], exact=False)
+        if len(blobs) != (2 if kind == "backward" else 1):
+            raise SwarmdError(f"stage {s} sent {len(blobs)} tensors with a {kind} task")
+        started = time.perf_counter()
+        out_frame, loss = await asyncio.to_thread(self._compute, s, kind, m, version, blobs)
+        self.stats.seconds["compute"] += time.perf_counter() - started
+        if kind == "forward" and not last:
+            self.stats.tasks["forward"] += 1
+            assert out_frame is not None
+            await self._put(s + 1, epoch, "forward", m, out_frame, upstream_version=version)
+            await self._call(s, "complete", {"epoch": epoch, "lease_id": lease_id, "weights_version": version})
+            return
+        self.stats.tasks["last" if last else "backward"] += 1
+        held = self._held[s]
+        if out_frame is not None:
+            try:
+                await self._put(s - 1, epoch, "backward", m, out_frame, weights_version=task.get("upstream_version"))
+            except SwarmdError:
+                self._workers[s].discard()  # the sum holds this micro-batch: redo them all
+                await self._fail(s, epoch, [*held.lease_ids, lease_id])
+                self._held[s] = _Held()
+                raise
+        if not held.lease_ids:
+            held.since = time.monotonic()
+        held.lease_ids.append(lease_id)
+        if loss is not None:
+            held.losses.append(loss)
+            self.stats.losses.append((m, loss))
+            del self.stats.losses[:-256]
+        if self._workers[s].ready_to_push():
+            await self._push(s)
+
+    def _compute(
+        self, s: int, kind: str, m: int, version: int, blobs: list[bytes]
+    ) -> tuple[bytes | None, float | None]:
+        worker, last = self._workers[s], s == self.settings.stages - 1
+        x = decode_tensor(blobs[0], self._in[s])
+        if kind == "forward" and not last:
+            return encode_tensor(worker.forward(x, version), self.settings.wire_dtype), None
+        if kind == "forward":
+            result = worker.train_last(x, self.dataset.micro_batch(m, self.settings.micro_batch), version)
+        else:
+            result = worker.backward(x, decode_tensor(blobs[1], self._out[s]), version)
+        grad = None if result.grad_input is None else encode_tensor(result.grad_input, self.settings.wire_dtype)
+        return grad, result.loss
+
+    async def _weights(self, s: int, version: int | None, *, exact: bool) -> int:
+        """A weights version to compute with: ``version`` itself when ``exact``, else one close to it."""
+        worker = self._workers[s]
+        newest = worker.newest_version
+        if exact and version is not None and worker.has_version(version):
+            return version
+        if not exact and newest is not None and version is not None and version - newest <= 1:
+            return newest
+        answer, blobs = await self._call(s, "weights", {} if version is None else {"version": version})
+        got = answer.get("version")
+        if type(got) is not int or len(blobs) != 1:
+            raise SwarmdError(f"stage {s} answered a weights request without a version and one blob")
+        started = time.perf_counter()
+        weights = await asyncio.to_thread(deserialize_tensors, blobs[0], self._param_shapes[s], "weights")
+        self.stats.seconds["serialise"] += time.perf_counter() - started
+        worker.add_weights(got, weights)
+        self.stats.weight_pulls += 1
+        return got
+
+    async def _put(self, s: int, epoch: str, kind: str, m: int, frame: bytes, **versions: int | None) -> None:
+        header = {
+            "epoch": epoch,
+            "kind": kind,
+            "micro_batch": m,
+            **{k: v for k, v in versions.items() if v is not None},
+        }
+        deadline, delay = time.monotonic() + PUT_RETRY_S, 0.01
+        while True:
+            try:
+                await self._call(s, "put", header, [frame])
+                return
+            except SwarmdError as e:
+                if "full" not in str(e) or time.monotonic() + delay > deadline:
+                    self.stats.results_failed += 1
+                    raise
+            await asyncio.sleep(delay)  # backpressure: the next stage is full; its workers drain it
+            self.stats.seconds["waiting"] += delay
+            delay = min(delay * 2, 0.5)
+
+    async def _push(self, s: int) -> None:
+        held, worker = self._held[s], self._workers[s]
+        if not held.lease_ids:
+            return
+        self._held[s] = _Held()
+        push = worker.take_push()
+        if push is None or self._current_epoch is None:
+            return
+        started = time.perf_counter()
+        blob = await asyncio.to_thread(serialize_tensors, push.gradients)
+        self.stats.seconds["serialise"] += time.perf_counter() - started
+        header = {"epoch": self._current_epoch, "lease_ids": held.lease_ids, "base_version": push.base_version,
+                  "losses": held.losses}  # fmt: skip
+        try:
+            answer, _ = await self._call(s, "push", header, [blob])
+        except SwarmdError as e:
+            self.stats.pushes_refused += 1
+            logger.info("push of %d micro-batch(es) to stage %d refused: %s", len(held.lease_ids), s, e)
+            return
+        self.stats.pushes += 1
+        self.stats.micro_batches_pushed += len(held.lease_ids)
+        self.host_versions[s] = max(self.host_versions[s], int(answer.get("version", 0)))
+
+    async def _flush_old(self) -> None:
+        """Push a sum whose oldest lease has run a third of its time: it must not expire."""
+        now = time.monotonic()
+        for s, held in enumerate(self._held):
+            if held.lease_ids and now - held.since > self.settings.lease_s / 3:
+                await self._push(s)
+
+    async def _fail(self, s: int, epoch: str, lease_ids: list[str]) -> None:
+        try:
+            await self._call(s, "fail", {"epoch": epoch, "lease_ids": lease_ids})
+        except SwarmdError as e:
+            logger.debug("could not hand back %d lease(s) on stage %d (%s); they expire", len(lease_ids), s, e)
+
+    def _forget_held(self) -> None:
+        for s, held in enumerate(self._held):
+            if held.lease_ids:
+                self._workers[s].discard()
+                self._held[s] = _Held()
+
+    async def _call(self, s: int, op: str, header: dict[str, Any], blobs: list[bytes] | None = None) -> Answer:
+        started = time.perf_counter()
+        try:
+            return await self._request(s, op, header, blobs or [])
+        finally:
+            self.stats.seconds["requests"] += time.perf_counter() - started
+
+    def status(self) -> dict[str, Any]:
+        st = self.stats
+        return {
+            "tasks": dict(st.tasks), "pushes": st.pushes, "pushes_refused": st.pushes_refused,
+            "micro_batches_pushed": st.micro_batches_pushed, "weight_pulls": st.weight_pulls,
+            "results_failed": st.results_failed, "seconds": {k: round(v, 2) for k, v in st.seconds.items()},
+            "host_versions": list(self.host_versions),
+        }  # fmt: skip

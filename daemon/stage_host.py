@@ -1,0 +1,392 @@
+"""What a peer runs for each stage it hosts: the parameter server and the micro-batch task queue.
+
+Workers anywhere in the swarm (this peer's own included) talk to it in requests: ``claim`` a
+task, ``put`` a result for this stage, ``complete`` or ``fail`` a lease, ``push`` gradients,
+pull ``weights``. Requests arrive already parsed (``swarmd.peers.stage_rpc``); everything in
+them is checked here against the plan before use (task kinds, micro-batch indices, tensor
+shapes and dtypes, gradient names and shapes), and a bad one is refused with a reason.
+
+Nothing is lost to a vanished worker: a finishing task (a backward, or the last stage's
+forward, which runs the loss and backward at once) stays leased until the worker's ``push``
+of the gradient it went into; the push completes those leases and applies the gradient in
+one step, so a task is completed exactly when its gradient is in. A worker that dies holding
+leases lets them expire (or is dropped when it leaves the swarm): the tasks are re-queued
+and recomputed from the stored stage input. A push whose leases are no longer all held is
+refused whole (its micro-batches are being redone), never applied twice.
+
+The stage-0 host feeds the pipeline: micro-batch ``m`` is data index ``m``, at most
+``max_in_flight`` at a time. Its *cursor* (every micro-batch below it finished) is kept in the
+server's checkpoint, so a successor resumes the data where this host stopped. When the run's
+epoch changes (a stage changed hands), in-flight work cannot complete across the change: every
+host drops its queue, and stage 0 feeds again from its cursor. That costs recomputation of
+the micro-batches in flight, never data; finished ones are remembered and not fed twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict, deque
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load as load_safetensors_bytes
+from safetensors.torch import save as save_safetensors_bytes
+
+from swarmd.errors import SwarmdError
+from swarmd.models.build import ModelShape
+from swarmd.models.corpus import Dataset
+from swarmd.models.param_server import ServerConfig, StageParameterServer, stage_checkpoint_name
+from swarmd.models.stages import StageModule, split_layers, stage_input_spec, stage_output_spec
+from swarmd.peers.stage_rpc import Answer
+from swarmd.peers.task_queue import Task, TaskKind, TaskQueue, TaskQueueConfig, TaskQueueError
+from swarmd.peers.tensor_wire import TensorSpec, WireError, decode_tensor, encode_tensor
+
+logger = logging.getLogger(__name__)
+
+MAX_LOSSES_KEPT = 8192
+MAX_FINISHED_KEPT = 4096
+
+
+class StageRequestError(SwarmdError):
+    """A request to a stage host was refused: stale epoch, unknown lease, bad tensor, full queue."""
+
+
+@dataclass(frozen=True)
+class StageInput:
+    """A queued tensor frame and the weights version the stage that made it used."""
+
+    frame: bytes
+    upstream_version: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostSettings:
+    run_id: str
+    stage: int
+    stages: int
+    shape: ModelShape
+    seed: int
+    micro_batch: int
+    lr: float
+    weight_decay: float
+    max_staleness: int
+    checkpoint_every: int = 50
+    max_in_flight: int = 8
+    wire_dtype: str = "fp16"
+    keep_versions: int = 8
+    """Weights versions kept for workers that recompute a backward on the forward's version."""
+    max_lease_s: float = 120.0
+
+
+@dataclass
+class HostStats:
+    micro_batches_finished: int = 0
+    pushes_refused: int = 0
+    """Pushes refused whole because a lease in them was over (their micro-batches are redone)."""
+    duplicates: int = 0
+    """Results that arrived twice (a re-queued task's first run finished after all): dropped."""
+    flushed: int = 0
+    """Micro-batches dropped from the queue by an epoch change (re-fed from the data)."""
+    refused: int = 0
+    """Requests refused for a bad tensor or field."""
+
+
+def serialize_tensors(tensors: dict[str, torch.Tensor]) -> bytes:
+    return save_safetensors_bytes({k: v.detach().contiguous() for k, v in tensors.items()})
+
+
+def deserialize_tensors(data: bytes, expected: dict[str, torch.Size], what: str) -> dict[str, torch.Tensor]:
+    """Parse safetensors bytes and check names, shapes and float dtypes against ``expected``."""
+    try:
+        tensors = load_safetensors_bytes(data)
+    except Exception as e:
+        raise StageRequestError(f"{what} is not a safetensors blob ({type(e).__name__})") from None
+    if set(tensors) != set(expected):
+        missing, extra = sorted(set(expected) - set(tensors))[:3], sorted(set(tensors) - set(expected))[:3]
+        raise StageRequestError(f"{what} names do not match the stage: missing {missing}, unknown {extra}")
+    for name, t in tensors.items():
+        if t.shape != expected[name] or not t.dtype.is_floating_point:
+            raise StageRequestError(
+                f"{what} {name} is {t.dtype} {list(t.shape)}; expected float {list(expected[name])}"
+            )
+    return {k: v.float() for k, v in tensors.items()}
+
+
+class StageHost:
+    def __init__(self, settings: HostSettings, checkpoint_dir: Path, dataset: Dataset | None) -> None:
+        if settings.stage == 0 and dataset is None:
+            raise SwarmdError("the stage-0 host needs the run's dataset to feed the pipeline")
+        self.settings = settings
+        self.stage = settings.stage
+        self.is_last = settings.stage == settings.stages - 1
+        self.dataset = dataset
+        ranges = split_layers(settings.shape.layers, settings.stages)
+        module = StageModule.from_shape(settings.shape, settings.seed, ranges, settings.stage)
+        config = ServerConfig(
+            lr=settings.lr, weight_decay=settings.weight_decay, max_staleness=settings.max_staleness,
+            checkpoint_every=settings.checkpoint_every,
+        )  # fmt: skip
+        self.server = StageParameterServer(
+            module.state_dict(), config, checkpoint_dir / stage_checkpoint_name(self.stage)
+        )
+        self.param_shapes = {name: p.shape for name, p in self.server.params.items()}
+        mb, shape = settings.micro_batch, settings.shape
+        self.in_spec = TensorSpec.like(stage_input_spec(shape, self.stage, mb))
+        self.out_spec = TensorSpec.like(stage_output_spec(shape, self.stage, settings.stages, mb))
+        # One activation frame at fp32 bounds any stage input or output gradient.
+        self._frame_bytes = mb * shape.seq_len * max(shape.hidden, 2) * 4 + 64
+        self.queue = self._new_queue()
+        self.epoch: str | None = None
+        self.stats = HostStats()
+        self.losses: deque[tuple[int, float]] = deque(maxlen=MAX_LOSSES_KEPT)
+        self._history: OrderedDict[int, bytes] = OrderedDict()
+        self._server_lock = asyncio.Lock()
+        cursor = int(self.server.metadata.get("data_cursor", "0"))
+        done = self.server.metadata.get("data_done", "")
+        self._finished = {int(m) for m in done.split(",") if m}
+        self._cursor = cursor
+        self._next_feed = cursor
+        self._remember_version()
+
+    def _new_queue(self) -> TaskQueue:
+        capacity = self._frame_bytes * (2 * self.settings.max_in_flight + 4)
+        return TaskQueue(TaskQueueConfig(
+            stage=self.stage, capacity_bytes=capacity, backward_reserve_bytes=capacity // 2,
+            max_micro_batches=max(self.settings.max_in_flight * 4, 16), max_lease_s=self.settings.max_lease_s,
+        ))  # fmt: skip
+
+    # --- epochs and feeding ----------------------------------------------------------------
+
+    def set_epoch(self, epoch: str | None) -> None:
+        """Adopt the run's hosting epoch; a change drops in-flight work (re-fed from the data)."""
+        if epoch == self.epoch:
+            return
+        flushed = len(self.queue.stored_micro_batches())
+        if flushed:
+            logger.info("stage %d: epoch changed; dropping %d micro-batch(es) in flight", self.stage, flushed)
+        self.stats.flushed += flushed
+        self.queue = self._new_queue()
+        self.epoch = epoch
+        self._next_feed = self._cursor
+        self.feed()
+
+    def feed(self) -> None:
+        """Stage 0: put new micro-batches while the pipeline has room."""
+        if self.stage != 0 or self.epoch is None:
+            return
+        assert self.dataset is not None
+        now = time.time()
+        while len(self.queue.stored_micro_batches()) < self.settings.max_in_flight:
+            while self._next_feed in self._finished:
+                self._next_feed += 1
+            m = self._next_feed
+            frame = encode_tensor(self.dataset.micro_batch(m, self.settings.micro_batch), self.settings.wire_dtype)
+            if not self.queue.has_room(len(frame)):
+                return
+            task = Task(task_id=f"f0-{m}", micro_batch=m, stage=0, kind=TaskKind.FORWARD,
+                        payload=StageInput(frame, None))  # fmt: skip
+            self.queue.put(task, len(frame), now)
+            self._next_feed += 1
+
+    def _mark_finished(self, m: int) -> None:
+        self.stats.micro_batches_finished += 1
+        if self.stage != 0:
+            return
+        self._finished.add(m)
+        while self._cursor in self._finished:
+            self._finished.discard(self._cursor)
+            self._cursor += 1
+        if len(self._finished) > MAX_FINISHED_KEPT:  # far ahead of a stuck micro-batch: give up on it
+            self._cursor = min(self._finished)
+        self.server.metadata = {
+            "data_cursor": str(self._cursor), "data_done": ",".join(map(str, sorted(self._finished))),
+        }  # fmt: skip
+
+    # --- requests ----------------------------------------------------------------------------
+
+    async def handle(self, method: str, worker: str, header: dict[str, Any], blobs: list[bytes]) -> Answer:
+        if method == "weights":
+            return await self._weights(header)
+        if method == "info":
+            return self.info(), []
+        if header.get("epoch") != self.epoch or self.epoch is None:
+            raise StageRequestError(f"stage {self.stage}: request for epoch {str(header.get('epoch'))[:20]}; "
+                                    f"this host is at {self.epoch}; refresh the stage holders")  # fmt: skip
+        try:
+            if method == "claim":
+                return self._claim(worker, header)
+            if method == "put":
+                return self._put(header, blobs)
+            if method == "complete":
+                self.queue.complete(_text(header, "lease_id"), worker, time.time(),
+                                    weights_version=_integer(header, "weights_version", 0, None))  # fmt: skip
+                return {}, []
+            if method == "fail":
+                for lease_id in _lease_ids(header):
+                    if self.queue.holds(lease_id, worker, time.time()):
+                        self.queue.fail(lease_id, worker, time.time())
+                self.feed()
+                return {}, []
+            if method == "push":
+                return await self._push(worker, header, blobs)
+        except (TaskQueueError, WireError) as e:
+            raise StageRequestError(f"stage {self.stage}: {e}") from None
+        raise StageRequestError(f"unknown stage request {method[:40]!r}")
+
+    def drop_worker(self, worker: str) -> None:
+        self.queue.drop_worker(worker, time.time())
+        self.feed()
+
+    def _claim(self, worker: str, header: dict[str, Any]) -> Answer:
+        lease_s = _number(header, "lease_s", 1.0, self.settings.max_lease_s)
+        self.feed()
+        lease = self.queue.claim(worker, time.time(), lease_s)
+        answer: dict[str, Any] = {"version": self.server.version, "ready": self.queue.counters().ready}
+        if lease is None:
+            return answer, []
+        stored = lease.stage_input
+        assert isinstance(stored, StageInput)
+        task = lease.task
+        answer.update(lease_id=lease.lease_id, kind=task.kind.value, micro_batch=task.micro_batch,
+                      weights_version=task.weights_version, upstream_version=stored.upstream_version)  # fmt: skip
+        blobs = [stored.frame]
+        if task.kind is TaskKind.BACKWARD:
+            assert isinstance(task.payload, StageInput)
+            blobs.append(task.payload.frame)
+        return answer, blobs
+
+    def _put(self, header: dict[str, Any], blobs: list[bytes]) -> Answer:
+        kind = TaskKind(_choice(header, "kind", ("forward", "backward")))
+        m = _integer(header, "micro_batch", 0, None)
+        if len(blobs) != 1:
+            raise StageRequestError(f"a put carries one tensor frame, not {len(blobs)}")
+        if kind is TaskKind.FORWARD and self.stage == 0:
+            raise StageRequestError("stage 0 is fed from the data, not by puts")
+        if kind is TaskKind.BACKWARD and self.is_last:
+            raise StageRequestError("the last stage takes no backward tasks")
+        spec = self.in_spec if kind is TaskKind.FORWARD else self.out_spec
+        try:
+            decode_tensor(blobs[0], spec, max_bytes=self._frame_bytes)  # check before it is queued
+        except WireError:
+            self.stats.refused += 1
+            raise
+        stored = set(self.queue.stored_micro_batches())
+        if kind is TaskKind.FORWARD and m in stored or kind is TaskKind.BACKWARD and m not in stored:
+            self.stats.duplicates += 1  # a re-queued task's first run made it after all
+            return {"duplicate": True}, []
+        upstream = _integer(header, "upstream_version", 0, None, optional=True)
+        version = _integer(header, "weights_version", 0, None, optional=True)
+        prefix = "f" if kind is TaskKind.FORWARD else "b"
+        task = Task(task_id=f"{prefix}{self.stage}-{m}", micro_batch=m, stage=self.stage, kind=kind,
+                    payload=StageInput(blobs[0], upstream), weights_version=version)  # fmt: skip
+        try:
+            self.queue.put(task, len(blobs[0]), time.time())
+        except TaskQueueError as e:
+            if "already has a backward" in str(e):
+                self.stats.duplicates += 1
+                return {"duplicate": True}, []
+            raise
+        return {"duplicate": False}, []
+
+    async def _push(self, worker: str, header: dict[str, Any], blobs: list[bytes]) -> Answer:
+        lease_ids = _lease_ids(header)
+        base = _integer(header, "base_version", 0, None)
+        losses = header.get("losses", [])
+        if not isinstance(losses, list) or len(losses) != (len(lease_ids) if self.is_last else 0):
+            raise StageRequestError("a push names one loss per lease on the last stage, none elsewhere")
+        if not all(isinstance(x, int | float) and not isinstance(x, bool) and 0 <= x < 1e4 for x in losses):
+            raise StageRequestError("losses must be finite non-negative numbers")
+        if len(blobs) != 1:
+            raise StageRequestError(f"a push carries one gradient blob, not {len(blobs)}")
+        now = time.time()
+        if not lease_ids or not all(self.queue.holds(lid, worker, now) for lid in lease_ids):
+            for lid in lease_ids:
+                if self.queue.holds(lid, worker, now):
+                    self.queue.fail(lid, worker, now)
+            self.stats.pushes_refused += 1
+            self.feed()
+            raise StageRequestError(f"stage {self.stage}: a lease of this push is over; gradient dropped, "
+                                    "its micro-batches are being recomputed")  # fmt: skip
+        for lid in lease_ids:  # hold them through the update
+            self.queue.renew(lid, worker, now)
+        gradients = await asyncio.to_thread(deserialize_tensors, blobs[0], self.param_shapes, "gradient")
+        async with self._server_lock:
+            result = await asyncio.to_thread(self.server.push, gradients, base)
+            if result.accepted:
+                await asyncio.to_thread(self._remember_version)
+        now = time.time()
+        for i, lid in enumerate(lease_ids):
+            task = self.queue.complete(lid, worker, now, finishes_micro_batch=True)
+            self._mark_finished(task.micro_batch)
+            if self.is_last:
+                self.losses.append((task.micro_batch, float(losses[i])))
+        self.feed()
+        return {"version": result.version, "accepted": result.accepted, "staleness": result.staleness}, []
+
+    async def _weights(self, header: dict[str, Any]) -> Answer:
+        """The named version if still kept, else the newest (the caller tags its work with it)."""
+        wanted = _integer(header, "version", 0, None, optional=True)
+        version = wanted if wanted in self._history else next(reversed(self._history))
+        return {"version": version}, [self._history[version]]
+
+    def _remember_version(self) -> None:
+        self._history[self.server.version] = serialize_tensors(self.server.weights()[1])
+        while len(self._history) > self.settings.keep_versions:
+            self._history.popitem(last=False)
+
+    # --- state ----------------------------------------------------------------------------
+
+    def checkpoint(self) -> Path | None:
+        return self.server.checkpoint()
+
+    def info(self) -> dict[str, Any]:
+        c = self.queue.counters()
+        s = self.server.counters
+        return {
+            "stage": self.stage, "version": self.server.version, "epoch": self.epoch,
+            "queue": asdict(c), "host": asdict(self.stats),
+            "server": {"applied": s.applied, "scaled": s.scaled, "dropped_stale": s.dropped_stale,
+                       "staleness": {str(k): v for k, v in sorted(s.staleness_histogram.items())}},
+            "data_cursor": self._cursor if self.stage == 0 else None,
+        }  # fmt: skip
+
+
+def _integer(header: dict[str, Any], name: str, low: int, high: int | None, optional: bool = False) -> Any:
+    value = header.get(name)
+    if value is None and optional:
+        return None
+    if type(value) is not int or value < low or (high is not None and value > high):
+        raise StageRequestError(f"field {name} is {str(value)[:40]!r}; must be an integer >= {low}")
+    return value
+
+
+def _number(header: dict[str, Any], name: str, low: float, high: float) -> float:
+    value = header.get(name)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise StageRequestError(f"field {name} is {str(value)[:40]!r}; must be a number in [{low}, {high}]")
+    return float(value)
+
+
+def _text(header: dict[str, Any], name: str) -> str:
+    value = header.get(name)
+    if not isinstance(value, str) or not 0 < len(value) <= 128:
+        raise StageRequestError(f"field {name} must be a string of 1 to 128 characters")
+    return value
+
+
+def _choice(header: dict[str, Any], name: str, options: tuple[str, ...]) -> str:
+    value = header.get(name)
+    if value not in options:
+        raise StageRequestError(f"field {name} is {str(value)[:40]!r}; must be one of {options}")
+    return str(value)
+
+
+def _lease_ids(header: dict[str, Any]) -> list[str]:
+    ids = header.get("lease_ids")
+    if not isinstance(ids, list) or len(ids) > 1024 or not all(isinstance(x, str) and 0 < len(x) <= 128 for x in ids):
+        raise StageRequestError("field lease_ids must be a list of at most 1024 lease IDs")
+    return ids
