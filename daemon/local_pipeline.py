@@ -78,6 +78,7 @@ class LocalPipeline:
         server_config = ServerConfig(
             lr=settings.lr, weight_decay=settings.weight_decay, max_staleness=settings.max_staleness,
             staleness_policy=settings.staleness_policy, checkpoint_every=settings.checkpoint_every,
+            accumulate=settings.accumulate,
         )  # fmt: skip
         self.servers: list[StageParameterServer] = []
         self.workers: list[StageWorker] = []
@@ -183,7 +184,7 @@ class LocalPipeline:
             push = worker.take_push()
             assert push is not None
             started = time.perf_counter()
-            server.push(push.gradients, push.base_version)
+            server.push(push.gradients, push.base_version, push.micro_batches)
             self._seconds["compute"] += time.perf_counter() - started
 
     def _put(self, s: int, kind: TaskKind, m: int, frame: bytes) -> None:

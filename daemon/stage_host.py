@@ -74,8 +74,14 @@ class HostSettings:
     lr: float
     weight_decay: float
     max_staleness: int
+    accumulate: int
+    """Micro-batches per update (the run's batch over its micro-batch)."""
     checkpoint_every: int = 50
     max_in_flight: int = 8
+    batches_ahead: int = 1
+    """Batches stage 0 may start beyond the one its server is summing: 0 is a synchronous
+    pipeline (each batch computed on the newest weights, with fill and drain per batch); each
+    more overlaps batches, at up to that much staleness."""
     wire_dtype: str = "fp16"
     keep_versions: int = 8
     """Weights versions kept for workers that recompute a backward on the forward's version."""
@@ -128,7 +134,7 @@ class StageHost:
         module = StageModule.from_shape(settings.shape, settings.seed, ranges, settings.stage)
         config = ServerConfig(
             lr=settings.lr, weight_decay=settings.weight_decay, max_staleness=settings.max_staleness,
-            checkpoint_every=settings.checkpoint_every,
+            checkpoint_every=settings.checkpoint_every, accumulate=settings.accumulate,
         )  # fmt: skip
         self.server = StageParameterServer(
             module.state_dict(), config, checkpoint_dir / stage_checkpoint_name(self.stage)
@@ -150,7 +156,7 @@ class StageHost:
         self._finished = {int(m) for m in done.split(",") if m}
         self._cursor = cursor
         self._next_feed = cursor
-        self._remember_version()
+        self._history[self.server.version] = serialize_tensors(self.server.weights()[1])
 
     def _new_queue(self) -> TaskQueue:
         capacity = self._frame_bytes * (2 * self.settings.max_in_flight + 4)
@@ -180,7 +186,11 @@ class StageHost:
             return
         assert self.dataset is not None
         now = time.time()
-        while len(self.queue.stored_micro_batches()) < self.settings.max_in_flight:
+        window = self.settings.accumulate * (1 + self.settings.batches_ahead)
+        while True:
+            in_flight = len(self.queue.stored_micro_batches())
+            if in_flight >= self.settings.max_in_flight or in_flight + self.server.pending_micro_batches >= window:
+                return
             while self._next_feed in self._finished:
                 self._next_feed += 1
             m = self._next_feed
@@ -245,7 +255,8 @@ class StageHost:
         lease_s = _number(header, "lease_s", 1.0, self.settings.max_lease_s)
         self.feed()
         lease = self.queue.claim(worker, time.time(), lease_s)
-        answer: dict[str, Any] = {"version": self.server.version, "ready": self.queue.counters().ready}
+        # The newest version workers can pull (a step in progress is not served yet).
+        answer: dict[str, Any] = {"version": next(reversed(self._history)), "ready": self.queue.counters().ready}
         if lease is None:
             return answer, []
         stored = lease.stage_input
@@ -315,9 +326,9 @@ class StageHost:
             self.queue.renew(lid, worker, now)
         gradients = await asyncio.to_thread(deserialize_tensors, blobs[0], self.param_shapes, "gradient")
         async with self._server_lock:
-            result = await asyncio.to_thread(self.server.push, gradients, base)
-            if result.accepted:
-                await asyncio.to_thread(self._remember_version)
+            result = await asyncio.to_thread(self.server.push, gradients, base, len(lease_ids))
+            if result.stepped:
+                await self._remember_version()
         now = time.time()
         for i, lid in enumerate(lease_ids):
             task = self.queue.complete(lid, worker, now, finishes_micro_batch=True)
@@ -333,14 +344,18 @@ class StageHost:
         version = wanted if wanted in self._history else next(reversed(self._history))
         return {"version": version}, [self._history[version]]
 
-    def _remember_version(self) -> None:
-        self._history[self.server.version] = serialize_tensors(self.server.weights()[1])
+    async def _remember_version(self) -> None:
+        """Keep the new version's weights serialized once, for every worker that pulls them."""
+        version, weights = self.server.version, self.server.weights()[1]
+        self._history[version] = await asyncio.to_thread(serialize_tensors, weights)
         while len(self._history) > self.settings.keep_versions:
             self._history.popitem(last=False)
 
     # --- state ----------------------------------------------------------------------------
 
-    def checkpoint(self) -> Path | None:
+    def close(self) -> Path | None:
+        """On stop: step on the gradients summed so far (none is lost), then checkpoint."""
+        self.server.flush()
         return self.server.checkpoint()
 
     def info(self) -> dict[str, Any]:
@@ -348,7 +363,8 @@ class StageHost:
         s = self.server.counters
         return {
             "stage": self.stage, "version": self.server.version, "epoch": self.epoch,
-            "queue": asdict(c), "host": asdict(self.stats),
+            "pending_micro_batches": self.server.pending_micro_batches,
+            "queue": asdict(c), "host": asdict(self.stats), "leases_by_worker": self.queue.leases_by_worker(),
             "server": {"applied": s.applied, "scaled": s.scaled, "dropped_stale": s.dropped_stale,
                        "staleness": {str(k): v for k, v in sorted(s.staleness_histogram.items())}},
             "data_cursor": self._cursor if self.stage == 0 else None,

@@ -2,9 +2,12 @@
 
 Workers compute gradients against the weights version they pulled (PipeDream-style: a
 micro-batch's backward uses the weights its forward used) and push them with that version.
-The server applies each push at once (asynchronous SGD) unless it is too stale: a gradient
-computed ``s`` versions ago, with ``s`` over the run's bound, is dropped or down-weighted by
-policy, and counted either way. Every applied push makes a new version; versions only grow.
+Each push is judged on arrival: a gradient computed ``s`` versions ago, with ``s`` over the
+run's bound, is dropped or down-weighted by policy, and counted either way. Accepted pushes
+are summed, weighted by the micro-batches each covers, until ``accumulate`` micro-batches are
+in; then the server steps AdamW on their mean (asynchronous SGD over batches of the run's
+size, whoever computed them) and makes a new version. Versions only grow. ``flush`` steps on
+a partial batch, so that stopping never drops an accepted gradient.
 
 Checkpoints hold weights, optimizer moments and the version, written atomically every
 ``checkpoint_every`` updates and on stop; a restarted server resumes from the last one.
@@ -45,6 +48,8 @@ class ServerConfig:
     """``drop`` refuses a too-stale gradient; ``scale`` applies it times 1 / (1 + excess)."""
     checkpoint_every: int = 50
     """Updates between checkpoints (and one more on stop)."""
+    accumulate: int = 1
+    """Micro-batches whose gradients make one update: pushes are summed until this many are in."""
 
     def __post_init__(self) -> None:
         if not (self.lr > 0 and math.isfinite(self.lr)):
@@ -53,6 +58,8 @@ class ServerConfig:
             raise ValueError(f"max_staleness = {self.max_staleness} must be >= 0")
         if self.staleness_policy not in STALENESS_POLICIES:
             raise ValueError(f"staleness_policy = {self.staleness_policy!r} is not one of {STALENESS_POLICIES}")
+        if self.accumulate < 1:
+            raise ValueError(f"accumulate = {self.accumulate} must be >= 1")
         if self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every = {self.checkpoint_every} must be >= 1")
 
@@ -76,6 +83,8 @@ class PushResult:
     staleness: int
     weight: float
     """The factor the gradient was applied with (0 when dropped)."""
+    stepped: bool = False
+    """Whether this push completed a batch and made a new version."""
 
 
 def stage_checkpoint_name(stage: int) -> str:
@@ -112,6 +121,8 @@ class StageParameterServer:
         self.metadata: dict[str, str] = {}
         """Strings the owner keeps with the weights (a data cursor): checkpointed and restored."""
         self._since_checkpoint = 0
+        self._sum: dict[str, torch.Tensor] | None = None
+        self._count = 0
         if checkpoint_path is not None and checkpoint_path.exists():
             self._restore(checkpoint_path)
 
@@ -121,11 +132,14 @@ class StageParameterServer:
         """The current version and a copy of the weights (a worker keeps it for its backward)."""
         return self.version, {name: p.detach().clone() for name, p in self.params.items()}
 
-    def push(self, gradients: dict[str, torch.Tensor], base_version: int) -> PushResult:
-        """Apply gradients computed on weights ``base_version``, subject to the staleness bound."""
+    def push(self, gradients: dict[str, torch.Tensor], base_version: int, micro_batches: int = 1) -> PushResult:
+        """Add the mean gradient of ``micro_batches`` micro-batches computed on weights
+        ``base_version``, subject to the staleness bound; step once ``accumulate`` are in."""
         self._check(gradients)
         if not 0 <= base_version <= self.version:
             raise GradientError(f"gradient claims weights version {base_version}; this server is at {self.version}")
+        if not 1 <= micro_batches <= 1_000_000:
+            raise GradientError(f"a push covers {micro_batches} micro-batches; must be at least 1")
         staleness = self.version - base_version
         histogram = self.counters.staleness_histogram
         histogram[staleness] = histogram.get(staleness, 0) + 1
@@ -134,19 +148,45 @@ class StageParameterServer:
             self.counters.dropped_stale += 1
             return PushResult(False, self.version, staleness, 0.0)
         weight = 1.0 / (1 + excess) if excess > 0 else 1.0
-        for name, param in self.params.items():
-            param.grad = gradients[name].detach().to(param.dtype) * weight
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.version += 1
         if weight < 1.0:
             self.counters.scaled += 1
         else:
             self.counters.applied += 1
+        factor = weight * micro_batches
+        if self._sum is None:
+            self._sum = {name: g.detach().to(torch.float32) * factor for name, g in gradients.items()}
+        else:
+            for name, g in gradients.items():
+                self._sum[name].add_(g.detach().to(torch.float32), alpha=factor)
+        self._count += micro_batches
+        stepped = self._count >= self.config.accumulate
+        if stepped:
+            self._step()
+        return PushResult(True, self.version, staleness, weight, stepped)
+
+    @property
+    def pending_micro_batches(self) -> int:
+        """Micro-batches summed toward the next update."""
+        return self._count
+
+    def flush(self) -> bool:
+        """Step on a partial batch (before a checkpoint on stop): no accepted gradient is lost."""
+        if self._count == 0:
+            return False
+        self._step()
+        return True
+
+    def _step(self) -> None:
+        assert self._sum is not None
+        for name, param in self.params.items():
+            param.grad = self._sum[name] / self._count
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._sum, self._count = None, 0
+        self.version += 1
         self._since_checkpoint += 1
         if self.checkpoint_path is not None and self._since_checkpoint >= self.config.checkpoint_every:
             self.checkpoint()
-        return PushResult(True, self.version, staleness, weight)
 
     def _check(self, gradients: dict[str, torch.Tensor]) -> None:
         if set(gradients) != set(self.params):

@@ -11,7 +11,7 @@ DEFAULT_RUN: dict[str, Any] = {
     "name": "tiny-bytes",
     "model": {"family": "gpt2", "layers": 4, "hidden": 128, "heads": 4, "vocab": 256, "seq_len": 128},
     "data": {"corpus": "builtin"},
-    "batch": {"sequences": 32, "micro_batch": 4},
+    "batch": {"sequences": 16, "micro_batch": 4},
     "optimizer": {"name": "adamw", "lr": 0.001, "weight_decay": 0.01, "max_staleness": 4},
     "stages": 2,
 }

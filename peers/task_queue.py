@@ -346,6 +346,13 @@ class TaskQueue:
             bytes_used=self._bytes,
         )
 
+    def leases_by_worker(self) -> dict[str, int]:
+        """How many live leases each worker holds."""
+        counts: dict[str, int] = {}
+        for lease in self._leases.values():
+            counts[lease.worker_id] = counts.get(lease.worker_id, 0) + 1
+        return counts
+
     def stored_micro_batches(self) -> list[int]:
         """Micro-batches whose stage input is stored here (in flight on this stage)."""
         return sorted(self._inputs)

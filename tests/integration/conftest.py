@@ -23,6 +23,8 @@ from swarmd.models.presets import DEFAULT_RUN
 
 # Short heartbeats so that a killed daemon is dropped within seconds.
 FAST_HEARTBEAT = ["--heartbeat-interval", "1", "--heartbeat-ttl", "8", "--no-benchmark", "--no-train"]
+# The same for daemons that train, one torch thread each: several share this machine's cores.
+TRAINING = ["--heartbeat-interval", "1", "--heartbeat-ttl", "6", "--no-benchmark", "--threads", "1"]
 
 _started: list[LocalDaemon] = []
 
@@ -80,8 +82,8 @@ def make_run(workdir: Path) -> Callable[..., str]:
 def daemon_factory() -> Iterator[Callable[..., LocalDaemon]]:
     mine: list[LocalDaemon] = []
 
-    def make(state_dir: Path, run_id: str, extra_args: list[str] | None = None) -> LocalDaemon:
-        daemon = LocalDaemon(state_dir, run_id, FAST_HEARTBEAT + (extra_args or []))
+    def make(state_dir: Path, run_id: str, extra_args: list[str] | None = None, train: bool = False) -> LocalDaemon:
+        daemon = LocalDaemon(state_dir, run_id, (TRAINING if train else FAST_HEARTBEAT) + (extra_args or []))
         mine.append(daemon)
         _started.append(daemon)
         return daemon

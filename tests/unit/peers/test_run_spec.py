@@ -197,7 +197,7 @@ def test_verify_wrong_kind(creator: Identity) -> None:
         ({"stages": 5}, "stages 5 exceeds model.layers 4"),
         ({"model__hidden": 130}, "not divisible by 4 heads"),
         ({"optimizer__name": "lion"}, "optimizer.name 'lion'"),
-        ({"batch__micro_batch": 64}, "micro_batch 64 exceeds batch.sequences 32"),
+        ({"batch__micro_batch": 64}, "micro_batch 64 exceeds batch.sequences 16"),
         ({"model__family": "bert"}, "model.family 'bert'"),
         ({"name": "Bad Name"}, "name 'Bad Name'"),
         ({"name": ""}, "name ''"),

@@ -1,0 +1,206 @@
+"""Four daemons train the default run together, lose a worker to SIGKILL, and learn like the reference.
+
+One run serves both checks of issue 3, because each costs minutes on two cores:
+
+- fault: at 60 updates a daemon that hosts no stage is SIGKILLed while it holds leases. The
+  others train on; every parameter-server version only grows; every task handed out is
+  completed, re-queued or still leased (the queue counters balance); the killed worker's
+  leases come back to the queue; every micro-batch below stage 0's data cursor has its loss
+  recorded at the last stage (none vanished); restarted, the daemon rejoins and gets work.
+- correctness: at 200+ updates, the swarm's loss is far below its start and, at equal
+  tokens (the same data indices), within ``TOLERANCE_NATS`` of a single-process synchronous
+  reference of the same model, data and seed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from swarmd.local_swarm import LocalDaemon, wait_for
+from swarmd.models.corpus import load_corpus, train_eval_split
+from swarmd.models.presets import DEFAULT_RUN
+from swarmd.models.reference import TrainSettings, train_reference
+from swarmd.models.shape import ModelShape
+from swarmd.trainer import run_seed
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+UPDATES = 200
+KILL_AT = 60
+# Asynchronous updates (gradients 1-2 versions stale: stage 0 may start one batch ahead of the
+# one its server is summing) learn slower per token than the synchronous reference. This much
+# (nats, mean over the last quarter of micro-batches) is what we accept; measured 0.30 with
+# four daemons on two cores. A synchronous pipeline (batches_ahead 0) tracks the reference
+# within 0.02 (tests/unit/test_stage_hosts.py) but ran 4x slower here.
+TOLERANCE_NATS = 0.4
+
+
+def training(daemon: LocalDaemon) -> dict[str, Any]:
+    status = daemon.status()
+    return (status or {}).get("training") or {}
+
+
+class VersionWatch:
+    """Samples every stage's parameter-server version from its host, and records any decrease."""
+
+    def __init__(self, daemons: list[LocalDaemon]) -> None:
+        self.daemons = daemons
+        self.highest: dict[int, int] = {}
+        self.decreases: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> VersionWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self._sample()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            self._sample()
+
+    def _sample(self) -> None:
+        for daemon in self.daemons:
+            if daemon.proc is None or daemon.proc.poll() is not None:
+                continue
+            try:
+                hosts = training(daemon).get("hosts") or {}
+            except Exception:  # a daemon frozen, killed or restarting: not a version
+                continue
+            for stage, host in hosts.items():
+                s, v = int(stage), host["version"]
+                if v < self.highest.get(s, 0):
+                    self.decreases.append(f"stage {s}: {self.highest[s]} -> {v}")
+                self.highest[s] = max(v, self.highest.get(s, 0))
+
+
+def hosts_of(daemons: list[LocalDaemon]) -> dict[int, tuple[LocalDaemon, dict[str, Any]]]:
+    found = {}
+    for daemon in daemons:
+        if daemon.proc is not None and daemon.proc.poll() is None:
+            for stage, info in (training(daemon).get("hosts") or {}).items():
+                found[int(stage)] = (daemon, info)
+    return found
+
+
+def updates(daemons: list[LocalDaemon]) -> int:
+    hosts = hosts_of(daemons)
+    return min(info["version"] for _, info in hosts.values()) if len(hosts) == 2 else 0
+
+
+def test_four_daemons_train_like_the_reference_through_a_killed_worker(
+    workdir: Path, make_run: Callable[..., str], daemon_factory: Callable[..., LocalDaemon]
+) -> None:
+    run_id = make_run(workdir / "d0")
+    daemons = [daemon_factory(workdir / f"d{i}", run_id, train=True) for i in range(4)]
+    addrs = daemons[0].start().wait_running()["addrs"]
+    for daemon in daemons[1:]:
+        daemon.start(addrs)
+    ids = [d.wait_running()["peer_id"] for d in daemons]
+    wait_for(lambda: all(len(d.seen_peers()) == 3 for d in daemons), 60, "every daemon to see the other three")
+    # Two stages, four trainers: two daemons host one stage each, and all four work.
+    wait_for(lambda: len({d.status()["peer_id"] for d, _ in hosts_of(daemons).values()}) == 2, 60,
+             "the two stages to be hosted by two different daemons")  # fmt: skip
+
+    with VersionWatch(daemons) as watch:
+        wait_for(lambda: updates(daemons) >= KILL_AT, 300, f"{KILL_AT} updates")
+        hosting = {ids.index(d.status()["peer_id"]) for d, _ in hosts_of(daemons).values()}
+        victim_index = max(set(range(4)) - hosting)
+        victim, victim_id = daemons[victim_index], ids[victim_index]
+        assert sum(training(victim)["worker"]["tasks"].values()) > 0, "every daemon works, hosts or not"
+
+        def victim_leases() -> int:
+            return sum(info["leases_by_worker"].get(victim_id, 0) for _, info in hosts_of(daemons).values())
+
+        def frozen_holding_leases() -> int:
+            """Freeze the victim (SIGSTOP); keep it frozen if it holds leases, else let it go on."""
+            os.kill(victim.pid, signal.SIGSTOP)
+            held = victim_leases()  # requests it sent before freezing are answered by now
+            if not held:
+                os.kill(victim.pid, signal.SIGCONT)
+            return held
+
+        held = wait_for(frozen_holding_leases, 60, "the victim to hold a lease", poll_s=0.05)
+        victim.kill()  # SIGKILL: no goodbye, its leases and its unpushed gradients are stranded
+        requeued_before = {s: _requeued(info) for s, (_, info) in hosts_of(daemons).items()}
+        killed_at = updates(daemons)
+
+        # Its leases come back to the queues (dropped with its membership, or expired) ...
+        wait_for(lambda: victim_leases() == 0, 60, "the killed worker's leases to be re-queued")
+        requeued = sum(_requeued(info) - requeued_before[s] for s, (_, info) in hosts_of(daemons).items())
+        assert requeued >= held > 0
+        # ... and training goes on without it.
+        wait_for(lambda: updates(daemons) >= killed_at + 10, 120, "training to go on after the kill")
+
+        # Restarted, it rejoins and gets work again.
+        victim.start(addrs)
+        victim.wait_running()
+        wait_for(lambda: sum(((training(victim).get("worker") or {}).get("tasks") or {}).values()) >= 3, 120,
+                 "the restarted daemon to get work")  # fmt: skip
+
+        wait_for(lambda: updates(daemons) >= UPDATES, 600, f"{UPDATES} updates")
+        hosts = hosts_of(daemons)
+        first_host, last_host = hosts[0][0], hosts[1][0]
+        cursor = hosts[0][1]["data_cursor"]
+
+        # Nothing lost: every micro-batch below stage 0's cursor has finished at stage 0, and
+        # (once stage 1's re-queued work is done) has its loss recorded at the last stage, from
+        # the first one this last-stage host saw (those before went through the daemon that
+        # hosted both stages before the others joined).
+        def all_finished() -> bool:
+            seen = {m for m, _ in training(last_host)["losses"]}
+            return all(m in seen for m in range(min(seen), cursor))
+
+        wait_for(all_finished, 60, f"every micro-batch below {cursor} to have its loss at the last stage")
+        for stage, (_, info) in hosts_of(daemons).items():
+            q = info["queue"]
+            assert q["claimed"] == (q["completed"] + q["requeued_expired"] + q["requeued_failed"]
+                                    + q["requeued_worker_gone"] + q["leased"]), (stage, q)  # fmt: skip
+            assert q["put"] == q["completed"] + q["outstanding"], (stage, q)
+        losses = dict(training(last_host)["losses"])
+        assert first_host is not last_host
+    assert not watch.decreases, f"a parameter-server version went down: {watch.decreases}"
+    assert all(v >= UPDATES for v in watch.highest.values())
+    for daemon in daemons:
+        assert daemon.stop(timeout=60) == 0, daemon.log_tail()
+
+    # The reference: the same model, data and seed, trained synchronously in this process.
+    shape = ModelShape(**{k: v for k, v in DEFAULT_RUN["model"].items()})
+    seed = run_seed(run_id)
+    train, _ = train_eval_split(load_corpus("builtin"), shape.seq_len, seed=seed)
+    mb, batch = DEFAULT_RUN["batch"]["micro_batch"], DEFAULT_RUN["batch"]["sequences"]
+    per_step = batch // mb
+    opt = DEFAULT_RUN["optimizer"]
+    ms = sorted(losses)
+    steps = ms[-1] // per_step + 1
+    settings = TrainSettings(seed=seed, steps=steps, batch_sequences=batch, micro_batch=mb, lr=opt["lr"],
+                             weight_decay=opt["weight_decay"])  # fmt: skip
+    reference, _ = train_reference(shape, train, settings)
+
+    # The loss ends far below where it started (the first step's, from the very same weights) ...
+    quarter = [m for m in ms if m >= ms[-1] * 3 // 4]
+    swarm_end = statistics.mean(losses[m] for m in quarter)
+    start = reference[0].loss
+    assert swarm_end < start - 1.5, (start, swarm_end)
+    # ... and close to the reference's on the same micro-batches.
+    ref_end = statistics.mean(reference[m // per_step].loss for m in quarter)
+    print(f"loss: start {start:.3f}; last quarter swarm {swarm_end:.3f}, reference {ref_end:.3f} "
+          f"over micro-batches {quarter[0]}..{quarter[-1]}")  # fmt: skip
+    assert abs(swarm_end - ref_end) < TOLERANCE_NATS
+
+
+def _requeued(info: dict[str, Any]) -> int:
+    q = info["queue"]
+    return int(q["requeued_expired"] + q["requeued_worker_gone"] + q["requeued_failed"])
