@@ -272,10 +272,30 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     config = _load(args)
     _configure_logging("debug" if args.debug else config.node.log_level)
+    _gather_from_running_daemon(config.node.state_path, args.run_id)
     out_dir, versions = export_run(config.node.state_path, args.run_id, args.out_dir, overwrite=args.overwrite)
     print(f"exported run {args.run_id} (stage weight versions {versions}) to {out_dir}")
     print(f"load it with: AutoModelForCausalLM.from_pretrained({str(out_dir)!r})")
     return 0
+
+
+def _gather_from_running_daemon(state_dir: Path, run_id: str) -> None:
+    """When a daemon of this run runs on ``state_dir``, have it bring every stage's newest
+    checkpoint here first: its stages are spread over the swarm."""
+    from swarmd.control import SOCKET_FILENAME, call
+    from swarmd.errors import ControlError
+
+    socket = state_dir / SOCKET_FILENAME
+    if not socket.exists():
+        return
+    try:
+        status = call(socket, "status")
+        if status.get("run_id") != run_id or not status.get("training"):
+            return
+        print("asking the running daemon for every stage's newest checkpoint ...", flush=True)
+        call(socket, "gather_checkpoints", timeout=150)
+    except ControlError as e:
+        print(f"could not gather stages from the swarm ({e}); exporting what is on this peer", file=sys.stderr)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

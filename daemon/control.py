@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import logging
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,8 @@ MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 # The kernel limits sun_path to 108 bytes.
 MAX_SOCKET_PATH = 107
 
-Handler = Callable[[dict[str, Any]], dict[str, Any]]
+Handler = Callable[[dict[str, Any]], dict[str, Any] | Awaitable[dict[str, Any]]]
+ASYNC_HANDLER_TIMEOUT_S = 120.0
 
 
 class ControlServer:
@@ -93,7 +95,10 @@ class ControlServer:
                 "error": f"unknown command {str(command)[:40]!r}; known: {sorted(self.handlers)}",
             }
         try:
-            return {"ok": True, "result": handler(request)}
+            result = handler(request)
+            if inspect.isawaitable(result):  # work that talks to peers (gathering checkpoints)
+                result = await asyncio.wait_for(result, ASYNC_HANDLER_TIMEOUT_S)
+            return {"ok": True, "result": result}
         except Exception as e:
             logger.exception("Control command %s failed", command)
             return {"ok": False, "error": f"{command} failed: {e}"}

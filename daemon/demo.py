@@ -1,22 +1,33 @@
-"""``swarmd demo``: a local swarm of daemons on 127.0.0.1, shown as it forms and runs.
+"""``swarmd demo``: a local swarm of daemons on 127.0.0.1 that trains the default run together.
 
 It creates the default run (``swarmd.models.presets.DEFAULT_RUN``) with a fresh identity,
-starts the creator's daemon, then the others bootstrapped from it, and prints the swarm as
-each daemon sees it. Everything stays on loopback: no mDNS, no UPnP.
+starts the creator's daemon, then the others bootstrapped from it, and shows the swarm as it
+forms, then training: who hosts which stage, every daemon's share of the work, and the
+swarm's updates, loss and tokens/s (from the host of the last stage, which sees every
+micro-batch finish). The cores are split among the daemons. On Ctrl-C (or after
+``--duration``) the first daemon gathers every stage's newest checkpoint, so that the model
+can be exported from its state directory, and every daemon stops cleanly. Everything stays on
+loopback: no mDNS, no UPnP.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
+from swarmd.control import call
+from swarmd.errors import ControlError
 from swarmd.local_swarm import LocalDaemon, create_run, wait_for
 from swarmd.models.presets import DEFAULT_RUN
 
 logger = logging.getLogger(__name__)
+
+REFRESH_S = 3.0
 
 
 def run_demo(peers: int, duration_s: float) -> int:
@@ -29,9 +40,10 @@ def run_demo(peers: int, duration_s: float) -> int:
     spec_path.write_text(json.dumps(DEFAULT_RUN))
     run_id = create_run(root / "d0", spec_path)
     print(f"run {run_id}  (state and logs in {root})")
-    fast = ["--heartbeat-interval", "2", "--heartbeat-ttl", "8", "--no-benchmark"]
+    threads = max(1, (os.cpu_count() or 1) // peers)
+    fast = ["--heartbeat-interval", "2", "--heartbeat-ttl", "8", "--no-benchmark", "--threads", str(threads)]
     daemons = [LocalDaemon(root / f"d{i}", run_id, fast) for i in range(peers)]
-    trainer: int | None = None
+    trained = False
     try:
         first = daemons[0].start().wait_running()
         print(f"d0 {first['peer_id']} listening on {first['addrs'][0]}")
@@ -49,40 +61,55 @@ def run_demo(peers: int, duration_s: float) -> int:
         from swarmd.cli import main as cli_main
 
         cli_main(["status", "--state-dir", str(daemons[0].state_dir)])
-        print("Training (Ctrl-C to stop)." if duration_s <= 0 else f"Training for {duration_s:.0f} s.")
+        print(f"Training with {threads} torch thread(s) per daemon" +
+              (" (Ctrl-C to stop)." if duration_s <= 0 else f" for {duration_s:.0f} s."))  # fmt: skip
         started = time.monotonic()
         while duration_s <= 0 or time.monotonic() - started < duration_s:
-            time.sleep(2)  # a display refresh, not synchronisation
+            time.sleep(REFRESH_S)  # a display refresh, not synchronisation
             if any(d.proc is not None and d.proc.poll() is not None for d in daemons):
                 print("a daemon exited; see its log in", root)
                 return 1
-            shown = _show_progress(daemons, started)
-            trainer = shown if shown is not None else trainer
-        if trainer is not None:
-            print(f"export the model: swarmd export --run-id {run_id} DIR --state-dir {daemons[trainer].state_dir}")
+            trained = _show_progress(daemons, started) or trained
     except KeyboardInterrupt:
         print()
-        if trainer is not None:
-            print(f"export the model: swarmd export --run-id {run_id} DIR --state-dir {daemons[trainer].state_dir}")
     finally:
-        codes = [d.stop() for d in daemons]  # the trainer checkpoints every stage on the way out
+        if trained:
+            _gather(daemons[0])
+        codes = [d.stop() for d in daemons]  # each host checkpoints its stages on the way out
         print(f"stopped {len(daemons)} daemons, exit codes {codes}")
+    if trained:
+        print(f"export the model: swarmd export --run-id {run_id} DIR --state-dir {daemons[0].state_dir}")
     return 0
 
 
-def _show_progress(daemons: list[LocalDaemon], started: float) -> int | None:
-    """Print one line for the daemon that trains; returns its index."""
-    for i, daemon in enumerate(daemons):
-        status = daemon.status()
-        training = status.get("training") if status else None
-        if training and training["state"] == "training":
-            loss = "-" if training["loss"] is None else f"{training['loss']:.3f}"
-            print(
-                f"[{time.monotonic() - started:6.0f} s] d{i} trains all {training['stages']} stages: "
-                f"update {training['updates']:5d}  loss {loss}  {training['tokens_per_s']:8.0f} tokens/s  "
-                f"{len(status['peers'])} other peer(s) standing by",  # type: ignore[index]
-                flush=True,
-            )
-            return i
-    print(f"[{time.monotonic() - started:6.0f} s] waiting for a daemon to claim the stages", flush=True)
-    return None
+def _gather(daemon: LocalDaemon) -> None:
+    try:
+        result = call(daemon.socket, "gather_checkpoints", timeout=150)
+        print(f"d0 gathered every stage's newest checkpoint (versions {result['versions']})")
+    except ControlError as e:
+        print(f"could not gather the stages on d0 ({e}); export may miss some")
+
+
+def _show_progress(daemons: list[LocalDaemon], started: float) -> bool:
+    """Print one line for the swarm and one per daemon; True once training has started."""
+    statuses = [(d.status() or {}).get("training") or {} for d in daemons]
+    elapsed = f"[{time.monotonic() - started:6.0f} s]"
+    last = next((t for t in statuses if t.get("loss") is not None), None)
+    if last is None:
+        print(f"{elapsed} waiting for the stages to be hosted", flush=True)
+        return False
+    print(f"{elapsed} update {last['updates']:5d}  loss {last['loss']:.3f}  "
+          f"{last['tokens_per_s'] or 0:8.0f} tokens/s  {last['tokens'] or 0:9d} tokens", flush=True)  # fmt: skip
+    for i, t in enumerate(statuses):
+        print(f"         d{i}: {_describe(t)}", flush=True)
+    return True
+
+
+def _describe(training: dict[str, Any]) -> str:
+    if not training:
+        return "no answer"
+    hosting = ", ".join(str(s) for s in training.get("hosting", [])) or "none"
+    worker = training.get("worker") or {}
+    tasks = worker.get("tasks") or {}
+    return (f"hosts stage(s) {hosting:5s} tasks forward {tasks.get('forward', 0):5d} "
+            f"backward {tasks.get('backward', 0):5d} last {tasks.get('last', 0):5d}")  # fmt: skip

@@ -34,7 +34,7 @@ def export_run(state_dir: Path, run_id: str, out_dir: Path, *, overwrite: bool =
         missing = sorted(set(range(max(found) + 1)) - set(found))
         raise SwarmdError(
             f"stage checkpoints {missing} of run {run_id} are not on this peer (in {folder}); "
-            "export from a peer that serves every stage"
+            "run swarmd export while this peer's daemon runs: it fetches every stage from the swarm"
         )
     versions, parts = [], []
     for stage in found:

@@ -91,7 +91,10 @@ class Node:
         self._lan_dials: set[asyncio.Task[int]] = set()
         self._lock = StateDirLock(self.state_dir)
         self._liveness = LivenessPipe()
-        self._control = ControlServer(self.state_dir / SOCKET_FILENAME, {"status": self.status, "peers": self.peers})
+        self._control = ControlServer(
+            self.state_dir / SOCKET_FILENAME,
+            {"status": self.status, "peers": self.peers, "gather_checkpoints": self.gather_checkpoints},
+        )
         self._exit_code = 0
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -515,6 +518,12 @@ class Node:
                 "handler_errors": self.rpc.counters.handler_errors,
             },
         }  # fmt: skip
+
+    async def gather_checkpoints(self, request: dict[str, Any]) -> dict[str, Any]:
+        """For ``swarmd export``: every stage's newest checkpoint, written to our state directory."""
+        if self.trainer is None:
+            raise SwarmdError("this daemon does not train; export from the state directory as it is")
+        return {"run_id": self.run_id, "versions": await self.trainer.gather_checkpoints()}
 
     def peers(self, request: dict[str, Any]) -> dict[str, Any]:
         now = time.time()

@@ -49,6 +49,7 @@ logger = logging.getLogger(__name__)
 
 MAX_LOSSES_KEPT = 8192
 MAX_FINISHED_KEPT = 4096
+MIN_CHECKPOINT_GAP_S = 5.0
 
 
 class StageRequestError(SwarmdError):
@@ -150,7 +151,8 @@ class StageHost:
         self.stats = HostStats()
         self.losses: deque[tuple[int, float]] = deque(maxlen=MAX_LOSSES_KEPT)
         self._history: OrderedDict[int, bytes] = OrderedDict()
-        self._server_lock = asyncio.Lock()
+        self.server_lock = asyncio.Lock()
+        self._last_checkpoint = -MIN_CHECKPOINT_GAP_S
         cursor = int(self.server.metadata.get("data_cursor", "0"))
         done = self.server.metadata.get("data_done", "")
         self._finished = {int(m) for m in done.split(",") if m}
@@ -223,6 +225,8 @@ class StageHost:
             return await self._weights(header)
         if method == "info":
             return self.info(), []
+        if method == "checkpoint":
+            return {"version": await self.checkpoint_now()}, []
         if header.get("epoch") != self.epoch or self.epoch is None:
             raise StageRequestError(f"stage {self.stage}: request for epoch {str(header.get('epoch'))[:20]}; "
                                     f"this host is at {self.epoch}; refresh the stage holders")  # fmt: skip
@@ -325,7 +329,7 @@ class StageHost:
         for lid in lease_ids:  # hold them through the update
             self.queue.renew(lid, worker, now)
         gradients = await asyncio.to_thread(deserialize_tensors, blobs[0], self.param_shapes, "gradient")
-        async with self._server_lock:
+        async with self.server_lock:
             result = await asyncio.to_thread(self.server.push, gradients, base, len(lease_ids))
             if result.stepped:
                 await self._remember_version()
@@ -352,6 +356,14 @@ class StageHost:
             self._history.popitem(last=False)
 
     # --- state ----------------------------------------------------------------------------
+
+    async def checkpoint_now(self) -> int:
+        """Write a checkpoint now (for an export), at most once per ``MIN_CHECKPOINT_GAP_S``."""
+        async with self.server_lock:
+            if time.monotonic() - self._last_checkpoint >= MIN_CHECKPOINT_GAP_S:
+                await asyncio.to_thread(self.server.checkpoint)
+                self._last_checkpoint = time.monotonic()
+            return self.server.version
 
     def close(self) -> Path | None:
         """On stop: step on the gradients summed so far (none is lost), then checkpoint."""

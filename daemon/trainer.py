@@ -295,6 +295,24 @@ class Trainer:
         self.epoch = None
         self.state = "stopped"
 
+    async def gather_checkpoints(self) -> list[int | None]:
+        """Bring every stage's newest checkpoint here (for export): ours written now, the
+        others fetched from their hosts or whoever holds a newer copy."""
+        versions: list[int | None] = []
+        for stage in range(self.stages):
+            host = self.hosts.get(stage)
+            if host is not None:
+                versions.append(await host.checkpoint_now())
+                continue
+            holder = self.holders[stage]
+            try:  # have the host write its current state first
+                await self._request(stage, "checkpoint", {}, [])
+            except SwarmdError as e:
+                logger.warning("The host of stage %d did not checkpoint (%s); taking the newest copy", stage, e)
+            sources = [p for p in [holder.peer_id if holder else None, *(m["peer_id"] for m in self.members())] if p]
+            versions.append(await self.replicator.fetch_newest(stage, list(dict.fromkeys(sources))))
+        return versions
+
     # --- status -----------------------------------------------------------------------------
 
     def _sample_rate(self) -> None:

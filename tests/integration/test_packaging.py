@@ -32,7 +32,7 @@ CONFIG_KEYS = {
         "join_timeout_s",
     },
     "heartbeat": {"interval_s", "ttl_s"},
-    "compute": {"device", "benchmark", "train"},
+    "compute": {"device", "benchmark", "train", "threads"},
 }
 
 needs_bash = pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")

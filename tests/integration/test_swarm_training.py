@@ -177,7 +177,7 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
         assert daemon.stop(timeout=60) == 0, daemon.log_tail()
 
     # The reference: the same model, data and seed, trained synchronously in this process.
-    shape = ModelShape(**{k: v for k, v in DEFAULT_RUN["model"].items()})
+    shape = ModelShape.from_dict(DEFAULT_RUN["model"])
     seed = run_seed(run_id)
     train, _ = train_eval_split(load_corpus("builtin"), shape.seq_len, seed=seed)
     mb, batch = DEFAULT_RUN["batch"]["micro_batch"], DEFAULT_RUN["batch"]["sequences"]

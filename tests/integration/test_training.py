@@ -36,7 +36,7 @@ async def main(addr, run_id):
 asyncio.run(main(*sys.argv[1:]))
 """
 
-TRAINING = ["--heartbeat-interval", "1", "--heartbeat-ttl", "8", "--no-benchmark"]
+TRAINING = ["--heartbeat-interval", "1", "--heartbeat-ttl", "8", "--no-benchmark", "--threads", "1"]
 
 
 def training(daemon: LocalDaemon) -> dict[str, Any]:
@@ -44,36 +44,41 @@ def training(daemon: LocalDaemon) -> dict[str, Any]:
     return (status or {}).get("training") or {}
 
 
-def test_one_daemon_trains_and_hands_over_on_stop(workdir: Path, make_run: Callable[..., str]) -> None:
+def hosted(daemon: LocalDaemon) -> dict[int, int]:
+    """Stage -> parameter-server version, for the stages this daemon hosts."""
+    return {int(s): h["version"] for s, h in (training(daemon).get("hosts") or {}).items()}
+
+
+def test_stages_spread_as_daemons_join_and_come_back_as_they_leave(workdir: Path, make_run: Callable[..., str]) -> None:
     run_id = make_run(workdir / "d0")
     d0 = LocalDaemon(workdir / "d0", run_id, TRAINING)
     d1 = LocalDaemon(workdir / "d1", run_id, TRAINING)
     try:
+        # Alone, a daemon hosts every stage and trains the whole model.
         d0.start()
         addrs = d0.wait_running()["addrs"]
-        wait_for(lambda: training(d0).get("updates", 0) >= 3, 90, "d0 to make 3 updates")
-        first = training(d0)
-        assert first["state"] == "training" and first["loss"] is not None
+        wait_for(lambda: min(hosted(d0).values(), default=0) >= 3, 90, "d0 to make 3 updates on both stages")
+        assert sorted(hosted(d0)) == [0, 1] and training(d0)["loss"] is not None
+        assert d0.status()["roles"] == ["worker"]
 
+        # A second daemon joins: d0 hands stage 1 over, d1 resumes it from d0's version, both work.
+        before = hosted(d0)
         d1.start(addrs)
         d1_id = d1.wait_running()["peer_id"]
-        wait_for(lambda: training(d1).get("holder") == d0.status()["peer_id"], 30, "d1 to see d0 holding the stages")
-        assert training(d1)["state"] == "waiting"
-        wait_for(lambda: d1_id in d0.seen_peers(), 30, "d0 to see d1 (its standby)")
+        wait_for(lambda: sorted(hosted(d1)) == [1] and sorted(hosted(d0)) == [0], 60, "the stages to spread")
+        assert hosted(d1)[1] >= before[1], "the new host resumed from the old one's checkpoint"
+        wait_for(lambda: sum(training(d1)["worker"]["tasks"].values()) >= 5, 60, "d1 to work")
+        spread = hosted(d0)[0]
+        wait_for(lambda: hosted(d0).get(0, 0) >= spread + 3, 60, "training to go on, spread over two daemons")
+        assert training(d0)["holders"] == [d0.status()["peer_id"], d1_id]
 
+        # d0 leaves: its last checkpoint goes to d1 (its standby), which takes stage 0 back.
         assert d0.stop(timeout=60) == 0, d0.log_tail()
-        # d0 checkpointed every stage on the way out, at the update it had reached.
-        versions = [read_checkpoint_weights(run_checkpoint_dir(d0.state_dir, run_id) / f"stage{s}.safetensors")[0]
-                    for s in (0, 1)]  # fmt: skip
-        assert min(versions) >= 3
-        # ... and copied them to its standby, d1, before releasing the stages.
-        copies = [checkpoint_version(run_checkpoint_dir(d1.state_dir, run_id) / f"stage{s}.safetensors")
-                  for s in (0, 1)]  # fmt: skip
-        assert copies == versions
-        # Its leases were released, not left to expire: d1 claims the stages and trains on from
-        # where d0 stopped, not from scratch.
-        wait_for(lambda: training(d1).get("updates", 0) > min(versions), 60, "d1 to train on from d0's updates")
-        assert training(d1)["holder"] == d1_id and training(d1)["state"] == "training"
+        final = read_checkpoint_weights(run_checkpoint_dir(d0.state_dir, run_id) / "stage0.safetensors")[0]
+        assert checkpoint_version(run_checkpoint_dir(d1.state_dir, run_id) / "stage0.safetensors") == final
+        wait_for(lambda: sorted(hosted(d1)) == [0, 1], 60, "d1 to host both stages")
+        assert hosted(d1)[0] >= final
+        wait_for(lambda: hosted(d1)[0] > final, 60, "d1 to train on from d0's updates")
 
         # A peer that holds no stage cannot plant weights on anyone: refused and counted.
         planted = subprocess.run([sys.executable, "-c", PLANT, d1.status()["addrs"][0], run_id],
@@ -81,6 +86,31 @@ def test_one_daemon_trains_and_hands_over_on_stop(workdir: Path, make_run: Calla
         assert planted.returncode == 0, planted.stderr[-2000:]
         assert "does not hold stage 0" in planted.stdout
         assert d1.status()["standby_copies"]["refused"] == 1
+    finally:
+        for d in (d0, d1):
+            d.stop(timeout=60)
+
+
+def test_export_gathers_the_stages_from_the_swarm(workdir: Path, make_run: Callable[..., str]) -> None:
+    run_id = make_run(workdir / "d0")
+    d0 = LocalDaemon(workdir / "d0", run_id, TRAINING)
+    d1 = LocalDaemon(workdir / "d1", run_id, TRAINING)
+    try:
+        addrs = d0.start().wait_running()["addrs"]
+        d1.start(addrs).wait_running()
+        wait_for(lambda: sorted(hosted(d1)) == [1] and min(hosted(d0).values(), default=0) >= 2, 90,
+                 "the stages to spread and train")  # fmt: skip
+        # d0 holds stage 1 only as it was when it handed it over (if at all): the export must fetch it.
+        stale = checkpoint_version(run_checkpoint_dir(d0.state_dir, run_id) / "stage1.safetensors") or 0
+        wait_for(lambda: hosted(d1)[1] > stale, 60, "stage 1 to move on at d1")
+        out = workdir / "exported"
+        export = [sys.executable, "-m", "swarmd", "export", "--run-id", run_id, str(out)]
+        export += ["--state-dir", str(d0.state_dir)]
+        result = subprocess.run(export, capture_output=True, text=True, timeout=180)
+        assert result.returncode == 0, result.stderr[-2000:]
+        versions = [int(v) for v in result.stdout.split("versions [")[1].split("]")[0].split(",")]
+        assert min(versions) >= 2 and versions[1] > stale, result.stdout
+        assert (out / "config.json").exists()
     finally:
         for d in (d0, d1):
             d.stop(timeout=60)

@@ -126,6 +126,7 @@ def test_hosted_pipeline_learns_like_the_reference(
 def test_a_vanished_worker_costs_no_micro_batch(train: Dataset, tmp_path: Path) -> None:
     swarm = Swarm(train, tmp_path, stages=2, workers=2, lease_s=1.0)
     quitter, stayer = swarm.workers
+
     # The quitter works alone for a while, then stops dead: its leases and sums are stranded.
     def quitter_holds_leases() -> bool:
         return swarm.updates() >= 3 and sum(swarm.hosts[1].queue.leases_by_worker().values()) > 0
@@ -133,6 +134,7 @@ def test_a_vanished_worker_costs_no_micro_batch(train: Dataset, tmp_path: Path) 
     asyncio.run(swarm.run_until(quitter_holds_leases, [quitter], vanish=True))
     stranded = sum(h.queue.counters().leased for h in swarm.hosts)
     assert stranded > 0
+
     def requeued() -> int:
         return sum(h.queue.counters().requeued_expired for h in swarm.hosts)
 

@@ -1,0 +1,29 @@
+"""``swarmd demo``, the README's first command: a local swarm that trains, shown, then stopped cleanly."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+
+def test_demo_trains_with_two_daemons_and_stops_them() -> None:
+    result = subprocess.run([sys.executable, "-m", "swarmd", "demo", "--peers", "2", "--duration", "25"],
+                            capture_output=True, text=True, timeout=280)  # fmt: skip
+    out = result.stdout
+    state = re.search(r"state and logs in (\S+)\)", out)
+    if state:
+        shutil.rmtree(state.group(1), ignore_errors=True)
+    assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
+    progress = [(int(m.group(1)), float(m.group(2))) for m in re.finditer(r"update\s+(\d+)\s+loss ([\d.]+)", out)]
+    assert len(progress) >= 2, out[-3000:]
+    assert progress[-1][0] > progress[0][0]  # updates grow while it runs
+    assert re.search(r"d0: hosts stage\(s\) \d", out) and re.search(r"d1: hosts stage\(s\) \d", out), out[-3000:]
+    assert "stopped 2 daemons, exit codes [0, 0]" in out
+    assert "gathered every stage's newest checkpoint" in out and "swarmd export --run-id" in out
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,64 @@
+"""peers/stage_assignment.py: fair shares of stages, the same answer on every peer."""
+
+from __future__ import annotations
+
+from swarmd.peers.stage_assignment import Trainer, decide, epoch_of, fair_share
+from swarmd.peers.stage_leases import StageLease
+
+T0 = 1_700_000_000.0
+
+
+def lease(stage: int, peer: str, claimed_at: float = T0) -> StageLease:
+    return StageLease(run_id="r.x", stage=stage, peer_id=peer, claimed_at=claimed_at, issued_at=T0, expires_at=T0 + 30)
+
+
+def test_fair_share() -> None:
+    assert [fair_share(2, n) for n in (0, 1, 2, 3, 4)] == [2, 2, 1, 1, 1]
+    assert [fair_share(5, n) for n in (1, 2, 3)] == [5, 3, 2]
+
+
+def test_a_peer_alone_claims_every_free_stage() -> None:
+    d = decide("a", [None, None, None], [Trainer("a", 5)], [0, 0, 0], grace_s=10)
+    assert d.claim == (0, 1, 2) and d.release == ()
+
+
+def test_free_stages_go_to_the_fewest_held_then_longest_uptime() -> None:
+    trainers = [Trainer("a", 100), Trainer("b", 50), Trainer("c", 10)]
+    holders = [lease(0, "a"), None, None]
+    # b (fewest held, longer uptime than c) gets stage 1, then c gets stage 2: each peer agrees.
+    assert decide("b", holders, trainers, [0, 0, 0], 10).claim == (1,)
+    assert decide("c", holders, trainers, [0, 0, 0], 10).claim == (2,)
+    assert decide("a", holders, trainers, [0, 0, 0], 10).claim == ()
+
+
+def test_after_the_grace_anyone_within_its_share_may_claim() -> None:
+    trainers = [Trainer("a", 100), Trainer("b", 50)]
+    holders = [lease(0, "a"), None]
+    assert decide("a", holders, trainers, [0, 5], 10).claim == ()  # b's turn
+    assert decide("a", holders, trainers, [0, 11], 10).claim == ()  # a already holds its share (1)
+    three = [lease(0, "a"), None, None]  # share 2: stage 1 is b's, stage 2 a's
+    assert decide("a", three, trainers, [0, 0, 0], 10).claim == (2,)
+    assert decide("a", three, trainers, [0, 11, 11], 10).claim == (1,)  # b is slow: a takes stage 1 instead
+
+
+def test_a_peer_over_its_share_hands_over_its_highest_stage_one_per_round() -> None:
+    holders = [lease(0, "a"), lease(1, "a"), lease(2, "a"), lease(3, "a")]
+    d = decide("a", holders, [Trainer("a", 100), Trainer("b", 1)], [0] * 4, 10)
+    assert d.release == (3,) and d.claim == ()
+    # Within its share, a peer keeps what it has: no flapping.
+    assert decide("a", holders[:2] + [lease(2, "b"), lease(3, "b")], [Trainer("a", 1), Trainer("b", 9)],
+                  [0] * 4, 10).release == ()  # fmt: skip
+
+
+def test_departed_holders_do_not_count_and_unknown_self_is_included() -> None:
+    # "a" is not in the member list (it does not see itself) yet must count as a trainer.
+    d = decide("a", [None, None], [Trainer("b", 5)], [0, 0], 10)
+    assert d.claim == (1,)  # b (longer uptime) is designated first, then a
+
+
+def test_epoch_names_the_hosting() -> None:
+    one = [lease(0, "a"), lease(1, "b")]
+    assert epoch_of(one) == epoch_of(list(one))
+    assert epoch_of(one) != epoch_of([lease(0, "a"), lease(1, "c")])
+    assert epoch_of(one) != epoch_of([lease(0, "a"), lease(1, "b", claimed_at=T0 + 1)])  # re-claimed
+    assert epoch_of([lease(0, "a"), None]) is None
