@@ -47,6 +47,7 @@ IDLE_MIN_S, IDLE_MAX_S = 0.005, 0.1
 FLUSH_IDLE_S = 0.05
 PUT_RETRY_S = 10.0
 STAGE_BACKOFF_S = 0.5
+FAILURE_BACKOFF_S, MAX_FAILURE_BACKOFF_S = 0.1, 2.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,6 +111,7 @@ class PipelineWorker:
         self._ready = [1] * s.stages
         self._backoff_until = [0.0] * s.stages
         self._current_epoch: str | None = None
+        self._failures = 0  # tasks failed in a row
 
     # --- the loop ----------------------------------------------------------------------------
 
@@ -118,7 +120,11 @@ class PipelineWorker:
         while not stop.is_set():
             epoch = self._epoch()
             if epoch != self._current_epoch:
-                self._forget_held()  # the hosts dropped those leases with the old epoch
+                # The hosts dropped those leases with the old epoch, and a stage that changed
+                # hands may have resumed at an older version: weights cached here are void.
+                self._forget_held()
+                for worker in self._workers:
+                    worker.forget_versions()
                 self._current_epoch = epoch
             if epoch is None:
                 await self._wait(stop, 0.2)
@@ -171,9 +177,14 @@ class PipelineWorker:
                 continue
             try:
                 await self._run_task(s, epoch, answer, blobs)
+                self._failures = 0
             except SwarmdError as e:
                 logger.info("stage %d task %s failed: %s; handing it back", s, answer["lease_id"], e)
                 await self._fail(s, epoch, [answer["lease_id"]])
+                # A peer that cannot be reached fails fast: do not spin on it until the swarm
+                # notices it is gone.
+                self._failures += 1
+                await asyncio.sleep(min(FAILURE_BACKOFF_S * 2 ** (self._failures - 1), MAX_FAILURE_BACKOFF_S))
             return True
         return False
 

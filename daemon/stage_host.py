@@ -328,11 +328,19 @@ class StageHost:
                                     "its micro-batches are being recomputed")  # fmt: skip
         for lid in lease_ids:  # hold them through the update
             self.queue.renew(lid, worker, now)
-        gradients = await asyncio.to_thread(deserialize_tensors, blobs[0], self.param_shapes, "gradient")
-        async with self.server_lock:
-            result = await asyncio.to_thread(self.server.push, gradients, base, len(lease_ids))
-            if result.stepped:
-                await self._remember_version()
+        try:
+            gradients = await asyncio.to_thread(deserialize_tensors, blobs[0], self.param_shapes, "gradient")
+            async with self.server_lock:
+                result = await asyncio.to_thread(self.server.push, gradients, base, len(lease_ids))
+                if result.stepped:
+                    await self._remember_version()
+        except SwarmdError:  # a bad gradient, or one on weights this server never had: redo them
+            now = time.time()
+            for lid in lease_ids:
+                if self.queue.holds(lid, worker, now):
+                    self.queue.fail(lid, worker, now)
+            self.stats.pushes_refused += 1
+            raise
         now = time.time()
         for i, lid in enumerate(lease_ids):
             task = self.queue.complete(lid, worker, now, finishes_micro_batch=True)

@@ -47,6 +47,8 @@ STAGE_METHOD = "stage"
 REQUEST_TIMEOUT_S = 30.0
 MAX_CHECKPOINT_SOURCES = 6
 WORKER_STOP_TIMEOUT_S = 15.0
+CHECKPOINT_EVERY = 10
+"""Updates between a host's checkpoints, each copied to the standby: what a killed host can lose."""
 BATCHES_AHEAD = 1
 """Batches stage 0 starts beyond the one being summed: overlap at the price of staleness
 (0 measured 4x slower on one machine's 4 daemons; 1 costs ~0.1 nats at equal tokens early on)."""
@@ -97,6 +99,7 @@ class Trainer:
         self._free_since: list[float | None] = [None] * self.stages
         self._last_holder: list[str | None] = [None] * self.stages
         self._seen_members: set[str] = set()
+        self._departed: dict[str, float] = {}  # peer -> when its heartbeat went: its leases are void
         self._pushed: dict[int, int] = {}
         self._replicating: asyncio.Task[None] | None = None
         self._worker_task: asyncio.Task[None] | None = None
@@ -121,7 +124,18 @@ class Trainer:
                 return
         now = time.time()
         scans = await asyncio.gather(*(self.dht.scan_leases(s, now) for s in range(self.stages)))
-        holders = [resolve_holder(leases, now) for leases in scans]
+        members = self.members()
+        # A holder we saw whose heartbeat is gone (killed, cut off) frees its stages now, not when
+        # its lease runs out: membership notices within a heartbeat TTL. (One we never saw may
+        # just not be in our first scans yet.)
+        live = {m["peer_id"] for m in members}
+        for peer in self._seen_members - live:
+            self._departed[peer] = now
+            for host in self.hosts.values():
+                host.drop_worker(peer)  # its leases go back to the queues now
+        self._seen_members = live
+        self._departed = {p: t for p, t in self._departed.items() if p not in live and now - t < LEASE_TTL_S}
+        holders = [resolve_holder([x for x in leases if x.peer_id not in self._departed], now) for leases in scans]
         for s, lease in enumerate(holders):
             if lease is not None:
                 self._last_holder[s] = lease.peer_id
@@ -131,7 +145,6 @@ class Trainer:
             if s in self._claimed and lease is not None and lease.peer_id != self.own:
                 logger.info("Stage %d went to %s (an earlier claim); withdrawing ours", s, lease.peer_id)
                 del self._claimed[s]
-        members = self.members()
         trainers = [TrainingPeer(m["peer_id"], m["uptime_s"]) for m in members if "worker" in m["roles"]]
         free_for = [0.0 if since is None else now - since for since in self._free_since]
         decision = decide(self.own, holders, trainers, free_for, CLAIM_GRACE_S)
@@ -156,11 +169,6 @@ class Trainer:
         self.epoch = epoch_of(holders) if all(
             lease is not None and (lease.peer_id != self.own or lease.stage in self.hosts) for lease in holders
         ) else None  # fmt: skip
-        live = {m["peer_id"] for m in members}
-        for gone in self._seen_members - live:
-            for host in self.hosts.values():
-                host.drop_worker(gone)
-        self._seen_members = live
         for host in self.hosts.values():
             host.set_epoch(self.epoch)
         self._start_worker()
@@ -190,7 +198,7 @@ class Trainer:
         settings = HostSettings(
             run_id=self.spec.run_id, stage=stage, stages=self.stages, shape=s.model, seed=run_seed(self.spec.run_id),
             micro_batch=s.micro_batch, lr=s.lr, weight_decay=s.weight_decay, max_staleness=s.max_staleness,
-            accumulate=accumulate_of(self.spec), max_in_flight=self.max_in_flight,
+            accumulate=accumulate_of(self.spec), max_in_flight=self.max_in_flight, checkpoint_every=CHECKPOINT_EVERY,
             batches_ahead=BATCHES_AHEAD,
         )  # fmt: skip
         try:

@@ -66,6 +66,11 @@ class StageWorker:
         while len(self._versions) > self.keep_versions:
             self._versions.popitem(last=False)
 
+    def forget_versions(self) -> None:
+        """Drop every kept weights version (the stage's server changed: its versions are another lineage)."""
+        self._versions.clear()
+        self._loaded = None
+
     @property
     def newest_version(self) -> int | None:
         return max(self._versions) if self._versions else None

@@ -7,8 +7,8 @@ single-process synchronous reference, then with the in-process pipeline at each 
 (one parameter server, task queue and worker per stage; fp16 wire frames between stages), all
 with the same torch thread count. Prints tokens/s, the ratio to the reference, where the
 pipeline's time went (compute, wire encode/decode, queue bookkeeping, the rest) and the final
-loss of both. Figures only; nothing is asserted. The multi-daemon version of this benchmark
-comes with the distributed data path.
+loss of both. Figures only; nothing is asserted. Real daemons over the network data path:
+``bench_swarm.py``.
 """
 
 from __future__ import annotations

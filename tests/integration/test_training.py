@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -91,29 +91,52 @@ def test_stages_spread_as_daemons_join_and_come_back_as_they_leave(workdir: Path
             d.stop(timeout=60)
 
 
-def test_export_gathers_the_stages_from_the_swarm(workdir: Path, make_run: Callable[..., str]) -> None:
+@pytest.fixture
+def pair(workdir: Path, make_run: Callable[..., str]) -> Iterator[tuple[str, LocalDaemon, LocalDaemon]]:
+    """Two training daemons of a fresh run, both running; stopped afterwards."""
     run_id = make_run(workdir / "d0")
     d0 = LocalDaemon(workdir / "d0", run_id, TRAINING)
     d1 = LocalDaemon(workdir / "d1", run_id, TRAINING)
     try:
         addrs = d0.start().wait_running()["addrs"]
         d1.start(addrs).wait_running()
-        wait_for(lambda: sorted(hosted(d1)) == [1] and min(hosted(d0).values(), default=0) >= 2, 90,
-                 "the stages to spread and train")  # fmt: skip
-        # d0 holds stage 1 only as it was when it handed it over (if at all): the export must fetch it.
-        stale = checkpoint_version(run_checkpoint_dir(d0.state_dir, run_id) / "stage1.safetensors") or 0
-        wait_for(lambda: hosted(d1)[1] > stale, 60, "stage 1 to move on at d1")
-        out = workdir / "exported"
-        export = [sys.executable, "-m", "swarmd", "export", "--run-id", run_id, str(out)]
-        export += ["--state-dir", str(d0.state_dir)]
-        result = subprocess.run(export, capture_output=True, text=True, timeout=180)
-        assert result.returncode == 0, result.stderr[-2000:]
-        versions = [int(v) for v in result.stdout.split("versions [")[1].split("]")[0].split(",")]
-        assert min(versions) >= 2 and versions[1] > stale, result.stdout
-        assert (out / "config.json").exists()
+        yield run_id, d0, d1
     finally:
         for d in (d0, d1):
             d.stop(timeout=60)
+
+
+def test_a_killed_stage_host_is_replaced_from_its_standby_copy(pair: tuple[str, LocalDaemon, LocalDaemon]) -> None:
+    run_id, d0, d1 = pair
+    wait_for(lambda: hosted(d1).get(1, 0) >= 25, 120, "d1 to host stage 1 through 25 updates")
+    # d1 copies each checkpoint (every 10 updates) to its standby, d0.
+    copies = run_checkpoint_dir(d0.state_dir, run_id) / "stage1.safetensors"
+    wait_for(lambda: (checkpoint_version(copies) or 0) >= 20, 30, "a standby copy of stage 1 at d0")
+    at_kill = hosted(d1)[1]
+    d1.kill()  # SIGKILL: no release, no last checkpoint
+    # d0 sees d1's heartbeat go (TTL 8 s), voids its lease, and hosts stage 1 from the copy.
+    wait_for(lambda: sorted(hosted(d0)) == [0, 1], 60, "d0 to take stage 1 over")
+    resumed = hosted(d0)[1]
+    print(f"stage 1 was at version {at_kill} when its host was killed; resumed at {resumed}")
+    assert at_kill - 20 <= resumed <= at_kill  # at most a checkpoint interval and a copy round lost
+    wait_for(lambda: hosted(d0)[1] > at_kill, 60, "training to go on past the kill")
+
+
+def test_export_gathers_the_stages_from_the_swarm(workdir: Path, pair: tuple[str, LocalDaemon, LocalDaemon]) -> None:
+    run_id, d0, d1 = pair
+    wait_for(lambda: sorted(hosted(d1)) == [1] and min(hosted(d0).values(), default=0) >= 2, 90,
+             "the stages to spread and train")  # fmt: skip
+    # d0 holds stage 1 only as it was when it handed it over (if at all): the export must fetch it.
+    stale = checkpoint_version(run_checkpoint_dir(d0.state_dir, run_id) / "stage1.safetensors") or 0
+    wait_for(lambda: hosted(d1)[1] > stale, 60, "stage 1 to move on at d1")
+    out = workdir / "exported"
+    export = [sys.executable, "-m", "swarmd", "export", "--run-id", run_id, str(out)]
+    export += ["--state-dir", str(d0.state_dir)]
+    result = subprocess.run(export, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-2000:]
+    versions = [int(v) for v in result.stdout.split("versions [")[1].split("]")[0].split(",")]
+    assert min(versions) >= 2 and versions[1] > stale, result.stdout
+    assert (out / "config.json").exists()
 
 
 def test_a_corpus_missing_here_fails_training_not_the_daemon(workdir: Path) -> None:
