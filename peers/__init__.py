@@ -10,6 +10,7 @@
 - ``tensor_wire`` tensors on the wire: fp16/bf16 frames checked against the plan
 - ``task_queue``  a stage's micro-batch task queue: leases, re-queues, bounded memory
 - ``stage_leases`` which peer serves which stage: signed leases and the claim-settling rule
+- ``stage_assignment`` who should host which stage: fair shares, the run's hosting epoch
 - ``stage_rpc``   data-path requests over hivemind P2P streams: framed, bounded, counted
 
 Nothing here imports the daemon's modules (only ``swarmd.errors``): decisions and protocols

@@ -18,6 +18,7 @@ import os
 import signal
 import statistics
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,10 +38,11 @@ UPDATES = 200
 KILL_AT = 60
 # Asynchronous updates (gradients 1-2 versions stale: stage 0 may start one batch ahead of the
 # one its server is summing) learn slower per token than the synchronous reference. This much
-# (nats, mean over the last quarter of micro-batches) is what we accept; measured 0.30 with
-# four daemons on two cores. A synchronous pipeline (batches_ahead 0) tracks the reference
-# within 0.02 (tests/unit/test_stage_hosts.py) but ran 4x slower here.
-TOLERANCE_NATS = 0.4
+# (nats, mean over the last quarter of micro-batches) is what we accept; measured 0.10, 0.20,
+# 0.30 and 0.32 in four runs with four daemons on two cores (it varies with the interleaving).
+# A synchronous pipeline (batches_ahead 0) tracks the reference within 0.02
+# (tests/unit/test_stage_hosts.py) but ran 4x slower here.
+TOLERANCE_NATS = 0.5
 
 
 def training(daemon: LocalDaemon) -> dict[str, Any]:
@@ -114,6 +116,7 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
     wait_for(lambda: len({d.status()["peer_id"] for d, _ in hosts_of(daemons).values()}) == 2, 60,
              "the two stages to be hosted by two different daemons")  # fmt: skip
 
+    started = time.monotonic()
     with VersionWatch(daemons) as watch:
         wait_for(lambda: updates(daemons) >= KILL_AT, 300, f"{KILL_AT} updates")
         hosting = {ids.index(d.status()["peer_id"]) for d, _ in hosts_of(daemons).values()}
@@ -151,6 +154,7 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
                  "the restarted daemon to get work")  # fmt: skip
 
         wait_for(lambda: updates(daemons) >= UPDATES, 600, f"{UPDATES} updates")
+        print(f"\n{UPDATES} updates in {time.monotonic() - started:.0f} s, a kill and a restart included")
         hosts = hosts_of(daemons)
         first_host, last_host = hosts[0][0], hosts[1][0]
         cursor = hosts[0][1]["data_cursor"]
@@ -170,6 +174,8 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
                                     + q["requeued_worker_gone"] + q["leased"]), (stage, q)  # fmt: skip
             assert q["put"] == q["completed"] + q["outstanding"], (stage, q)
         losses = dict(training(last_host)["losses"])
+        for stage, (_, info) in sorted(hosts_of(daemons).items()):
+            print(f"stage {stage}: server {info['server']}, host {info['host']}")
         assert first_host is not last_host
     assert not watch.decreases, f"a parameter-server version went down: {watch.decreases}"
     assert all(v >= UPDATES for v in watch.highest.values())
