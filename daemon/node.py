@@ -31,7 +31,7 @@ from swarmd.peers.membership import Membership
 from swarmd.peers.run_spec import SignedRunSpec, check_run_id
 from swarmd.peers.stage_rpc import Answer, RpcServer
 from swarmd.peers.swarm_dht import SPEC_TTL_S, BootstrapError, SwarmDHT
-from swarmd.replication import FETCH_METHOD, StageReplicator, choose_standby
+from swarmd.replication import FETCH_METHOD, LOG_METHOD, StageReplicator, choose_standby
 from swarmd.replication import METHOD as REPLICATE_METHOD
 from swarmd.state_dir import (
     StateDirLock,
@@ -242,6 +242,7 @@ class Node:
         self.rpc = RpcServer({
             REPLICATE_METHOD: self.replicator.handle,
             FETCH_METHOD: self.replicator.serve_checkpoint,
+            LOG_METHOD: self.replicator.handle_log,
             STAGE_METHOD: self._serve_stage,
         })  # fmt: skip
         await self.rpc.attach(self._p2p)
@@ -511,7 +512,8 @@ class Node:
             "rejected_records": self.rejected_records,
             "peers": self.membership.snapshot(now) if self.membership is not None else [],
             "training": self.trainer.status() if self.trainer is not None else None,
-            "standby_copies": {"received": self.replicator.received, "refused": self.replicator.refused}
+            "standby_copies": {"received": self.replicator.received, "refused": self.replicator.refused,
+                               "logged": self.replicator.logged}
             if self.replicator is not None else None,
             "rpc": None if self.rpc is None else {
                 "requests": self.rpc.counters.requests, "refused": self.rpc.counters.refused,

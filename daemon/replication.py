@@ -21,21 +21,32 @@ from pathlib import Path
 from typing import Any
 
 from swarmd.errors import SwarmdError
-from swarmd.models.param_server import checkpoint_version, read_checkpoint_weights, stage_checkpoint_name
+from swarmd.models.param_server import (
+    checkpoint_log_seq,
+    checkpoint_version,
+    read_checkpoint_weights,
+    stage_checkpoint_name,
+)
 from swarmd.peers.stage_leases import resolve_holder
 from swarmd.peers.stage_rpc import Answer, call
 from swarmd.peers.swarm_dht import SwarmDHT
+from swarmd.push_log import PushLog
 
 logger = logging.getLogger(__name__)
 
 METHOD = "replicate_stage"
+LOG_METHOD = "stage_log"
 FETCH_METHOD = "stage_checkpoint"
+HOLDER_CACHE_S = 5.0
+LOG_ENTRIES_PER_ANSWER = 16
 PUSH_TIMEOUT_S = 60.0
 ASK_TIMEOUT_S = 5.0
 
 
 class StageReplicator:
     def __init__(self, run_id: str, stages: int, checkpoint_dir: Path, dht: SwarmDHT) -> None:
+        self._holder_checked: dict[tuple[int, str], float] = {}
+        self.logged = 0
         self.run_id = run_id
         self.stages = stages
         self.checkpoint_dir = checkpoint_dir
@@ -54,14 +65,36 @@ class StageReplicator:
         if type(version) is not int or version < 0 or len(blobs) != 1:
             self.refused += 1
             raise SwarmdError("a stage checkpoint needs a version and exactly one file")
+        await self._check_holder(stage, sender)
+        stored = await asyncio.to_thread(self._store, stage, version, blobs[0])
+        self.received += 1
+        return {"stored_version": stored}, []
+
+    async def _check_holder(self, stage: int, sender: str) -> None:
+        """Only the stage's lease holder may plant its state here (checked in the DHT, cached briefly)."""
         now = time.time()
+        if now - self._holder_checked.get((stage, sender), 0.0) < HOLDER_CACHE_S:
+            return
         holder = resolve_holder(await self.dht.scan_leases(stage, now), now)
         if holder is None or holder.peer_id != sender:
             self.refused += 1
             raise SwarmdError(f"{sender} does not hold stage {stage} of run {self.run_id}; refusing its weights")
-        stored = await asyncio.to_thread(self._store, stage, version, blobs[0])
-        self.received += 1
-        return {"stored_version": stored}, []
+        self._holder_checked[(stage, sender)] = now
+
+    async def handle_log(self, sender: str, header: dict[str, Any], blobs: list[bytes]) -> Answer:
+        """A host's push, logged here before it applies it (we are its standby)."""
+        run_id, stage, seq, meta = header.get("run_id"), header.get("stage"), header.get("seq"), header.get("meta")
+        if run_id != self.run_id or type(stage) is not int or not 0 <= stage < self.stages:
+            self.refused += 1
+            raise SwarmdError(f"not a stage of run {self.run_id}: run {str(run_id)[:60]!r}, stage {stage!r}")
+        if type(seq) is not int or seq < 1 or not isinstance(meta, dict) or len(blobs) != 1:
+            self.refused += 1
+            raise SwarmdError("a push log entry needs a sequence number, its metadata and one gradient blob")
+        await self._check_holder(stage, sender)
+        lineage = f"{sender}:{header.get('lineage')!s:.64}"
+        await asyncio.to_thread(PushLog(self.checkpoint_dir, stage).append, seq, meta, blobs[0], lineage)
+        self.logged += 1
+        return {}, []
 
     def _store(self, stage: int, version: int, data: bytes) -> int:
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
@@ -81,6 +114,7 @@ class StageReplicator:
             os.replace(tmp, final)
         finally:
             tmp.unlink(missing_ok=True)
+        PushLog(self.checkpoint_dir, stage).prune(checkpoint_log_seq(final))
         logger.info("Stored stage %d of run %s at version %d (standby copy)", stage, self.run_id, version)
         return version
 
@@ -91,6 +125,13 @@ class StageReplicator:
         if header.get("run_id") != self.run_id or type(stage) is not int or not 0 <= stage < self.stages:
             raise SwarmdError(f"not a stage of run {self.run_id}: stage {stage!r}")
         path = self.checkpoint_dir / stage_checkpoint_name(stage)
+        if op == "log":
+            after = header.get("after")
+            if type(after) is not int or after < 0:
+                raise SwarmdError("op log needs after >= 0")
+            entries = await asyncio.to_thread(PushLog(self.checkpoint_dir, stage).entries_after, after,
+                                              LOG_ENTRIES_PER_ANSWER)  # fmt: skip
+            return {"entries": [[n, meta] for n, meta, _ in entries]}, [blob for _, _, blob in entries]
         version = await asyncio.to_thread(checkpoint_version, path)
         if op == "version" or version is None:
             return {"version": version}, []
@@ -127,6 +168,30 @@ class StageReplicator:
             except SwarmdError as e:
                 logger.warning("Could not fetch stage %d from %s (%s); trying the next copy", stage, peer, e)
         return own
+
+    async def fetch_log(self, stage: int, after: int, candidates: list[str]) -> list[tuple[int, dict[str, Any], bytes]]:
+        """The longest contiguous run of logged pushes numbered after ``after``, here or at a candidate."""
+        best = await asyncio.to_thread(PushLog(self.checkpoint_dir, stage).entries_after, after, 1 << 20)
+        for peer in candidates if self.p2p is not None else []:
+            found: list[tuple[int, dict[str, Any], bytes]] = []
+            try:
+                while True:
+                    args = {"run_id": self.run_id, "stage": stage, "op": "log", "after": after + len(found)}
+                    answer, blobs = await call(self.p2p, peer, FETCH_METHOD, args, timeout_s=PUSH_TIMEOUT_S)
+                    entries = answer.get("entries")
+                    if not isinstance(entries, list) or len(entries) != len(blobs) or not entries:
+                        break
+                    for (n, meta), blob in zip(entries, blobs, strict=True):
+                        if n != after + len(found) + 1 or not isinstance(meta, dict):
+                            break
+                        found.append((n, meta, blob))
+                    if len(entries) < LOG_ENTRIES_PER_ANSWER:
+                        break
+            except (SwarmdError, TypeError, ValueError) as e:
+                logger.debug("No push log of stage %d from %s: %s", stage, peer, e)
+            if len(found) > len(best):
+                best = found
+        return best
 
     # --- sending -------------------------------------------------------------------------
 

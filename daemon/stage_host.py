@@ -28,6 +28,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,8 @@ class HostStats:
     """Micro-batches dropped from the queue by an epoch change (re-fed from the data)."""
     refused: int = 0
     """Requests refused for a bad tensor or field."""
+    unreplicated: int = 0
+    """Pushes applied without being logged at a standby (none reachable): lost if this host dies."""
 
 
 def serialize_tensors(tensors: dict[str, torch.Tensor]) -> bytes:
@@ -123,8 +126,16 @@ def deserialize_tensors(data: bytes, expected: dict[str, torch.Size], what: str)
     return {k: v.float() for k, v in tensors.items()}
 
 
+LogPush = Callable[[int, dict[str, Any], bytes], Awaitable[None]]
+"""Sends push ``seq`` (its metadata and gradient blob) to the standby; raises if it cannot."""
+LoggedPush = tuple[int, dict[str, Any], bytes]
+
+
 class StageHost:
-    def __init__(self, settings: HostSettings, checkpoint_dir: Path, dataset: Dataset | None) -> None:
+    def __init__(
+        self, settings: HostSettings, checkpoint_dir: Path, dataset: Dataset | None,
+        replay: Sequence[LoggedPush] = (), log_push: LogPush | None = None,
+    ) -> None:  # fmt: skip
         if settings.stage == 0 and dataset is None:
             raise SwarmdError("the stage-0 host needs the run's dataset to feed the pipeline")
         self.settings = settings
@@ -158,7 +169,26 @@ class StageHost:
         self._finished = {int(m) for m in done.split(",") if m}
         self._cursor = cursor
         self._next_feed = cursor
+        self.log_push = log_push
+        self.replayed = self._replay(replay)
         self._history[self.server.version] = serialize_tensors(self.server.weights()[1])
+
+    def _replay(self, entries: Sequence[LoggedPush]) -> int:
+        """Apply the pushes a dead host logged at its standby after our checkpoint, in order."""
+        done = 0
+        for seq, meta, blob in sorted(entries, key=lambda e: e[0]):
+            if seq <= self.server.received:
+                continue
+            if seq != self.server.received + 1:
+                logger.warning("stage %d: push log has a gap at %d (server at %d); replay stops", self.stage, seq,
+                               self.server.received)  # fmt: skip
+                break
+            gradients = deserialize_tensors(blob, self.param_shapes, "logged gradient")
+            self.server.push(gradients, int(meta["base"]), int(meta["micro_batches"]))
+            done += 1
+        if done:
+            logger.info("stage %d: replayed %d logged push(es); at version %d", self.stage, done, self.server.version)
+        return done
 
     def _new_queue(self) -> TaskQueue:
         capacity = self._frame_bytes * (2 * self.settings.max_in_flight + 4)
@@ -331,6 +361,8 @@ class StageHost:
         try:
             gradients = await asyncio.to_thread(deserialize_tensors, blobs[0], self.param_shapes, "gradient")
             async with self.server_lock:
+                self.server.validate(gradients, base, len(lease_ids))
+                await self._log(base, len(lease_ids), blobs[0])
                 result = await asyncio.to_thread(self.server.push, gradients, base, len(lease_ids))
                 if result.stepped:
                     await self._remember_version()
@@ -350,6 +382,19 @@ class StageHost:
         self.feed()
         return {"version": result.version, "accepted": result.accepted, "staleness": result.staleness}, []
 
+    async def _log(self, base: int, micro_batches: int, blob: bytes) -> None:
+        """Committed means replicated: the standby logs the push before we apply it. Without a
+        standby (a swarm of one) or when it fails, we apply anyway and count it."""
+        if self.log_push is None:
+            self.stats.unreplicated += 1
+            return
+        try:
+            await self.log_push(self.server.received + 1, {"base": base, "micro_batches": micro_batches}, blob)
+        except SwarmdError as e:
+            self.stats.unreplicated += 1
+            logger.warning("stage %d: could not log push %d at the standby (%s); applying it unreplicated",
+                           self.stage, self.server.received + 1, e)  # fmt: skip
+
     async def _weights(self, header: dict[str, Any]) -> Answer:
         """The named version if still kept, else the newest (the caller tags its work with it)."""
         wanted = _integer(header, "version", 0, None, optional=True)
@@ -364,6 +409,15 @@ class StageHost:
             self._history.popitem(last=False)
 
     # --- state ----------------------------------------------------------------------------
+
+    async def rebase(self) -> None:
+        """For a new standby: step on what is summed and checkpoint, so that its copy needs no
+        log entry from before it (those went to the old standby)."""
+        async with self.server_lock:
+            if self.server.flush():
+                await self._remember_version()
+            await asyncio.to_thread(self.server.checkpoint)
+            self._last_checkpoint = time.monotonic()
 
     async def checkpoint_now(self) -> int:
         """Write a checkpoint now (for an export), at most once per ``MIN_CHECKPOINT_GAP_S``."""

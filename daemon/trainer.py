@@ -17,7 +17,7 @@ released at once so that the next host resumes without waiting for them to expir
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import functools
 import logging
 import time
 from collections import deque
@@ -27,15 +27,16 @@ from typing import Any
 
 from swarmd.errors import SwarmdError
 from swarmd.models.corpus import Dataset, load_corpus, train_eval_split
+from swarmd.models.param_server import checkpoint_log_seq, stage_checkpoint_name
 from swarmd.peers.identity import Identity
-from swarmd.peers.run_spec import SignedRunSpec
+from swarmd.peers.run_spec import SignedRunSpec, run_seed
 from swarmd.peers.stage_assignment import Trainer as TrainingPeer
 from swarmd.peers.stage_assignment import decide, epoch_of
 from swarmd.peers.stage_leases import StageLease, resolve_holder
 from swarmd.peers.stage_rpc import Answer, call
 from swarmd.peers.swarm_dht import SwarmDHT
 from swarmd.pipeline_worker import PipelineWorker, WorkerSettings
-from swarmd.replication import StageReplicator
+from swarmd.replication import LOG_METHOD, StageReplicator
 from swarmd.stage_host import HostSettings, StageHost
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ CLAIM_GRACE_S = 10.0
 """How long a free stage waits for its designated claimant before anyone may claim it."""
 STAGE_METHOD = "stage"
 REQUEST_TIMEOUT_S = 30.0
+LOG_TIMEOUT_S = 10.0
 MAX_CHECKPOINT_SOURCES = 6
 WORKER_STOP_TIMEOUT_S = 15.0
 CHECKPOINT_EVERY = 10
@@ -59,11 +61,6 @@ PUSH_EVERY = 2
 def accumulate_of(spec: SignedRunSpec) -> int:
     """Micro-batches per parameter-server update: the run's batch over its micro-batch."""
     return max(1, spec.spec.batch_sequences // spec.spec.micro_batch)
-
-
-def run_seed(run_id: str) -> int:
-    """The run's seed for weights and data order: every peer derives the same one."""
-    return int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:4], "little")
 
 
 class Trainer:
@@ -101,6 +98,7 @@ class Trainer:
         self._seen_members: set[str] = set()
         self._departed: dict[str, float] = {}  # peer -> when its heartbeat went: its leases are void
         self._pushed: dict[int, int] = {}
+        self._last_standby: str | None = None
         self._replicating: asyncio.Task[None] | None = None
         self._worker_task: asyncio.Task[None] | None = None
         self._worker_stop = asyncio.Event()
@@ -193,7 +191,8 @@ class Trainer:
         """Host ``stage``: resume from the newest checkpoint anyone offers, then serve it."""
         by_uptime = sorted(self.members(), key=lambda m: -m["uptime_s"])
         sources = [p for p in [self._last_holder[stage], *(m["peer_id"] for m in by_uptime)] if p and p != self.own]
-        await self.replicator.fetch_newest(stage, list(dict.fromkeys(sources))[:MAX_CHECKPOINT_SOURCES])
+        candidates = list(dict.fromkeys(sources))[:MAX_CHECKPOINT_SOURCES]
+        await self.replicator.fetch_newest(stage, candidates)
         s = self.spec.spec
         settings = HostSettings(
             run_id=self.spec.run_id, stage=stage, stages=self.stages, shape=s.model, seed=run_seed(self.spec.run_id),
@@ -201,8 +200,13 @@ class Trainer:
             accumulate=accumulate_of(self.spec), max_in_flight=self.max_in_flight, checkpoint_every=CHECKPOINT_EVERY,
             batches_ahead=BATCHES_AHEAD,
         )  # fmt: skip
+        path = self.checkpoint_dir / stage_checkpoint_name(stage)
+        entries = await self.replicator.fetch_log(stage, checkpoint_log_seq(path), candidates)
+        log_push = functools.partial(self._log_push, stage)
         try:
-            host = await asyncio.to_thread(StageHost, settings, self.checkpoint_dir, self._dataset)
+            host = await asyncio.to_thread(StageHost, settings, self.checkpoint_dir, self._dataset, entries, log_push)
+            if host.replayed:  # the replayed state goes to the standby with the next copy
+                await asyncio.to_thread(host.server.checkpoint)
         except Exception as e:  # a corrupt checkpoint: report it, and let another peer host
             self.error = f"cannot host stage {stage}: {type(e).__name__}: {e}"
             logger.error("%s", self.error)
@@ -218,11 +222,25 @@ class Trainer:
         logger.info("Stopped hosting stage %d at version %d", stage, host.server.version)
         await self._replicate([stage])
 
+    async def _log_push(self, stage: int, seq: int, meta: dict[str, Any], blob: bytes) -> None:
+        """Log a push at the standby before our host applies it (``StageHost.log_push``)."""
+        standby, p2p = self.standby(), self.replicator.p2p
+        if standby is None or p2p is None:
+            raise SwarmdError("no standby peer to log pushes at")
+        args = {"run_id": self.spec.run_id, "stage": stage, "seq": seq, "meta": meta,
+                "lineage": repr(self._claimed.get(stage))}  # fmt: skip
+        await call(p2p, standby, LOG_METHOD, args, [blob], timeout_s=LOG_TIMEOUT_S)
+
     async def _replicate(self, stages: list[int] | None = None) -> None:
         """Copy new checkpoints of our stages to the standby; a failure is retried next round."""
         standby = self.standby()
         if standby is None:
             return
+        if standby != self._last_standby:  # a new standby starts from a fresh copy, not a log
+            self._last_standby = standby
+            self._pushed.clear()
+            for host in list(self.hosts.values()):
+                await host.rebase()
         try:
             await self.replicator.push(standby, self._pushed, sorted(self.hosts) if stages is None else stages)
         except SwarmdError as e:

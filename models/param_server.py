@@ -101,6 +101,15 @@ def checkpoint_version(path: Path) -> int | None:
         return None
 
 
+def checkpoint_log_seq(path: Path) -> int:
+    """The number of pushes a server checkpoint's weights include (0: none, or no readable file)."""
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            return int((f.metadata() or {}).get("log_seq", "0"))
+    except Exception:
+        return 0
+
+
 def read_checkpoint_weights(path: Path) -> tuple[int, dict[str, torch.Tensor]]:
     """The version and weights a server checkpoint holds (for export; the moments stay behind)."""
     tensors, metadata = load_safetensors(path)
@@ -123,6 +132,10 @@ class StageParameterServer:
         self._since_checkpoint = 0
         self._sum: dict[str, torch.Tensor] | None = None
         self._count = 0
+        self.received = 0
+        """Valid pushes so far (the sequence number of the last one)."""
+        self.received_at_step = 0
+        """``received`` at the last step: the pushes the weights include (a checkpoint's log_seq)."""
         if checkpoint_path is not None and checkpoint_path.exists():
             self._restore(checkpoint_path)
 
@@ -132,14 +145,22 @@ class StageParameterServer:
         """The current version and a copy of the weights (a worker keeps it for its backward)."""
         return self.version, {name: p.detach().clone() for name, p in self.params.items()}
 
-    def push(self, gradients: dict[str, torch.Tensor], base_version: int, micro_batches: int = 1) -> PushResult:
-        """Add the mean gradient of ``micro_batches`` micro-batches computed on weights
-        ``base_version``, subject to the staleness bound; step once ``accumulate`` are in."""
+    def validate(self, gradients: dict[str, torch.Tensor], base_version: int, micro_batches: int = 1) -> None:
+        """Raise ``GradientError`` if ``push`` would refuse these (names, shapes, NaN, versions)."""
         self._check(gradients)
         if not 0 <= base_version <= self.version:
             raise GradientError(f"gradient claims weights version {base_version}; this server is at {self.version}")
         if not 1 <= micro_batches <= 1_000_000:
             raise GradientError(f"a push covers {micro_batches} micro-batches; must be at least 1")
+
+    def push(self, gradients: dict[str, torch.Tensor], base_version: int, micro_batches: int = 1) -> PushResult:
+        """Add the mean gradient of ``micro_batches`` micro-batches computed on weights
+        ``base_version``, subject to the staleness bound; step once ``accumulate`` are in.
+
+        Every valid push is numbered (``received``): replaying the pushes numbered after a
+        checkpoint's ``log_seq``, in order, rebuilds this server's state exactly."""
+        self.validate(gradients, base_version, micro_batches)
+        self.received += 1
         staleness = self.version - base_version
         histogram = self.counters.staleness_histogram
         histogram[staleness] = histogram.get(staleness, 0) + 1
@@ -183,6 +204,7 @@ class StageParameterServer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self._sum, self._count = None, 0
+        self.received_at_step = self.received
         self.version += 1
         self._since_checkpoint += 1
         if self.checkpoint_path is not None and self._since_checkpoint >= self.config.checkpoint_every:
@@ -217,7 +239,8 @@ class StageParameterServer:
                 tensors[f"exp_avg/{name}"] = state["exp_avg"].contiguous()
                 tensors[f"exp_avg_sq/{name}"] = state["exp_avg_sq"].contiguous()
                 steps.append(float(state["step"]))
-        metadata = {**self.metadata, "version": str(self.version), "adam_step": str(int(max(steps, default=0)))}
+        metadata = {**self.metadata, "version": str(self.version), "adam_step": str(int(max(steps, default=0))),
+                    "log_seq": str(self.received_at_step)}  # fmt: skip
         save_safetensors_atomic(tensors, self.checkpoint_path, metadata)
         self._since_checkpoint = 0
         logger.debug("Checkpointed version %d to %s", self.version, self.checkpoint_path)
@@ -241,5 +264,6 @@ class StageParameterServer:
                     "exp_avg_sq": tensors[f"exp_avg_sq/{name}"].clone(),
                 }
         self.version = int(metadata.get("version", "0"))
-        self.metadata = {k: v for k, v in metadata.items() if k not in ("version", "adam_step", "format")}
+        self.received = self.received_at_step = int(metadata.get("log_seq", "0"))
+        self.metadata = {k: v for k, v in metadata.items() if k not in ("version", "adam_step", "format", "log_seq")}
         logger.info("Resumed stage weights at version %d from %s", self.version, path)

@@ -127,6 +127,11 @@ def parse_spec_body(body: dict[str, Any]) -> RunSpec:
     )  # fmt: skip
 
 
+def run_seed(run_id: str) -> int:
+    """The run's seed for weights and data order: every peer derives the same one."""
+    return int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:4], "little")
+
+
 @dataclass(frozen=True)
 class SignedRunSpec:
     run_id: str

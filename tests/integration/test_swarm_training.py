@@ -30,7 +30,7 @@ from swarmd.models.corpus import load_corpus, train_eval_split
 from swarmd.models.presets import DEFAULT_RUN
 from swarmd.models.reference import TrainSettings, train_reference
 from swarmd.models.shape import ModelShape
-from swarmd.trainer import run_seed
+from swarmd.peers.run_spec import run_seed
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 

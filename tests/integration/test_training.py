@@ -106,19 +106,22 @@ def pair(workdir: Path, make_run: Callable[..., str]) -> Iterator[tuple[str, Loc
             d.stop(timeout=60)
 
 
-def test_a_killed_stage_host_is_replaced_from_its_standby_copy(pair: tuple[str, LocalDaemon, LocalDaemon]) -> None:
+def test_a_killed_stage_host_is_replaced_with_no_update_lost(pair: tuple[str, LocalDaemon, LocalDaemon]) -> None:
     run_id, d0, d1 = pair
     wait_for(lambda: hosted(d1).get(1, 0) >= 25, 120, "d1 to host stage 1 through 25 updates")
-    # d1 copies each checkpoint (every 10 updates) to its standby, d0.
+    # d1 copies each checkpoint (every 10 updates) to its standby, d0, and logs every push
+    # there before applying it.
     copies = run_checkpoint_dir(d0.state_dir, run_id) / "stage1.safetensors"
     wait_for(lambda: (checkpoint_version(copies) or 0) >= 20, 30, "a standby copy of stage 1 at d0")
+    assert d0.status()["standby_copies"]["logged"] > 0
     at_kill = hosted(d1)[1]
     d1.kill()  # SIGKILL: no release, no last checkpoint
-    # d0 sees d1's heartbeat go (TTL 8 s), voids its lease, and hosts stage 1 from the copy.
+    # d0 sees d1's heartbeat go (TTL 8 s), voids its lease, and hosts stage 1 from the copy
+    # plus the logged pushes since: every update d1 made (and told a worker of) survives.
     wait_for(lambda: sorted(hosted(d0)) == [0, 1], 60, "d0 to take stage 1 over")
     resumed = hosted(d0)[1]
     print(f"stage 1 was at version {at_kill} when its host was killed; resumed at {resumed}")
-    assert at_kill - 20 <= resumed <= at_kill  # at most a checkpoint interval and a copy round lost
+    assert resumed >= at_kill
     wait_for(lambda: hosted(d0)[1] > at_kill, 60, "training to go on past the kill")
 
 
