@@ -248,10 +248,28 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"addresses {' '.join(result['addrs']) or '-'}",
         f"peers     {len(result['peers'])} seen",
     ]
+    if result.get("training"):
+        lines += _fmt_training(result["training"])
     if result["peers"]:
         lines += _fmt_peers(result["peers"])
     print("\n".join(lines))
     return 0
+
+
+def _fmt_training(t: dict[str, Any]) -> list[str]:
+    hosting = ", ".join(map(str, t["hosting"])) or "none"
+    state = t["state"] + (f" ({t['error']})" if t.get("error") else "")
+    lines = [f"training  {state}; hosting stage(s) {hosting}; stage versions {t['stage_versions']}"]
+    if t.get("loss") is not None:
+        lines.append(f"swarm     loss {t['loss']:.3f}, {t['tokens_per_s'] or 0:.0f} tokens/s, {t['tokens']} tokens "
+                     "(seen by the last stage's host)")  # fmt: skip
+    w = t.get("worker")
+    if w:
+        tasks = w["tasks"]
+        done = f"tasks forward {tasks['forward']}, backward {tasks['backward']}, last {tasks['last']}"
+        lines.append(f"worker    {done}; pushes {w['pushes']} ({w['pushes_refused']} refused); "
+                     f"weight pulls {w['weight_pulls']}")  # fmt: skip
+    return lines
 
 
 def cmd_peers(args: argparse.Namespace) -> int:

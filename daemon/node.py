@@ -390,6 +390,11 @@ class Node:
         assert self.identity is not None
         return self.identity.peer_id
 
+    def current_roles(self) -> list[str]:
+        """What this peer does now: it works if it trains, and serves parameters while it hosts stages."""
+        hosting = self.trainer is not None and bool(self.trainer.hosts)
+        return self.roles + (["parameter_server"] if hosting else [])
+
     def _sign_heartbeat(self, leaving: bool = False) -> bytes:
         """Sign this peer's heartbeat; it must pass the very checks every reader applies."""
         assert self.identity is not None
@@ -409,7 +414,7 @@ class Node:
             device=self.device,
             throughput_gflops=self.throughput_gflops,
             version=__version__,
-            roles=self.roles,
+            roles=self.current_roles(),
             uptime_s=now - self.started_at,
             leaving=leaving,
         )
@@ -503,7 +508,7 @@ class Node:
                 "hidden": spec.model.hidden, "stages": spec.stages,
                 "creator": self.spec.creator if self.spec else None,
             },
-            "roles": self.roles,
+            "roles": self.current_roles(),
             "uptime_s": round(now - self.started_at, 1),
             "addrs": self.addrs,
             "lan_addrs": self.lan.listen_maddrs if self.lan is not None else [],

@@ -59,7 +59,7 @@ def test_stages_spread_as_daemons_join_and_come_back_as_they_leave(workdir: Path
         addrs = d0.wait_running()["addrs"]
         wait_for(lambda: min(hosted(d0).values(), default=0) >= 3, 90, "d0 to make 3 updates on both stages")
         assert sorted(hosted(d0)) == [0, 1] and training(d0)["loss"] is not None
-        assert d0.status()["roles"] == ["worker"]
+        assert d0.status()["roles"] == ["worker", "parameter_server"]
 
         # A second daemon joins: d0 hands stage 1 over, d1 resumes it from d0's version, both work.
         before = hosted(d0)
