@@ -166,7 +166,9 @@ class PipelineWorker:
     async def _one_task(self, epoch: str) -> bool:
         for s in self._stage_order():
             try:
-                answer, blobs = await self._call(s, "claim", {"epoch": epoch, "lease_s": self.settings.lease_s})
+                have = self._workers[s].versions
+                claim = {"epoch": epoch, "lease_s": self.settings.lease_s, "have": have}
+                answer, blobs = await self._call(s, "claim", claim)
             except SwarmdError as e:
                 logger.debug("claim on stage %d failed: %s", s, e)
                 self._backoff_until[s] = time.monotonic() + STAGE_BACKOFF_S
@@ -176,6 +178,8 @@ class PipelineWorker:
             if "lease_id" not in answer:
                 continue
             try:
+                if "weights" in answer:  # the host sent the weights this task needs along with it
+                    await self._add_weights(s, answer["weights"], blobs.pop())
                 await self._run_task(s, epoch, answer, blobs)
                 self._failures = 0
             except SwarmdError as e:
@@ -252,14 +256,19 @@ class PipelineWorker:
             return newest
         answer, blobs = await self._call(s, "weights", {} if version is None else {"version": version})
         got = answer.get("version")
-        if type(got) is not int or len(blobs) != 1:
-            raise SwarmdError(f"stage {s} answered a weights request without a version and one blob")
+        if len(blobs) != 1:
+            raise SwarmdError(f"stage {s} answered a weights request without one blob")
+        await self._add_weights(s, got, blobs[0])
+        return int(got)
+
+    async def _add_weights(self, s: int, version: object, blob: bytes) -> None:
+        if type(version) is not int or version < 0:
+            raise SwarmdError(f"stage {s} sent weights without a version")
         started = time.perf_counter()
-        weights = await asyncio.to_thread(deserialize_tensors, blobs[0], self._param_shapes[s], "weights")
+        weights = await asyncio.to_thread(deserialize_tensors, blob, self._param_shapes[s], "weights")
         self.stats.seconds["serialise"] += time.perf_counter() - started
-        worker.add_weights(got, weights)
+        self._workers[s].add_weights(version, weights)
         self.stats.weight_pulls += 1
-        return got
 
     async def _put(self, s: int, epoch: str, kind: str, m: int, frame: bytes, **versions: int | None) -> None:
         header = {

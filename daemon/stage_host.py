@@ -302,6 +302,12 @@ class StageHost:
         if task.kind is TaskKind.BACKWARD:
             assert isinstance(task.payload, StageInput)
             blobs.append(task.payload.frame)
+        # The weights the task needs ride along unless the worker has them: one request, not two.
+        needed = task.weights_version if task.weights_version is not None else answer["version"]
+        if needed not in _have(header):
+            version = needed if needed in self._history else answer["version"]
+            answer["weights"] = version
+            blobs.append(self._history[version])
         return answer, blobs
 
     def _put(self, header: dict[str, Any], blobs: list[bytes]) -> Answer:
@@ -473,6 +479,14 @@ def _choice(header: dict[str, Any], name: str, options: tuple[str, ...]) -> str:
     if value not in options:
         raise StageRequestError(f"field {name} is {str(value)[:40]!r}; must be one of {options}")
     return str(value)
+
+
+def _have(header: dict[str, Any]) -> set[int]:
+    """The weights versions a claiming worker says it holds (a hint: malformed means none)."""
+    have = header.get("have")
+    if not isinstance(have, list) or len(have) > 64:
+        return set()
+    return {v for v in have if type(v) is int}
 
 
 def _lease_ids(header: dict[str, Any]) -> list[str]:

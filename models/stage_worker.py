@@ -72,6 +72,11 @@ class StageWorker:
         self._loaded = None
 
     @property
+    def versions(self) -> list[int]:
+        """The weights versions kept here."""
+        return sorted(self._versions)
+
+    @property
     def newest_version(self) -> int | None:
         return max(self._versions) if self._versions else None
 
