@@ -110,6 +110,8 @@ def main() -> None:
     args = parser.parse_args()
     print(f"default run {DEFAULT_RUN['model']}, batch {DEFAULT_RUN['batch']}, {DEFAULT_RUN['stages']} stages; "
           f"{args.threads} torch threads in all", flush=True)  # fmt: skip
+    # The reference is measured before and after the swarms: this machine's speed drifts by
+    # tens of percent between minutes, and a ratio is only as good as its denominator.
     reference = bench_reference(args.threads, 40)
     print(f"reference (one process, {args.threads} threads): {reference:8.0f} tokens/s", flush=True)
     print(
@@ -122,6 +124,9 @@ def main() -> None:
         parts = "  ".join(f"{100 * r['seconds'][p] / total:8.1f}%" for p in PARTS)
         print(f"{n:>7} {r['tokens_per_s']:9.0f} {r['tokens_per_s'] / reference:6.2f} "
               f"{r['updates'] / r['window']:9.2f}                " + parts, flush=True)  # fmt: skip
+    after = bench_reference(args.threads, 40)
+    print(f"reference again, after the swarms: {after:8.0f} tokens/s (ratios above are to the first; "
+          f"to the mean of both they are x{2 * reference / (reference + after):.2f})")
 
 
 if __name__ == "__main__":
