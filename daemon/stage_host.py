@@ -126,8 +126,10 @@ def deserialize_tensors(data: bytes, expected: dict[str, torch.Size], what: str)
     return {k: v.float() for k, v in tensors.items()}
 
 
-LogPush = Callable[[int, dict[str, Any], bytes], Awaitable[None]]
-"""Sends push ``seq`` (its metadata and gradient blob) to the standby; raises if it cannot."""
+LogPush = Callable[[int, dict[str, Any], bytes], Awaitable[bool]]
+"""Sends push ``seq`` (its metadata and gradient blob) to the standby; False when there is no
+standby (a swarm of one); raises if the standby does not take it."""
+WARN_EVERY_S = 60.0
 LoggedPush = tuple[int, dict[str, Any], bytes]
 
 
@@ -163,6 +165,7 @@ class StageHost:
         self.losses: deque[tuple[int, float]] = deque(maxlen=MAX_LOSSES_KEPT)
         self._history: OrderedDict[int, bytes] = OrderedDict()
         self.server_lock = asyncio.Lock()
+        self._warned_at = -WARN_EVERY_S
         self._last_checkpoint = -MIN_CHECKPOINT_GAP_S
         cursor = int(self.server.metadata.get("data_cursor", "0"))
         done = self.server.metadata.get("data_done", "")
@@ -381,6 +384,11 @@ class StageHost:
             raise
         now = time.time()
         for i, lid in enumerate(lease_ids):
+            if not self.queue.holds(lid, worker, now):
+                # Re-queued while the push was applied (its worker was dropped meanwhile): the
+                # task is redone and its gradient applied once more. Counted, never lost.
+                self.stats.duplicates += 1
+                continue
             task = self.queue.complete(lid, worker, now, finishes_micro_batch=True)
             self._mark_finished(task.micro_batch)
             if self.is_last:
@@ -391,15 +399,18 @@ class StageHost:
     async def _log(self, base: int, micro_batches: int, blob: bytes) -> None:
         """Committed means replicated: the standby logs the push before we apply it. Without a
         standby (a swarm of one) or when it fails, we apply anyway and count it."""
-        if self.log_push is None:
-            self.stats.unreplicated += 1
-            return
         try:
-            await self.log_push(self.server.received + 1, {"base": base, "micro_batches": micro_batches}, blob)
+            logged = self.log_push is not None and await self.log_push(
+                self.server.received + 1, {"base": base, "micro_batches": micro_batches}, blob
+            )
         except SwarmdError as e:
+            logged = False
+            if time.monotonic() - self._warned_at >= WARN_EVERY_S:  # once a minute, not once a push
+                self._warned_at = time.monotonic()
+                logger.warning("stage %d: could not log pushes at the standby (%s); applying them unreplicated",
+                               self.stage, e)  # fmt: skip
+        if not logged:
             self.stats.unreplicated += 1
-            logger.warning("stage %d: could not log push %d at the standby (%s); applying it unreplicated",
-                           self.stage, self.server.received + 1, e)  # fmt: skip
 
     async def _weights(self, header: dict[str, Any]) -> Answer:
         """The named version if still kept, else the newest (the caller tags its work with it)."""

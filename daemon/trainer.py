@@ -46,7 +46,10 @@ CLAIM_GRACE_S = 10.0
 """How long a free stage waits for its designated claimant before anyone may claim it."""
 STAGE_METHOD = "stage"
 REQUEST_TIMEOUT_S = 30.0
-LOG_TIMEOUT_S = 10.0
+LOG_TIMEOUT_S = 3.0
+LOG_PAUSE_S = 15.0
+"""After a standby fails to log a push, pushes go unreplicated (counted) for this long rather than
+each waiting out the timeout; by then a dead standby has been dropped and another chosen."""
 MAX_CHECKPOINT_SOURCES = 6
 WORKER_STOP_TIMEOUT_S = 15.0
 CHECKPOINT_EVERY = 10
@@ -99,6 +102,7 @@ class Trainer:
         self._departed: dict[str, float] = {}  # peer -> when its heartbeat went: its leases are void
         self._pushed: dict[int, int] = {}
         self._last_standby: str | None = None
+        self._log_paused_until: dict[str, float] = {}
         self._replicating: asyncio.Task[None] | None = None
         self._worker_task: asyncio.Task[None] | None = None
         self._worker_stop = asyncio.Event()
@@ -222,14 +226,21 @@ class Trainer:
         logger.info("Stopped hosting stage %d at version %d", stage, host.server.version)
         await self._replicate([stage])
 
-    async def _log_push(self, stage: int, seq: int, meta: dict[str, Any], blob: bytes) -> None:
+    async def _log_push(self, stage: int, seq: int, meta: dict[str, Any], blob: bytes) -> bool:
         """Log a push at the standby before our host applies it (``StageHost.log_push``)."""
         standby, p2p = self.standby(), self.replicator.p2p
         if standby is None or p2p is None:
-            raise SwarmdError("no standby peer to log pushes at")
+            return False  # alone: nobody to replicate to
+        if time.monotonic() < self._log_paused_until.get(standby, 0.0):
+            return False  # it failed just now: do not stall every push on it until it is dropped
         args = {"run_id": self.spec.run_id, "stage": stage, "seq": seq, "meta": meta,
                 "lineage": repr(self._claimed.get(stage))}  # fmt: skip
-        await call(p2p, standby, LOG_METHOD, args, [blob], timeout_s=LOG_TIMEOUT_S)
+        try:
+            await call(p2p, standby, LOG_METHOD, args, [blob], timeout_s=LOG_TIMEOUT_S)
+        except SwarmdError:
+            self._log_paused_until[standby] = time.monotonic() + LOG_PAUSE_S
+            raise
+        return True
 
     async def _replicate(self, stages: list[int] | None = None) -> None:
         """Copy new checkpoints of our stages to the standby; a failure is retried next round."""

