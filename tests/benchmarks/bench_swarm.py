@@ -79,7 +79,7 @@ def bench_swarm(n: int, threads: int, seconds: float) -> dict[str, Any]:
             )
 
         wait_for(settled, 120, "the stages to settle over the daemons")
-        time.sleep(5)  # warm-up: weights pulled, queues full (a measurement window, not a sync)
+        time.sleep(5)  # sync-ok: warm-up before the measurement window (weights pulled, queues full)
         t0, tok0, sec0, up0 = snapshot(daemons)
         time.sleep(seconds)
         t1, tok1, sec1, up1 = snapshot(daemons)

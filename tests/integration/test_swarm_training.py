@@ -135,7 +135,7 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
             # for the standby's log): read until two readings half a second apart agree.
             readings = [victim_leases()]
             while len(readings) < 2 or readings[-1] != readings[-2]:
-                time.sleep(0.5)  # the interval between readings, not a synchronisation
+                time.sleep(0.5)  # sync-ok: the interval between two readings that must agree
                 readings.append(victim_leases())
             if not readings[-1]:
                 os.kill(victim.pid, signal.SIGCONT)
