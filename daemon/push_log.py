@@ -22,8 +22,20 @@ from typing import Any
 from swarmd.errors import SwarmdError
 
 MAX_ENTRIES = 512
+MAX_LOG_BYTES = 1 << 30
+"""Disk a stage's log may take at a standby (what a faulty or hostile host can make it hold)."""
 MAX_META_BYTES = 1024
 _NAME = re.compile(r"(\d{12})\.push")
+
+
+def check_meta(meta: object) -> dict[str, int]:
+    """A log entry's metadata is exactly ``{"base": version >= 0, "micro_batches": 1..1e6}``."""
+    if not isinstance(meta, dict) or set(meta) != {"base", "micro_batches"}:
+        raise SwarmdError("push log metadata must be exactly {base, micro_batches}")
+    base, count = meta["base"], meta["micro_batches"]
+    if type(base) is not int or base < 0 or type(count) is not int or not 1 <= count <= 1_000_000:
+        raise SwarmdError(f"push log metadata out of range: base {base!r}, micro_batches {count!r}")
+    return {"base": base, "micro_batches": count}
 
 
 class PushLog:
@@ -39,11 +51,16 @@ class PushLog:
         self.folder.mkdir(parents=True, exist_ok=True)
         if not marker.exists() or marker.read_text() != lineage:
             marker.write_text(lineage)
+        check_meta(meta)
         existing = self.sequence_numbers()
         if seq in existing:
             return  # a retry of an entry we hold
         if len(existing) >= MAX_ENTRIES:
             raise SwarmdError(f"the push log holds {len(existing)} entries, its limit; send a checkpoint copy first")
+        used = sum(p.stat().st_size for p in self.folder.iterdir() if _NAME.fullmatch(p.name))
+        if used + len(blob) > MAX_LOG_BYTES:
+            raise SwarmdError(f"the push log would take {used + len(blob)} bytes, over {MAX_LOG_BYTES}; "
+                              "send a checkpoint copy first")  # fmt: skip
         header = json.dumps(meta, separators=(",", ":")).encode()
         if len(header) > MAX_META_BYTES:
             raise SwarmdError(f"push log entry header is {len(header)} bytes, over {MAX_META_BYTES}")
@@ -68,7 +85,11 @@ class PushLog:
                 break
             data = (self.folder / f"{n:012d}.push").read_bytes()
             (size,) = struct.unpack_from("<I", data)
-            found.append((n, json.loads(data[4 : 4 + size]), data[4 + size :]))
+            try:
+                meta = check_meta(json.loads(data[4 : 4 + size]))
+            except (ValueError, SwarmdError):
+                break  # a damaged entry ends the contiguous run: replay stops before it
+            found.append((n, meta, data[4 + size :]))
         return found
 
     def prune(self, upto_seq: int) -> None:

@@ -30,7 +30,7 @@ from swarmd.models.param_server import (
 from swarmd.peers.stage_leases import resolve_holder
 from swarmd.peers.stage_rpc import Answer, call
 from swarmd.peers.swarm_dht import SwarmDHT
-from swarmd.push_log import PushLog
+from swarmd.push_log import PushLog, check_meta
 
 logger = logging.getLogger(__name__)
 
@@ -182,9 +182,9 @@ class StageReplicator:
                     if not isinstance(entries, list) or len(entries) != len(blobs) or not entries:
                         break
                     for (n, meta), blob in zip(entries, blobs, strict=True):
-                        if n != after + len(found) + 1 or not isinstance(meta, dict):
+                        if n != after + len(found) + 1:
                             break
-                        found.append((n, meta, blob))
+                        found.append((n, check_meta(meta), blob))
                     if len(entries) < LOG_ENTRIES_PER_ANSWER:
                         break
             except (SwarmdError, TypeError, ValueError) as e:

@@ -186,8 +186,12 @@ class StageHost:
                 logger.warning("stage %d: push log has a gap at %d (server at %d); replay stops", self.stage, seq,
                                self.server.received)  # fmt: skip
                 break
-            gradients = deserialize_tensors(blob, self.param_shapes, "logged gradient")
-            self.server.push(gradients, int(meta["base"]), int(meta["micro_batches"]))
+            try:  # logged by a host we trusted, but check it all the same: a bad one ends the replay
+                gradients = deserialize_tensors(blob, self.param_shapes, "logged gradient")
+                self.server.push(gradients, int(meta["base"]), int(meta["micro_batches"]))
+            except (SwarmdError, KeyError, TypeError, ValueError) as e:
+                logger.warning("stage %d: logged push %d is unusable (%s); replay stops", self.stage, seq, e)
+                break
             done += 1
         if done:
             logger.info("stage %d: replayed %d logged push(es); at version %d", self.stage, done, self.server.version)
