@@ -6,6 +6,7 @@
     swarmd peers [--json]                                 the swarm, one line a peer
     swarmd export --run-id ID DIR                         a folder transformers' from_pretrained loads
     swarmd demo                                           a local swarm on 127.0.0.1
+    swarmd plan --scenario FILE [--json]                  place a swarm described on paper
 
 User errors print one line and exit non-zero; ``--debug`` adds the traceback.
 """
@@ -78,6 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--peers", type=int, default=3, help="how many daemons (default 3)")
     demo.add_argument("--duration", type=float, default=0, help="stop after S seconds (default: until Ctrl-C)")
     demo.add_argument("--debug", action="store_true")
+
+    plan = sub.add_parser("plan", help="plan the swarm a scenario file describes (scenarios/FORMAT.md)")
+    plan.add_argument("--scenario", type=Path, required=True, metavar="FILE", help="the scenario (JSON)")
+    plan.add_argument("--json", action="store_true", help="print the plan object of FORMAT.md")
+    plan.add_argument("--time-budget", type=float, default=1.5, metavar="S", help="local search time (default 1.5)")
+    for concern in ("network", "devices", "reliability"):
+        plan.add_argument(f"--no-{concern}", action="store_true", help=f"plan blind to {concern} (ablation)")
+    plan.add_argument("--debug", action="store_true")
     return parser
 
 
@@ -323,9 +332,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args.peers, args.duration)
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from swarmd.plan_command import run_plan
+
+    if not args.time_budget >= 0:
+        raise SwarmdError(f"--time-budget {args.time_budget}: must be a number of seconds >= 0")
+    return run_plan(args.scenario, as_json=args.json, network=not args.no_network, devices=not args.no_devices,
+                    reliability=not args.no_reliability, time_budget_s=args.time_budget)  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handlers = {"run": cmd_run, "status": cmd_status, "peers": cmd_peers, "export": cmd_export, "demo": cmd_demo}
+    handlers = {"run": cmd_run, "status": cmd_status, "peers": cmd_peers, "export": cmd_export, "demo": cmd_demo,
+                "plan": cmd_plan}  # fmt: skip
     try:
         return handlers[args.command](args)
     except SwarmdError as e:

@@ -1,0 +1,273 @@
+"""What a plan costs: the reference yardstick of FORMAT.md and swarmd's own model of its runtime.
+
+A plan puts ``S`` stages times ``N`` pipelines of devices on a grid (``pipelines[p][s]``), cuts
+the model's layers over the stages, and names each stage's parameter server and the relays.
+
+**Reference cost** (``reference_cost``), the yardstick every scheduler is judged by, exactly as
+``scenarios/FORMAT.md`` defines it: the data-parallel cost (the worst device's exchange with
+the rest of its stage group) plus the pipeline cost (per stage boundary, the slowest pair one
+pipeline puts across it, summed over the boundaries, twice for forward and backward).
+
+**swarmd's own model** (``predict``) of one iteration, broken down:
+
+- ``compute_s``: each pipeline runs its ``M`` micro-batches through its stages, one stage after
+  the other as in 1F1B (fill, then a micro-batch per slowest stage's step); a stage's time is
+  its layers' forward and backward flops over the device's throughput. Pipelines run side by
+  side, so the slowest one counts.
+- ``pipeline_comm_s``: the reference's pipeline term. Counting whole activations per boundary
+  without overlap is pessimistic for swarmd's asynchronous pipeline, and for that reason safe.
+- ``sync_comm_s``: the reference's data-parallel term. It is exactly the traffic of a stage's
+  parameters sharded over the ``N`` members of its group: each sends ``grad_bytes / N`` to
+  every other and gets as much back (push gradients to each shard's server, pull its weights).
+- ``churn_s``: expected time lost to devices leaving: a device that leaves at rate ``1/U``
+  costs, when it goes, half an iteration of its pipeline's work on average plus fetching its
+  stage's weights for its replacement.
+
+The own model therefore equals the reference cost plus compute and churn: one scheduler can
+minimise it and be judged fairly on the yardstick.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+from swarmd.peers.scenario import Scenario, Shape
+
+OPTIMIZER_BYTES_PER_PARAM = 16
+"""What holding a stage costs in memory per parameter on a worker: fp32 weights and gradient
+(8) and room for the stashed weight versions a backward may need (8); the AdamW state lives on
+the parameter server."""
+ACTIVATION_FACTOR = 34
+"""Bytes of stashed activations per token, per hidden unit, per layer, in units of dtype
+bytes: what a transformer block keeps for its backward (Korthikanti et al.'s 34sh + 5as^2h,
+without the attention term, which micro-batches of long sequences make worse)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    pipelines: tuple[tuple[int, ...], ...]
+    """pipelines[p][s]: the device (its index in the scenario) that runs stage s in pipeline p."""
+    layers_per_stage: tuple[int, ...]
+    parameter_servers: tuple[int, ...]
+    """The device that coordinates each stage's (sharded) parameter server: holds the stage's
+    lease, checkpoints it and keeps its push log; the other members serve their shards."""
+    relays: tuple[int, ...] = ()
+    meta: dict[str, object] = field(default_factory=dict, compare=False)
+
+    @property
+    def shape(self) -> Shape:
+        return Shape(len(self.pipelines[0]), len(self.pipelines))
+
+    def grid(self) -> np.ndarray:
+        return np.asarray(self.pipelines, dtype=int)
+
+    def stage_groups(self) -> list[list[int]]:
+        return [list(col) for col in zip(*self.pipelines, strict=True)]
+
+    def devices(self) -> list[int]:
+        return [d for row in self.pipelines for d in row]
+
+    def to_json(self, scenario: Scenario) -> dict[str, object]:
+        ids = scenario.ids
+        return {
+            "pipelines": [[ids[d] for d in row] for row in self.pipelines],
+            "layers_per_stage": list(self.layers_per_stage),
+            "parameter_servers": [ids[d] for d in self.parameter_servers],
+            "relays": [ids[d] for d in self.relays],
+        }
+
+
+@dataclass(frozen=True)
+class Prediction:
+    iteration_s: float
+    compute_s: float
+    pipeline_comm_s: float
+    sync_comm_s: float
+    churn_s: float
+
+    def to_json(self) -> dict[str, float]:
+        return {
+            "iteration_s": round(self.iteration_s, 6),
+            "compute_s": round(self.compute_s, 6),
+            "pipeline_comm_s": round(self.pipeline_comm_s, 6),
+            "sync_comm_s": round(self.sync_comm_s, 6),
+            "churn_s": round(self.churn_s, 6),
+        }
+
+
+# -- the pieces, over a grid of device indices ----------------------------------------------------
+
+
+def dp_costs(scenario: Scenario, grid: np.ndarray) -> np.ndarray:
+    """Per stage, the data-parallel cost of its group: max over members of the sum over the
+    others of 2 * (latency + grad_bytes / (N * bandwidth))."""
+    n_pipes, n_stages = grid.shape
+    if n_pipes == 1:
+        return np.zeros(n_stages)
+    shape = Shape(n_stages, n_pipes)
+    share = scenario.grad_bytes(shape) / n_pipes
+    out = np.empty(n_stages)
+    for s in range(n_stages):
+        members = grid[:, s]
+        sub = np.ix_(members, members)
+        cost = 2.0 * (scenario.latency_s[sub] + share / scenario.bandwidth_Bps[sub])
+        out[s] = cost.sum(axis=1).max()  # the diagonal is 0 + share / inf = 0
+    return out
+
+
+def boundary_costs(scenario: Scenario, grid: np.ndarray, act_transfer: np.ndarray | None = None) -> np.ndarray:
+    """Per boundary s -> s+1, the slowest pipeline's transfer of its activations across it."""
+    n_pipes, n_stages = grid.shape
+    if n_stages == 1:
+        return np.zeros(0)
+    if act_transfer is None:
+        act_transfer = scenario.transfer_s(scenario.activation_bytes(Shape(n_stages, n_pipes)))
+    return act_transfer[grid[:, :-1], grid[:, 1:]].max(axis=0)
+
+
+def reference_cost(scenario: Scenario, plan: Plan) -> float:
+    """The yardstick of FORMAT.md: data-parallel cost + pipeline cost (see the module doc)."""
+    grid = plan.grid()
+    return float(dp_costs(scenario, grid).max() + 2.0 * boundary_costs(scenario, grid).sum())
+
+
+def stage_flops_per_sequence(scenario: Scenario, layers: np.ndarray) -> np.ndarray:
+    """Forward and backward flops per sequence of each stage (the head on the last)."""
+    flops = layers * scenario.model.layer_flops_per_sequence()
+    flops[-1] += scenario.model.head_flops_per_sequence()
+    return flops
+
+
+def micro_batches_per_pipeline(scenario: Scenario, shape: Shape) -> int:
+    return max(1, math.ceil(scenario.batch_sequences / (shape.data_parallel * scenario.micro_batch)))
+
+
+def compute_s(scenario: Scenario, grid: np.ndarray, layers: np.ndarray, tflops: np.ndarray | None = None) -> float:
+    """The slowest pipeline's 1F1B compute time: fill plus a step of its slowest stage per
+    further micro-batch."""
+    n_pipes, n_stages = grid.shape
+    speeds = (tflops if tflops is not None else device_tflops(scenario))[grid] * 1e12
+    step = stage_flops_per_sequence(scenario, layers.astype(float))[None, :] * scenario.micro_batch / speeds
+    m = micro_batches_per_pipeline(scenario, Shape(n_stages, n_pipes))
+    return float((step.sum(axis=1) + (m - 1) * step.max(axis=1)).max())
+
+
+def churn_s(scenario: Scenario, grid: np.ndarray, base_s: float, servers: np.ndarray | None = None) -> float:
+    """Expected seconds per iteration lost to departures (module doc)."""
+    rates = np.array([d.leave_rate_per_s for d in scenario.devices])[grid]
+    if not rates.any():
+        return 0.0
+    n_pipes, n_stages = grid.shape
+    weights = scenario.grad_bytes(Shape(n_stages, n_pipes))
+    if servers is None:
+        servers = grid[0]
+    refetch = scenario.latency_s[servers[None, :], grid] + weights / scenario.bandwidth_Bps[servers[None, :], grid]
+    return float((rates * base_s * (base_s / 2.0 + refetch)).sum())
+
+
+def device_tflops(scenario: Scenario) -> np.ndarray:
+    return np.array([d.tflops for d in scenario.devices], dtype=float)
+
+
+def predict(scenario: Scenario, plan: Plan) -> Prediction:
+    grid = plan.grid()
+    layers = np.asarray(plan.layers_per_stage, dtype=float)
+    comp = compute_s(scenario, grid, layers)
+    pipe = 2.0 * float(boundary_costs(scenario, grid).sum())
+    sync = float(dp_costs(scenario, grid).max())
+    base = comp + pipe + sync
+    churn = churn_s(scenario, grid, base, np.asarray(plan.parameter_servers, dtype=int))
+    return Prediction(base + churn, comp, pipe, sync, churn)
+
+
+# -- memory ---------------------------------------------------------------------------------------
+
+
+def layer_memory_bytes(scenario: Scenario) -> float:
+    """What one layer of a stage needs on a worker: its parameters' state and its activations
+    for one micro-batch."""
+    m = scenario.model
+    params = m.layer_params * OPTIMIZER_BYTES_PER_PARAM
+    acts = ACTIVATION_FACTOR * scenario.micro_batch * m.seq_len * m.hidden * m.dtype_bytes
+    return params + acts
+
+
+def embedding_memory_bytes(scenario: Scenario) -> float:
+    return scenario.model.embedding_params * OPTIMIZER_BYTES_PER_PARAM
+
+
+def max_layers(scenario: Scenario, memory_gib: np.ndarray, first: bool, last: bool) -> np.ndarray:
+    """How many layers fit on devices of ``memory_gib`` at a stage (the first and last also
+    hold the embedding or the tied head)."""
+    budget = memory_gib * (1 << 30)
+    if first or last:
+        budget = budget - embedding_memory_bytes(scenario)
+    return np.floor(np.maximum(budget, 0.0) / layer_memory_bytes(scenario)).astype(int)
+
+
+# -- lower bounds ---------------------------------------------------------------------------------
+
+
+def compute_lower_bound_s(scenario: Scenario) -> float:
+    """No plan computes an iteration faster than every device of the scenario working on it
+    with no idle time and no communication."""
+    total = scenario.batch_sequences * (
+        scenario.model.layers * scenario.model.layer_flops_per_sequence() + scenario.model.head_flops_per_sequence()
+    )
+    return total / (device_tflops(scenario).sum() * 1e12)
+
+
+def reference_lower_bound(scenario: Scenario, shape: Shape) -> float:
+    """A bound no plan of ``shape`` can beat on the reference cost.
+
+    Pipeline: each of the ``S - 1`` boundaries carries activations over at least one edge, no
+    cheaper than the scenario's cheapest. Data parallel: when the plan must use every device,
+    the group of the device whose ``N - 1`` cheapest partners are dearest costs at least that
+    much; otherwise, at least the ``N - 1`` cheapest partners of the device that has them
+    cheapest."""
+    n = scenario.n
+    act = scenario.transfer_s(scenario.activation_bytes(shape))
+    off = ~np.eye(n, dtype=bool)
+    pipeline = 2.0 * (shape.stages - 1) * float(act[off].min()) if shape.stages > 1 else 0.0
+    if shape.data_parallel == 1:
+        return pipeline
+    share = scenario.grad_bytes(shape) / shape.data_parallel
+    dp = 2.0 * (scenario.latency_s + share / scenario.bandwidth_Bps)
+    np.fill_diagonal(dp, np.inf)
+    cheapest = np.sort(dp, axis=1)[:, : shape.data_parallel - 1].sum(axis=1)
+    data_parallel = float(cheapest.max() if shape.devices == n else cheapest.min())
+    return pipeline + data_parallel
+
+
+# -- matchings ------------------------------------------------------------------------------------
+
+
+def even_layers(layers: int, stages: int) -> tuple[int, ...]:
+    """``layers`` cut into ``stages`` near-equal counts (the first ones take the remainder)."""
+    base, extra = divmod(layers, stages)
+    return tuple(base + (1 if s < extra else 0) for s in range(stages))
+
+
+def bottleneck_matching(cost: np.ndarray) -> tuple[np.ndarray, float]:
+    """A perfect matching of rows to columns whose dearest pair is as cheap as possible, and
+    among those, the cheapest in sum. Returns ``cols`` (row i goes to ``cols[i]``) and the
+    bottleneck. Binary search over the distinct costs, each tested with an assignment."""
+    values = np.unique(cost)
+    lo, hi = 0, len(values) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        over = (cost > values[mid]).astype(float)
+        rows, cols = linear_sum_assignment(over)
+        if over[rows, cols].sum() == 0:
+            hi = mid
+        else:
+            lo = mid + 1
+    limit = values[lo]
+    capped = np.where(cost > limit, np.inf, cost)
+    capped = np.where(np.isinf(capped), cost.max() * cost.shape[0] * 4 + 1.0, capped)
+    rows, cols = linear_sum_assignment(capped)
+    return cols, float(limit)

@@ -1,0 +1,787 @@
+"""swarmd's scheduler: which device runs which stage of which pipeline, pure functions over a snapshot.
+
+The same code plans in the daemon (the elected coordinator, from the live matrix), in
+``swarmd plan`` (from a scenario file) and in the simulator. Method (DESIGN.md, "The
+scheduler"), each step cheap enough to plan 1,000 devices in seconds:
+
+1. **Shape.** Fixed when the scenario gives ``parallelism``. Otherwise every stage count from
+   the fewest whose layers fit in memory up to a few times that is tried with as many
+   pipelines as the devices allow, and with fewer (leaving the slowest, worst-connected or
+   least reliable devices out); each is built (step 2) and costed, and the best is refined.
+2. **Construction.** Two clusterings on the latency and bandwidth graph, both balanced:
+   *groups first* (stage groups of devices close for the data-parallel exchange; the groups
+   then ordered along the cheapest path of bottleneck matchings, the coarsened graph) and
+   *pipelines first* (each pipeline's devices close for the activations; inside a pipeline,
+   devices ordered by speed so that a stage's group is of like devices). Whichever costs less
+   under the own model (``swarmd.peers.plan_cost``) is kept.
+3. **Layers** split by each stage group's slowest device, within its memory.
+4. **Local search** on the own model: swaps of two cells, or of a cell and an unused device,
+   aimed first at the cells that make the cost (the worst member of the worst data-parallel
+   group, both ends of the slowest pipeline link, the slowest device of the slowest stage),
+   then anywhere while time is left; between rounds each boundary is re-matched (bottleneck
+   matching) and the stage order improved by swapping stages.
+5. **Roles.** Each stage's parameter server is the member that is most reliable (measured
+   availability) and, among those that pass the threshold, cheapest to exchange with; relays
+   are reliable devices through which a pipeline link is faster than direct.
+
+Each awareness can be switched off alone (``Awareness``): the planner then sees a uniform
+network (every link the mean latency and bandwidth), uniform devices (mean speed and memory),
+or devices that never leave; the plan is still costed on the real scenario, so the switch
+measures what that knowledge is worth.
+
+``repair`` mends a plan after devices leave or join, touching only the cells it must.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from swarmd.peers.plan_cost import (
+    Plan,
+    bottleneck_matching,
+    embedding_memory_bytes,
+    layer_memory_bytes,
+    micro_batches_per_pipeline,
+    predict,
+)
+from swarmd.peers.scenario import Scenario, ScenarioError, Shape
+
+INFEASIBLE_PENALTY_S = 1e9
+"""Added per layer that does not fit in memory, so that the search walks toward plans that fit."""
+
+
+@dataclass(frozen=True)
+class Awareness:
+    """What the planner may know; each switched off alone for ablations."""
+
+    network: bool = True
+    devices: bool = True
+    reliability: bool = True
+
+
+@dataclass(frozen=True)
+class PlannerSettings:
+    awareness: Awareness = field(default_factory=Awareness)
+    time_budget_s: float = 1.5
+    """Local search stops when this has passed (construction and shape choice come first)."""
+    seed: int = 0
+    min_availability: float = 0.9
+    """A parameter server or relay must be up at least this fraction of the time (when
+    reliability is known and the planner may use it)."""
+    max_shapes: int = 12
+    """Free mode: at most this many shapes are built and costed."""
+
+
+class PlanError(ScenarioError):
+    """No plan exists: the devices cannot hold the model, or too few are left."""
+
+
+# -- the scenario as the planner may see it -------------------------------------------------------
+
+
+def planning_view(scenario: Scenario, awareness: Awareness) -> Scenario:
+    """The scenario with what the planner must not know replaced by uniform values."""
+    lat, bw, devices = scenario.latency_s, scenario.bandwidth_Bps, scenario.devices
+    if not awareness.network and scenario.n > 1:
+        off = ~np.eye(scenario.n, dtype=bool)
+        lat = np.where(off, lat[off].mean(), 0.0)
+        bw = np.where(off, bw[off].mean(), np.inf)
+    if not awareness.devices:
+        tflops = float(np.mean([d.tflops for d in devices]))
+        memory = float(np.mean([d.memory_gib for d in devices]))
+        devices = tuple(replace(d, tflops=tflops, memory_gib=memory) for d in devices)
+    if not awareness.reliability:
+        devices = tuple(replace(d, mean_uptime_h=None, mean_downtime_h=None) for d in devices)
+    return replace(scenario, devices=devices, latency_s=lat, bandwidth_Bps=bw)
+
+
+# -- the search state -----------------------------------------------------------------------------
+
+
+class GridCost:
+    """The own model of ``swarmd.peers.plan_cost`` for one shape, with what a swap needs cached.
+
+    ``cost(grid)`` is the predicted iteration time (plus a penalty for layers that do not fit);
+    its pieces are the same as ``predict``'s, computed over arrays prepared once per shape."""
+
+    def __init__(self, view: Scenario, shape: Shape) -> None:
+        self.view, self.shape = view, shape
+        n_pipes = shape.data_parallel
+        self.act = view.transfer_s(view.activation_bytes(shape))
+        share = view.grad_bytes(shape) / n_pipes
+        self.dp_pair = 2.0 * (view.latency_s + share / view.bandwidth_Bps) if n_pipes > 1 else None
+        self.tflops = np.array([d.tflops for d in view.devices]) * 1e12
+        self.rates = np.array([d.leave_rate_per_s for d in view.devices])
+        self.availability = np.array([d.availability for d in view.devices])
+        memory = np.array([d.memory_gib for d in view.devices]) * (1 << 30)
+        per_layer = layer_memory_bytes(view)
+        self.cap_inner = np.floor(np.maximum(memory, 0) / per_layer).astype(int)
+        self.cap_edge = np.floor(np.maximum(memory - embedding_memory_bytes(view), 0) / per_layer).astype(int)
+        self.layer_flops = view.model.layer_flops_per_sequence() * view.micro_batch
+        self.head_flops = view.model.head_flops_per_sequence() * view.micro_batch
+        self.m = micro_batches_per_pipeline(view, shape)
+        self.weights_bytes = view.grad_bytes(shape)
+
+    # pieces
+    def dp_stage(self, members: np.ndarray) -> float:
+        if self.dp_pair is None:
+            return 0.0
+        return float(self.dp_pair[np.ix_(members, members)].sum(axis=1).max())
+
+    def layer_caps(self, grid: np.ndarray) -> np.ndarray:
+        caps = self.cap_inner[grid].min(axis=0)
+        caps[0] = self.cap_edge[grid[:, 0]].min()
+        caps[-1] = self.cap_edge[grid[:, -1]].min()
+        return caps
+
+    def split_layers(self, grid: np.ndarray) -> tuple[np.ndarray, int]:
+        """Layers per stage minimising the slowest stage's time (each stage as fast as its
+        slowest member), within memory; returns them and how many layers did not fit."""
+        n_stages = grid.shape[1]
+        layers_total = self.view.model.layers
+        speed = self.tflops[grid].min(axis=0)
+        head = np.zeros(n_stages)
+        head[-1] = self.head_flops
+        caps = self.layer_caps(grid)
+        layers = np.ones(n_stages, dtype=int)
+        # Water-filling: each further layer goes where it makes the smallest slowest-stage time.
+        # Closed form first (proportional to speed), then exact greedy steps for the remainder.
+        ideal = (layers_total * self.layer_flops + head.sum()) * speed / speed.sum()
+        layers = np.maximum(1, np.minimum(np.floor((ideal - head) / self.layer_flops).astype(int), caps))
+        layers = np.maximum(layers, 1)
+        while layers.sum() > layers_total:
+            time_now = (layers * self.layer_flops + head) / speed
+            time_now[layers <= 1] = -np.inf
+            layers[int(np.argmax(time_now))] -= 1
+        missing = 0
+        while layers.sum() < layers_total:
+            after = ((layers + 1) * self.layer_flops + head) / speed
+            after[layers >= caps] = np.inf
+            s = int(np.argmin(after))
+            if not math.isfinite(after[s]):
+                missing = layers_total - int(layers.sum())
+                layers[int(np.argmin((layers * self.layer_flops + head) / speed))] += missing
+                break
+            layers[s] += 1
+        return layers, missing
+
+    def compute(self, grid: np.ndarray, layers: np.ndarray) -> float:
+        flops = layers * self.layer_flops
+        flops = flops.astype(float)
+        flops[-1] += self.head_flops
+        step = flops[None, :] / self.tflops[grid]
+        return float((step.sum(axis=1) + (self.m - 1) * step.max(axis=1)).max())
+
+    def edges(self, grid: np.ndarray) -> np.ndarray:
+        """edges[p, s]: pipeline p's activation transfer across boundary s."""
+        return self.act[grid[:, :-1], grid[:, 1:]]
+
+    def churn(self, grid: np.ndarray, base: float, servers: np.ndarray) -> float:
+        rates = self.rates[grid]
+        if not rates.any():
+            return 0.0
+        refetch = (
+            self.view.latency_s[servers[None, :], grid]
+            + self.weights_bytes / self.view.bandwidth_Bps[servers[None, :], grid]
+        )
+        return float((rates * base * (base / 2.0 + refetch)).sum())
+
+    def servers(self, grid: np.ndarray, min_availability: float) -> np.ndarray:
+        return np.array([self.server_of(grid[:, s], min_availability) for s in range(grid.shape[1])], dtype=int)
+
+    def server_of(self, members: np.ndarray, min_availability: float) -> int:
+        """The most dependable member: availability first (those past the threshold count as
+        equal), then the cheapest to exchange the stage's weights with the others."""
+        avail = self.availability[members]
+        eligible = avail >= min_availability
+        if not eligible.any():
+            eligible = avail >= avail.max()
+        sub = (
+            self.view.latency_s[np.ix_(members, members)]
+            + self.weights_bytes / self.view.bandwidth_Bps[np.ix_(members, members)]
+        )
+        exchange = sub.sum(axis=0) + sub.sum(axis=1)
+        exchange[~eligible] = np.inf
+        return int(members[int(np.argmin(exchange))])
+
+    def total(self, grid: np.ndarray, dp: np.ndarray, min_availability: float = 0.9) -> float:
+        layers, missing = self.split_layers(grid)
+        base = self.compute(grid, layers) + dp.max() + 2.0 * float(self.edges(grid).max(axis=0).sum())
+        churn = self.churn(grid, base, grid[0]) if self.rates.any() else 0.0
+        return base + churn + missing * INFEASIBLE_PENALTY_S
+
+    def cost(self, grid: np.ndarray) -> float:
+        dp = np.array([self.dp_stage(grid[:, s]) for s in range(grid.shape[1])])
+        return self.total(grid, dp)
+
+
+# -- construction ---------------------------------------------------------------------------------
+
+
+def balanced_clusters(dist: np.ndarray, candidates: np.ndarray, k: int, size: int) -> list[np.ndarray]:
+    """``k`` clusters of exactly ``size`` devices from ``candidates`` (at least ``k * size``),
+    close under ``dist`` (symmetric): seeds spread by farthest-point, then devices placed in
+    order of regret (how much worse their second-best cluster is), each cluster's distance the
+    mean to its members so far. Devices left over are the ones farthest from every cluster."""
+    cand = np.asarray(candidates)
+    d = dist[np.ix_(cand, cand)]
+    # The first seed: the device with the tightest neighbourhood of ``size``.
+    tight = np.sort(d, axis=1)[:, :size].sum(axis=1)
+    seeds = [int(np.argmin(tight))]
+    nearest = d[seeds[0]].copy()
+    for _ in range(1, k):
+        nearest_masked = nearest.copy()
+        nearest_masked[seeds] = -np.inf
+        seeds.append(int(np.argmax(nearest_masked)))
+        nearest = np.minimum(nearest, d[seeds[-1]])
+    members: list[list[int]] = [[s] for s in seeds]
+    sums = d[:, seeds].copy()  # sum of distances from each device to each cluster's members
+    open_ = np.ones(k, dtype=bool)
+    placed = np.zeros(len(cand), dtype=bool)
+    placed[seeds] = True
+    need = k * size - k
+    while need > 0:
+        counts = np.array([len(m) for m in members], dtype=float)
+        mean = sums / counts[None, :]
+        mean[:, ~open_] = np.inf
+        mean[placed] = np.inf
+        if open_.sum() >= 2:
+            two = np.partition(mean, 1, axis=1)[:, :2]
+            finite = np.isfinite(two).all(axis=1)
+            regret = np.zeros(len(cand))
+            regret[finite] = two[finite, 1] - two[finite, 0]
+        else:
+            regret = np.zeros(len(cand))
+        best = mean.min(axis=1)
+        # Favour decided devices, and among them the close ones.
+        score = np.where(placed, -np.inf, regret - best)
+        i = int(np.argmax(score))
+        c = int(np.argmin(mean[i]))
+        members[c].append(i)
+        placed[i] = True
+        sums[:, c] += d[:, i]
+        if len(members[c]) == size:
+            open_[c] = False
+        need -= 1
+    return [cand[np.array(m)] for m in members]
+
+
+def path_order(cost: np.ndarray) -> list[int]:
+    """An open path through every node minimising the summed ``cost[a][b]`` of its steps:
+    exact (subset dynamic programming) up to 10 nodes, else nearest neighbour plus 2-opt."""
+    n = len(cost)
+    if n <= 2:
+        return list(range(n)) if n < 2 or cost[0, 1] <= cost[1, 0] else [1, 0]
+    if n <= 10:
+        return _path_exact(cost)
+    best: list[int] = []
+    best_cost = math.inf
+    for start in range(n):
+        order = [start]
+        left = set(range(n)) - {start}
+        while left:
+            nxt = min(left, key=lambda j: cost[order[-1], j])
+            order.append(nxt)
+            left.remove(nxt)
+        order = _two_opt(order, cost)
+        c = sum(cost[a, b] for a, b in zip(order, order[1:], strict=False))
+        if c < best_cost:
+            best, best_cost = order, c
+    return best
+
+
+def _path_exact(cost: np.ndarray) -> list[int]:
+    n = len(cost)
+    full = 1 << n
+    dp = np.full((full, n), np.inf)
+    parent = np.full((full, n), -1, dtype=int)
+    for i in range(n):
+        dp[1 << i, i] = 0.0
+    for mask in range(full):
+        row = dp[mask]
+        for last in range(n):
+            here = row[last]
+            if not math.isfinite(here):
+                continue
+            for nxt in range(n):
+                if mask & (1 << nxt):
+                    continue
+                m2 = mask | (1 << nxt)
+                c = here + cost[last, nxt]
+                if c < dp[m2, nxt]:
+                    dp[m2, nxt] = c
+                    parent[m2, nxt] = last
+    last = int(np.argmin(dp[full - 1]))
+    order, mask = [], full - 1
+    while last >= 0:
+        order.append(last)
+        prev = parent[mask, last]
+        mask &= ~(1 << last)
+        last = prev
+    return order[::-1]
+
+
+def _two_opt(order: list[int], cost: np.ndarray) -> list[int]:
+    improved = True
+    while improved:
+        improved = False
+        for i in range(len(order) - 1):
+            for j in range(i + 2, len(order) + 1):
+                cand = order[:i] + order[i:j][::-1] + order[j:]
+                if _path_cost(cand, cost) + 1e-12 < _path_cost(order, cost):
+                    order, improved = cand, True
+    return order
+
+
+def _path_cost(order: list[int], cost: np.ndarray) -> float:
+    return float(sum(cost[a, b] for a, b in zip(order, order[1:], strict=False)))
+
+
+def rematch(grid: np.ndarray, act: np.ndarray) -> np.ndarray:
+    """Re-pair the pipelines at every boundary by bottleneck matching of the activation links,
+    stage by stage from the first (permuting the rows of the later stages together keeps the
+    boundaries already matched)."""
+    grid = grid.copy()
+    for s in range(grid.shape[1] - 1):
+        cols, _ = bottleneck_matching(act[np.ix_(grid[:, s], grid[:, s + 1])])
+        grid[:, s + 1 :] = grid[cols, s + 1 :]
+    return grid
+
+
+def groups_first(cost: GridCost, candidates: np.ndarray) -> np.ndarray:
+    """Stage groups close for the data-parallel exchange, ordered along the coarsened graph."""
+    shape = cost.shape
+    dist = cost.act + cost.act.T if cost.dp_pair is None else cost.dp_pair + cost.dp_pair.T
+    groups = balanced_clusters(dist, candidates, shape.stages, shape.data_parallel)
+    between = np.zeros((shape.stages, shape.stages))
+    for a in range(shape.stages):
+        for b in range(shape.stages):
+            if a != b:
+                between[a, b] = bottleneck_matching(cost.act[np.ix_(groups[a], groups[b])])[1]
+    order = path_order(between)
+    grid = np.stack([groups[g] for g in order], axis=1)
+    return rematch(grid, cost.act)
+
+
+def pipelines_first(cost: GridCost, candidates: np.ndarray) -> np.ndarray:
+    """Pipelines of devices close for the activations, each ordered along its cheapest path and
+    then (device awareness) aligned so that like devices share a stage."""
+    shape = cost.shape
+    pipes = balanced_clusters(cost.act + cost.act.T, candidates, shape.data_parallel, shape.stages)
+    rows = []
+    for members in pipes:
+        if shape.stages > 1:
+            order = path_order(cost.act[np.ix_(members, members)])
+            rows.append(members[order])
+        else:
+            rows.append(members)
+    return np.stack(rows)
+
+
+# -- local search ---------------------------------------------------------------------------------
+
+
+class Search:
+    """Swap moves on a grid, costed incrementally (only the touched stage groups' data-parallel
+    cost is recomputed)."""
+
+    def __init__(self, cost: GridCost, grid: np.ndarray, spare: Iterable[int], deadline: float, seed: int) -> None:
+        self.c = cost
+        self.grid = grid.copy()
+        self.spare = list(spare)
+        self.deadline = deadline
+        self.rng = np.random.default_rng(seed)
+        self.dp = np.array([cost.dp_stage(self.grid[:, s]) for s in range(grid.shape[1])])
+        self.value = cost.total(self.grid, self.dp)
+        self.moves = 0
+
+    def _try(self, cells: Sequence[tuple[int, int]], devices: Sequence[int]) -> float:
+        """The cost with ``devices`` put in ``cells`` (the grid is restored)."""
+        old = [int(self.grid[p, s]) for p, s in cells]
+        for (p, s), d in zip(cells, devices, strict=True):
+            self.grid[p, s] = d
+        stages = {s for _, s in cells}
+        dp = self.dp.copy()
+        for s in stages:
+            dp[s] = self.c.dp_stage(self.grid[:, s])
+        value = self.c.total(self.grid, dp)
+        for (p, s), d in zip(cells, old, strict=True):
+            self.grid[p, s] = d
+        return value
+
+    def _apply(self, cells: Sequence[tuple[int, int]], devices: Sequence[int], value: float) -> None:
+        for (p, s), d in zip(cells, devices, strict=True):
+            old = int(self.grid[p, s])
+            self.grid[p, s] = d
+            if old in devices:
+                continue
+            # a spare came in: the device it replaced becomes spare
+            self.spare[self.spare.index(d)] = old
+        for s in {s for _, s in cells}:
+            self.dp[s] = self.c.dp_stage(self.grid[:, s])
+        self.value = value
+        self.moves += 1
+
+    def improve_cell(self, p: int, s: int) -> bool:
+        """The best swap of cell (p, s) with any other cell of another stage or any spare."""
+        n_pipes, n_stages = self.grid.shape
+        here = int(self.grid[p, s])
+        best, best_move = self.value - 1e-9 * max(1.0, self.value), None
+        for q in range(n_pipes):
+            for t in range(n_stages):
+                if t == s:
+                    continue
+                other = int(self.grid[q, t])
+                v = self._try([(p, s), (q, t)], [other, here])
+                if v < best:
+                    best, best_move = v, ([(p, s), (q, t)], [other, here])
+        for d in self.spare:
+            v = self._try([(p, s)], [d])
+            if v < best:
+                best, best_move = v, ([(p, s)], [d])
+        if best_move is None:
+            return False
+        self._apply(best_move[0], best_move[1], best)
+        return True
+
+    def critical_cells(self) -> list[tuple[int, int]]:
+        """The cells that make the cost: the worst member of the worst group, both ends of the
+        slowest link, the slowest member of the slowest stage."""
+        g = self.grid
+        cells = []
+        s = int(np.argmax(self.dp))
+        if self.c.dp_pair is not None:
+            members = g[:, s]
+            p = int(np.argmax(self.c.dp_pair[np.ix_(members, members)].sum(axis=1)))
+            cells.append((p, s))
+        if g.shape[1] > 1:
+            edges = self.c.edges(g)
+            pe, b = (int(x) for x in np.unravel_index(int(np.argmax(edges)), edges.shape))
+            cells += [(pe, b), (pe, b + 1)]
+        layers, _ = self.c.split_layers(g)
+        flops = layers * self.c.layer_flops
+        step = flops[None, :] / self.c.tflops[g]
+        ps, s2 = (int(x) for x in np.unravel_index(int(np.argmax(step)), step.shape))
+        cells.append((ps, s2))
+        return list(dict.fromkeys(cells))
+
+    def run(self) -> None:
+        while time.perf_counter() < self.deadline:
+            if any(self.improve_cell(p, s) for p, s in self.critical_cells()):
+                continue
+            if not self._sweep():
+                break
+
+    def _sweep(self) -> bool:
+        """One pass over every cell in random order; True if anything improved."""
+        n_pipes, n_stages = self.grid.shape
+        cells = [(p, s) for p in range(n_pipes) for s in range(n_stages)]
+        improved = False
+        for k in self.rng.permutation(len(cells)):
+            if time.perf_counter() >= self.deadline:
+                break
+            improved |= self.improve_cell(*cells[k])
+        return improved
+
+
+# -- shapes ---------------------------------------------------------------------------------------
+
+
+def min_stages(view: Scenario) -> int:
+    """The fewest stages whose layers fit on the larger half of the devices' memory."""
+    per_layer = layer_memory_bytes(view)
+    memory = np.sort([d.memory_gib * (1 << 30) for d in view.devices])[::-1]
+    typical = memory[max(0, len(memory) // 2 - 1)]
+    edge = typical - embedding_memory_bytes(view)
+    if edge < per_layer:
+        raise PlanError(
+            f"a first or last stage needs {(embedding_memory_bytes(view) + per_layer) / (1 << 30):.1f} GiB "
+            f"(embedding and one layer); the larger half of the devices have {typical / (1 << 30):.1f} GiB or less"
+        )
+    fit = max(1, int(typical // per_layer))
+    return max(1, min(view.model.layers, math.ceil(view.model.layers / fit)))
+
+
+def candidate_shapes(view: Scenario, usable: int, max_shapes: int) -> list[Shape]:
+    first = min_stages(view)
+    top = min(view.model.layers, usable, max(first * 4, first + 3))
+    stage_counts = sorted(set(np.linspace(first, top, num=min(top - first + 1, max_shapes // 2)).astype(int)))
+    shapes: list[Shape] = []
+    for s in stage_counts:
+        most = usable // s
+        for n in sorted({most, max(1, most * 3 // 4), max(1, most // 2)}, reverse=True):
+            if n >= 1:
+                shapes.append(Shape(int(s), int(n)))
+    return shapes[: max(max_shapes, 1)]
+
+
+def usable_devices(view: Scenario, settings: PlannerSettings) -> np.ndarray:
+    """Devices worth planning on, best first: those up too rarely to matter are left out when
+    reliability is known (they cost more in churn than they bring)."""
+    avail = np.array([d.availability for d in view.devices])
+    keep = np.arange(view.n)
+    if settings.awareness.reliability:
+        keep = keep[avail >= 0.5] if (avail >= 0.5).sum() >= 1 else keep
+    return keep
+
+
+# -- planning -------------------------------------------------------------------------------------
+
+
+def build(view: Scenario, shape: Shape, usable: np.ndarray) -> tuple[GridCost, np.ndarray, float]:
+    """Both constructions for ``shape``; the cheaper grid and its cost."""
+    cost = GridCost(view, shape)
+    best_grid, best_value = None, math.inf
+    for construct in (groups_first, pipelines_first):
+        grid = construct(cost, usable)
+        if shape.stages > 1:
+            grid = rematch(grid, cost.act)
+        value = cost.cost(grid)
+        if value < best_value:
+            best_grid, best_value = grid, value
+    assert best_grid is not None
+    return cost, best_grid, best_value
+
+
+def plan(scenario: Scenario, settings: PlannerSettings | None = None) -> Plan:
+    """A full plan for ``scenario`` (see the module doc)."""
+    settings = settings or PlannerSettings()
+    started = time.perf_counter()
+    view = planning_view(scenario, settings.awareness)
+    if scenario.parallelism is not None:
+        shapes = [scenario.parallelism]
+        usable = np.arange(scenario.n)
+    else:
+        usable = usable_devices(view, settings)
+        shapes = candidate_shapes(view, len(usable), settings.max_shapes)
+    built = [build(view, shape, usable) for shape in shapes]
+    cost, grid, _ = min(built, key=lambda b: b[2])
+    deadline = started + settings.time_budget_s
+    spare = sorted(set(usable.tolist()) - set(grid.ravel().tolist()))
+    grid = refine(cost, grid, spare, deadline, settings.seed)
+    return finish(scenario, view, cost, grid, settings, started)
+
+
+def refine(cost: GridCost, grid: np.ndarray, spare: list[int], deadline: float, seed: int) -> np.ndarray:
+    """Local search, re-matching and stage reordering in rounds until nothing improves or time is up."""
+    value = cost.cost(grid)
+    while True:
+        search = Search(cost, grid, spare, deadline, seed)
+        search.run()
+        grid, spare = search.grid, search.spare
+        if grid.shape[1] > 1:
+            grid = best_of(cost, [grid, rematch(grid, cost.act), reorder_stages(cost, grid)])
+        new = cost.cost(grid)
+        if new >= value - 1e-9 * max(1.0, value) or time.perf_counter() >= deadline:
+            return grid
+        value = new
+
+
+def best_of(cost: GridCost, grids: list[np.ndarray]) -> np.ndarray:
+    return min(grids, key=cost.cost)
+
+
+def reorder_stages(cost: GridCost, grid: np.ndarray) -> np.ndarray:
+    """The stage groups along the cheapest path of the coarsened graph, re-matched."""
+    n_stages = grid.shape[1]
+    between = np.zeros((n_stages, n_stages))
+    for a in range(n_stages):
+        for b in range(n_stages):
+            if a != b:
+                between[a, b] = bottleneck_matching(cost.act[np.ix_(grid[:, a], grid[:, b])])[1]
+    order = path_order(between)
+    return rematch(grid[:, order], cost.act)
+
+
+def finish(
+    scenario: Scenario, view: Scenario, cost: GridCost, grid: np.ndarray, settings: PlannerSettings, started: float
+) -> Plan:
+    """Layers, roles and the prediction on the real scenario."""
+    layers, missing = cost.split_layers(grid)
+    if missing:
+        gib = 1 << 30
+        raise PlanError(
+            f"{missing} of {scenario.model.layers} layers fit on no stage of the best plan found "
+            f"({grid.shape[1]} stages x {grid.shape[0]} pipelines): a layer needs "
+            f"{layer_memory_bytes(scenario) / gib:.2f} GiB on a worker (the first and last stage "
+            f"{embedding_memory_bytes(scenario) / gib:.2f} GiB more), and the stages hold at most "
+            f"{cost.layer_caps(grid).tolist()} layers; add devices with more memory or lower batch.micro_batch"
+        )
+    min_avail = settings.min_availability if settings.awareness.reliability else 0.0
+    servers = cost.servers(grid, min_avail)
+    relays = elect_relays(view, cost, grid, min_avail)
+    result = Plan(
+        pipelines=tuple(tuple(int(d) for d in row) for row in grid),
+        layers_per_stage=tuple(int(x) for x in layers),
+        parameter_servers=tuple(int(x) for x in servers),
+        relays=tuple(relays),
+    )
+    runtime = time.perf_counter() - started
+    return replace(result, meta={"runtime_s": runtime, "prediction": predict(scenario, result)})
+
+
+def elect_relays(view: Scenario, cost: GridCost, grid: np.ndarray, min_availability: float) -> list[int]:
+    """Reliable devices through which some pipeline link is faster than direct (forwarding in
+    chunks: both latencies, the slower of the two bandwidths), best first; at most one per link."""
+    if grid.shape[1] < 2:
+        return []
+    avail = cost.availability
+    reliable = np.flatnonzero(avail >= min_availability)
+    if len(reliable) == 0:
+        return []
+    nbytes = view.activation_bytes(cost.shape)
+    chosen: dict[int, float] = {}
+    for s in range(grid.shape[1] - 1):
+        for p in range(grid.shape[0]):
+            a, b = int(grid[p, s]), int(grid[p, s + 1])
+            direct = cost.act[a, b]
+            via = (
+                view.latency_s[a, reliable]
+                + view.latency_s[reliable, b]
+                + nbytes / np.minimum(view.bandwidth_Bps[a, reliable], view.bandwidth_Bps[reliable, b])
+            )
+            via[(reliable == a) | (reliable == b)] = np.inf
+            k = int(np.argmin(via))
+            if via[k] < direct:
+                relay = int(reliable[k])
+                chosen[relay] = chosen.get(relay, 0.0) + float(direct - via[k])
+    return sorted(chosen, key=lambda r: -chosen[r])
+
+
+# -- repair ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Repair:
+    plan: Plan
+    changed: tuple[tuple[int, int], ...]
+    """The cells (pipeline, stage) whose device changed, in the new plan's coordinates."""
+    dropped_pipelines: int = 0
+    added_pipelines: int = 0
+
+
+def repair(
+    scenario: Scenario,
+    previous: Plan,
+    previous_ids: Sequence[str],
+    settings: PlannerSettings | None = None,
+    *,
+    time_budget_s: float = 0.05,
+) -> Repair:
+    """Mend ``previous`` (whose device indices refer to ``previous_ids``) for the devices of
+    ``scenario`` now: a departed device's cell is filled from the spares (the one that costs
+    least there) or, with none to spare, its pipeline is dropped and its devices become
+    spares; new devices are spares, a hole is filled first, and enough of them form a new
+    pipeline. Then a short local search around the touched cells only. The layer split is
+    kept unless a stage no longer fits (then recomputed)."""
+    settings = settings or PlannerSettings()
+    started = time.perf_counter()
+    view = planning_view(scenario, settings.awareness)
+    index = scenario.index()
+    old_grid = np.array([[index.get(previous_ids[d], -1) for d in row] for row in previous.pipelines], dtype=int)
+    n_pipes, n_stages = old_grid.shape
+    in_plan = set(old_grid[old_grid >= 0].tolist())
+    spare = [i for i in usable_devices(view, settings).tolist() if i not in in_plan]
+    holes = [(int(p), int(s)) for p, s in zip(*np.nonzero(old_grid < 0), strict=True)]
+    grid = old_grid.copy()
+    changed: list[tuple[int, int]] = []
+    dropped = added = 0
+    cost = GridCost(view, Shape(n_stages, n_pipes))
+    fixed = scenario.parallelism is not None
+    while holes:
+        if len(spare) < len(holes) and not fixed and grid.shape[0] > 1:
+            # Not enough spares: give up the pipeline with the most holes; its devices are spares.
+            worst = max(range(grid.shape[0]), key=lambda p: int((grid[p] < 0).sum()))
+            spare += [int(d) for d in grid[worst] if d >= 0]
+            grid = np.delete(grid, worst, axis=0)
+            changed = [(p - (p > worst), s) for p, s in changed if p != worst]
+            holes = [(p - (p > worst), s) for p, s in holes if p != worst]
+            dropped += 1
+            cost = GridCost(view, Shape(n_stages, grid.shape[0]))
+            continue
+        if not spare:
+            raise PlanError(
+                f"{len(holes)} cell(s) of the plan lost their device and no device is spare; "
+                "the fixed shape cannot be kept: wait for devices to join or plan a smaller shape"
+            )
+        p, s = holes.pop(0)
+        grid[p, s] = _best_fill(cost, grid, (p, s), spare, holes)
+        spare.remove(int(grid[p, s]))
+        changed.append((p, s))
+    if not fixed:
+        while len(spare) >= n_stages:
+            new_row = _new_pipeline(cost, grid, spare)
+            grid = np.vstack([grid, new_row])
+            for d in new_row:
+                spare.remove(int(d))
+            changed += [(grid.shape[0] - 1, s) for s in range(n_stages)]
+            added += 1
+            cost = GridCost(view, Shape(n_stages, grid.shape[0]))
+    # A short search around what changed: the touched cells and the critical ones.
+    search = Search(cost, grid, spare, started + time_budget_s, settings.seed)
+    touched = list(dict.fromkeys(changed))
+    for p, s in touched + search.critical_cells():
+        if time.perf_counter() >= search.deadline:
+            break
+        before = search.grid.copy()
+        if search.improve_cell(p, s):
+            changed += [(int(q), int(t)) for q, t in zip(*np.nonzero(before != search.grid), strict=True)]
+    grid = search.grid
+    layers = np.asarray(previous.layers_per_stage)
+    if (layers > cost.layer_caps(grid)).any() or dropped or added:
+        layers, _ = cost.split_layers(grid)
+    min_avail = settings.min_availability if settings.awareness.reliability else 0.0
+    servers = [
+        old if old in grid[:, s] else cost.server_of(grid[:, s], min_avail)
+        for s, old in enumerate(index.get(previous_ids[d], -1) for d in previous.parameter_servers)
+    ]
+    result = Plan(
+        pipelines=tuple(tuple(int(d) for d in row) for row in grid),
+        layers_per_stage=tuple(int(x) for x in layers),
+        parameter_servers=tuple(int(x) for x in servers),
+        relays=tuple(r for r in (index.get(previous_ids[d], -1) for d in previous.relays) if r >= 0),
+    )
+    runtime = time.perf_counter() - started
+    result = replace(result, meta={"runtime_s": runtime, "prediction": predict(scenario, result)})
+    return Repair(result, tuple(dict.fromkeys(changed)), dropped, added)
+
+
+def _best_fill(
+    cost: GridCost, grid: np.ndarray, cell: tuple[int, int], spare: list[int], holes: list[tuple[int, int]]
+) -> int:
+    """The spare that costs least in ``cell`` (other holes filled provisionally with it too, so
+    the grid can be costed)."""
+    p, s = cell
+    best, best_value = spare[0], math.inf
+    for d in spare:
+        trial = grid.copy()
+        trial[p, s] = d
+        for q, t in holes:
+            trial[q, t] = d  # provisional: only this cell's choice is being compared
+        value = cost.cost(trial)
+        if value < best_value:
+            best, best_value = d, value
+    return best
+
+
+def _new_pipeline(cost: GridCost, grid: np.ndarray, spare: list[int]) -> np.ndarray:
+    """A pipeline from spares: for each stage, the spare most like the stage's members (fastest
+    link to them), in order."""
+    left = list(spare)
+    row = []
+    for s in range(grid.shape[1]):
+        members = grid[:, s]
+        closeness = (
+            cost.dp_pair[np.ix_(np.asarray(left), members)].sum(axis=1)
+            if cost.dp_pair is not None
+            else np.zeros(len(left))
+        )
+        pick = left[int(np.argmin(closeness))]
+        row.append(pick)
+        left.remove(pick)
+    return np.array(row, dtype=int)

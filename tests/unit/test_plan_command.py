@@ -1,0 +1,63 @@
+"""``swarmd plan``: FORMAT.md's scenario in, its plan object out; a malformed file gets one line naming the field."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from swarmd.cli import main
+from swarmd.peers.scenario import load_scenario
+from swarmd.peers.scenario_gen import synthetic_scenario_dict
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def write(tmp_path: Path, raw: dict[str, object]) -> Path:
+    path = tmp_path / "scenario.json"
+    path.write_text(json.dumps(raw))
+    return path
+
+
+def test_json_plan_has_exactly_the_format_fields(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    raw = synthetic_scenario_dict(12, regions=2, seed=1, parallelism={"stages": 3, "data_parallel": 4})
+    path = write(tmp_path, raw)
+    assert main(["plan", "--scenario", str(path), "--json", "--time-budget", "0.3"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"pipelines", "layers_per_stage", "parameter_servers", "relays", "predicted",
+                        "sync_comm_reference_s", "runtime_s"}  # fmt: skip
+    assert set(out["predicted"]) >= {"iteration_s", "compute_s", "pipeline_comm_s", "sync_comm_s"}
+    ids = {d["id"] for d in raw["devices"]}  # type: ignore[union-attr, index]
+    assert len(out["pipelines"]) == 4 and all(len(row) == 3 for row in out["pipelines"])
+    placed = [d for row in out["pipelines"] for d in row]
+    assert len(set(placed)) == 12 and set(placed) <= ids
+    assert sum(out["layers_per_stage"]) == raw["model"]["layers"]  # type: ignore[index]
+    assert set(out["parameter_servers"]) <= ids and set(out["relays"]) <= ids
+    p = out["predicted"]
+    assert p["iteration_s"] == pytest.approx(p["compute_s"] + p["pipeline_comm_s"] + p["sync_comm_s"] + p["churn_s"],
+                                             rel=1e-5)  # fmt: skip
+    # The reference cost is the pipeline and data-parallel traffic of the same plan.
+    assert out["sync_comm_reference_s"] == pytest.approx(p["pipeline_comm_s"] + p["sync_comm_s"], rel=1e-5)
+    assert out["runtime_s"] > 0
+    load_scenario(path)  # the file we wrote is one the parser takes
+
+
+def test_human_output_names_stages_and_costs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, synthetic_scenario_dict(16, regions=2, seed=2))
+    assert main(["plan", "--scenario", str(path), "--time-budget", "0.3", "--no-network"]) == 0
+    out = capsys.readouterr().out
+    assert "parameter server" in out and "predicted iteration" in out and "reference cost" in out
+
+
+def test_a_malformed_scenario_exits_1_with_one_line_naming_the_field(tmp_path: Path) -> None:
+    raw = synthetic_scenario_dict(4, regions=1, seed=1)
+    raw["bandwidth_Bps"][1][3] = float("nan")  # type: ignore[index]
+    path = write(tmp_path, raw)
+    result = subprocess.run([sys.executable, "-m", "swarmd", "plan", "--scenario", str(path)],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.strip().count("\n") == 0, result.stderr
+    assert "bandwidth_Bps[1][3]" in result.stderr and "Traceback" not in result.stderr
