@@ -96,3 +96,22 @@ def train_reference(
         if on_step is not None:
             on_step(result)
     return results, {name: p.detach().clone() for name, p in model.state_dict().items()}
+
+
+def held_out_loss(model: torch.nn.Module, dataset: Dataset, *, sequences: int = 64, micro_batch: int = 8) -> float:
+    """Mean loss of ``model`` (a causal LM) over the first ``sequences`` of ``dataset``.
+
+    The yardstick for comparing two sets of weights (a swarm's against the reference's): the
+    same held-out sequences, one consistent set of weights, no dropout, no gradient."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    try:
+        with torch.no_grad():
+            for start in range(0, min(sequences, len(dataset)), micro_batch):
+                ids = dataset.batch(range(start, min(start + micro_batch, sequences, len(dataset))))
+                total += float(model(input_ids=ids, labels=ids).loss) * len(ids)
+                count += len(ids)
+    finally:
+        model.train(was_training)
+    return total / count
