@@ -257,12 +257,24 @@ def bottleneck_matching(cost: np.ndarray) -> tuple[np.ndarray, float]:
     among those, the cheapest in sum. Returns ``cols`` (row i goes to ``cols[i]``) and the
     bottleneck. Binary search over the distinct costs, each tested with an assignment."""
     values = np.unique(cost)
-    lo, hi = 0, len(values) - 1
+
+    def feasible(k: int) -> bool:
+        over = (cost > values[k]).astype(float)
+        rows, cols = linear_sum_assignment(over)
+        return bool(over[rows, cols].sum() == 0)
+
+    # No matching beats the dearest of the rows' and columns' cheapest pairs; the answer is
+    # usually close above it: gallop up from there, then bisect.
+    floor = max(cost.min(axis=1).max(), cost.min(axis=0).max())
+    lo = int(np.searchsorted(values, floor))
+    step, hi = 1, lo
+    while not feasible(hi):
+        lo = hi + 1
+        hi = min(len(values) - 1, hi + step)
+        step *= 2
     while lo < hi:
         mid = (lo + hi) // 2
-        over = (cost > values[mid]).astype(float)
-        rows, cols = linear_sum_assignment(over)
-        if over[rows, cols].sum() == 0:
+        if feasible(mid):
             hi = mid
         else:
             lo = mid + 1

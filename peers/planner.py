@@ -126,6 +126,7 @@ class GridCost:
         self.head_flops = view.model.head_flops_per_sequence() * view.micro_batch
         self.m = micro_batches_per_pipeline(view, shape)
         self.weights_bytes = view.grad_bytes(shape)
+        self._splits: dict[bytes, tuple[np.ndarray, int]] = {}
 
     # pieces
     def dp_stage(self, members: np.ndarray) -> float:
@@ -141,13 +142,23 @@ class GridCost:
 
     def split_layers(self, grid: np.ndarray) -> tuple[np.ndarray, int]:
         """Layers per stage minimising the slowest stage's time (each stage as fast as its
-        slowest member), within memory; returns them and how many layers did not fit."""
-        n_stages = grid.shape[1]
-        layers_total = self.view.model.layers
+        slowest member), within memory; returns them and how many layers did not fit.
+        Memoised on the stages' speeds and capacities: most swaps change neither."""
         speed = self.tflops[grid].min(axis=0)
+        caps = self.layer_caps(grid)
+        key = speed.tobytes() + caps.tobytes()
+        found = self._splits.get(key)
+        if found is None:
+            if len(self._splits) > 100_000:
+                self._splits.clear()
+            found = self._splits[key] = self._split(speed, caps)
+        return found[0].copy(), found[1]
+
+    def _split(self, speed: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, int]:
+        n_stages = len(speed)
+        layers_total = self.view.model.layers
         head = np.zeros(n_stages)
         head[-1] = self.head_flops
-        caps = self.layer_caps(grid)
         layers = np.ones(n_stages, dtype=int)
         # Water-filling: each further layer goes where it makes the smallest slowest-stage time.
         # Closed form first (proportional to speed), then exact greedy steps for the remainder.
@@ -242,32 +253,36 @@ def balanced_clusters(dist: np.ndarray, candidates: np.ndarray, k: int, size: in
     members: list[list[int]] = [[s] for s in seeds]
     sums = d[:, seeds].copy()  # sum of distances from each device to each cluster's members
     open_ = np.ones(k, dtype=bool)
-    placed = np.zeros(len(cand), dtype=bool)
-    placed[seeds] = True
+    unplaced = np.setdiff1d(np.arange(len(cand)), seeds)
     need = k * size - k
     while need > 0:
         counts = np.array([len(m) for m in members], dtype=float)
-        mean = sums / counts[None, :]
+        mean = sums[unplaced] / counts[None, :]
         mean[:, ~open_] = np.inf
-        mean[placed] = np.inf
         if open_.sum() >= 2:
             two = np.partition(mean, 1, axis=1)[:, :2]
-            finite = np.isfinite(two).all(axis=1)
-            regret = np.zeros(len(cand))
-            regret[finite] = two[finite, 1] - two[finite, 0]
+            regret = np.where(np.isfinite(two[:, 1]), two[:, 1] - np.minimum(two[:, 0], two[:, 1]), 0.0)
         else:
-            regret = np.zeros(len(cand))
-        best = mean.min(axis=1)
-        # Favour decided devices, and among them the close ones.
-        score = np.where(placed, -np.inf, regret - best)
-        i = int(np.argmax(score))
-        c = int(np.argmin(mean[i]))
-        members[c].append(i)
-        placed[i] = True
-        sums[:, c] += d[:, i]
-        if len(members[c]) == size:
-            open_[c] = False
-        need -= 1
+            regret = np.zeros(len(unplaced))
+        choice = np.argmin(mean, axis=1)
+        # Decided devices first (large regret), and among them the close ones. Small swarms
+        # place one device per round; large ones a batch per round on the same means, which
+        # keeps a thousand devices to a few dozen rounds.
+        order = np.argsort(-(regret - mean[np.arange(len(unplaced)), choice]), kind="stable")
+        batch = 1 if len(cand) <= 200 else max(1, len(unplaced) // 16)
+        done = []
+        for row in order[:batch]:
+            c = int(choice[row])
+            if not open_[c] or need == 0:
+                continue
+            i = int(unplaced[row])
+            members[c].append(i)
+            sums[:, c] += d[:, i]
+            done.append(row)
+            need -= 1
+            if len(members[c]) == size:
+                open_[c] = False
+        unplaced = np.delete(unplaced, done)
     return [cand[np.array(m)] for m in members]
 
 
@@ -296,31 +311,31 @@ def path_order(cost: np.ndarray) -> list[int]:
 
 
 def _path_exact(cost: np.ndarray) -> list[int]:
+    """Held-Karp over subsets for an open path, one numpy step per subset."""
     n = len(cost)
     full = 1 << n
     dp = np.full((full, n), np.inf)
     parent = np.full((full, n), -1, dtype=int)
     for i in range(n):
         dp[1 << i, i] = 0.0
-    for mask in range(full):
+    bits = 1 << np.arange(n)
+    for mask in range(1, full):
         row = dp[mask]
-        for last in range(n):
-            here = row[last]
-            if not math.isfinite(here):
-                continue
-            for nxt in range(n):
-                if mask & (1 << nxt):
-                    continue
-                m2 = mask | (1 << nxt)
-                c = here + cost[last, nxt]
-                if c < dp[m2, nxt]:
-                    dp[m2, nxt] = c
-                    parent[m2, nxt] = last
+        if not np.isfinite(row).any():
+            continue
+        via = row[:, None] + cost  # via[last, nxt]
+        best_last = np.argmin(via, axis=0)
+        best = via[best_last, np.arange(n)]
+        for nxt in np.flatnonzero((mask & bits) == 0):
+            m2 = mask | (1 << int(nxt))
+            if best[nxt] < dp[m2, nxt]:
+                dp[m2, nxt] = best[nxt]
+                parent[m2, nxt] = best_last[nxt]
     last = int(np.argmin(dp[full - 1]))
     order, mask = [], full - 1
     while last >= 0:
         order.append(last)
-        prev = parent[mask, last]
+        prev = int(parent[mask, last])
         mask &= ~(1 << last)
         last = prev
     return order[::-1]
@@ -521,31 +536,66 @@ def candidate_shapes(view: Scenario, usable: int, max_shapes: int) -> list[Shape
 
 
 def usable_devices(view: Scenario, settings: PlannerSettings) -> np.ndarray:
-    """Devices worth planning on, best first: those up too rarely to matter are left out when
-    reliability is known (they cost more in churn than they bring)."""
+    """Devices worth planning on, best first (speed times availability, as far as the planner
+    may know them): those up too rarely to matter are left out when reliability is known
+    (they cost more in churn than they bring)."""
     avail = np.array([d.availability for d in view.devices])
+    speed = np.array([d.tflops for d in view.devices])
     keep = np.arange(view.n)
-    if settings.awareness.reliability:
-        keep = keep[avail >= 0.5] if (avail >= 0.5).sum() >= 1 else keep
-    return keep
+    if settings.awareness.reliability and (avail >= 0.5).any():
+        keep = keep[avail[keep] >= 0.5]
+    return keep[np.argsort(-(speed * avail)[keep], kind="stable")]
+
+
+def candidate_pools(cost: GridCost, usable: np.ndarray, shape: Shape, pools: int = 3) -> list[np.ndarray]:
+    """The device sets a construction draws from when the shape leaves devices out, each a
+    quarter more than it needs so that the clustering can still pass over a bad one: the
+    fastest (``usable`` is best first), and the tightest neighbourhoods on the graph (a seed
+    and its nearest devices under both kinds of traffic), from seeds that differ."""
+    need = min(len(usable), math.ceil(shape.devices * 1.25))
+    if need >= len(usable):
+        return [usable]
+    out = [usable[:need]]
+    dist = cost.act + cost.act.T
+    if cost.dp_pair is not None:
+        dist = dist + cost.dp_pair + cost.dp_pair.T
+    sub = dist[np.ix_(usable, usable)]
+    nearest = np.argsort(sub, axis=1)[:, :need]  # each row starts with the device itself
+    tightness = np.take_along_axis(sub, nearest, axis=1).sum(axis=1)
+    taken: set[int] = set()
+    for seed in np.argsort(tightness):
+        if len(out) > pools or int(seed) in taken:
+            continue
+        members = usable[nearest[seed]]
+        out.append(members)
+        taken.update(int(i) for i in nearest[seed])
+    return out
 
 
 # -- planning -------------------------------------------------------------------------------------
 
 
 def build(view: Scenario, shape: Shape, usable: np.ndarray) -> tuple[GridCost, np.ndarray, float]:
-    """Both constructions for ``shape``; the cheaper grid and its cost."""
+    """Both constructions on every candidate pool for ``shape``; the cheapest grid and its cost."""
     cost = GridCost(view, shape)
     best_grid, best_value = None, math.inf
-    for construct in (groups_first, pipelines_first):
-        grid = construct(cost, usable)
-        if shape.stages > 1:
-            grid = rematch(grid, cost.act)
-        value = cost.cost(grid)
-        if value < best_value:
-            best_grid, best_value = grid, value
+    for pool in candidate_pools(cost, usable, shape, pools=3 if view.n <= LARGE else 1):
+        for construct in (groups_first, pipelines_first):
+            grid = construct(cost, pool)
+            if shape.stages > 1:
+                grid = rematch(grid, cost.act)
+            value = cost.cost(grid)
+            if value < best_value:
+                best_grid, best_value = grid, value
     assert best_grid is not None
     return cost, best_grid, best_value
+
+
+LARGE = 200
+"""Past this many devices, constructions are cheaper (fewer candidate pools, fewer shapes, and
+clustering in batches) so that a thousand devices plan in seconds."""
+FINALISTS = 2
+"""Free mode: how many of the best-built shapes are refined by local search."""
 
 
 def plan(scenario: Scenario, settings: PlannerSettings | None = None) -> Plan:
@@ -553,18 +603,28 @@ def plan(scenario: Scenario, settings: PlannerSettings | None = None) -> Plan:
     settings = settings or PlannerSettings()
     started = time.perf_counter()
     view = planning_view(scenario, settings.awareness)
+    usable = usable_devices(view, settings)
     if scenario.parallelism is not None:
-        shapes = [scenario.parallelism]
-        usable = np.arange(scenario.n)
+        if len(usable) < scenario.parallelism.devices:
+            usable = np.arange(scenario.n)  # the shape is the user's: use whom it takes
+        finalists = [build(view, scenario.parallelism, usable)]
     else:
-        usable = usable_devices(view, settings)
-        shapes = candidate_shapes(view, len(usable), settings.max_shapes)
-    built = [build(view, shape, usable) for shape in shapes]
-    cost, grid, _ = min(built, key=lambda b: b[2])
-    deadline = started + settings.time_budget_s
-    spare = sorted(set(usable.tolist()) - set(grid.ravel().tolist()))
-    grid = refine(cost, grid, spare, deadline, settings.seed)
-    return finish(scenario, view, cost, grid, settings, started)
+        shapes = candidate_shapes(
+            view, len(usable), settings.max_shapes if view.n <= LARGE else settings.max_shapes // 2
+        )
+        finalists = sorted((build(view, shape, usable) for shape in shapes), key=lambda b: b[2])[:FINALISTS]
+    budget_each = max(0.0, settings.time_budget_s - (time.perf_counter() - started)) / len(finalists)
+    best: tuple[float, GridCost, np.ndarray] | None = None
+    for cost, grid, _ in finalists:
+        deadline = time.perf_counter() + budget_each
+        placed = set(grid.ravel().tolist())
+        spare = [int(d) for d in usable if int(d) not in placed]
+        grid = refine(cost, grid, spare, deadline, settings.seed)
+        value = cost.cost(grid)
+        if best is None or value < best[0]:
+            best = (value, cost, grid)
+    assert best is not None
+    return finish(scenario, view, best[1], best[2], settings, started)
 
 
 def refine(cost: GridCost, grid: np.ndarray, spare: list[int], deadline: float, seed: int) -> np.ndarray:
