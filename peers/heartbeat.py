@@ -84,6 +84,19 @@ def check_subject(f: Fields, signer: str, kind: str, *, run_id: str | None, peer
     return claimed, found_run
 
 
+def check_times(f: Fields, kind: str, claimed: str, now: float | None, max_ttl_s: float) -> tuple[float, float]:
+    """A record's ``issued_at`` and ``expires_at``, checked: a lifetime of at most ``max_ttl_s``
+    and, when ``now`` is given, issued no further in the future than clock skew explains and
+    not yet expired."""
+    issued_at = f.number("issued_at", 0, 1e11)
+    expires_at = f.number("expires_at", issued_at, issued_at + max_ttl_s)
+    if now is not None and issued_at > now + CLOCK_SKEW_S:
+        raise RecordError(f"{kind} of {claimed} is issued {issued_at - now:.0f} s in the future")
+    if now is not None and expires_at <= now:
+        raise RecordError(f"{kind} of {claimed} expired {now - expires_at:.0f} s ago")
+    return issued_at, expires_at
+
+
 def parse_heartbeat(raw: object, *, run_id: str | None, now: float | None, peer_id: str | None = None) -> Heartbeat:
     """Verify and decode a heartbeat for ``run_id``; ``peer_id`` is the DHT subkey it was found under.
 
@@ -101,12 +114,7 @@ def parse_heartbeat(raw: object, *, run_id: str | None, now: float | None, peer_
         "throughput_gflops", "version", "roles", "uptime_s", "leaving",
     })  # fmt: skip
     claimed, found_run = check_subject(f, record.signer, KIND, run_id=run_id, peer_id=peer_id)
-    issued_at = f.number("issued_at", 0, 1e11)
-    expires_at = f.number("expires_at", issued_at, issued_at + MAX_TTL_S)
-    if now is not None and issued_at > now + CLOCK_SKEW_S:
-        raise RecordError(f"heartbeat of {claimed} is issued {issued_at - now:.0f} s in the future")
-    if now is not None and expires_at <= now:
-        raise RecordError(f"heartbeat of {claimed} expired {now - expires_at:.0f} s ago")
+    issued_at, expires_at = check_times(f, "heartbeat", claimed, now, MAX_TTL_S)
     roles = f.strings("roles", len(ROLES), 32)
     if unknown := set(roles) - set(ROLES):
         raise RecordError(f"heartbeat of {claimed} names unknown roles {sorted(unknown)}")
