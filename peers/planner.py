@@ -627,7 +627,45 @@ def plan(scenario: Scenario, settings: PlannerSettings | None = None) -> Plan:
     return finish(scenario, view, best[1], best[2], settings, started)
 
 
+STALL_KICKS = 12
+"""Iterated local search stops after this many kicks in a row found nothing better."""
+
+
 def refine(cost: GridCost, grid: np.ndarray, spare: list[int], deadline: float, seed: int) -> np.ndarray:
+    """Descend to a local optimum, then kick it (a few random swaps between stages) and descend
+    again, keeping the best, until ``STALL_KICKS`` kicks in a row found nothing better or time
+    is up: single swaps alone stall where two groups must trade several members at once."""
+    rng = np.random.default_rng(seed)
+    best, best_spare = descend(cost, grid, spare, deadline, seed)
+    best_value = cost.cost(best)
+    stalls = 0
+    while stalls < STALL_KICKS and time.perf_counter() < deadline:
+        kicked = kick(best, rng)
+        grid, new_spare = descend(cost, kicked, list(best_spare), deadline, int(rng.integers(1 << 31)))
+        value = cost.cost(grid)
+        if value < best_value - 1e-9 * max(1.0, best_value):
+            best, best_spare, best_value, stalls = grid, new_spare, value, 0
+        else:
+            stalls += 1
+    return best
+
+
+def kick(grid: np.ndarray, rng: np.random.Generator, swaps: int = 3) -> np.ndarray:
+    """``grid`` with a few cells of different stages swapped at random."""
+    out = grid.copy()
+    n_pipes, n_stages = grid.shape
+    if n_stages < 2:
+        return out
+    for _ in range(swaps):
+        s, t = rng.choice(n_stages, size=2, replace=False)
+        p, q = rng.integers(n_pipes, size=2)
+        out[p, s], out[q, t] = out[q, t], out[p, s]
+    return out
+
+
+def descend(
+    cost: GridCost, grid: np.ndarray, spare: list[int], deadline: float, seed: int
+) -> tuple[np.ndarray, list[int]]:
     """Local search, re-matching and stage reordering in rounds until nothing improves or time is up."""
     value = cost.cost(grid)
     while True:
@@ -638,7 +676,7 @@ def refine(cost: GridCost, grid: np.ndarray, spare: list[int], deadline: float, 
             grid = best_of(cost, [grid, rematch(grid, cost.act), reorder_stages(cost, grid)])
         new = cost.cost(grid)
         if new >= value - 1e-9 * max(1.0, value) or time.perf_counter() >= deadline:
-            return grid
+            return grid, spare
         value = new
 
 
