@@ -34,6 +34,10 @@ from multiaddr import Multiaddr
 
 from swarmd.errors import JoinError, RecordError, RunSpecError
 from swarmd.peers.heartbeat import MAX_ADDRS, Heartbeat, parse_heartbeat
+from swarmd.peers.links import KIND as LINKS_KIND
+from swarmd.peers.links import parse_links
+from swarmd.peers.plan_record import KIND as PLAN_KIND
+from swarmd.peers.plan_record import parse_plan
 from swarmd.peers.records import peek_kind
 from swarmd.peers.run_spec import SignedRunSpec, open_run_spec, verify_run_spec
 from swarmd.peers.stage_leases import KIND as LEASE_KIND
@@ -58,6 +62,22 @@ def members_key(run_id: str) -> str:
 def stage_key(run_id: str, stage: int) -> str:
     return f"swarmd/{run_id}/stage/{stage}"
 
+
+def links_key(run_id: str) -> str:
+    return f"swarmd/{run_id}/links"
+
+
+def plan_key(run_id: str) -> str:
+    return f"swarmd/{run_id}/plan"
+
+
+# Record kinds stored one per peer (the signer's peer ID is the subkey) under one key per run:
+# kind -> (parser, the run's key). The validator and the readers both go through this table;
+# each parsed record has ``run_id``, ``peer_id`` and ``expires_at``.
+PER_PEER_KINDS: dict[str, tuple[Callable[..., Any], Callable[[str], str]]] = {
+    LINKS_KIND: (parse_links, links_key),
+    PLAN_KIND: (parse_plan, plan_key),
+}
 
 _PLAIN_VALUE = MSGPackSerializer.dumps(None)  # hivemind's subkey for a value without subkeys
 
@@ -91,7 +111,12 @@ class SwarmRecordValidator(RecordValidatorBase):
             subkey = MSGPackSerializer.loads(record.subkey)
             if not isinstance(subkey, str):
                 return False
-            if peek_kind(value) == LEASE_KIND:
+            kind = peek_kind(value)
+            if kind in PER_PEER_KINDS:
+                parser, key_of = PER_PEER_KINDS[kind]
+                found = parser(value, run_id=None, now=None, peer_id=subkey)
+                return record.key == _dht_id(key_of(found.run_id)) and record.expiration_time <= found.expires_at
+            if kind == LEASE_KIND:
                 lease = parse_lease(value, run_id=None, now=None, peer_id=subkey)
                 return (
                     record.key == _dht_id(stage_key(lease.run_id, lease.stage))
@@ -263,6 +288,30 @@ class SwarmDHT:
             if lease.stage == stage:
                 leases.append(lease)
         return leases
+
+    async def publish_peer_record(self, kind: str, peer_id: str, raw: bytes, expires_at: float) -> bool:
+        """Store this peer's record of a per-peer ``kind`` (links, plan, observations)."""
+        key = PER_PEER_KINDS[kind][1](self.run_id)
+        return bool(await self.dht.store(key, raw, expires_at, subkey=peer_id, return_future=True))
+
+    async def scan_peer_records(self, kind: str, now: float | None) -> list[Any]:
+        """Every verified record of ``kind`` in this run, one per peer (``now=None``: expired
+        ones too, for kinds whose newest record stands until replaced)."""
+        parser, key_of = PER_PEER_KINDS[kind]
+        found = await self.dht.get(key_of(self.run_id), latest=True, return_future=True)
+        if found is None or not isinstance(found.value, dict):
+            return []
+
+        def check() -> list[Any]:
+            out = []
+            for subkey, item in found.value.items():
+                try:
+                    out.append(parser(item.value, run_id=self.run_id, now=now, peer_id=subkey))
+                except RecordError as e:
+                    logger.debug("Dropped a %s record: %s", kind, e)
+            return out
+
+        return await asyncio.to_thread(check)  # signature checks off the loop, as for members
 
     async def publish_spec(self, raw: bytes) -> bool:
         expiration = get_dht_time() + SPEC_TTL_S
