@@ -301,3 +301,25 @@ def test_stage_lease_under_its_stage_key_only(validate: Validator, run_id: str, 
     assert not validate(run_id, key="members", **ok)
     assert not validate(run_id, key=f"swarmd/{run_id}/stage/1", value=raw, subkey=member.peer_id,
                         expiration=lease.expires_at + 60)  # fmt: skip
+
+
+def test_links_and_plan_records_under_their_own_keys_only(validate: Validator, run_id: str, member: Identity) -> None:
+    from swarmd.peers.links import LinkEstimate, make_record
+    from swarmd.peers.plan_record import PlanRecord
+
+    now = time.time()
+    links = make_record(run_id, member.peer_id, now, 60, 5.0, 8.0, {"QmOther": LinkEstimate(0.01, 1e6, now, 1)})
+    raw = links.sign(member)
+    ok = dict(value=raw, subkey=member.peer_id, expiration=links.expires_at)
+    assert validate(run_id, key=f"swarmd/{run_id}/links", **ok)
+    assert not validate(run_id, key=f"swarmd/{run_id}/plan", **ok)
+    assert not validate(run_id, key="members", **ok)
+    assert not validate(run_id, key=f"swarmd/{run_id}/links", value=raw, subkey="QmOther",
+                        expiration=links.expires_at)  # fmt: skip
+    plan = PlanRecord(run_id=run_id, peer_id=member.peer_id, issued_at=now, expires_at=now + 60, version=1,
+                      kind="full", devices=[member.peer_id], pipelines=[[0]], layers_per_stage=[4],
+                      parameter_servers=[0])  # fmt: skip
+    raw = plan.sign(member)
+    assert validate(run_id, key=f"swarmd/{run_id}/plan", value=raw, subkey=member.peer_id, expiration=now + 60)
+    assert not validate(run_id, key=f"swarmd/{run_id}/plan", value=raw, subkey=member.peer_id, expiration=now + 600)
+    assert not validate(run_id, key=f"swarmd/{run_id}/links", value=raw, subkey=member.peer_id, expiration=now + 60)
