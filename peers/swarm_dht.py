@@ -39,6 +39,8 @@ from swarmd.peers.links import parse_links
 from swarmd.peers.plan_record import KIND as PLAN_KIND
 from swarmd.peers.plan_record import parse_plan
 from swarmd.peers.records import peek_kind
+from swarmd.peers.reliability import KIND as OBSERVATIONS_KIND
+from swarmd.peers.reliability import parse_observations
 from swarmd.peers.run_spec import SignedRunSpec, open_run_spec, verify_run_spec
 from swarmd.peers.stage_leases import KIND as LEASE_KIND
 from swarmd.peers.stage_leases import StageLease, parse_lease
@@ -71,12 +73,17 @@ def plan_key(run_id: str) -> str:
     return f"swarmd/{run_id}/plan"
 
 
+def observations_key(run_id: str) -> str:
+    return f"swarmd/{run_id}/observations"
+
+
 # Record kinds stored one per peer (the signer's peer ID is the subkey) under one key per run:
 # kind -> (parser, the run's key). The validator and the readers both go through this table;
 # each parsed record has ``run_id``, ``peer_id`` and ``expires_at``.
 PER_PEER_KINDS: dict[str, tuple[Callable[..., Any], Callable[[str], str]]] = {
     LINKS_KIND: (parse_links, links_key),
     PLAN_KIND: (parse_plan, plan_key),
+    OBSERVATIONS_KIND: (parse_observations, observations_key),
 }
 
 _PLAIN_VALUE = MSGPackSerializer.dumps(None)  # hivemind's subkey for a value without subkeys

@@ -1,0 +1,81 @@
+"""Elected roles: who may serve as coordinator, parameter server (stage host) or relay.
+
+Pure functions over a snapshot (each peer's measured reliability and connectivity), so that
+every peer elects the same way. Roles are held through leases in the DHT (a stage's lease,
+``swarmd.peers.stage_leases``; the plan record for the coordinator) that expire unless
+renewed; what is decided here is who *should* hold them:
+
+- **Eligibility**: a newcomer to a role needs ``min_reliability`` (relays:
+  ``min_relay_reliability``) and ``min_connectivity_Bps``; an incumbent keeps the role down to
+  the thresholds less ``hysteresis`` (reliability) or less the same fraction (connectivity).
+  Measurements wobble; roles must not flap with them.
+- **Coordinator**: the incumbent (the publisher of the newest live plan: every peer reads the
+  same DHT, so every peer names the same incumbent) stays while eligible; a challenger never
+  displaces an eligible incumbent. Otherwise the best eligible peer by reliability, then
+  connectivity, then the lowest peer ID. With nobody eligible (a swarm of newcomers), the
+  incumbent stays, or else the lowest peer ID: a swarm must still be planned.
+- **Relays**: incumbents that stay eligible keep their role; vacancies go to the best
+  eligible peers, up to the number wanted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    min_reliability: float = 0.5
+    min_relay_reliability: float = 0.6
+    min_connectivity_Bps: float = 1e6
+    hysteresis: float = 0.1
+
+
+@dataclass(frozen=True)
+class Candidate:
+    peer_id: str
+    reliability: float
+    """0..1, as others observed the peer (``swarmd.peers.reliability``)."""
+    connectivity_Bps: float
+    """Median measured bandwidth from the peer to the others."""
+
+
+def eligible(candidate: Candidate, thresholds: Thresholds, incumbent: bool, *, relay: bool = False) -> bool:
+    need = thresholds.min_relay_reliability if relay else thresholds.min_reliability
+    need_bw = thresholds.min_connectivity_Bps
+    if incumbent:
+        need -= thresholds.hysteresis
+        need_bw *= 1.0 - thresholds.hysteresis
+    return candidate.reliability >= need and candidate.connectivity_Bps >= need_bw
+
+
+def _rank(c: Candidate) -> tuple[float, float, str]:
+    return (-c.reliability, -c.connectivity_Bps, c.peer_id)
+
+
+def elect_coordinator(candidates: Sequence[Candidate], current: str | None, thresholds: Thresholds) -> str | None:
+    """The coordinator for this snapshot (module doc); None only when there is no candidate."""
+    by_id = {c.peer_id: c for c in candidates}
+    if current in by_id and eligible(by_id[current], thresholds, incumbent=True):
+        return current
+    ranked = sorted(candidates, key=_rank)
+    for c in ranked:
+        if eligible(c, thresholds, incumbent=False):
+            return c.peer_id
+    if current in by_id:
+        return current  # nobody passes: keep whoever plans now rather than hand it round
+    # Nobody passes and nobody plans: the lowest peer ID. Among newcomers the measured figures
+    # are noise, and peers whose views differ by that noise must still pick the same one.
+    return min(by_id) if by_id else None
+
+
+def elect_relays(
+    candidates: Sequence[Candidate], current: Sequence[str], thresholds: Thresholds, want: int
+) -> list[str]:
+    """Up to ``want`` relays: eligible incumbents first (kept), then the best eligible newcomers."""
+    by_id = {c.peer_id: c for c in candidates}
+    kept = [p for p in current if p in by_id and eligible(by_id[p], thresholds, incumbent=True, relay=True)]
+    newcomers = [c.peer_id for c in sorted(candidates, key=_rank)
+                 if c.peer_id not in kept and eligible(c, thresholds, incumbent=False, relay=True)]  # fmt: skip
+    return (kept + newcomers)[:want]
