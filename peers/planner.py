@@ -75,6 +75,9 @@ class PlannerSettings:
     reliability is known and the planner may use it)."""
     max_shapes: int = 12
     """Free mode: at most this many shapes are built and costed."""
+    stages: int | None = None
+    """Free mode with the stage count fixed (a running swarm: the run spec cuts the model),
+    the number of pipelines left to the planner."""
 
 
 class PlanError(ScenarioError):
@@ -442,14 +445,15 @@ class Search:
         self.value = value
         self.moves += 1
 
-    def improve_cell(self, p: int, s: int) -> bool:
-        """The best swap of cell (p, s) with any other cell of another stage or any spare."""
+    def improve_cell(self, p: int, s: int, within: set[tuple[int, int]] | None = None) -> bool:
+        """The best swap of cell (p, s) with any other cell of another stage (of ``within``
+        only, when given) or any spare."""
         n_pipes, n_stages = self.grid.shape
         here = int(self.grid[p, s])
         best, best_move = self.value - 1e-9 * max(1.0, self.value), None
         for q in range(n_pipes):
             for t in range(n_stages):
-                if t == s:
+                if t == s or (within is not None and (q, t) not in within):
                     continue
                 other = int(self.grid[q, t])
                 v = self._try([(p, s), (q, t)], [other, here])
@@ -535,6 +539,15 @@ def candidate_shapes(view: Scenario, usable: int, max_shapes: int) -> list[Shape
     return shapes[: max(max_shapes, 1)]
 
 
+def pipeline_counts(stages: int, usable: int) -> list[Shape]:
+    """The shapes with ``stages`` stages worth trying: as many pipelines as the devices allow,
+    three quarters and half of that."""
+    most = usable // stages
+    if most < 1:
+        raise PlanError(f"{usable} usable device(s) cannot form one pipeline of {stages} stages")
+    return [Shape(stages, n) for n in sorted({most, max(1, most * 3 // 4), max(1, most // 2)}, reverse=True)]
+
+
 def usable_devices(view: Scenario, settings: PlannerSettings) -> np.ndarray:
     """Devices worth planning on, best first (speed times availability, as far as the planner
     may know them): those up too rarely to matter are left out when reliability is known
@@ -609,9 +622,12 @@ def plan(scenario: Scenario, settings: PlannerSettings | None = None) -> Plan:
             usable = np.arange(scenario.n)  # the shape is the user's: use whom it takes
         finalists = [build(view, scenario.parallelism, usable)]
     else:
-        shapes = candidate_shapes(
-            view, len(usable), settings.max_shapes if view.n <= LARGE else settings.max_shapes // 2
-        )
+        if settings.stages is not None:
+            shapes = pipeline_counts(settings.stages, len(usable))
+        else:
+            shapes = candidate_shapes(
+                view, len(usable), settings.max_shapes if view.n <= LARGE else settings.max_shapes // 2
+            )
         finalists = sorted((build(view, shape, usable) for shape in shapes), key=lambda b: b[2])[:FINALISTS]
     budget_each = max(0.0, settings.time_budget_s - (time.perf_counter() - started)) / len(finalists)
     best: tuple[float, GridCost, np.ndarray] | None = None
@@ -775,8 +791,8 @@ def repair(
     ``scenario`` now: a departed device's cell is filled from the spares (the one that costs
     least there) or, with none to spare, its pipeline is dropped and its devices become
     spares; new devices are spares, a hole is filled first, and enough of them form a new
-    pipeline. Then a short local search around the touched cells only. The layer split is
-    kept unless a stage no longer fits (then recomputed)."""
+    pipeline. Then a short local search among the touched cells and the spares only. The layer
+    split is kept unless a stage no longer fits or the shape changed (then recomputed)."""
     settings = settings or PlannerSettings()
     started = time.perf_counter()
     view = planning_view(scenario, settings.awareness)
@@ -820,15 +836,14 @@ def repair(
             changed += [(grid.shape[0] - 1, s) for s in range(n_stages)]
             added += 1
             cost = GridCost(view, Shape(n_stages, grid.shape[0]))
-    # A short search around what changed: the touched cells and the critical ones.
+    # A short search on what changed only: a touched cell may take a better spare or trade
+    # places with another touched cell; the rest of the plan stays as it was.
     search = Search(cost, grid, spare, started + time_budget_s, settings.seed)
     touched = list(dict.fromkeys(changed))
-    for p, s in touched + search.critical_cells():
+    for p, s in touched:
         if time.perf_counter() >= search.deadline:
             break
-        before = search.grid.copy()
-        if search.improve_cell(p, s):
-            changed += [(int(q), int(t)) for q, t in zip(*np.nonzero(before != search.grid), strict=True)]
+        search.improve_cell(p, s, within=set(touched))
     grid = search.grid
     layers = np.asarray(previous.layers_per_stage)
     if (layers > cost.layer_caps(grid)).any() or dropped or added:

@@ -50,11 +50,11 @@ def build_snapshot(
     uptime: Mapping[str, tuple[float | None, float | None]],
     model: dict[str, Any],
     batch: dict[str, int],
-    stages: int,
 ) -> Snapshot:
     """``uptime[peer]``: (mean uptime h, mean downtime h) as observed by others, (None, None)
-    when nobody has observed it long enough. The shape keeps the run's ``stages`` and makes as
-    many pipelines as the members allow (devices left over are the plan's spares)."""
+    when nobody has observed it long enough. The scenario leaves the shape free: the planner
+    keeps the run's stage count (``PlannerSettings.stages``) and chooses how many pipelines,
+    so that repairs can add and drop pipelines as members come and go."""
     ordered = sorted(members, key=lambda m: m.peer_id)
     ids = [m.peer_id for m in ordered]
     n = len(ids)
@@ -94,8 +94,6 @@ def build_snapshot(
         "model": model,
         "batch": batch,
     }
-    if n >= stages:
-        raw["parallelism"] = {"stages": stages, "data_parallel": n // stages}
     return Snapshot(parse_scenario(raw), measured, max(filled_lat, filled_bw))
 
 

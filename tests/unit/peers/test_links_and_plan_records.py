@@ -119,7 +119,7 @@ def test_the_snapshot_fills_unmeasured_links_and_counts_them() -> None:
         B.peer_id: links_of(B, {C.peer_id: LinkEstimate(0.04, 1e6, T0, 1)}, tflops=40.0),
     }
     snap = build_snapshot("live", members, records, {B.peer_id: (5.0, 1.0)},
-                          model_for_scenario(4, 128, 256, 128), {"sequences": 16, "micro_batch": 4}, 2)  # fmt: skip
+                          model_for_scenario(4, 128, 256, 128), {"sequences": 16, "micro_batch": 4})  # fmt: skip
     sc = snap.scenario
     i = sc.index()
     assert snap.measured == 2 and snap.filled == 4
@@ -129,4 +129,4 @@ def test_the_snapshot_fills_unmeasured_links_and_counts_them() -> None:
     tflops = {d.id: d.tflops for d in sc.devices}
     assert tflops[A.peer_id] == 20.0 and tflops[C.peer_id] == 30.0  # C measured nothing: the median
     assert sc.devices[i[B.peer_id]].mean_uptime_h == 5.0 and sc.devices[i[A.peer_id]].mean_uptime_h is None
-    assert sc.parallelism is not None and sc.parallelism.stages == 2 and sc.parallelism.data_parallel == 1
+    assert sc.parallelism is None  # the planner keeps the run's stages and chooses the pipelines
