@@ -259,6 +259,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     ]
     if result.get("training"):
         lines += _fmt_training(result["training"])
+    if result.get("swarm"):
+        lines += _fmt_swarm(result["swarm"], result["peer_id"])
     if result["peers"]:
         lines += _fmt_peers(result["peers"])
     print("\n".join(lines))
@@ -279,6 +281,31 @@ def _fmt_training(t: dict[str, Any]) -> list[str]:
         lines.append(f"worker    {done}; pushes {w['pushes']} ({w['pushes_refused']} refused); "
                      f"weight pulls {w['weight_pulls']}")  # fmt: skip
     return lines
+
+
+def _fmt_swarm(sw: dict[str, Any], own: str) -> list[str]:
+    coordinator = sw.get("coordinator") or "none elected yet"
+    if coordinator == own:
+        coordinator += " (this peer)"
+    p = sw.get("plan")
+    if p:
+        predicted = p.get("predicted_iteration_s")
+        figure = f"predicted iteration {predicted:.3f} s" if predicted is not None else "no prediction"
+        mine = "left out" if p["my_stage"] is None else f"stage {p['my_stage']}"
+        plan_text = (f"v{p['version']} ({p['kind']}) by {p['by'][:16]}...: {p['pipelines']} pipelines x "
+                     f"{p['stages']} stages, layers {p['layers_per_stage']}; {figure}; this peer: {mine}")  # fmt: skip
+    else:
+        plan_text = sw.get("plan_error") or "none yet (fewer peers than stages, or still measuring)"
+    links = sw["links"]
+    own_score = sw.get("reliability", {}).get(own)
+    return [
+        f"plan      {plan_text}",
+        f"coord     {coordinator}",
+        f"measured  links to {links['measured']} peer(s); matrix {links['matrix_measured']} measured, "
+        f"{links['matrix_filled']} filled; probes {links['probes_sent']} ({links['probe_failures']} failed), "
+        f"{links['probe_bytes_last_hour'] / 2**20:.1f} MiB this hour",
+        f"reliable  {'not observed yet' if own_score is None else f'{own_score:.2f}'} (as others observed this peer)",
+    ]
 
 
 def cmd_peers(args: argparse.Namespace) -> int:

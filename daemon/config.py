@@ -113,11 +113,50 @@ class ComputeConfig:
 
 
 @dataclass(kw_only=True)
+class ProbesConfig:
+    interval_s: float = 300.0
+    """Each peer that matters is probed (RTT and bandwidth) at most this often."""
+    bytes_per_hour: int = 64 * 1024 * 1024
+    """Bandwidth probes send at most this much per hour in all (a metered link stays cheap)."""
+    probe_bytes: int = 256 * 1024
+    """Bytes one bandwidth probe sends."""
+    max_peers: int = 32
+    """Peers probed per round at most."""
+
+    def __post_init__(self) -> None:
+        _check_range("probes", "interval_s", self.interval_s, 1, 86400)
+        _check_range("probes", "bytes_per_hour", self.bytes_per_hour, 0, 1 << 40)
+        _check_range("probes", "probe_bytes", self.probe_bytes, 16 * 1024, 1024 * 1024)
+        _check_range("probes", "max_peers", self.max_peers, 1, 1024)
+
+
+@dataclass(kw_only=True)
+class RolesConfig:
+    min_reliability: float = 0.5
+    """A parameter server, standby or coordinator needs at least this measured reliability
+    (0..1, swarmd.peers.reliability); an incumbent keeps its role down to this minus hysteresis."""
+    min_relay_reliability: float = 0.6
+    """What a relay needs (it forwards others' tensors: a little more than a server)."""
+    min_connectivity_Bps: float = 1e6
+    """Median measured bandwidth to the others that a role needs, bytes/s."""
+    hysteresis: float = 0.1
+    """How far below the thresholds an incumbent may drift before it loses its role."""
+
+    def __post_init__(self) -> None:
+        _check_range("roles", "min_reliability", self.min_reliability, 0, 1)
+        _check_range("roles", "min_relay_reliability", self.min_relay_reliability, 0, 1)
+        _check_range("roles", "min_connectivity_Bps", self.min_connectivity_Bps, 0, 1e12)
+        _check_range("roles", "hysteresis", self.hysteresis, 0, 0.5)
+
+
+@dataclass(kw_only=True)
 class Config:
     node: NodeConfig = field(default_factory=NodeConfig)
     swarm: SwarmConfig = field(default_factory=SwarmConfig)
     heartbeat: HeartbeatConfig = field(default_factory=HeartbeatConfig)
     compute: ComputeConfig = field(default_factory=ComputeConfig)
+    probes: ProbesConfig = field(default_factory=ProbesConfig)
+    roles: RolesConfig = field(default_factory=RolesConfig)
 
 
 def _check_maddr(where: str, maddr: object) -> None:
@@ -138,6 +177,8 @@ _SECTIONS: dict[str, type] = {
     "swarm": SwarmConfig,
     "heartbeat": HeartbeatConfig,
     "compute": ComputeConfig,
+    "probes": ProbesConfig,
+    "roles": RolesConfig,
 }
 
 

@@ -22,11 +22,14 @@ from swarmd import __version__, service
 from swarmd.children import LivenessPipe
 from swarmd.config import Config
 from swarmd.control import SOCKET_FILENAME, ControlServer
+from swarmd.coordination import PROBE_METHOD, Coordination
 from swarmd.device import describe_device, measure_throughput_gflops, resolve_device
 from swarmd.errors import JoinError, RecordError, SwarmdError
 from swarmd.lan_process import LanDiscoveryProcess
+from swarmd.peers.election import Thresholds
 from swarmd.peers.heartbeat import MAX_ADDRS, Device, Heartbeat, parse_heartbeat
 from swarmd.peers.identity import Identity, load_or_create_identity, write_p2pd_identity
+from swarmd.peers.links import ProbeBudget
 from swarmd.peers.membership import Membership
 from swarmd.peers.run_spec import SignedRunSpec, check_run_id
 from swarmd.peers.stage_rpc import Answer, RpcServer
@@ -62,6 +65,10 @@ MAX_LAN_DIALS = 8
 LAN_RESTART_INTERVAL_S = 10.0
 TRAINER_STOP_TIMEOUT_S = 25.0
 TRAINER_TICK_S = 1.0
+PROBE_ROUND_S = 5.0
+MEMBERSHIP_SCAN_S = 5.0
+PUBLISH_MEASUREMENTS_S = 15.0
+COORDINATE_S = 10.0
 
 
 class Node:
@@ -78,6 +85,7 @@ class Node:
         self.rpc: RpcServer | None = None
         self._p2p: Any = None  # hivemind P2P replica: the data path's requests go through it
         self.membership: Membership | None = None
+        self.coordination: Coordination | None = None
         self.device = Device(kind="cpu", name="unknown", memory_bytes=0, cpus=1)
         self.throughput_gflops = 0.0
         self.roles = ["worker"] if config.compute.train else []
@@ -158,16 +166,38 @@ class Node:
         self.spec = await self._join()
         await device_task
         hb = self.config.heartbeat
+        self.coordination = self._make_coordination()
         self._spawn("heartbeat", lambda: hb.interval_s, self._publish_heartbeat)
-        self._spawn("membership", lambda: min(hb.interval_s, 5.0), self._scan_members)
+        self._spawn("membership", lambda: min(hb.interval_s, MEMBERSHIP_SCAN_S), self._scan_members)
         self._spawn("rtt", lambda: max(hb.interval_s, 2.0), self._probe_rtts)
         self._spawn("spec", lambda: SPEC_TTL_S / 4, self._republish_spec, run_first=False)
         self._spawn("watchdog", lambda: service.watchdog_interval_s() or 2.0, self._watchdog)
         await self._start_rpc()
+        assert self.coordination is not None
+        # Paced by the heartbeat: a swarm tuned for quick membership also re-plans quickly.
+        self._spawn("probes", lambda: min(PROBE_ROUND_S, hb.interval_s), self.coordination.probe)
+        self._spawn("measurements", lambda: min(PUBLISH_MEASUREMENTS_S, 2 * hb.interval_s), self.coordination.publish)
+        self._spawn("coordination", lambda: min(COORDINATE_S, 2 * hb.interval_s), self.coordination.coordinate)
         if self.config.compute.train:
             await self._start_trainer()
         if cfg.mdns:
             self._spawn("LAN discovery", lambda: LAN_RESTART_INTERVAL_S, self._keep_lan, run_first=False)
+
+    def _make_coordination(self) -> Coordination:
+        assert self.spec is not None and self.identity is not None and self.dht is not None
+        probes, roles = self.config.probes, self.config.roles
+        budget = ProbeBudget(interval_s=probes.interval_s, bytes_per_hour=probes.bytes_per_hour,
+                             probe_bytes=probes.probe_bytes, max_peers=probes.max_peers)  # fmt: skip
+        thresholds = Thresholds(
+            min_reliability=roles.min_reliability, min_relay_reliability=roles.min_relay_reliability,
+            min_connectivity_Bps=roles.min_connectivity_Bps, hysteresis=roles.hysteresis,
+        )  # fmt: skip
+
+        def own_device() -> tuple[float, float]:
+            return self.throughput_gflops / 1000, self.device.memory_bytes / (1 << 30)
+
+        scan_s = min(self.config.heartbeat.interval_s, MEMBERSHIP_SCAN_S)
+        return Coordination(self.spec, self.identity, self.dht, self.state_dir, budget, thresholds, own_device, scan_s)
 
     async def _start_trainer(self) -> None:
         # transformers loads only on peers that train (seconds of start-up otherwise).
@@ -179,14 +209,15 @@ class Node:
             import torch
 
             torch.set_num_threads(self.config.compute.threads)
-        membership, own = self.membership, self.identity.peer_id
+        membership, own, coordination = self.membership, self.identity.peer_id, self.coordination
+        assert coordination is not None
 
         def members() -> list[dict[str, Any]]:
             return membership.snapshot(time.time())
 
         self.trainer = Trainer(
             self.spec, self.identity, self.dht, run_checkpoint_dir(self.state_dir, self.run_id), self.replicator,
-            members, standby=lambda: choose_standby(members(), own),
+            members, standby=lambda: choose_standby(members(), own, coordination.score_of), roles=coordination,
         )  # fmt: skip
         self._spawn("trainer", lambda: TRAINER_TICK_S, self.trainer.tick)
 
@@ -234,7 +265,7 @@ class Node:
 
     async def _start_rpc(self) -> None:
         """The data path's request server on the DHT's libp2p host: stage checkpoints for now."""
-        assert self.dht is not None and self.spec is not None
+        assert self.dht is not None and self.spec is not None and self.coordination is not None
         self.replicator = StageReplicator(
             self.run_id, self.spec.spec.stages, run_checkpoint_dir(self.state_dir, self.run_id), self.dht
         )
@@ -244,9 +275,11 @@ class Node:
             FETCH_METHOD: self.replicator.serve_checkpoint,
             LOG_METHOD: self.replicator.handle_log,
             STAGE_METHOD: self._serve_stage,
+            PROBE_METHOD: self.coordination.handle_probe,
         })  # fmt: skip
         await self.rpc.attach(self._p2p)
         self.replicator.p2p = self._p2p
+        self.coordination.p2p = self._p2p
 
     async def _serve_stage(self, sender: str, header: dict[str, Any], blobs: list[bytes]) -> Answer:
         if self.trainer is None:
@@ -271,6 +304,8 @@ class Node:
             await asyncio.wait_for(self._leave(), budget)
         except TimeoutError:
             logger.warning("Shutdown took over [node] stop_timeout_s = %.0f s; exiting anyway", budget)
+        if self.coordination is not None:
+            self.coordination.save()  # what we observed of others outlives this run of the daemon
         if self.dht is not None:
             await asyncio.to_thread(self.dht.shutdown)
 
@@ -437,6 +472,8 @@ class Node:
         scan = await self._dht_call(self.dht.scan_members(time.time()))
         self.rejected_records += scan.rejected
         joined, left = self.membership.update(scan.live, scan.leaving, time.time())
+        if self.coordination is not None:
+            self.coordination.observe(self.membership.snapshot(time.time()))
         if joined or left:  # what `systemctl status swarmd` shows
             service.notify_status(f"member of {self.run_id}; {len(self.membership.peers)} other peer(s) seen")
 
@@ -517,6 +554,7 @@ class Node:
             "rejected_records": self.rejected_records,
             "peers": self.membership.snapshot(now) if self.membership is not None else [],
             "training": self.trainer.status() if self.trainer is not None else None,
+            "swarm": self.coordination.status() if self.coordination is not None else None,
             "standby_copies": {"received": self.replicator.received, "refused": self.replicator.refused,
                                "logged": self.replicator.logged}
             if self.replicator is not None else None,

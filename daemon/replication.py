@@ -17,6 +17,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -211,9 +212,21 @@ class StageReplicator:
             logger.debug("Replicated stage %d version %d to %s", stage, version, standby)
 
 
-def choose_standby(members: list[dict[str, Any]], own_peer_id: str) -> str | None:
-    """The live member with the longest uptime (ties: lowest peer ID): the likeliest to stay."""
+def choose_standby(
+    members: list[dict[str, Any]], own_peer_id: str, score: Callable[[str], float] = lambda p: 0.0
+) -> str | None:
+    """The live member (other than us) likeliest to stay: the highest reliability as others
+    measured it, then the longest uptime, then the lowest peer ID."""
     others = [m for m in members if m["peer_id"] != own_peer_id]
     if not others:
         return None
-    return str(min(others, key=lambda m: (-m["uptime_s"], m["peer_id"]))["peer_id"])
+    return str(min(others, key=lambda m: (-score(m["peer_id"]), -m["uptime_s"], m["peer_id"]))["peer_id"])
+
+
+def standby_of(
+    members: list[dict[str, Any]], own_peer_id: str, holder: str, score: Callable[[str], float]
+) -> str | None:
+    """The standby that ``holder`` picks by ``choose_standby``, as any other peer computes it:
+    among the members seen from here plus ourselves (our own member list leaves us out)."""
+    everyone = [*members, {"peer_id": own_peer_id, "uptime_s": 0.0}]
+    return choose_standby([m for m in everyone if m["peer_id"] != holder], holder, score)

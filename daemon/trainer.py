@@ -23,7 +23,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from swarmd.errors import SwarmdError
 from swarmd.models.corpus import Dataset, load_corpus, train_eval_split
@@ -36,7 +36,7 @@ from swarmd.peers.stage_leases import StageLease, resolve_holder
 from swarmd.peers.stage_rpc import Answer, call
 from swarmd.peers.swarm_dht import SwarmDHT
 from swarmd.pipeline_worker import PipelineWorker, WorkerSettings
-from swarmd.replication import LOG_METHOD, StageReplicator
+from swarmd.replication import LOG_METHOD, StageReplicator, standby_of
 from swarmd.stage_host import HostSettings, StageHost
 
 logger = logging.getLogger(__name__)
@@ -66,6 +66,32 @@ def accumulate_of(spec: SignedRunSpec) -> int:
     return max(1, spec.spec.batch_sequences // spec.spec.micro_batch)
 
 
+class RoleView(Protocol):
+    """What the trainer asks of the swarm's measurements and elections (``swarmd.coordination``)."""
+
+    def score_of(self, peer: str) -> float:
+        """The peer's reliability as others observed it, 0..1."""
+
+    def may_host(self, peer: str, incumbent: bool) -> bool:
+        """Whether the peer passes the election's thresholds (an incumbent with hysteresis)."""
+
+    def home_stage(self) -> int | None:
+        """The stage the published plan gives this peer (None: no plan, or it leaves us out)."""
+
+
+class Unmeasured:
+    """Before anything is measured: nobody is preferred, everyone may host, no plan."""
+
+    def score_of(self, peer: str) -> float:
+        return 0.0
+
+    def may_host(self, peer: str, incumbent: bool) -> bool:
+        return True
+
+    def home_stage(self) -> int | None:
+        return None
+
+
 class Trainer:
     def __init__(
         self,
@@ -77,6 +103,7 @@ class Trainer:
         members: Callable[[], list[dict[str, Any]]],
         standby: Callable[[], str | None] = lambda: None,
         max_in_flight: int = 16,
+        roles: RoleView | None = None,
     ) -> None:
         self.spec = spec
         self.identity = identity
@@ -87,6 +114,7 @@ class Trainer:
         self.members = members
         self.standby = standby
         self.max_in_flight = max_in_flight
+        self.roles: RoleView = roles or Unmeasured()
         self.stages = spec.spec.stages
         self.state = "starting"
         self.error: str | None = None
@@ -147,9 +175,18 @@ class Trainer:
             if s in self._claimed and lease is not None and lease.peer_id != self.own:
                 logger.info("Stage %d went to %s (an earlier claim); withdrawing ours", s, lease.peer_id)
                 del self._claimed[s]
-        trainers = [TrainingPeer(m["peer_id"], m["uptime_s"]) for m in members if "worker" in m["roles"]]
+        holding = {lease.peer_id for lease in holders if lease is not None}
+        trainers = [
+            TrainingPeer(p, m["uptime_s"], self.roles.score_of(p), self.roles.may_host(p, p in holding))
+            for m in members if "worker" in m["roles"] and (p := m["peer_id"])
+        ]  # fmt: skip
+        trainers.append(TrainingPeer(self.own, 0.0, self.roles.score_of(self.own),
+                                     self.roles.may_host(self.own, self.own in holding)))  # fmt: skip
         free_for = [0.0 if since is None else now - since for since in self._free_since]
-        decision = decide(self.own, holders, trainers, free_for, CLAIM_GRACE_S)
+        # A stage whose holder is gone goes first to that holder's standby: it holds the replica.
+        preferred = [standby_of(members, self.own, last, self.roles.score_of) if last else None
+                     for last in self._last_holder]  # fmt: skip
+        decision = decide(self.own, holders, trainers, free_for, CLAIM_GRACE_S, preferred)
         for s in decision.release:
             logger.info("Handing stage %d over: %d training peers now share %d stages", s, len(trainers) + 1,
                         self.stages)  # fmt: skip
@@ -193,8 +230,8 @@ class Trainer:
 
     async def _open_host(self, stage: int) -> None:
         """Host ``stage``: resume from the newest checkpoint anyone offers, then serve it."""
-        by_uptime = sorted(self.members(), key=lambda m: -m["uptime_s"])
-        sources = [p for p in [self._last_holder[stage], *(m["peer_id"] for m in by_uptime)] if p and p != self.own]
+        likeliest = sorted(self.members(), key=lambda m: (-self.roles.score_of(m["peer_id"]), -m["uptime_s"]))
+        sources = [p for p in [self._last_holder[stage], *(m["peer_id"] for m in likeliest)] if p and p != self.own]
         candidates = list(dict.fromkeys(sources))[:MAX_CHECKPOINT_SOURCES]
         await self.replicator.fetch_newest(stage, candidates)
         s = self.spec.spec
@@ -296,10 +333,14 @@ class Trainer:
         self._worker_task = asyncio.create_task(self._run_worker(), name="pipeline worker")
 
     def _home(self) -> int | None:
-        """The stage our worker prefers: one we host, else one by our rank among the workers
-        that host nothing (so they spread evenly over the stages)."""
+        """The stage our worker prefers: one we host, else the one the published plan gives
+        us, else one by our rank among the workers that host nothing (so they spread evenly
+        over the stages)."""
         if self.hosts:
             return min(self.hosts)
+        planned = self.roles.home_stage()
+        if planned is not None and 0 <= planned < self.stages:
+            return planned
         hosts = {lease.peer_id for lease in self.holders if lease is not None}
         others = sorted({m["peer_id"] for m in self.members() if "worker" in m["roles"]} - hosts | {self.own})
         return others.index(self.own) % self.stages

@@ -8,10 +8,14 @@ go, by a rule every peer evaluates on the same snapshot (live leases, live train
   trainers as stages, each hosts one; the rest only work.
 - A peer hosting more than its share gives up one stage per round (its highest), so that a
   newcomer takes it over; a peer within its share keeps what it holds (no flapping).
-- A free stage goes to the trainer that hosts fewest stages, ties to the longest uptime (the
-  likeliest to stay), then the lowest peer ID. Only that peer claims it at first; once a stage
-  has stayed free for ``grace_s`` (its designated claimant is slow or gone), anyone may, and the
-  lease rule settles concurrent claims.
+- Only trainers that pass the election's thresholds host (``Trainer.eligible``: measured
+  reliability and connectivity, with hysteresis for incumbents), unless none does.
+- A free stage goes first to its preferred peer (the standby that holds its replica, so that
+  it takes over), else to the eligible trainer that hosts fewest stages, ties to the highest
+  measured reliability, then the longest uptime, then the lowest peer ID. Only that peer
+  claims it at first; once a stage has stayed free for ``grace_s`` (its designated claimant
+  is slow or gone), any eligible peer within its share may, and the lease rule settles
+  concurrent claims.
 - The run's *epoch* names who hosts what; when it changes, work in flight is re-queued from the
   data (``swarmd.stage_host``), so every host must agree on it: it hashes the holders and their
   claim times, which every reader sees alike.
@@ -31,6 +35,10 @@ from swarmd.peers.stage_leases import StageLease
 class Trainer:
     peer_id: str
     uptime_s: float
+    reliability: float = 0.0
+    """Measured by others (``swarmd.peers.reliability``): what orders who gets a free stage."""
+    eligible: bool = True
+    """Passes the election's thresholds for hosting (``swarmd.peers.election.eligible``)."""
 
 
 @dataclass(frozen=True)
@@ -51,24 +59,38 @@ def decide(
     trainers: Sequence[Trainer],
     free_for_s: Sequence[float],
     grace_s: float,
+    preferred: Sequence[str | None] | None = None,
 ) -> Decision:
     """What ``own`` should claim and release, given each stage's holder (None: free), the live
-    training members (``own`` among them or not), and how long each free stage has been free."""
+    training members (``own`` among them or not), how long each free stage has been free, and
+    for each stage the peer it should go to first when free (its standby, who holds its
+    replica; or the plan's parameter server), if any.
+
+    Only eligible trainers host, unless none is (a swarm of newcomers must still train). An
+    ineligible holder hands a stage over, one per round, while an eligible trainer has room."""
     everyone = {t.peer_id: t for t in trainers}
     everyone.setdefault(own, Trainer(own, 0.0))
-    share = fair_share(len(holders), len(everyone))
+    hosts = {p: t for p, t in everyone.items() if t.eligible} or everyone
+    share = fair_share(len(holders), len(hosts))
     held: dict[str, list[int]] = {p: [] for p in everyone}
     for stage, lease in enumerate(holders):
         if lease is not None:
             held.setdefault(lease.peer_id, []).append(stage)
     mine = held[own]
+    counts = {p: len(held.get(p, [])) for p in hosts}
+    if own not in hosts:
+        room = any(c < share for c in counts.values())
+        return Decision(claim=(), release=(max(mine),) if mine and room else ())
     release = (max(mine),) if len(mine) > share else ()
-    counts = {p: len(held.get(p, [])) for p in everyone}
     claim = []
     for stage, lease in enumerate(holders):
         if lease is not None:
             continue
-        designated = min(everyone.values(), key=lambda t: (counts[t.peer_id], -t.uptime_s, t.peer_id))
+        first = preferred[stage] if preferred is not None else None
+        if first in hosts and counts[first] < share:  # type: ignore[index]
+            designated = hosts[first]  # type: ignore[index]
+        else:
+            designated = min(hosts.values(), key=lambda t: (counts[t.peer_id], -t.reliability, -t.uptime_s, t.peer_id))
         counts[designated.peer_id] += 1
         if designated.peer_id == own:
             claim.append(stage)

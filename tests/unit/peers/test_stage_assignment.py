@@ -62,3 +62,38 @@ def test_epoch_names_the_hosting() -> None:
     assert epoch_of(one) != epoch_of([lease(0, "a"), lease(1, "c")])
     assert epoch_of(one) != epoch_of([lease(0, "a"), lease(1, "b", claimed_at=T0 + 1)])  # re-claimed
     assert epoch_of([lease(0, "a"), None]) is None
+
+
+def test_only_eligible_trainers_host_unless_none_is() -> None:
+    trainers = [Trainer("a", 100, 0.2, eligible=False), Trainer("b", 10, 0.9), Trainer("c", 5, 0.8)]
+    free = [None, None]
+    # a has the longest uptime but is not eligible: the stages go to b and c
+    assert decide("a", free, trainers, [0, 0], 10).claim == ()
+    assert decide("b", free, trainers, [0, 0], 10).claim == (0,)
+    assert decide("c", free, trainers, [0, 0], 10).claim == (1,)
+    # past the grace, an ineligible peer still does not claim
+    assert decide("a", free, trainers, [60, 60], 10).claim == ()
+    # nobody eligible: everyone may host (a swarm of newcomers must still train)
+    newcomers = [Trainer(t.peer_id, t.uptime_s, t.reliability, eligible=False) for t in trainers]
+    assert decide("b", free, newcomers, [0, 0], 10).claim == (0,)
+    assert decide("a", free, [newcomers[0]], [0, 0], 10).claim == (0, 1)
+
+
+def test_an_ineligible_holder_hands_over_while_an_eligible_peer_has_room() -> None:
+    trainers = [Trainer("a", 100, 0.1, eligible=False), Trainer("b", 10, 0.9)]
+    assert decide("a", [lease(0, "a"), lease(1, "b")], trainers, [0, 0], 10).release == (0,)
+    # b already holds its fair share (all of them, being the only eligible one, is its share)
+    holders = [lease(0, "a"), lease(1, "b"), lease(2, "b"), lease(3, "b")]
+    assert decide("a", holders, trainers, [0] * 4, 10).release == (0,)
+
+
+def test_reliability_orders_free_stages_and_the_standby_takes_over_first() -> None:
+    trainers = [Trainer("a", 100, 0.6), Trainer("b", 10, 0.9), Trainer("c", 50, 0.7)]
+    # measured reliability, not uptime, picks who gets a free stage
+    assert decide("b", [None], trainers, [0], 10).claim == (0,)
+    # the stage's standby (it holds the replica) comes first, whatever its rank
+    assert decide("a", [None], trainers, [0], 10, preferred=["a"]).claim == (0,)
+    assert decide("b", [None], trainers, [0], 10, preferred=["a"]).claim == ()
+    # a preferred peer that is not eligible is passed over
+    trainers[0] = Trainer("a", 100, 0.6, eligible=False)
+    assert decide("b", [None], trainers, [0], 10, preferred=["a"]).claim == (0,)

@@ -1,0 +1,336 @@
+"""Knowing the swarm, in the daemon: probes, observations, elected coordinator, published plan.
+
+Four periodic jobs of the node (``swarmd.node``) run through this object:
+
+- ``probe``: round-trip time (a DHT ping) and bandwidth (a ``probe`` request carrying
+  ``[probes] probe_bytes``) to the peers that are due (``swarmd.peers.links.ProbeBudget``:
+  each at most every ``interval_s``, within ``bytes_per_hour``).
+- ``observe``: on every membership scan, which peers were live; the observation book
+  (``swarmd.peers.reliability``) is saved in the state directory so that it survives restarts.
+- ``publish``: this peer's signed links record (what it measured, and its compute) and its
+  signed observations record.
+- ``coordinate``: read every peer's links and observations, compute each member's reliability
+  from what *others* observed, elect the coordinator (``swarmd.peers.election``, sticky), and
+  read the plan it published. The coordinator itself builds the live scenario
+  (``swarmd.peers.swarm_snapshot``) and plans from it: a full plan the first time, a repair
+  when members joined or left (``swarmd.peers.planner.repair``), and publishes it signed with
+  the next version.
+
+Planning runs in a worker thread (it is pure numpy work of up to ``PLAN_BUDGET_S``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from swarmd.peers.election import Candidate, Thresholds, elect_coordinator, eligible
+from swarmd.peers.identity import Identity
+from swarmd.peers.links import (
+    KIND as LINKS_KIND,
+)
+from swarmd.peers.links import (
+    LinkEstimate,
+    LinksRecord,
+    ProbeBudget,
+    bandwidth_from_transfer,
+    make_record,
+)
+from swarmd.peers.plan_cost import Plan
+from swarmd.peers.plan_record import KIND as PLAN_KIND
+from swarmd.peers.plan_record import PlanRecord
+from swarmd.peers.planner import PlanError, PlannerSettings, plan, repair
+from swarmd.peers.reliability import (
+    KIND as OBSERVATIONS_KIND,
+)
+from swarmd.peers.reliability import (
+    ObservationBook,
+    Observations,
+    Reliability,
+    swarm_reliability,
+)
+from swarmd.peers.run_spec import SignedRunSpec
+from swarmd.peers.scenario import ScenarioError
+from swarmd.peers.stage_rpc import RpcError, call
+from swarmd.peers.swarm_snapshot import Member, Snapshot, build_snapshot, model_for_scenario
+
+logger = logging.getLogger(__name__)
+
+PROBE_METHOD = "probe"
+RECORD_TTL_S = 120.0
+PLAN_TTL_S = 300.0
+PLAN_BUDGET_S = 0.5
+REPUBLISH_PLAN_S = 60.0
+OBSERVATIONS_FILE = "observations.json"
+PING_TIMEOUT_S = 5.0
+PROBE_TIMEOUT_S = 30.0
+
+
+class Coordination:
+    def __init__(
+        self,
+        spec: SignedRunSpec,
+        identity: Identity,
+        dht: Any,
+        state_dir: Path,
+        budget: ProbeBudget,
+        thresholds: Thresholds,
+        own_device: Callable[[], tuple[float, float]],
+        scan_interval_s: float,
+    ) -> None:
+        """``own_device()``: this peer's (compute TFLOPS, memory GiB) as measured at start;
+        ``scan_interval_s``: how often membership is scanned (``observe`` is called)."""
+        self.spec, self.identity, self.dht = spec, identity, dht
+        self.run_id, self.own = spec.run_id, identity.peer_id
+        self.budget, self.thresholds, self.own_device = budget, thresholds, own_device
+        self.path = state_dir / OBSERVATIONS_FILE
+        self.book = ObservationBook.load(self.path, self.own, max_gap_s=3 * scan_interval_s)
+        self.links: dict[str, LinkEstimate] = {}
+        self.p2p: Any = None  # set once the data path is up
+        self.members: dict[str, dict[str, Any]] = {}
+        """peer -> the membership view (heartbeat fields) at the last scan, others only."""
+        self.links_records: dict[str, LinksRecord] = {}
+        self.reliability: dict[str, Reliability] = {}
+        self.coordinator: str | None = None
+        self.plan: PlanRecord | None = None
+        self.snapshot: Snapshot | None = None
+        self.connectivity: dict[str, float] = {}
+        """Median bandwidth from each member to the others, of the last snapshot."""
+        self.plan_error: str | None = None
+        self._published_plan: PlanRecord | None = None
+        self._published_at = 0.0
+        self._highest_version = 0
+        self.probes_sent = 0
+        self.probe_failures = 0
+
+    # --- probes ------------------------------------------------------------------------------
+
+    async def handle_probe(
+        self, sender: str, header: dict[str, Any], blobs: list[bytes]
+    ) -> tuple[dict[str, Any], list[bytes]]:
+        """Answer a peer's bandwidth probe: its bytes are counted and dropped."""
+        from swarmd.peers.links import MAX_PROBE_BYTES
+
+        size = sum(len(b) for b in blobs)
+        if size > MAX_PROBE_BYTES:
+            raise RpcError(f"probe of {size} bytes is over the {MAX_PROBE_BYTES}-byte limit")
+        return {"bytes": size}, []
+
+    async def probe(self) -> None:
+        now = time.time()
+        due = self.budget.due(now, self.links, sorted(self.members))
+        if not due or self.p2p is None:
+            return
+        await asyncio.gather(*(self._probe_one(peer) for peer in due))
+
+    async def _probe_one(self, peer: str) -> None:
+        est = self.links.setdefault(peer, LinkEstimate())
+        rtt = None
+        with contextlib.suppress(Exception):
+            rtt = await asyncio.wait_for(self.dht.ping(peer), PING_TIMEOUT_S)
+        bandwidth = None
+        size = self.budget.next_probe_bytes(time.time())
+        if size:
+            started = time.perf_counter()
+            try:
+                await call(self.p2p, peer, PROBE_METHOD, {}, [bytes(size)], timeout_s=PROBE_TIMEOUT_S)
+                self.budget.charge(time.time(), size)
+                self.probes_sent += 1
+                bandwidth = bandwidth_from_transfer(size, time.perf_counter() - started, rtt or est.rtt_s)
+            except RpcError as e:
+                self.probe_failures += 1
+                logger.debug("Bandwidth probe to %s failed: %s", peer, e)
+        est.add(time.time(), rtt_s=rtt, bandwidth_Bps=bandwidth)
+
+    # --- observations ------------------------------------------------------------------------
+
+    def observe(self, members: list[dict[str, Any]]) -> None:
+        """A membership scan: who is live now (others only)."""
+        self.members = {m["peer_id"]: m for m in members if m["peer_id"] != self.own}
+        self.book.observe(time.time(), self.members)
+
+    def save(self) -> None:
+        try:
+            self.book.save(self.path)
+        except OSError as e:
+            logger.warning("Could not save observations to %s: %s", self.path, e)
+
+    # --- records -----------------------------------------------------------------------------
+
+    async def publish(self) -> None:
+        now = time.time()
+        tflops, memory_gib = self.own_device()
+        record = make_record(self.run_id, self.own, now, RECORD_TTL_S, tflops, memory_gib, self.links)
+        await self.dht.publish_peer_record(LINKS_KIND, self.own, record.sign(self.identity), record.expires_at)
+        observations = self.book.to_record(self.run_id, self.own, now, RECORD_TTL_S)
+        await self.dht.publish_peer_record(
+            OBSERVATIONS_KIND, self.own, observations.sign(self.identity), observations.expires_at
+        )
+        self.save()
+
+    # --- coordination ------------------------------------------------------------------------
+
+    async def coordinate(self) -> None:
+        now = time.time()
+        links, observations, plans = await asyncio.gather(
+            self.dht.scan_peer_records(LINKS_KIND, now),
+            self.dht.scan_peer_records(OBSERVATIONS_KIND, now),
+            self.dht.scan_peer_records(PLAN_KIND, None),
+        )
+        live = set(self.members) | {self.own}
+        self.links_records = {r.peer_id: r for r in links if r.peer_id in live}
+        observed: list[Observations] = [r for r in observations if r.observer in live]
+        self.reliability = swarm_reliability(observed, sorted(live))
+        self.snapshot = self._snapshot()
+        self.connectivity = self._connectivity()
+        candidates = self._candidates()
+        for record in plans:
+            self._highest_version = max(self._highest_version, record.version)
+        self.coordinator = elect_coordinator(candidates, incumbent(plans, live, now), self.thresholds)
+        if self.coordinator == self.own:
+            await self._plan_as_coordinator(now)
+        self.plan = self._adopt(plans)
+
+    def _snapshot(self) -> Snapshot | None:
+        spec = self.spec.spec
+        members = [Member(self.own, self.own_device()[1], self.own_device()[0])]
+        for peer, m in self.members.items():
+            memory = float(m.get("device", {}).get("memory_bytes", 0)) / (1 << 30)
+            members.append(Member(peer, memory, float(m.get("throughput_gflops", 0.0)) / 1000))
+        uptime = {p: (r.mean_uptime_h, r.mean_downtime_h) for p, r in self.reliability.items() if r.observers}
+        model = model_for_scenario(spec.model.layers, spec.model.hidden, spec.model.vocab, spec.model.seq_len)
+        batch = {"sequences": spec.batch_sequences, "micro_batch": spec.micro_batch}
+        try:
+            return build_snapshot(self.run_id, members, self.links_records, uptime, model, batch)
+        except ScenarioError as e:
+            logger.warning("The live swarm does not make a scenario: %s", e)
+            return None
+
+    def _candidates(self) -> list[Candidate]:
+        return [self._candidate(peer) for peer in sorted(set(self.members) | {self.own})]
+
+    def _candidate(self, peer: str) -> Candidate:
+        return Candidate(peer, self.score_of(peer), self.connectivity.get(peer, 0.0))
+
+    def _connectivity(self) -> dict[str, float]:
+        """Median measured (or filled) bandwidth from each member to the others."""
+        if self.snapshot is None:
+            return {}
+        sc = self.snapshot.scenario
+        out = {}
+        for i, peer in enumerate(sc.ids):
+            row = [float(sc.bandwidth_Bps[i, j]) for j in range(sc.n) if j != i]
+            out[peer] = statistics.median(row) if row else 0.0
+        return out
+
+    async def _plan_as_coordinator(self, now: float) -> None:
+        snap = self.snapshot
+        if snap is None or snap.scenario.n < self.spec.spec.stages:
+            return  # fewer members than stages: every member hosts and works, nothing to place
+        previous = self._published_plan or self.plan
+        members = set(snap.scenario.ids)
+        if previous is not None and set(previous.devices) == members and previous.peer_id == self.own:
+            if now - self._published_at >= REPUBLISH_PLAN_S:
+                await self._publish_plan(previous, now)  # same plan, fresh expiry
+            return
+        settings = PlannerSettings(time_budget_s=PLAN_BUDGET_S, stages=self.spec.spec.stages)
+        try:
+            if previous is not None and set(previous.devices) & members:
+                fixed = await asyncio.to_thread(
+                    repair, snap.scenario, record_plan(previous), previous.devices, settings
+                )
+                result, kind = fixed.plan, "repair"
+            else:
+                result, kind = await asyncio.to_thread(plan, snap.scenario, settings), "full"
+        except (PlanError, ScenarioError) as e:
+            self.plan_error = str(e)
+            logger.warning("Cannot plan the swarm: %s", e)
+            return
+        self.plan_error = None
+        prediction = result.meta.get("prediction")
+        predicted = prediction.to_json() if prediction is not None else {}  # type: ignore[attr-defined]
+        record = PlanRecord(
+            run_id=self.run_id, peer_id=self.own, issued_at=now, expires_at=now + PLAN_TTL_S,
+            version=self._highest_version + 1, kind=kind, devices=snap.scenario.ids,
+            pipelines=[list(row) for row in result.pipelines], layers_per_stage=list(result.layers_per_stage),
+            parameter_servers=list(result.parameter_servers), relays=list(result.relays),
+            predicted={k: float(v) for k, v in predicted.items()},
+        )  # fmt: skip
+        shape = f"{len(record.pipelines)} pipelines of {len(record.layers_per_stage)} stages"
+        predicted_s = record.predicted.get("iteration_s", 0.0)
+        logger.info("Plan v%d (%s): %s, predicted iteration %.3f s", record.version, kind, shape, predicted_s)
+        await self._publish_plan(record, now)
+
+    async def _publish_plan(self, record: PlanRecord, now: float) -> None:
+        fresh = PlanRecord(**{**record.__dict__, "issued_at": now, "expires_at": now + PLAN_TTL_S})
+        await self.dht.publish_peer_record(PLAN_KIND, self.own, fresh.sign(self.identity), fresh.expires_at)
+        self._published_plan, self._published_at = fresh, now
+        self._highest_version = max(self._highest_version, fresh.version)
+
+    def _adopt(self, plans: list[PlanRecord]) -> PlanRecord | None:
+        """The plan to follow: the elected coordinator's, else the highest version seen."""
+        if self._published_plan is not None and self.coordinator == self.own:
+            plans = [*plans, self._published_plan]
+        if not plans:
+            return self.plan
+        ours = [p for p in plans if p.peer_id == self.coordinator]
+        return max(ours or plans, key=lambda p: (p.version, p.issued_at))
+
+    # --- what others read --------------------------------------------------------------------
+
+    def home_stage(self) -> int | None:
+        return None if self.plan is None else self.plan.stage_of(self.own)
+
+    def score_of(self, peer: str) -> float:
+        r = self.reliability.get(peer)
+        return r.score if r is not None else 0.0
+
+    def may_host(self, peer: str, incumbent: bool) -> bool:
+        """Whether ``peer`` passes the thresholds for a parameter server (``[roles]``)."""
+        return eligible(self._candidate(peer), self.thresholds, incumbent)
+
+    def status(self) -> dict[str, Any]:
+        plan_ = self.plan
+        snap = self.snapshot
+        return {
+            "coordinator": self.coordinator,
+            "plan": None if plan_ is None else {
+                "version": plan_.version, "kind": plan_.kind, "by": plan_.peer_id,
+                "pipelines": len(plan_.pipelines), "stages": len(plan_.layers_per_stage),
+                "layers_per_stage": plan_.layers_per_stage,
+                "predicted_iteration_s": plan_.predicted.get("iteration_s"),
+                "my_stage": plan_.stage_of(self.own),
+                "grid": [[plan_.devices[d] for d in row] for row in plan_.pipelines],
+                "devices": plan_.devices,
+                "parameter_servers": [plan_.devices[d] for d in plan_.parameter_servers],
+            },
+            "plan_error": self.plan_error,
+            "reliability": {p: round(r.score, 3) for p, r in sorted(self.reliability.items())},
+            "links": {"measured": len([e for e in self.links.values() if e.samples]),
+                      "matrix_measured": snap.measured if snap else 0, "matrix_filled": snap.filled if snap else 0,
+                      "probes_sent": self.probes_sent, "probe_failures": self.probe_failures,
+                      "probe_bytes_last_hour": self.budget.spent_last_hour(time.time())},
+        }  # fmt: skip
+
+
+def incumbent(plans: list[PlanRecord], live: set[str], now: float) -> str | None:
+    """The coordinator every peer sees in the DHT: the live publisher of the newest unexpired
+    plan (ties, as when two started at once: the lower peer ID)."""
+    current = [p for p in plans if p.peer_id in live and p.expires_at > now]
+    return min(current, key=lambda p: (-p.version, p.peer_id)).peer_id if current else None
+
+
+def record_plan(record: PlanRecord) -> Plan:
+    """The planner's ``Plan`` of a published record (device indices into ``record.devices``)."""
+    return Plan(
+        pipelines=tuple(tuple(row) for row in record.pipelines),
+        layers_per_stage=tuple(record.layers_per_stage),
+        parameter_servers=tuple(record.parameter_servers),
+        relays=tuple(record.relays),
+    )
