@@ -63,6 +63,15 @@ class WorkerSettings:
     keep_versions: int = 8
 
 
+UPSTREAM_DONE = ("already has a backward task", "no stage input stored for micro-batch")
+"""How a host says it no longer needs a micro-batch's gradient (``swarmd.peers.task_queue``)."""
+
+
+def upstream_is_done(error: Exception) -> bool:
+    """Whether a refused backward ``put`` means the stage below is already past that micro-batch."""
+    return any(phrase in str(error) for phrase in UPSTREAM_DONE)
+
+
 @dataclass
 class WorkerStats:
     tasks: dict[str, int] = field(default_factory=lambda: {"forward": 0, "backward": 0, "last": 0})
@@ -71,6 +80,8 @@ class WorkerStats:
     micro_batches_pushed: int = 0
     weight_pulls: int = 0
     results_failed: int = 0
+    upstream_done: int = 0
+    """Backward results the stage below refused because it had finished that micro-batch."""
     seconds: dict[str, float] = field(
         default_factory=lambda: {"compute": 0.0, "serialise": 0.0, "requests": 0.0, "waiting": 0.0}
     )
@@ -217,11 +228,17 @@ class PipelineWorker:
         if out_frame is not None:
             try:
                 await self._put(s - 1, epoch, "backward", m, out_frame, weights_version=task.get("upstream_version"))
-            except SwarmdError:
-                self._workers[s].discard()  # the sum holds this micro-batch: redo them all
-                await self._fail(s, epoch, [*held.lease_ids, lease_id])
-                self._held[s] = _Held()
-                raise
+            except SwarmdError as e:
+                if upstream_is_done(e):
+                    # The stage below already finished this micro-batch (another copy of it got
+                    # there first): it needs no gradient from us, but our own gradient is good.
+                    # Failing the task would only redo it into the same refusal, forever.
+                    self.stats.upstream_done += 1
+                else:
+                    self._workers[s].discard()  # the sum holds this micro-batch: redo them all
+                    await self._fail(s, epoch, [*held.lease_ids, lease_id])
+                    self._held[s] = _Held()
+                    raise
         if not held.lease_ids:
             held.since = time.monotonic()
         held.lease_ids.append(lease_id)
@@ -344,6 +361,7 @@ class PipelineWorker:
         return {
             "tasks": dict(st.tasks), "pushes": st.pushes, "pushes_refused": st.pushes_refused,
             "micro_batches_pushed": st.micro_batches_pushed, "weight_pulls": st.weight_pulls,
-            "results_failed": st.results_failed, "seconds": {k: round(v, 2) for k, v in st.seconds.items()},
+            "results_failed": st.results_failed, "upstream_done": st.upstream_done,
+            "seconds": {k: round(v, 2) for k, v in st.seconds.items()},
             "host_versions": list(self.host_versions),
         }  # fmt: skip

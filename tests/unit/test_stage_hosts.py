@@ -145,3 +145,28 @@ def test_a_vanished_worker_costs_no_micro_batch(train: Dataset, tmp_path: Path) 
     cursor = swarm.hosts[0].info()["data_cursor"]
     finished_last = {m for m, _ in swarm.hosts[1].losses}
     assert cursor > 0 and all(m in finished_last for m in range(cursor))
+
+
+def test_a_backward_the_stage_below_no_longer_needs_is_recognised() -> None:
+    """A worker must not fail (and so redo, forever) a task whose gradient the stage below
+    refuses because it already finished that micro-batch: the phrases are the queue's own."""
+    from swarmd.peers.task_queue import Task, TaskKind, TaskQueue, TaskQueueConfig, TaskQueueError
+    from swarmd.pipeline_worker import upstream_is_done
+
+    q = TaskQueue(TaskQueueConfig(stage=0, capacity_bytes=1000))
+    q.put(Task(task_id="f1", micro_batch=1, stage=0, kind=TaskKind.FORWARD, payload="x"), 10, 0.0)
+    lease = q.claim("w", 0.0, 10.0)
+    assert lease is not None
+    q.complete(lease.lease_id, "w", 0.0, weights_version=0)
+    backward = Task(task_id="b1", micro_batch=1, stage=0, kind=TaskKind.BACKWARD, payload="g")
+    q.put(backward, 10, 0.0)
+    refusals = []
+    for again in (Task(task_id="b1x", micro_batch=1, stage=0, kind=TaskKind.BACKWARD, payload="g"),
+                  Task(task_id="b9", micro_batch=9, stage=0, kind=TaskKind.BACKWARD, payload="g")):  # fmt: skip
+        with pytest.raises(TaskQueueError) as e:
+            q.put(again, 10, 0.0)
+        refusals.append(e.value)
+    assert all(upstream_is_done(e) for e in refusals)
+    with pytest.raises(TaskQueueError) as full:
+        q.put(Task(task_id="f2", micro_batch=2, stage=0, kind=TaskKind.FORWARD, payload="y"), 10_000, 0.0)
+    assert not upstream_is_done(full.value)  # too big is not "done": the worker must hand it back
