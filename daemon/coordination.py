@@ -249,8 +249,9 @@ class Coordination:
             else:
                 result, kind = await asyncio.to_thread(plan, snap.scenario, settings), "full"
         except (PlanError, ScenarioError) as e:
+            if str(e) != self.plan_error:  # once per distinct reason, not every round
+                logger.warning("Cannot plan the swarm: %s", e)
             self.plan_error = str(e)
-            logger.warning("Cannot plan the swarm: %s", e)
             return
         self.plan_error = None
         prediction = result.meta.get("prediction")

@@ -71,6 +71,11 @@ PUBLISH_MEASUREMENTS_S = 15.0
 COORDINATE_S = 10.0
 
 
+def _paced(heartbeat_s: float, floor_s: float, ceiling_s: float) -> float:
+    """Two heartbeats, within [floor_s, ceiling_s]."""
+    return min(ceiling_s, max(floor_s, 2 * heartbeat_s))
+
+
 class Node:
     def __init__(self, config: Config, run_id: str) -> None:
         self.config = config
@@ -174,10 +179,13 @@ class Node:
         self._spawn("watchdog", lambda: service.watchdog_interval_s() or 2.0, self._watchdog)
         await self._start_rpc()
         assert self.coordination is not None
-        # Paced by the heartbeat: a swarm tuned for quick membership also re-plans quickly.
-        self._spawn("probes", lambda: min(PROBE_ROUND_S, hb.interval_s), self.coordination.probe)
-        self._spawn("measurements", lambda: min(PUBLISH_MEASUREMENTS_S, 2 * hb.interval_s), self.coordination.publish)
-        self._spawn("coordination", lambda: min(COORDINATE_S, 2 * hb.interval_s), self.coordination.coordinate)
+        # Paced by the heartbeat (a swarm tuned for quick membership also re-plans quickly), but
+        # never faster than these floors: every round is DHT traffic that heartbeats and leases,
+        # which must stay prompt, share.
+        self._spawn("probes", lambda: PROBE_ROUND_S, self.coordination.probe)
+        self._spawn("measurements", lambda: _paced(hb.interval_s, 5.0, PUBLISH_MEASUREMENTS_S),
+                    self.coordination.publish)  # fmt: skip
+        self._spawn("coordination", lambda: _paced(hb.interval_s, 4.0, COORDINATE_S), self.coordination.coordinate)
         if self.config.compute.train:
             await self._start_trainer()
         if cfg.mdns:

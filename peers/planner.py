@@ -819,10 +819,12 @@ def repair(
             cost = GridCost(view, Shape(n_stages, grid.shape[0]))
             continue
         if not spare:
-            raise PlanError(
-                f"{len(holes)} cell(s) of the plan lost their device and no device is spare; "
+            why = (
                 "the fixed shape cannot be kept: wait for devices to join or plan a smaller shape"
+                if fixed
+                else "not even one pipeline of the run's stages can be kept: wait for devices to join"
             )
+            raise PlanError(f"{len(holes)} cell(s) of the plan lost their device and no device is spare; {why}")
         p, s = holes.pop(0)
         grid[p, s] = _best_fill(cost, grid, (p, s), spare, holes)
         spare.remove(int(grid[p, s]))
