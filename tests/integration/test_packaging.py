@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from swarmd.config import _SECTIONS
+
 PACKAGING = Path(__file__).resolve().parents[2] / "packaging"
 UNIT = PACKAGING / "swarmd.service"
 INSTALL = PACKAGING / "install.sh"
@@ -18,22 +21,8 @@ EXAMPLE_CONFIG = PACKAGING / "config.example.toml"
 DEFAULT_EXEC = "/opt/swarmd/venv/bin/swarmd"
 
 # The schema the daemon's config loader reads; the example must name exactly these keys.
-CONFIG_KEYS = {
-    "node": {"state_dir", "log_level", "stop_timeout_s"},
-    "swarm": {
-        "run_id",
-        "initial_peers",
-        "host_maddrs",
-        "announce_maddrs",
-        "lan_maddr",
-        "mdns",
-        "nat_port_map",
-        "relay",
-        "join_timeout_s",
-    },
-    "heartbeat": {"interval_s", "ttl_s"},
-    "compute": {"device", "benchmark", "train", "threads"},
-}
+# The example must name every key the config schema has, and only those.
+CONFIG_KEYS = {name: {f.name for f in dataclasses.fields(cls)} for name, cls in _SECTIONS.items()}
 
 needs_bash = pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
 
