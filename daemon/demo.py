@@ -92,7 +92,8 @@ def _gather(daemon: LocalDaemon) -> None:
 
 def _show_progress(daemons: list[LocalDaemon], started: float) -> bool:
     """Print one line for the swarm and one per daemon; True once training has started."""
-    statuses = [(d.status() or {}).get("training") or {} for d in daemons]
+    full = [d.status() or {} for d in daemons]
+    statuses = [s.get("training") or {} for s in full]
     elapsed = f"[{time.monotonic() - started:6.0f} s]"
     last = next((t for t in statuses if t.get("loss") is not None), None)
     if last is None:
@@ -100,9 +101,27 @@ def _show_progress(daemons: list[LocalDaemon], started: float) -> bool:
         return False
     print(f"{elapsed} update {last['updates']:5d}  loss {last['loss']:.3f}  "
           f"{last['tokens_per_s'] or 0:8.0f} tokens/s  {last['tokens'] or 0:9d} tokens", flush=True)  # fmt: skip
+    plan = _plan_line(full)
+    if plan:
+        print(f"         {plan}", flush=True)
     for i, t in enumerate(statuses):
         print(f"         d{i}: {_describe(t)}", flush=True)
     return True
+
+
+def _plan_line(statuses: list[dict[str, Any]]) -> str:
+    """The coordinator's plan as the daemons follow it (the newest any of them reports)."""
+    plans = [(s.get("swarm") or {}).get("plan") for s in statuses]
+    found = [p for p in plans if p]
+    if not found:
+        return ""
+    p = max(found, key=lambda p: p["version"])
+    ids = [s.get("peer_id") for s in statuses]
+    coordinator = f"d{ids.index(p['by'])}" if p["by"] in ids else p["by"][:12]
+    predicted = p.get("predicted_iteration_s")
+    figure = f", predicted iteration {predicted:.3f} s" if predicted is not None else ""
+    return (f"plan v{p['version']} ({p['kind']}) by {coordinator}: {p['pipelines']} pipeline(s) x {p['stages']} "
+            f"stages, layers {p['layers_per_stage']}{figure}")  # fmt: skip
 
 
 def _describe(training: dict[str, Any]) -> str:

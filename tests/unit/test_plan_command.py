@@ -61,3 +61,20 @@ def test_a_malformed_scenario_exits_1_with_one_line_naming_the_field(tmp_path: P
     assert result.returncode == 1
     assert result.stderr.strip().count("\n") == 0, result.stderr
     assert "bandwidth_Bps[1][3]" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_status_shows_the_plan_the_coordinator_and_the_measurements() -> None:
+    from swarmd.cli import _fmt_swarm
+
+    swarm = {
+        "coordinator": "12D3me", "plan_error": None, "reliability": {"12D3me": 0.42},
+        "plan": {"version": 7, "kind": "repair", "by": "12D3me", "pipelines": 2, "stages": 2,
+                 "layers_per_stage": [3, 1], "predicted_iteration_s": 0.25, "my_stage": 1},
+        "links": {"measured": 3, "matrix_measured": 12, "matrix_filled": 0, "probes_sent": 9, "probe_failures": 1,
+                  "probe_bytes_last_hour": 3 * 2**20},
+    }  # fmt: skip
+    text = "\n".join(_fmt_swarm(swarm, "12D3me"))
+    assert "v7 (repair)" in text and "predicted iteration 0.250 s" in text and "this peer: stage 1" in text
+    assert "(this peer)" in text and "0.42" in text and "3.0 MiB" in text
+    swarm["plan"] = None
+    assert "fewer peers than stages" in "\n".join(_fmt_swarm(swarm, "other"))
