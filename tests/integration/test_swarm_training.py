@@ -44,13 +44,14 @@ KILL_AT = 60
 # Asynchronous updates (gradients 1-2 versions stale: stage 0 may start one batch ahead of the
 # one its server is summing) learn slower per token than the synchronous reference, and more
 # so the busier the machine (more staleness). Judged on held-out data with each side's own
-# weights after the same number of updates, this much (nats) is what we accept: measured 0.09
-# and 0.40 in two runs on two cores shared with other work (start 5.57, reference ~2.0). The
-# training losses the last stage records are a worse yardstick: each comes from a forward
-# through stage 0 weights a version or two older than the stage 1 weights it meets, and their
-# gap ranged 0.10-0.58 over nine runs. A synchronous pipeline (batches_ahead 0) tracks the
+# weights after the same number of updates, this much (nats) is what we accept: measured 0.09,
+# 0.11, 0.37, 0.40 and 0.46 in five runs on two cores shared with other work (start 5.53-5.58,
+# reference 2.0-2.15); a swarm that learned nothing would sit near the start. The training
+# losses the last stage records are a worse yardstick: each comes from a forward through
+# stage 0 weights a version or two older than the stage 1 weights it meets, and their gap
+# ranged 0.10-0.58 over nine runs. A synchronous pipeline (batches_ahead 0) tracks the
 # reference within 0.02 (tests/unit/test_stage_hosts.py) but ran 4x slower here.
-TOLERANCE_NATS = 0.6
+TOLERANCE_NATS = 0.8
 
 
 def training(daemon: LocalDaemon) -> dict[str, Any]:
