@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from swarmd.peers.open_path import best_stage_order
 from swarmd.peers.plan_cost import (
     Plan,
     bottleneck_matching,
@@ -290,74 +291,11 @@ def balanced_clusters(dist: np.ndarray, candidates: np.ndarray, k: int, size: in
 
 
 def path_order(cost: np.ndarray) -> list[int]:
-    """An open path through every node minimising the summed ``cost[a][b]`` of its steps:
-    exact (subset dynamic programming) up to 10 nodes, else nearest neighbour plus 2-opt."""
-    n = len(cost)
-    if n <= 2:
-        return list(range(n)) if n < 2 or cost[0, 1] <= cost[1, 0] else [1, 0]
-    if n <= 10:
-        return _path_exact(cost)
-    best: list[int] = []
-    best_cost = math.inf
-    for start in range(n):
-        order = [start]
-        left = set(range(n)) - {start}
-        while left:
-            nxt = min(left, key=lambda j: cost[order[-1], j])
-            order.append(nxt)
-            left.remove(nxt)
-        order = _two_opt(order, cost)
-        c = sum(cost[a, b] for a, b in zip(order, order[1:], strict=False))
-        if c < best_cost:
-            best, best_cost = order, c
-    return best
-
-
-def _path_exact(cost: np.ndarray) -> list[int]:
-    """Held-Karp over subsets for an open path, one numpy step per subset."""
-    n = len(cost)
-    full = 1 << n
-    dp = np.full((full, n), np.inf)
-    parent = np.full((full, n), -1, dtype=int)
-    for i in range(n):
-        dp[1 << i, i] = 0.0
-    bits = 1 << np.arange(n)
-    for mask in range(1, full):
-        row = dp[mask]
-        if not np.isfinite(row).any():
-            continue
-        via = row[:, None] + cost  # via[last, nxt]
-        best_last = np.argmin(via, axis=0)
-        best = via[best_last, np.arange(n)]
-        for nxt in np.flatnonzero((mask & bits) == 0):
-            m2 = mask | (1 << int(nxt))
-            if best[nxt] < dp[m2, nxt]:
-                dp[m2, nxt] = best[nxt]
-                parent[m2, nxt] = best_last[nxt]
-    last = int(np.argmin(dp[full - 1]))
-    order, mask = [], full - 1
-    while last >= 0:
-        order.append(last)
-        prev = int(parent[mask, last])
-        mask &= ~(1 << last)
-        last = prev
-    return order[::-1]
-
-
-def _two_opt(order: list[int], cost: np.ndarray) -> list[int]:
-    improved = True
-    while improved:
-        improved = False
-        for i in range(len(order) - 1):
-            for j in range(i + 2, len(order) + 1):
-                cand = order[:i] + order[i:j][::-1] + order[j:]
-                if _path_cost(cand, cost) + 1e-12 < _path_cost(order, cost):
-                    order, improved = cand, True
-    return order
-
-
-def _path_cost(order: list[int], cost: np.ndarray) -> float:
-    return float(sum(cost[a, b] for a, b in zip(order, order[1:], strict=False)))
+    """An open path through every node minimising the summed ``cost[a][b]`` of its steps
+    (``swarmd.peers.open_path``)."""
+    if len(cost) == 0:
+        return []
+    return list(best_stage_order(cost)[0])
 
 
 def rematch(grid: np.ndarray, act: np.ndarray) -> np.ndarray:

@@ -10,13 +10,13 @@ import pytest
 from swarmd.peers import baselines
 from swarmd.peers.baselines import (
     BASELINES,
-    best_stage_order,
     draw_matching,
     dtfm_evolutionary,
     petals_greedy,
     random_best,
     swarm_wiring,
 )
+from swarmd.peers.open_path import EXACT_ORDER_MAX_STAGES, best_stage_order
 from swarmd.peers.plan_cost import Plan, bottleneck_matching, even_layers, reference_cost
 from swarmd.peers.scenario import Scenario, Shape, parse_scenario
 
@@ -213,7 +213,7 @@ def test_no_rewiring_of_dtfm_groups_is_cheaper() -> None:
 
 def test_dtfm_with_more_stages_than_the_exact_order_handles() -> None:
     sc = heterogeneous(14, seed=4)
-    shape = Shape(baselines.EXACT_ORDER_MAX_STAGES + 2, 1)
+    shape = Shape(EXACT_ORDER_MAX_STAGES + 2, 1)
     assert_valid(dtfm_evolutionary(sc, shape, candidates=200), sc, shape)
 
 
