@@ -36,6 +36,7 @@ from swarmd.peers.links import (
     KIND as LINKS_KIND,
 )
 from swarmd.peers.links import (
+    MAX_PROBE_BYTES,
     LinkEstimate,
     LinksRecord,
     ProbeBudget,
@@ -63,6 +64,8 @@ from swarmd.peers.swarm_snapshot import Member, Snapshot, build_snapshot, model_
 logger = logging.getLogger(__name__)
 
 PROBE_METHOD = "probe"
+PROBE_REQUEST_LIMIT = MAX_PROBE_BYTES + 4096
+"""The RPC server refuses a larger probe request while reading it (the blob plus framing)."""
 RECORD_TTL_S = 120.0
 PLAN_TTL_S = 300.0
 PLAN_BUDGET_S = 0.5
@@ -114,9 +117,8 @@ class Coordination:
     async def handle_probe(
         self, sender: str, header: dict[str, Any], blobs: list[bytes]
     ) -> tuple[dict[str, Any], list[bytes]]:
-        """Answer a peer's bandwidth probe: its bytes are counted and dropped."""
-        from swarmd.peers.links import MAX_PROBE_BYTES
-
+        """Answer a peer's bandwidth probe: its bytes are counted and dropped (the RPC server
+        already refuses one over ``PROBE_REQUEST_LIMIT`` while reading it; this is the last check)."""
         size = sum(len(b) for b in blobs)
         if size > MAX_PROBE_BYTES:
             raise RpcError(f"probe of {size} bytes is over the {MAX_PROBE_BYTES}-byte limit")

@@ -22,7 +22,7 @@ from swarmd import __version__, service
 from swarmd.children import LivenessPipe
 from swarmd.config import Config
 from swarmd.control import SOCKET_FILENAME, ControlServer
-from swarmd.coordination import PROBE_METHOD, Coordination
+from swarmd.coordination import PROBE_METHOD, PROBE_REQUEST_LIMIT, Coordination
 from swarmd.device import describe_device, measure_throughput_gflops, resolve_device
 from swarmd.errors import JoinError, RecordError, SwarmdError
 from swarmd.lan_process import LanDiscoveryProcess
@@ -284,7 +284,7 @@ class Node:
             LOG_METHOD: self.replicator.handle_log,
             STAGE_METHOD: self._serve_stage,
             PROBE_METHOD: self.coordination.handle_probe,
-        })  # fmt: skip
+        }, method_limits={PROBE_METHOD: PROBE_REQUEST_LIMIT})  # fmt: skip
         await self.rpc.attach(self._p2p)
         self.replicator.p2p = self._p2p
         self.coordination.p2p = self._p2p

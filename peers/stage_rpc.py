@@ -84,9 +84,11 @@ async def write_message(
 
 
 async def read_message(
-    reader: asyncio.StreamReader, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, timeout_s: float = DEFAULT_TIMEOUT_S
-) -> tuple[dict[str, Any], list[bytes]]:
-    """Read one message; raises ProtocolViolation naming what was wrong (and the limit)."""
+    reader: asyncio.StreamReader, max_bytes: int | Callable[[dict[str, Any]], int] = DEFAULT_MAX_MESSAGE_BYTES,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> tuple[dict[str, Any], list[bytes]]:  # fmt: skip
+    """Read one message; raises ProtocolViolation naming what was wrong (and the limit).
+    ``max_bytes`` may depend on the header (a method's own limit), read before any blob."""
     try:
         return await asyncio.wait_for(_read_message(reader, max_bytes), timeout_s)
     except TimeoutError:
@@ -95,7 +97,9 @@ async def read_message(
         raise ProtocolViolation(f"stream ended mid-message ({len(e.partial)} of {e.expected} bytes)") from None
 
 
-async def _read_message(reader: asyncio.StreamReader, max_bytes: int) -> tuple[dict[str, Any], list[bytes]]:
+async def _read_message(
+    reader: asyncio.StreamReader, limit: int | Callable[[dict[str, Any]], int]
+) -> tuple[dict[str, Any], list[bytes]]:
     (header_len,) = struct.unpack("<I", await reader.readexactly(4))
     if header_len > MAX_HEADER_BYTES:
         raise ProtocolViolation(f"header of {header_len} bytes, over {MAX_HEADER_BYTES}", "oversized")
@@ -105,6 +109,7 @@ async def _read_message(reader: asyncio.StreamReader, max_bytes: int) -> tuple[d
         raise ProtocolViolation("header is not JSON") from None
     if not isinstance(header, dict):
         raise ProtocolViolation("header is not a JSON object")
+    max_bytes = limit(header) if callable(limit) else limit
     (count,) = struct.unpack("<I", await reader.readexactly(4))
     if count > MAX_BLOBS:
         raise ProtocolViolation(f"{count} blobs, over {MAX_BLOBS}", "oversized")
@@ -123,10 +128,13 @@ class RpcServer:
 
     def __init__(
         self, handlers: dict[str, Handler], *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
+        timeout_s: float = DEFAULT_TIMEOUT_S, method_limits: dict[str, int] | None = None,
     ) -> None:  # fmt: skip
+        """``method_limits``: a smaller bound on the requests of some methods (a probe, say),
+        enforced while reading, before their blobs are taken in."""
         self.handlers = handlers
         self.max_message_bytes = max_message_bytes
+        self.method_limits = dict(method_limits or {})
         self.timeout_s = timeout_s
         self.counters = RpcCounters()
         self._slots = asyncio.Semaphore(MAX_CONCURRENT_REQUESTS)
@@ -152,7 +160,7 @@ class RpcServer:
 
     async def _serve_one(self, peer_id: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            header, blobs = await read_message(reader, self.max_message_bytes, self.timeout_s)
+            header, blobs = await read_message(reader, self._limit, self.timeout_s)
         except ProtocolViolation as e:
             self.counters.refuse(e.kind)
             logger.debug("Refused a request from %s: %s", peer_id, e)
@@ -172,6 +180,11 @@ class RpcServer:
             return
         await self._answer(writer, {"ok": True, **answer}, out_blobs)
         self.counters.answered += 1
+
+    def _limit(self, header: dict[str, Any]) -> int:
+        method = header.get("method")
+        own = self.method_limits.get(method) if isinstance(method, str) else None
+        return self.max_message_bytes if own is None else min(own, self.max_message_bytes)
 
     async def _answer(self, writer: asyncio.StreamWriter, header: dict[str, Any], blobs: Sequence[bytes] = ()) -> None:
         await asyncio.wait_for(write_message(writer, header, blobs, self.max_message_bytes), self.timeout_s)

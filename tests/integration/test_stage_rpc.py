@@ -31,11 +31,15 @@ async def double(peer, header, blobs):
     x = decode_tensor(blobs[0], SPEC)  # checked against the plan before use
     return {"peer": peer, "scale": header["scale"]}, [encode_tensor(x * header["scale"], "fp16")]
 
+async def echo(peer, header, blobs):
+    return {"bytes": sum(len(b) for b in blobs)}, []
+
 async def main():
     kw = dict(host_maddrs=["/ip4/127.0.0.1/tcp/0"], nat_port_map=False, auto_nat=False, use_relay=False)
     server_p2p = await P2P.create(**kw)
     client_p2p = await P2P.create(initial_peers=[str(m) for m in await server_p2p.get_visible_maddrs()], **kw)
-    server = RpcServer({"double": double}, max_message_bytes=64 * 1024, timeout_s=2.0)
+    server = RpcServer({"double": double, "echo": echo}, max_message_bytes=64 * 1024, timeout_s=2.0,
+                       method_limits={"echo": 1024})
     await server.attach(server_p2p)
     sid, out = str(server_p2p.peer_id), {}
 
@@ -67,6 +71,13 @@ async def main():
             return (await asyncio.wait_for(reader.read(), 10)).decode(errors="replace")
         finally:
             writer.close()
+
+    out["echo_small"] = (await call(client_p2p, sid, "echo", {}, [b"x" * 512]))[0]["bytes"]
+    try:  # within the server's 64 KiB, over echo's own 1 KiB: refused while being read
+        await call(client_p2p, sid, "echo", {}, [b"x" * 4096])
+        out["echo_big"] = "no error"
+    except RpcError as e:
+        out["echo_big"] = str(e)
 
     out["garbage"] = await raw(struct.pack("<I", 5) + b"{{{{{" + struct.pack("<I", 0))
     out["huge_header"] = await raw(struct.pack("<I", 2**31))
@@ -100,5 +111,7 @@ def test_requests_over_real_libp2p_streams() -> None:
     assert "within" in out["stalled"]
     assert out["still_serving"] is True
     counters = out["counters"]
-    assert counters["refused"] == {"unknown_method": 1, "oversized": 2, "malformed": 1, "timeout": 1}, counters
-    assert counters["answered"] == 2
+    # A method's own limit holds below the server's.
+    assert out["echo_small"] == 512 and out["echo_big"] != "no error"
+    assert counters["refused"] == {"unknown_method": 1, "oversized": 3, "malformed": 1, "timeout": 1}, counters
+    assert counters["answered"] == 3
