@@ -218,7 +218,8 @@ class Coordination:
         return [self._candidate(peer) for peer in sorted(set(self.members) | {self.own})]
 
     def _candidate(self, peer: str) -> Candidate:
-        return Candidate(peer, self.score_of(peer), self.connectivity.get(peer, 0.0))
+        r = self.reliability.get(peer)
+        return Candidate(peer, r.score if r is not None else 0.0, self.connectivity.get(peer, 0.0))
 
     def _connectivity(self) -> dict[str, float]:
         """Median measured (or filled) bandwidth from each member to the others."""
@@ -291,8 +292,11 @@ class Coordination:
         return None if self.plan is None else self.plan.stage_of(self.own)
 
     def score_of(self, peer: str) -> float:
+        """The peer's reliability as others observed it, to one decimal: what orders peers for
+        roles (standby, a free stage, checkpoint sources). Finer differences are measurement
+        noise that moves every round; ordering by them made the standby flap between peers."""
         r = self.reliability.get(peer)
-        return r.score if r is not None else 0.0
+        return round(r.score, 1) if r is not None else 0.0
 
     def may_host(self, peer: str, incumbent: bool) -> bool:
         """Whether ``peer`` passes the thresholds for a parameter server (``[roles]``)."""
