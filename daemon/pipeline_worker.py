@@ -63,13 +63,20 @@ class WorkerSettings:
     keep_versions: int = 8
 
 
-UPSTREAM_DONE = ("already has a backward task", "no stage input stored for micro-batch")
-"""How a host says it no longer needs a micro-batch's gradient (``swarmd.peers.task_queue``)."""
+ALREADY_THERE = ("is already queued", "already has a stored input", "already has a backward task")
+"""How a host refuses a ``put`` of what it already holds (``swarmd.peers.task_queue``)."""
+UPSTREAM_DONE = "no stage input stored for micro-batch"
+"""How a host refuses a gradient for a micro-batch it has finished (or never had in this epoch)."""
+
+
+def already_there(error: Exception) -> bool:
+    """Whether a refused ``put`` means the stage already holds that task: delivered, in effect."""
+    return any(phrase in str(error) for phrase in ALREADY_THERE)
 
 
 def upstream_is_done(error: Exception) -> bool:
     """Whether a refused backward ``put`` means the stage below is already past that micro-batch."""
-    return any(phrase in str(error) for phrase in UPSTREAM_DONE)
+    return UPSTREAM_DONE in str(error)
 
 
 @dataclass
@@ -82,6 +89,8 @@ class WorkerStats:
     results_failed: int = 0
     upstream_done: int = 0
     """Backward results the stage below refused because it had finished that micro-batch."""
+    already_there: int = 0
+    """Results the next stage already held (an earlier try's answer was lost, or a copy won)."""
     seconds: dict[str, float] = field(
         default_factory=lambda: {"compute": 0.0, "serialise": 0.0, "requests": 0.0, "waiting": 0.0}
     )
@@ -300,6 +309,12 @@ class PipelineWorker:
                 await self._call(s, "put", header, [frame])
                 return
             except SwarmdError as e:
+                if already_there(e):
+                    # An earlier try was queued but its answer lost (a stream broke), or another
+                    # copy got there first: the stage has it. Failing our task for it would redo
+                    # the task into the same refusal, forever.
+                    self.stats.already_there += 1
+                    return
                 if "full" not in str(e) or time.monotonic() + delay > deadline:
                     self.stats.results_failed += 1
                     raise
@@ -361,7 +376,7 @@ class PipelineWorker:
         return {
             "tasks": dict(st.tasks), "pushes": st.pushes, "pushes_refused": st.pushes_refused,
             "micro_batches_pushed": st.micro_batches_pushed, "weight_pulls": st.weight_pulls,
-            "results_failed": st.results_failed, "upstream_done": st.upstream_done,
+            "results_failed": st.results_failed, "upstream_done": st.upstream_done, "already_there": st.already_there,
             "seconds": {k: round(v, 2) for k, v in st.seconds.items()},
             "host_versions": list(self.host_versions),
         }  # fmt: skip

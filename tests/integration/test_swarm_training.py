@@ -192,6 +192,9 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
             print("missing at the last stage:", missing[:20], "of", len(missing))
             for stage, (_, info) in sorted(hosts_of(daemons).items()):
                 print(f"stage {stage}: queue {info['queue']}, host {info['host']}, leases {info['leases_by_worker']}")
+            for i, daemon in enumerate(daemons):  # why tasks were handed back, from each worker
+                failures = [line for line in daemon.log_tail(2000).splitlines() if "failed" in line or "WARN" in line]
+                print(f"d{i}:", *failures[-12:], sep="\n  ")
             raise
         for stage, (_, info) in hosts_of(daemons).items():
             q = info["queue"]

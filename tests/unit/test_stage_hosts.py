@@ -147,11 +147,11 @@ def test_a_vanished_worker_costs_no_micro_batch(train: Dataset, tmp_path: Path) 
     assert cursor > 0 and all(m in finished_last for m in range(cursor))
 
 
-def test_a_backward_the_stage_below_no_longer_needs_is_recognised() -> None:
-    """A worker must not fail (and so redo, forever) a task whose gradient the stage below
-    refuses because it already finished that micro-batch: the phrases are the queue's own."""
+def test_a_result_the_next_stage_already_has_or_no_longer_needs_is_recognised() -> None:
+    """A worker must not fail (and so redo, forever) a task whose result the next stage refuses
+    because it already holds it or is past that micro-batch: the phrases are the queue's own."""
     from swarmd.peers.task_queue import Task, TaskKind, TaskQueue, TaskQueueConfig, TaskQueueError
-    from swarmd.pipeline_worker import upstream_is_done
+    from swarmd.pipeline_worker import already_there, upstream_is_done
 
     q = TaskQueue(TaskQueueConfig(stage=0, capacity_bytes=1000))
     q.put(Task(task_id="f1", micro_batch=1, stage=0, kind=TaskKind.FORWARD, payload="x"), 10, 0.0)
@@ -160,13 +160,18 @@ def test_a_backward_the_stage_below_no_longer_needs_is_recognised() -> None:
     q.complete(lease.lease_id, "w", 0.0, weights_version=0)
     backward = Task(task_id="b1", micro_batch=1, stage=0, kind=TaskKind.BACKWARD, payload="g")
     q.put(backward, 10, 0.0)
-    refusals = []
-    for again in (Task(task_id="b1x", micro_batch=1, stage=0, kind=TaskKind.BACKWARD, payload="g"),
-                  Task(task_id="b9", micro_batch=9, stage=0, kind=TaskKind.BACKWARD, payload="g")):  # fmt: skip
+
+    def refusal(task: Task) -> TaskQueueError:
         with pytest.raises(TaskQueueError) as e:
-            q.put(again, 10, 0.0)
-        refusals.append(e.value)
-    assert all(upstream_is_done(e) for e in refusals)
+            q.put(task, 10, 0.0)
+        return e.value
+
+    # the same task again (an earlier try's answer was lost), or another copy of its result
+    assert already_there(refusal(backward))
+    assert already_there(refusal(Task(task_id="b1x", micro_batch=1, stage=0, kind=TaskKind.BACKWARD, payload="g")))
+    assert already_there(refusal(Task(task_id="f1x", micro_batch=1, stage=0, kind=TaskKind.FORWARD, payload="x")))
+    # a gradient for a micro-batch this stage has no input for: it is past it
+    assert upstream_is_done(refusal(Task(task_id="b9", micro_batch=9, stage=0, kind=TaskKind.BACKWARD, payload="g")))
     with pytest.raises(TaskQueueError) as full:
         q.put(Task(task_id="f2", micro_batch=2, stage=0, kind=TaskKind.FORWARD, payload="y"), 10_000, 0.0)
-    assert not upstream_is_done(full.value)  # too big is not "done": the worker must hand it back
+    assert not upstream_is_done(full.value) and not already_there(full.value)  # too big: hand it back
