@@ -201,7 +201,8 @@ class Coordination:
 
     def _snapshot(self) -> Snapshot | None:
         spec = self.spec.spec
-        members = [Member(self.own, self.own_device()[1], self.own_device()[0])]
+        tflops, memory_gib = self.own_device()
+        members = [Member(self.own, memory_gib, tflops)]
         for peer, m in self.members.items():
             memory = float(m.get("device", {}).get("memory_bytes", 0)) / (1 << 30)
             members.append(Member(peer, memory, float(m.get("throughput_gflops", 0.0)) / 1000))

@@ -156,9 +156,15 @@ def compute_s(scenario: Scenario, grid: np.ndarray, layers: np.ndarray, tflops: 
     return float((step.sum(axis=1) + (m - 1) * step.max(axis=1)).max())
 
 
-def churn_s(scenario: Scenario, grid: np.ndarray, base_s: float, servers: np.ndarray | None = None) -> float:
-    """Expected seconds per iteration lost to departures (module doc)."""
-    rates = np.array([d.leave_rate_per_s for d in scenario.devices])[grid]
+def churn_s(
+    scenario: Scenario, grid: np.ndarray, base_s: float, servers: np.ndarray | None = None,
+    leave_rates: np.ndarray | None = None,
+) -> float:  # fmt: skip
+    """Expected seconds per iteration lost to departures (module doc). ``leave_rates``: each
+    device's, when the caller has them at hand (the planner costs thousands of grids)."""
+    if leave_rates is None:
+        leave_rates = np.array([d.leave_rate_per_s for d in scenario.devices])
+    rates = leave_rates[grid]
     if not rates.any():
         return 0.0
     n_pipes, n_stages = grid.shape

@@ -45,9 +45,12 @@ from swarmd.peers.open_path import best_stage_order
 from swarmd.peers.plan_cost import (
     Plan,
     bottleneck_matching,
+    churn_s,
+    compute_s,
+    device_tflops,
     embedding_memory_bytes,
     layer_memory_bytes,
-    micro_batches_per_pipeline,
+    max_layers,
     predict,
 )
 from swarmd.peers.scenario import Scenario, ScenarioError, Shape
@@ -119,16 +122,15 @@ class GridCost:
         self.act = view.transfer_s(view.activation_bytes(shape))
         share = view.grad_bytes(shape) / n_pipes
         self.dp_pair = 2.0 * (view.latency_s + share / view.bandwidth_Bps) if n_pipes > 1 else None
-        self.tflops = np.array([d.tflops for d in view.devices]) * 1e12
+        self.device_tflops = device_tflops(view)
+        self.tflops = self.device_tflops * 1e12
         self.rates = np.array([d.leave_rate_per_s for d in view.devices])
         self.availability = np.array([d.availability for d in view.devices])
-        memory = np.array([d.memory_gib for d in view.devices]) * (1 << 30)
-        per_layer = layer_memory_bytes(view)
-        self.cap_inner = np.floor(np.maximum(memory, 0) / per_layer).astype(int)
-        self.cap_edge = np.floor(np.maximum(memory - embedding_memory_bytes(view), 0) / per_layer).astype(int)
+        memory = np.array([d.memory_gib for d in view.devices])
+        self.cap_inner = max_layers(view, memory, first=False, last=False)
+        self.cap_edge = max_layers(view, memory, first=True, last=False)
         self.layer_flops = view.model.layer_flops_per_sequence() * view.micro_batch
         self.head_flops = view.model.head_flops_per_sequence() * view.micro_batch
-        self.m = micro_batches_per_pipeline(view, shape)
         self.weights_bytes = view.grad_bytes(shape)
         self._splits: dict[bytes, tuple[np.ndarray, int]] = {}
 
@@ -186,25 +188,14 @@ class GridCost:
         return layers, missing
 
     def compute(self, grid: np.ndarray, layers: np.ndarray) -> float:
-        flops = layers * self.layer_flops
-        flops = flops.astype(float)
-        flops[-1] += self.head_flops
-        step = flops[None, :] / self.tflops[grid]
-        return float((step.sum(axis=1) + (self.m - 1) * step.max(axis=1)).max())
+        return compute_s(self.view, grid, layers, self.device_tflops)
 
     def edges(self, grid: np.ndarray) -> np.ndarray:
         """edges[p, s]: pipeline p's activation transfer across boundary s."""
         return self.act[grid[:, :-1], grid[:, 1:]]
 
     def churn(self, grid: np.ndarray, base: float, servers: np.ndarray) -> float:
-        rates = self.rates[grid]
-        if not rates.any():
-            return 0.0
-        refetch = (
-            self.view.latency_s[servers[None, :], grid]
-            + self.weights_bytes / self.view.bandwidth_Bps[servers[None, :], grid]
-        )
-        return float((rates * base * (base / 2.0 + refetch)).sum())
+        return churn_s(self.view, grid, base, servers, self.rates)
 
     def servers(self, grid: np.ndarray, min_availability: float) -> np.ndarray:
         return np.array([self.server_of(grid[:, s], min_availability) for s in range(grid.shape[1])], dtype=int)
@@ -224,7 +215,7 @@ class GridCost:
         exchange[~eligible] = np.inf
         return int(members[int(np.argmin(exchange))])
 
-    def total(self, grid: np.ndarray, dp: np.ndarray, min_availability: float = 0.9) -> float:
+    def total(self, grid: np.ndarray, dp: np.ndarray) -> float:
         layers, missing = self.split_layers(grid)
         base = self.compute(grid, layers) + dp.max() + 2.0 * float(self.edges(grid).max(axis=0).sum())
         churn = self.churn(grid, base, grid[0]) if self.rates.any() else 0.0
@@ -666,7 +657,7 @@ def finish(
         )
     min_avail = settings.min_availability if settings.awareness.reliability else 0.0
     servers = cost.servers(grid, min_avail)
-    relays = elect_relays(view, cost, grid, min_avail)
+    relays = routing_relays(view, cost, grid, min_avail)
     result = Plan(
         pipelines=tuple(tuple(int(d) for d in row) for row in grid),
         layers_per_stage=tuple(int(x) for x in layers),
@@ -677,7 +668,7 @@ def finish(
     return replace(result, meta={"runtime_s": runtime, "prediction": predict(scenario, result)})
 
 
-def elect_relays(view: Scenario, cost: GridCost, grid: np.ndarray, min_availability: float) -> list[int]:
+def routing_relays(view: Scenario, cost: GridCost, grid: np.ndarray, min_availability: float) -> list[int]:
     """Reliable devices through which some pipeline link is faster than direct (forwarding in
     chunks: both latencies, the slower of the two bandwidths), best first; at most one per link."""
     if grid.shape[1] < 2:
