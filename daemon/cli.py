@@ -26,6 +26,7 @@ from typing import Any
 
 from swarmd import __version__
 from swarmd.errors import SwarmdError
+from swarmd.peers.relay_route import MODES as RELAY_MODES
 
 logger = logging.getLogger("swarmd")
 
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--heartbeat-ttl", type=float, metavar="S")
     run.add_argument("--no-benchmark", action="store_true", help="skip the throughput measurement at start")
     run.add_argument("--no-train", action="store_true", help="join and stay, but train nothing")
+    run.add_argument("--data-via-relay", choices=RELAY_MODES, help="overrides [swarm] data_via_relay")
     run.add_argument("--threads", type=int, metavar="N", help="torch threads for compute (0: one per core)")
     _add_common(run)
 
@@ -125,7 +127,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     sw = config.swarm
     overrides: dict[str, Any] = {
         "run_id": args.run_id, "initial_peers": args.initial_peers, "host_maddrs": args.host_maddrs,
-        "lan_maddr": args.lan_maddr, "join_timeout_s": args.join_timeout,
+        "lan_maddr": args.lan_maddr, "join_timeout_s": args.join_timeout, "data_via_relay": args.data_via_relay,
     }  # fmt: skip
     values = {**sw.__dict__, **{k: v for k, v in overrides.items() if v is not None}}
     if args.no_mdns:

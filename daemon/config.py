@@ -14,6 +14,7 @@ from typing import Any
 
 from swarmd.errors import ConfigError
 from swarmd.peers.heartbeat import MAX_TTL_S
+from swarmd.peers.relay_route import MODES as RELAY_MODES
 
 DEFAULT_STATE_DIR = "~/.local/state/swarmd"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -61,6 +62,11 @@ class SwarmConfig:
     """Ask the router for a port mapping (UPnP / NAT-PMP)."""
     relay: bool = True
     """Allow reaching and being reached through libp2p circuit relays."""
+    data_via_relay: str = "auto"
+    """How our worker's requests reach the stage hosts: "auto" (direct, through an elected
+    relay when the direct path does not open or the relay path is measured faster),
+    "always" (through a relay whenever the plan names one: outbound connections filtered) or
+    "never"."""
     join_timeout_s: float = 60.0
     """Give up when no peer serves the run spec within this time."""
 
@@ -70,6 +76,10 @@ class SwarmConfig:
             for maddr in getattr(self, name):
                 _check_maddr(f"[swarm] {name}", maddr)
         _check_maddr("[swarm] lan_maddr", self.lan_maddr)
+        if self.data_via_relay not in RELAY_MODES:
+            raise ConfigError(
+                f"[swarm] data_via_relay = {self.data_via_relay!r} is not one of {', '.join(map(repr, RELAY_MODES))}"
+            )
         if not self.host_maddrs:
             raise ConfigError("[swarm] host_maddrs is empty; give at least one address to listen on")
 

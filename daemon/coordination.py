@@ -27,10 +27,11 @@ import logging
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from swarmd.peers.election import Candidate, Thresholds, elect_coordinator, eligible
+from swarmd.peers.election import Candidate, Thresholds, elect_coordinator, elect_relays, eligible
 from swarmd.peers.identity import Identity
 from swarmd.peers.links import (
     KIND as LINKS_KIND,
@@ -47,6 +48,7 @@ from swarmd.peers.plan_cost import Plan
 from swarmd.peers.plan_record import KIND as PLAN_KIND
 from swarmd.peers.plan_record import PlanRecord
 from swarmd.peers.planner import PlanError, PlannerSettings, plan, repair
+from swarmd.peers.relay_route import Matrix
 from swarmd.peers.reliability import (
     KIND as OBSERVATIONS_KIND,
 )
@@ -240,7 +242,12 @@ class Coordination:
         previous = self._published_plan or self.plan
         members = set(snap.scenario.ids)
         if previous is not None and set(previous.devices) == members and previous.peer_id == self.own:
-            if now - self._published_at >= REPUBLISH_PLAN_S:
+            relays = self._elect_relays(previous.devices, previous.relays, previous.relays)
+            if relays != previous.relays:  # a relay fell below its threshold, or one now passes
+                record = replace(previous, version=self._highest_version + 1, kind="relays", relays=relays)
+                logger.info("Plan v%d: relays now %s", record.version, [record.devices[r] for r in relays])
+                await self._publish_plan(record, now)
+            elif now - self._published_at >= REPUBLISH_PLAN_S:
                 await self._publish_plan(previous, now)  # same plan, fresh expiry
             return
         settings = PlannerSettings(time_budget_s=PLAN_BUDGET_S, stages=self.spec.spec.stages)
@@ -258,19 +265,36 @@ class Coordination:
             self.plan_error = str(e)
             return
         self.plan_error = None
+        ids = snap.scenario.ids
+        current_relays = [] if previous is None else [previous.devices[r] for r in previous.relays]
+        relays = self._elect_relays(ids, [ids.index(p) for p in current_relays if p in ids], list(result.relays))
         prediction = result.meta.get("prediction")
         predicted = prediction.to_json() if prediction is not None else {}  # type: ignore[attr-defined]
         record = PlanRecord(
             run_id=self.run_id, peer_id=self.own, issued_at=now, expires_at=now + PLAN_TTL_S,
             version=self._highest_version + 1, kind=kind, devices=snap.scenario.ids,
             pipelines=[list(row) for row in result.pipelines], layers_per_stage=list(result.layers_per_stage),
-            parameter_servers=list(result.parameter_servers), relays=list(result.relays),
+            parameter_servers=list(result.parameter_servers), relays=relays,
             predicted={k: float(v) for k, v in predicted.items()},
         )  # fmt: skip
         shape = f"{len(record.pipelines)} pipelines of {len(record.layers_per_stage)} stages"
         predicted_s = record.predicted.get("iteration_s", 0.0)
         logger.info("Plan v%d (%s): %s, predicted iteration %.3f s", record.version, kind, shape, predicted_s)
         await self._publish_plan(record, now)
+
+    def _elect_relays(self, devices: list[str], current: list[int], preferred: list[int]) -> list[int]:
+        """The plan's relays (indices into ``devices``), elected on the thresholds among the
+        planned devices: incumbents kept, the planner's choices (a link is faster through
+        them) next (``swarmd.peers.election.elect_relays``)."""
+        candidates = [self._candidate(peer) for peer in devices]
+        chosen = elect_relays(
+            candidates,
+            [devices[r] for r in current],
+            self.thresholds,
+            relays_wanted(len(devices)),
+            preferred=[devices[r] for r in preferred],
+        )
+        return [devices.index(p) for p in chosen]
 
     async def _publish_plan(self, record: PlanRecord, now: float) -> None:
         fresh = PlanRecord(**{**record.__dict__, "issued_at": now, "expires_at": now + PLAN_TTL_S})
@@ -291,6 +315,22 @@ class Coordination:
 
     def home_stage(self) -> int | None:
         return None if self.plan is None else self.plan.stage_of(self.own)
+
+    def relays(self) -> list[str]:
+        """The relays of the plan in force, best first."""
+        plan_ = self.plan
+        return [] if plan_ is None else [plan_.devices[r] for r in plan_.relays if 0 <= r < len(plan_.devices)]
+
+    def is_relay(self, peer: str) -> bool:
+        return peer in self.relays()
+
+    def matrix(self) -> Matrix | None:
+        """The live latency and bandwidth matrix by peer ID (measured or filled)."""
+        snap = self.snapshot
+        if snap is None:
+            return None
+        sc = snap.scenario
+        return Matrix({p: i for i, p in enumerate(sc.ids)}, sc.latency_s, sc.bandwidth_Bps)
 
     def score_of(self, peer: str) -> float:
         """The peer's reliability as others observed it, to one decimal: what orders peers for
@@ -317,6 +357,7 @@ class Coordination:
                 "grid": [[plan_.devices[d] for d in row] for row in plan_.pipelines],
                 "devices": plan_.devices,
                 "parameter_servers": [plan_.devices[d] for d in plan_.parameter_servers],
+                "relays": self.relays(),
             },
             "plan_error": self.plan_error,
             "reliability": {p: round(r.score, 3) for p, r in sorted(self.reliability.items())},
@@ -325,6 +366,12 @@ class Coordination:
                       "probes_sent": self.probes_sent, "probe_failures": self.probe_failures,
                       "probe_bytes_last_hour": self.budget.spent_last_hour(time.time())},
         }  # fmt: skip
+
+
+def relays_wanted(members: int) -> int:
+    """How many relays a swarm of ``members`` elects: none below three (a relay is a third
+    peer between two), then one per 16 members."""
+    return 0 if members < 3 else max(1, members // 16)
 
 
 def incumbent(plans: list[PlanRecord], live: set[str], now: float) -> str | None:

@@ -34,6 +34,7 @@ from swarmd.peers.membership import Membership
 from swarmd.peers.run_spec import SignedRunSpec, check_run_id
 from swarmd.peers.stage_rpc import Answer, RpcServer
 from swarmd.peers.swarm_dht import SPEC_TTL_S, BootstrapError, SwarmDHT
+from swarmd.relay import RELAY_METHOD, RelayService, Router
 from swarmd.replication import FETCH_METHOD, LOG_METHOD, StageReplicator, choose_standby
 from swarmd.replication import METHOD as REPLICATE_METHOD
 from swarmd.state_dir import (
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     from swarmd.trainer import Trainer
 
 STAGE_METHOD = "stage"  # swarmd.trainer.STAGE_METHOD, without importing torch here
+REQUEST_TIMEOUT_S = 30.0  # swarmd.trainer.REQUEST_TIMEOUT_S: a relay waits for the target as long
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +90,7 @@ class Node:
         self.trainer: Trainer | None = None  # when [compute] train is on (swarmd.trainer)
         self.replicator: StageReplicator | None = None
         self.rpc: RpcServer | None = None
+        self.relay: RelayService | None = None
         self._p2p: Any = None  # hivemind P2P replica: the data path's requests go through it
         self.membership: Membership | None = None
         self.coordination: Coordination | None = None
@@ -223,9 +226,11 @@ class Node:
         def members() -> list[dict[str, Any]]:
             return membership.snapshot(time.time())
 
+        router = Router(own, coordination.relays, coordination.matrix, mode=self.config.swarm.data_via_relay)
         self.trainer = Trainer(
             self.spec, self.identity, self.dht, run_checkpoint_dir(self.state_dir, self.run_id), self.replicator,
             members, standby=lambda: choose_standby(members(), own, coordination.score_of), roles=coordination,
+            router=router,
         )  # fmt: skip
         self._spawn("trainer", lambda: TRAINER_TICK_S, self.trainer.tick)
 
@@ -278,16 +283,25 @@ class Node:
             self.run_id, self.spec.spec.stages, run_checkpoint_dir(self.state_dir, self.run_id), self.dht
         )
         self._p2p = await self._dht_call(self.dht.replicate_p2p())
+        coordination = self.coordination
+        self.relay = RelayService(
+            coordination.own,
+            coordination.is_relay,
+            lambda peer: peer in coordination.members,
+            timeout_s=REQUEST_TIMEOUT_S,
+        )
         self.rpc = RpcServer({
             REPLICATE_METHOD: self.replicator.handle,
             FETCH_METHOD: self.replicator.serve_checkpoint,
             LOG_METHOD: self.replicator.handle_log,
             STAGE_METHOD: self._serve_stage,
             PROBE_METHOD: self.coordination.handle_probe,
+            RELAY_METHOD: self.relay.handle,
         }, method_limits={PROBE_METHOD: PROBE_REQUEST_LIMIT})  # fmt: skip
         await self.rpc.attach(self._p2p)
         self.replicator.p2p = self._p2p
         self.coordination.p2p = self._p2p
+        self.relay.p2p = self._p2p
 
     async def _serve_stage(self, sender: str, header: dict[str, Any], blobs: list[bytes]) -> Answer:
         if self.trainer is None:
@@ -563,6 +577,7 @@ class Node:
             "peers": self.membership.snapshot(now) if self.membership is not None else [],
             "training": self.trainer.status() if self.trainer is not None else None,
             "swarm": self.coordination.status() if self.coordination is not None else None,
+            "relaying": self.relay.status() if self.relay is not None else None,
             "standby_copies": {"received": self.replicator.received, "refused": self.replicator.refused,
                                "logged": self.replicator.logged}
             if self.replicator is not None else None,

@@ -36,6 +36,7 @@ from swarmd.peers.stage_leases import StageLease, resolve_holder
 from swarmd.peers.stage_rpc import Answer, call
 from swarmd.peers.swarm_dht import SwarmDHT
 from swarmd.pipeline_worker import PipelineWorker, WorkerSettings
+from swarmd.relay import Router, speaker_of
 from swarmd.replication import LOG_METHOD, StageReplicator, standby_of
 from swarmd.stage_host import HostSettings, StageHost
 
@@ -78,6 +79,9 @@ class RoleView(Protocol):
     def home_stage(self) -> int | None:
         """The stage the published plan gives this peer (None: no plan, or it leaves us out)."""
 
+    def is_relay(self, peer: str) -> bool:
+        """Whether the plan in force names the peer a relay (it may speak for others)."""
+
 
 class Unmeasured:
     """Before anything is measured: nobody is preferred, everyone may host, no plan."""
@@ -90,6 +94,9 @@ class Unmeasured:
 
     def home_stage(self) -> int | None:
         return None
+
+    def is_relay(self, peer: str) -> bool:
+        return False
 
 
 class Trainer:
@@ -104,7 +111,10 @@ class Trainer:
         standby: Callable[[], str | None] = lambda: None,
         max_in_flight: int = 16,
         roles: RoleView | None = None,
+        router: Router | None = None,
     ) -> None:
+        """``router``: how our worker's requests reach the stage hosts (direct, or through a
+        relay; ``swarmd.relay``); without one, always direct."""
         self.spec = spec
         self.identity = identity
         self.own = identity.peer_id
@@ -115,6 +125,7 @@ class Trainer:
         self.standby = standby
         self.max_in_flight = max_in_flight
         self.roles: RoleView = roles or Unmeasured()
+        self.router = router or Router(self.own, lambda: (), lambda: None, mode="never")
         self.stages = spec.spec.stages
         self.state = "starting"
         self.error: str | None = None
@@ -297,7 +308,9 @@ class Trainer:
     # --- requests: to our hosts, from our worker and from peers ---------------------------
 
     async def serve(self, sender: str, header: dict[str, Any], blobs: list[bytes]) -> Answer:
-        """The ``stage`` RPC method: a peer's worker asks one of our hosts."""
+        """The ``stage`` RPC method: a peer's worker asks one of our hosts, itself or through a
+        relay (which says for whom: believed only from a relay of the plan in force)."""
+        sender = speaker_of(sender, header, self.roles.is_relay)
         stage, op = header.get("stage"), header.get("op")
         if header.get("run_id") != self.spec.run_id or type(stage) is not int or not isinstance(op, str):
             raise SwarmdError(f"not a stage request of run {self.spec.run_id}")
@@ -316,7 +329,7 @@ class Trainer:
         p2p = self.replicator.p2p
         if p2p is None:
             raise SwarmdError("the data path is not up yet")
-        return await call(p2p, lease.peer_id, STAGE_METHOD, header, blobs, timeout_s=REQUEST_TIMEOUT_S)
+        return await self.router.call(p2p, lease.peer_id, STAGE_METHOD, header, blobs, REQUEST_TIMEOUT_S)
 
     # --- the worker ---------------------------------------------------------------------------
 
@@ -410,6 +423,7 @@ class Trainer:
             "hosting": sorted(self.hosts), "stage_versions": versions, "updates": min(versions),
             "hosts": {str(k): h.info() for k, h in sorted(self.hosts.items())},
             "worker": self.worker.status() if self.worker is not None else None,
+            "routes": self.router.status(),
             "loss": None, "tokens": None, "tokens_per_s": None, "losses": None,
         }  # fmt: skip
         last = self.hosts.get(self.stages - 1)

@@ -14,8 +14,9 @@ renewed; what is decided here is who *should* hold them:
   displaces an eligible incumbent. Otherwise the best eligible peer by reliability, then
   connectivity, then the lowest peer ID. With nobody eligible (a swarm of newcomers), the
   incumbent stays, or else the lowest peer ID: a swarm must still be planned.
-- **Relays**: incumbents that stay eligible keep their role; vacancies go to the best
-  eligible peers, up to the number wanted.
+- **Relays**: incumbents that stay eligible keep their role; vacancies go first to eligible
+  peers the planner would route through, then to the best eligible peers, up to the number
+  wanted; with nobody eligible, one peer serves anyway (``elect_relays``).
 """
 
 from __future__ import annotations
@@ -71,11 +72,26 @@ def elect_coordinator(candidates: Sequence[Candidate], current: str | None, thre
 
 
 def elect_relays(
-    candidates: Sequence[Candidate], current: Sequence[str], thresholds: Thresholds, want: int
-) -> list[str]:
-    """Up to ``want`` relays: eligible incumbents first (kept), then the best eligible newcomers."""
+    candidates: Sequence[Candidate], current: Sequence[str], thresholds: Thresholds, want: int,
+    preferred: Sequence[str] = (),
+) -> list[str]:  # fmt: skip
+    """Up to ``want`` relays: eligible incumbents first (kept), then eligible peers the planner
+    prefers (some pipeline link is faster through them), then the best eligible others.
+
+    With nobody eligible (a swarm of newcomers, whose scores are still near the prior), the
+    incumbents still live are kept, or else the best-ranked candidate serves alone: peers
+    that cannot reach each other need a path before anyone has proven reliable. Only the
+    coordinator elects relays and publishes them in its plan, so ranking on noisy newcomer
+    figures cannot make two peers disagree."""
+    if want <= 0:
+        return []
     by_id = {c.peer_id: c for c in candidates}
     kept = [p for p in current if p in by_id and eligible(by_id[p], thresholds, incumbent=True, relay=True)]
-    newcomers = [c.peer_id for c in sorted(candidates, key=_rank)
-                 if c.peer_id not in kept and eligible(c, thresholds, incumbent=False, relay=True)]  # fmt: skip
-    return (kept + newcomers)[:want]
+    ranked = [p for p in preferred if p in by_id] + [c.peer_id for c in sorted(candidates, key=_rank)]
+    newcomers = [p for p in dict.fromkeys(ranked)
+                 if p not in kept and eligible(by_id[p], thresholds, incumbent=False, relay=True)]  # fmt: skip
+    chosen = (kept + newcomers)[:want]
+    if chosen:
+        return chosen
+    live = [p for p in current if p in by_id]
+    return live[:want] if live else ranked[:1]

@@ -24,6 +24,9 @@ MAX_TTL_S = 900.0
 MAX_STAGES = 1024
 
 
+KINDS = ("full", "repair", "relays")
+
+
 @dataclass(frozen=True, kw_only=True)
 class PlanRecord:
     run_id: str
@@ -33,7 +36,8 @@ class PlanRecord:
     expires_at: float
     version: int
     kind: str
-    """``full`` (planned from scratch) or ``repair`` (mended from the previous version)."""
+    """``full`` (planned from scratch), ``repair`` (mended from the previous version) or
+    ``relays`` (the previous version with its relays re-elected)."""
     devices: list[str]
     pipelines: list[list[int]]
     """pipelines[p][s]: index into ``devices`` of who runs stage s in pipeline p."""
@@ -92,8 +96,8 @@ def parse_plan(raw: object, *, run_id: str | None, now: float | None, peer_id: s
     if now is not None and issued_at > now + CLOCK_SKEW_S:
         raise RecordError(f"plan of {claimed} is issued {issued_at - now:.0f} s in the future")
     kind = f.string("kind", 16)
-    if kind not in ("full", "repair"):
-        raise RecordError(f"plan of {claimed} has kind {kind!r}, not full or repair")
+    if kind not in KINDS:
+        raise RecordError(f"plan of {claimed} has kind {kind!r}, not one of {', '.join(KINDS)}")
     devices = f.strings("devices", MAX_PLAN_DEVICES, 128)
     if len(set(devices)) != len(devices):
         raise RecordError(f"plan of {claimed} names a device twice")

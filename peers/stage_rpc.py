@@ -43,6 +43,11 @@ class RpcError(SwarmdError):
     """A request failed: the peer answered with an error, or broke the protocol."""
 
 
+class Unreachable(RpcError):
+    """No stream to the peer could be opened: it is gone, or cannot be reached from here
+    (a relay may still reach it, ``swarmd.peers.relay_route``)."""
+
+
 class ProtocolViolation(RpcError):
     """A message was malformed, oversized or too slow; its sender is at fault."""
 
@@ -202,9 +207,9 @@ async def call(
             p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), PROTOCOL), timeout_s
         )
     except TimeoutError:
-        raise RpcError(f"{method} to {peer_id}: no stream within {timeout_s:.0f} s") from None
+        raise Unreachable(f"{method} to {peer_id}: no stream within {timeout_s:.0f} s") from None
     except Exception as e:
-        raise RpcError(f"{method} to {peer_id}: cannot open a stream ({e})") from None
+        raise Unreachable(f"{method} to {peer_id}: cannot open a stream ({e})") from None
     try:
         await asyncio.wait_for(write_message(writer, {**(args or {}), "method": method}, blobs, max_message_bytes),
                                timeout_s)  # fmt: skip

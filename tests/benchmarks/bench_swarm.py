@@ -125,8 +125,10 @@ def main() -> None:
         print(f"{n:>7} {r['tokens_per_s']:9.0f} {r['tokens_per_s'] / reference:6.2f} "
               f"{r['updates'] / r['window']:9.2f}                " + parts, flush=True)  # fmt: skip
     after = bench_reference(args.threads, 40)
-    print(f"reference again, after the swarms: {after:8.0f} tokens/s (ratios above are to the first; "
-          f"to the mean of both they are x{2 * reference / (reference + after):.2f})")
+    print(
+        f"reference again, after the swarms: {after:8.0f} tokens/s (ratios above are to the first; "
+        f"to the mean of both they are x{2 * reference / (reference + after):.2f})"
+    )
 
 
 if __name__ == "__main__":

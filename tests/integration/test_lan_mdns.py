@@ -7,13 +7,11 @@ deleting them at the end removes the link and everything on it.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import queue
 import random
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.integration.netns import die_with_parent, need_root_and_iproute2, run_ip, stop
 
 pytestmark = [pytest.mark.integration, pytest.mark.netns]
 
@@ -65,15 +65,6 @@ emit(event="stopped")
 """
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=10)
-
-
-def _die_with_parent() -> None:
-    # PR_SET_PDEATHSIG survives `ip netns exec`'s exec: a killed pytest leaves no helper behind.
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
-
-
 class Helper:
     """One helper process and the events it printed, read by a thread into a shared queue."""
 
@@ -87,7 +78,7 @@ class Helper:
                 stdout=subprocess.PIPE,
                 stderr=stderr,
                 text=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         self._reader = threading.Thread(target=self._read, args=(events,), daemon=True)
         self._reader.start()
@@ -109,13 +100,7 @@ class Helper:
         return {e["peer_id"]: e["payload"] for e in self.events if e["event"] == "hello"}
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop(self.proc)
 
     def describe(self) -> str:
         tail = self.stderr_path.read_text(errors="replace")[-3000:] if self.stderr_path.exists() else ""
@@ -125,8 +110,7 @@ class Helper:
 @pytest.fixture
 def lan(tmp_path: Path) -> Iterator[tuple[str, str, str, str]]:
     """Two namespaces joined by a veth pair: yields (ns_a, ip_a, ns_b, ip_b)."""
-    if not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("needs root and iproute2 to create network namespaces")
+    need_root_and_iproute2()
     tag = secrets.token_hex(3)
     ns_a, ns_b = f"swarmd-t-{tag}-a", f"swarmd-t-{tag}-b"
     subnet = f"10.231.{random.randint(1, 254)}"
@@ -134,18 +118,18 @@ def lan(tmp_path: Path) -> Iterator[tuple[str, str, str, str]]:
     try:
         for ns in (ns_a, ns_b):
             try:
-                _ip("netns", "add", ns)
+                run_ip("netns", "add", ns)
             except subprocess.CalledProcessError as e:
                 pytest.skip(f"cannot create network namespace {ns}: {e.stderr.strip()}")
             created.append(ns)
         # Both ends are created inside the namespaces: the host's own namespace never sees them.
-        _ip("-n", ns_a, "link", "add", "veth-a", "type", "veth", "peer", "name", "veth-b", "netns", ns_b)
+        run_ip("-n", ns_a, "link", "add", "veth-a", "type", "veth", "peer", "name", "veth-b", "netns", ns_b)
         for ns, dev, ip in ((ns_a, "veth-a", f"{subnet}.1"), (ns_b, "veth-b", f"{subnet}.2")):
-            _ip("-n", ns, "addr", "add", f"{ip}/24", "dev", dev)
-            _ip("-n", ns, "link", "set", "lo", "up")
-            _ip("-n", ns, "link", "set", dev, "up")
+            run_ip("-n", ns, "addr", "add", f"{ip}/24", "dev", dev)
+            run_ip("-n", ns, "link", "set", "lo", "up")
+            run_ip("-n", ns, "link", "set", dev, "up")
             # Without a route for 224.0.0.0/4 (no default route here) multicast sends fail.
-            _ip("-n", ns, "route", "add", "224.0.0.0/4", "dev", dev)
+            run_ip("-n", ns, "route", "add", "224.0.0.0/4", "dev", dev)
         yield ns_a, f"{subnet}.1", ns_b, f"{subnet}.2"
     finally:
         for ns in created:

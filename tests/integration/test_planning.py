@@ -75,6 +75,11 @@ def test_a_coordinator_plans_from_measurements_and_repairs_after_a_departure(
         mine = plan_of(d)["my_stage"]
         in_plan = [s for row in plan["grid"] for s, p in enumerate(row) if p == peer]
         assert (mine is None and not in_plan) or [mine] == in_plan
+    # Five members elect one relay. Newcomers pass no threshold yet, so the coordinator names
+    # the best-ranked peer; every member reads the same relay from the plan.
+    assert len(plan["relays"]) == 1 and set(plan["relays"]) <= members, plan
+    for d, peer in zip(daemons, ids, strict=True):
+        assert d.status()["relaying"]["relay"] == (peer in plan["relays"])
     # Others' observations of each peer, never its own word, make its reliability.
     wait_for(lambda: all(p in swarm(daemons[0])["reliability"] for p in ids), 60, "reliability of every peer")
 
@@ -91,3 +96,4 @@ def test_a_coordinator_plans_from_measurements_and_repairs_after_a_departure(
     assert repaired["kind"] == "repair" and repaired["by"] == plan["by"]
     assert ids[victim] not in {peer for row in repaired["grid"] for peer in row}
     assert all(row in repaired["grid"] for row in untouched), (untouched, repaired["grid"])
+    assert len(repaired["relays"]) == 1 and ids[victim] not in repaired["relays"]

@@ -115,7 +115,10 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
     workdir: Path, make_run: Callable[..., str], daemon_factory: Callable[..., LocalDaemon]
 ) -> None:
     run_id = make_run(workdir / "d0")
-    daemons = [daemon_factory(workdir / f"d{i}", run_id, train=True) for i in range(4)]
+    # Two of them send their requests through the plan's relay whenever it names one (as peers
+    # whose outbound connections are filtered would): the relay path carries real training.
+    via_relay = ["--data-via-relay", "always"]
+    daemons = [daemon_factory(workdir / f"d{i}", run_id, via_relay if i >= 2 else None, train=True) for i in range(4)]
     addrs = daemons[0].start().wait_running()["addrs"]
     for daemon in daemons[1:]:
         daemon.start(addrs)
@@ -204,6 +207,12 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
         losses = dict(training(last_host)["losses"])
         for stage, (_, info) in sorted(hosts_of(daemons).items()):
             print(f"stage {stage}: server {info['server']}, host {info['host']}")
+        routes = [training(d)["routes"] for d in daemons]
+        relaying = [d.status()["relaying"] for d in daemons]
+        print("routes:", routes, "\nrelaying:", relaying)
+        # The plan names one relay; the daemons told to use it did (at most one of them is the
+        # relay itself, which goes direct), and it forwarded their requests.
+        assert sum(r["relayed"] for r in routes[2:]) > 0 and sum(r["forwarded"] for r in relaying) > 0
         assert first_host is not last_host
         # The swarm's weights as they stand: every stage's newest checkpoint, gathered by a
         # running daemon and exported (what a user does at the end of a run).

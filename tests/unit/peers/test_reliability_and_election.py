@@ -145,6 +145,16 @@ def test_relays_keep_incumbents_and_fill_vacancies_with_the_best() -> None:
     assert elect_relays(cands, [], T, 2) == ["b", "c"]
     assert elect_relays(cands, ["a"], T, 2) == ["a", "b"]
     assert elect_relays(cands, ["d"], T, 2) == ["b", "c"]  # d fell far below
+    # the planner's choice (a pipeline link is faster through it) goes first among the eligible
+    assert elect_relays(cands, [], T, 2, preferred=["a", "d"]) == ["a", "b"]
+    assert elect_relays(cands, ["c"], T, 2, preferred=["a"]) == ["c", "a"]  # incumbents stay first
+    assert elect_relays(cands, [], T, 0) == []
+
+
+def test_a_swarm_of_newcomers_still_gets_one_relay() -> None:
+    newcomers = [Candidate("a", 0.02, 2e6), Candidate("b", 0.03, 5e6), Candidate("c", 0.01, 9e6)]
+    assert elect_relays(newcomers, [], T, 2) == ["b"]  # nobody passes: the best-ranked serves alone
+    assert elect_relays(newcomers, ["c", "gone"], T, 2) == ["c"]  # ... or the incumbents still live
 
 
 def test_hostile_books_and_records_are_refused(tmp_path: Path) -> None:
