@@ -7,6 +7,8 @@ the cost on two cores.
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -97,3 +99,59 @@ def test_a_coordinator_plans_from_measurements_and_repairs_after_a_departure(
     assert ids[victim] not in {peer for row in repaired["grid"] for peer in row}
     assert all(row in repaired["grid"] for row in untouched), (untouched, repaired["grid"])
     assert len(repaired["relays"]) == 1 and ids[victim] not in repaired["relays"]
+
+
+def test_roles_follow_the_history_the_observers_kept(
+    workdir: Path, make_run: Callable[..., str], daemon_factory: Callable[..., LocalDaemon]
+) -> None:
+    """Four daemons restart with the observation books they kept (as after a reboot): all have
+    watched a veteran for a day, a regular for an hour, and a flapper that left ten times in
+    an hour; the fourth is new to all. Once the books are published, the swarm's scores come
+    from the others' books, the coordinator and the relay are peers that pass the thresholds,
+    and the flapper and the newcomer hold neither role."""
+    from swarmd.coordination import OBSERVATIONS_FILE
+    from swarmd.peers.identity import load_or_create_identity
+    from swarmd.state_dir import prepare_state_dir
+
+    run_id = make_run(workdir / "d0")
+    dirs = [workdir / f"d{i}" for i in range(4)]
+    ids = [load_or_create_identity(prepare_state_dir(d)).peer_id for d in dirs]
+    veteran, regular, flapper, newcomer = ids
+    now = time.time()
+    history = {veteran: [86400.0, 86400.0, 0, now], regular: [3600.0, 3600.0, 0, now],
+               flapper: [3600.0, 3420.0, 10, now]}  # fmt: skip
+    for d, observer in zip(dirs, ids, strict=True):
+        book = {"version": 1, "observer": observer, "peers": {p: w for p, w in history.items() if p != observer}}
+        (d / OBSERVATIONS_FILE).write_text(json.dumps(book))
+
+    daemons = [daemon_factory(d, run_id) for d in dirs]
+    addrs = daemons[0].start().wait_running()["addrs"]
+    for d in daemons[1:]:
+        d.start(addrs)
+    assert [d.wait_running()["peer_id"] for d in daemons] == ids
+
+    def scores() -> dict[str, float]:
+        return swarm(daemons[3])["reliability"]
+
+    wait_for(lambda: scores().get(veteran, 0) > 0.9 and scores().get(flapper, 1) < 0.2, 90, "the kept history to count")
+    seen = scores()
+    assert 0.6 < seen[regular] < 0.9 and seen.get(newcomer, 0.0) < 0.1, seen
+
+    def settled() -> dict[str, Any] | None:
+        plan = agreed_plan(daemons, set(ids))
+        coordinators = {swarm(d)["coordinator"] for d in daemons}
+        if plan is None or len(coordinators) != 1 or plan["by"] not in coordinators:
+            return None
+        return plan if set(plan["relays"]) <= {veteran, regular} and plan["by"] in {veteran, regular} else None
+
+    try:
+        plan = wait_for(settled, 90, "the coordinator and the relay to be peers that pass the thresholds")
+    except TimeoutError:
+        for d in daemons:
+            print(d.status()["peer_id"][-8:], {k: v for k, v in swarm(d).items() if k != "links"})
+        raise
+    assert len(plan["relays"]) == 1 and not {flapper, newcomer} & {plan["by"], *plan["relays"]}, plan
+    # The planner's parameter server for a stage is its most available member: never the
+    # flapper while the veteran shares its stage.
+    for server, group in zip(plan["parameter_servers"], zip(*plan["grid"], strict=True), strict=True):
+        assert not (server == flapper and veteran in group), plan
