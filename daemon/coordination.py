@@ -60,7 +60,7 @@ from swarmd.peers.reliability import (
 )
 from swarmd.peers.run_spec import SignedRunSpec
 from swarmd.peers.scenario import ScenarioError
-from swarmd.peers.stage_rpc import RpcError, call
+from swarmd.peers.stage_rpc import RpcError, Unreachable, call
 from swarmd.peers.swarm_snapshot import Member, Snapshot, build_snapshot, model_for_scenario
 
 logger = logging.getLogger(__name__)
@@ -147,6 +147,12 @@ class Coordination:
                 self.budget.charge(time.time(), size)
                 self.probes_sent += 1
                 bandwidth = bandwidth_from_transfer(size, time.perf_counter() - started, rtt or est.rtt_s)
+            except Unreachable as e:
+                self.probe_failures += 1
+                logger.debug("Bandwidth probe to %s could not open a stream: %s", peer, e)
+                est.add(time.time(), rtt_s=rtt)
+                est.mark_unreachable(time.time())
+                return
             except RpcError as e:
                 self.probe_failures += 1
                 logger.debug("Bandwidth probe to %s failed: %s", peer, e)
@@ -362,6 +368,7 @@ class Coordination:
             "plan_error": self.plan_error,
             "reliability": {p: round(r.score, 3) for p, r in sorted(self.reliability.items())},
             "links": {"measured": len([e for e in self.links.values() if e.samples]),
+                      "unreachable": sorted(p for p, e in self.links.items() if e.unreachable),
                       "matrix_measured": snap.measured if snap else 0, "matrix_filled": snap.filled if snap else 0,
                       "probes_sent": self.probes_sent, "probe_failures": self.probe_failures,
                       "probe_bytes_last_hour": self.budget.spent_last_hour(time.time())},

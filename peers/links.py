@@ -31,6 +31,9 @@ MAX_PROBE_BYTES = 1024 * 1024
 """A probe request carries at most this much: what a peer's probe handler accepts."""
 SMOOTHING = 0.3
 """Weight of a new sample in the moving averages: a few probes settle a link, one outlier does not."""
+UNREACHABLE_BPS = 1.0
+"""The bandwidth published for a link whose probe could not even open a stream: the planner
+then keeps the two ends apart (or routes them through a relay), and connectivity counts it."""
 
 
 @dataclass
@@ -39,13 +42,25 @@ class LinkEstimate:
     bandwidth_Bps: float | None = None
     measured_at: float = 0.0
     samples: int = 0
+    unreachable: bool = False
+    """The last probe could not open a stream to the peer."""
 
     def add(self, now: float, rtt_s: float | None = None, bandwidth_Bps: float | None = None) -> None:
         if rtt_s is not None and rtt_s >= 0 and math.isfinite(rtt_s):
             self.rtt_s = rtt_s if self.rtt_s is None else (1 - SMOOTHING) * self.rtt_s + SMOOTHING * rtt_s
         if bandwidth_Bps is not None and bandwidth_Bps > 0 and math.isfinite(bandwidth_Bps):
-            prev = self.bandwidth_Bps
+            # A link that opens again starts afresh: averaging with the unreachable floor would
+            # keep it near zero for many probes.
+            prev = None if self.unreachable else self.bandwidth_Bps
+            self.unreachable = False
             self.bandwidth_Bps = bandwidth_Bps if prev is None else (1 - SMOOTHING) * prev + SMOOTHING * bandwidth_Bps
+        self.measured_at = now
+        self.samples += 1
+
+    def mark_unreachable(self, now: float) -> None:
+        """The probe could not open a stream: the direct link carries nothing for now."""
+        self.bandwidth_Bps = UNREACHABLE_BPS
+        self.unreachable = True
         self.measured_at = now
         self.samples += 1
 

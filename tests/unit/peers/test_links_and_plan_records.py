@@ -130,3 +130,19 @@ def test_the_snapshot_fills_unmeasured_links_and_counts_them() -> None:
     assert tflops[A.peer_id] == 20.0 and tflops[C.peer_id] == 30.0  # C measured nothing: the median
     assert sc.devices[i[B.peer_id]].mean_uptime_h == 5.0 and sc.devices[i[A.peer_id]].mean_uptime_h is None
     assert sc.parallelism is None  # the planner keeps the run's stages and chooses the pipelines
+
+
+def test_an_unreachable_link_is_published_at_the_floor_and_starts_afresh_when_it_opens() -> None:
+    est = LinkEstimate()
+    est.add(T0, rtt_s=0.05, bandwidth_Bps=4e6)
+    est.mark_unreachable(T0 + 10)
+    assert est.unreachable and est.bandwidth_Bps == links_mod.UNREACHABLE_BPS
+    record = parse_links(links_of(A, {B.peer_id: est}).sign(A), run_id=RUN, now=T0)  # within the schema
+    assert record.links[B.peer_id][1] == links_mod.UNREACHABLE_BPS
+    members = [Member(p.peer_id, 16.0) for p in (A, B)]
+    snap = build_snapshot("live", members, {A.peer_id: record}, {}, model_for_scenario(4, 128, 256, 128),
+                          {"sequences": 16, "micro_batch": 4})  # fmt: skip
+    i = snap.scenario.index()
+    assert snap.scenario.bandwidth_Bps[i[A.peer_id], i[B.peer_id]] == links_mod.UNREACHABLE_BPS
+    est.add(T0 + 20, bandwidth_Bps=2e6)  # it opens again: the new sample, not an average with the floor
+    assert not est.unreachable and est.bandwidth_Bps == 2e6
