@@ -7,6 +7,7 @@
     swarmd export --run-id ID DIR                         a folder transformers' from_pretrained loads
     swarmd demo                                           a local swarm on 127.0.0.1
     swarmd plan --scenario FILE [--json]                  place a swarm described on paper
+    swarmd simulate --scenario FILE --hours H --seed S    play a scenario out over time, strategy by strategy
 
 User errors print one line and exit non-zero; ``--debug`` adds the traceback.
 """
@@ -27,6 +28,10 @@ from typing import Any
 from swarmd import __version__
 from swarmd.errors import SwarmdError
 from swarmd.peers.relay_route import MODES as RELAY_MODES
+
+SIM_STRATEGIES = ("swarmd", "swarmd/no-network", "swarmd/no-devices", "swarmd/no-reliability", "dtfm-static",
+                  "swarm-wiring", "petals-greedy")  # fmt: skip
+"""swarmd.peers.sim_strategies.NAMES, without importing the planner for every command."""
 
 logger = logging.getLogger("swarmd")
 
@@ -89,6 +94,17 @@ def build_parser() -> argparse.ArgumentParser:
     for concern in ("network", "devices", "reliability"):
         plan.add_argument(f"--no-{concern}", action="store_true", help=f"plan blind to {concern} (ablation)")
     plan.add_argument("--debug", action="store_true")
+
+    sim = sub.add_parser("simulate", help="simulate a scenario over time with churn, comparing strategies")
+    sim.add_argument("--scenario", type=Path, required=True, metavar="FILE", help="the scenario (JSON)")
+    sim.add_argument("--hours", type=float, required=True, metavar="H", help="simulated hours")
+    sim.add_argument("--seed", type=int, default=0, metavar="S", help="the churn's and the planners' seed")
+    sim.add_argument("--strategies", default=",".join(SIM_STRATEGIES), metavar="A,B",
+                     help=f"which to compare (default all: {', '.join(SIM_STRATEGIES)})")  # fmt: skip
+    sim.add_argument("--out", type=Path, metavar="DIR", help="where the report and plots go (default simulate-NAME)")
+    sim.add_argument("--time-budget", type=float, default=0.5, metavar="S",
+                     help="the planner's local search time per full plan (default 0.5)")  # fmt: skip
+    sim.add_argument("--debug", action="store_true")
     return parser
 
 
@@ -370,10 +386,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
                     reliability=not args.no_reliability, time_budget_s=args.time_budget)  # fmt: skip
 
 
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from swarmd.simulate_command import run_simulate
+
+    if not args.time_budget >= 0:
+        raise SwarmdError(f"--time-budget {args.time_budget}: must be a number of seconds >= 0")
+    names = [n.strip() for n in args.strategies.split(",") if n.strip()]
+    out = args.out or Path(f"simulate-{args.scenario.stem}")
+    return run_simulate(args.scenario, hours=args.hours, seed=args.seed, strategies=names, out=out,
+                        time_budget_s=args.time_budget)  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handlers = {"run": cmd_run, "status": cmd_status, "peers": cmd_peers, "export": cmd_export, "demo": cmd_demo,
-                "plan": cmd_plan}  # fmt: skip
+                "plan": cmd_plan, "simulate": cmd_simulate}  # fmt: skip
     try:
         return handlers[args.command](args)
     except SwarmdError as e:

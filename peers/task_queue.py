@@ -181,6 +181,10 @@ class TaskQueue:
         self._tasks: dict[str, _Entry] = {}
         self._ready: list[tuple[int, int, str]] = []  # heap of (kind rank, seq, task_id)
         self._leases: dict[str, Lease] = {}
+        # (expires_at, lease_id) of the leases, oldest first: a sweep looks at the expired ones
+        # only. Entries of completed or renewed leases stay until their time passes (or the
+        # heap is rebuilt), and are skipped then.
+        self._expiry: list[tuple[float, str]] = []
         self._inputs: dict[int, _Stored] = {}
         self._seq = itertools.count()
         self._bytes = 0
@@ -215,7 +219,8 @@ class TaskQueue:
                 raise TaskQueueError(f"micro-batch {task.micro_batch} already has a backward task")
         if not self.has_room(size_bytes, task.kind):
             raise self._full(size_bytes, task.kind)
-        task = replace(task, attempts=0)
+        if task.attempts:
+            task = replace(task, attempts=0)
         self._bytes += size_bytes
         if task.kind is TaskKind.FORWARD:  # its payload *is* the stored input: counted once, there
             stored = self._inputs[task.micro_batch] = _Stored(task.payload, size_bytes, task.task_id)
@@ -271,6 +276,7 @@ class TaskQueue:
             lease_s=lease_s,
         )
         self._leases[lease.lease_id] = lease
+        self._track_expiry(lease)
         self._c.claimed += 1
         return lease
 
@@ -285,6 +291,7 @@ class TaskQueue:
         """Extend a live lease by its original length; only its holder may."""
         lease = self._held(lease_id, worker_id, now)
         lease = self._leases[lease_id] = replace(lease, expires_at=now + lease.lease_s)
+        self._track_expiry(lease)
         return lease
 
     def complete(
@@ -372,8 +379,19 @@ class TaskQueue:
             raise LeaseError(f"lease {lease_id!r} {why}; drop the result", lease_id=lease_id, worker_id=worker_id)
         return lease
 
+    def _track_expiry(self, lease: Lease) -> None:
+        if len(self._expiry) > 4 * len(self._leases) + 64:  # mostly stale entries: rebuild
+            self._expiry = [(held.expires_at, lid) for lid, held in self._leases.items()]
+            heapq.heapify(self._expiry)
+        heapq.heappush(self._expiry, (lease.expires_at, lease.lease_id))
+
     def _sweep(self, now: float) -> list[str]:
-        over = [lid for lid, lease in self._leases.items() if lease.expires_at <= now]
+        over: dict[str, None] = {}  # a renewed lease may have two entries due: once, in order
+        while self._expiry and self._expiry[0][0] <= now:
+            _, lid = heapq.heappop(self._expiry)
+            lease = self._leases.get(lid)
+            if lease is not None and lease.expires_at <= now:  # not completed, not renewed since
+                over[lid] = None
         ids = [self._requeue(lid, "requeued_expired") for lid in over]
         if ids:
             logger.warning("stage %d: %d lease(s) expired; re-queued %s", self.config.stage, len(ids), ids)

@@ -1,0 +1,183 @@
+"""``swarmd simulate``: a scenario played out over hours, strategy against strategy.
+
+Every strategy (``swarmd.peers.sim_strategies``) meets the same churn on the same seed; each is
+also run without churn for ``FAILURE_FREE_HOURS`` at most (its steady state), which gives the
+failure-free figure its throughput is held against. The report is a markdown table on stdout
+and in ``OUT/report.md``, the numbers in ``OUT/results.json``, and PNG plots (matplotlib, the
+``sim`` extra) of tokens/s over time, the staleness distribution and the planners' runtimes.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from swarmd.errors import SwarmdError
+from swarmd.peers.churn import churn_schedule
+from swarmd.peers.planner import PlannerSettings, plan
+from swarmd.peers.scenario import Scenario, load_scenario
+from swarmd.peers.sim_strategies import NAMES, make_strategies
+from swarmd.peers.simulator import SimResult, SimSettings, simulate
+
+FAILURE_FREE_HOURS = 2.0
+"""The failure-free run of a strategy stops here: without churn its throughput is steady."""
+SMOOTH_BUCKETS = 10
+MAX_HOURS = 24.0 * 30
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def summary(result: SimResult, failure_free: SimResult) -> dict[str, Any]:
+    kinds = [e.kind for e in result.plan_events]
+    runtimes = [e.runtime_s for e in result.plan_events if not e.kind.startswith("failed")]
+    return {
+        "strategy": result.strategy,
+        "tokens_per_s": round(result.tokens_per_s, 1),
+        "failure_free_tokens_per_s": round(failure_free.tokens_per_s, 1),
+        "kept": round(result.tokens_per_s / failure_free.tokens_per_s, 3) if failure_free.tokens_per_s else None,
+        "updates": result.updates,
+        "updates_lost": result.updates_lost,
+        "micro_batches_recomputed": result.micro_batches_recomputed,
+        "stale_dropped": result.stale_dropped,
+        "failovers": result.failovers,
+        "recovery_median_s": _percentile(result.recovery_s, 0.5),
+        "recovery_p90_s": _percentile(result.recovery_s, 0.9),
+        "plans": {k: kinds.count(k) for k in ("full", "repair", "replan")},
+        "plans_failed": sum(k.startswith("failed") for k in kinds),
+        "plan_runtime_median_ms": round(statistics.median(runtimes) * 1e3, 2) if runtimes else None,
+        "plan_runtime_max_ms": round(max(runtimes) * 1e3, 2) if runtimes else None,
+        "shape": list(result.shape),
+        "wall_s": round(result.wall_s, 1),
+        "events": result.events,
+    }
+
+
+def _fmt(value: Any, digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def markdown(scenario: Scenario, settings: SimSettings, rows: list[dict[str, Any]], churn: tuple[int, int]) -> str:
+    lines = [
+        f"# swarmd simulate: {scenario.name}",
+        "",
+        f"{scenario.n} devices, {settings.hours:g} simulated hours, seed {settings.seed}: {churn[0]} departures and "
+        f"{churn[1]} returns, the same for every strategy. Failure-free: the same strategy without churn "
+        f"(at most {FAILURE_FREE_HOURS:g} h).",
+        "",
+        "| strategy | tokens/s | failure-free | kept | updates | lost | recomputed | stale dropped | failovers "
+        "| recovery median / p90 s | plans full/repair/replan | plan runtime median / max ms | wall s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        plans = r["plans"]
+        lines.append(
+            f"| {r['strategy']} | {_fmt(r['tokens_per_s'])} | {_fmt(r['failure_free_tokens_per_s'])} "
+            f"| {_fmt(r['kept'], 2)} | {_fmt(r['updates'])} | {_fmt(r['updates_lost'])} "
+            f"| {_fmt(r['micro_batches_recomputed'])} | {_fmt(r['stale_dropped'])} | {_fmt(r['failovers'])} "
+            f"| {_fmt(r['recovery_median_s'])} / {_fmt(r['recovery_p90_s'])} "
+            f"| {plans['full']}/{plans['repair']}/{plans['replan']} "
+            f"| {_fmt(r['plan_runtime_median_ms'], 1)} / {_fmt(r['plan_runtime_max_ms'], 1)} | {_fmt(r['wall_s'], 1)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: list[SimResult], out: Path) -> list[Path]:
+    """PNG plots; none (with a note on stderr) when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install 'swarmd[sim]'): no PNG plots", file=sys.stderr)
+        return []
+    written = []
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    for r in results:
+        series = r.tokens_per_s_series()
+        smooth = [statistics.fmean(series[max(0, i - SMOOTH_BUCKETS + 1) : i + 1]) for i in range(len(series))]
+        ax.plot([i * r.bucket_s / 3600 for i in range(len(smooth))], smooth, label=r.strategy, linewidth=1.2)
+    ax.set(xlabel="simulated hours", ylabel=f"tokens/s ({SMOOTH_BUCKETS}-bucket mean)", title="Throughput over time")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    written.append(_save(fig, out / "tokens_per_s.png"))
+    fig, ax = plt.subplots(figsize=(10, 4))
+    width = 0.8 / max(1, len(results))
+    for k, r in enumerate(results):
+        total = sum(r.staleness.values()) or 1
+        xs = sorted(r.staleness)
+        ax.bar([x + k * width for x in xs], [r.staleness[x] / total for x in xs], width=width, label=r.strategy)
+    ax.set(xlabel="staleness (versions behind)", ylabel="share of applied pushes", title="Staleness")
+    ax.legend(fontsize=8)
+    written.append(_save(fig, out / "staleness.png"))
+    fig, ax = plt.subplots(figsize=(10, 4))
+    for r in results:
+        events = [e for e in r.plan_events if not e.kind.startswith("failed")]
+        ax.scatter([e.at_s / 3600 for e in events], [max(e.runtime_s, 1e-5) * 1e3 for e in events], s=8,
+                   label=r.strategy)  # fmt: skip
+    ax.set_yscale("log")
+    ax.set(xlabel="simulated hours", ylabel="runtime, ms", title="Planner runtime per plan or repair")
+    ax.legend(fontsize=8)
+    written.append(_save(fig, out / "plan_runtimes.png"))
+    return written
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
+def run_simulate(
+    scenario_path: Path, *, hours: float, seed: int, strategies: list[str], out: Path, time_budget_s: float
+) -> int:
+    if not 0 < hours <= MAX_HOURS:
+        raise SwarmdError(f"--hours {hours:g} is out of range: give more than 0 and at most {MAX_HOURS:g}")
+    unknown = [n for n in strategies if n not in NAMES]
+    if unknown:
+        raise SwarmdError(f"unknown strategy {', '.join(unknown)}; choose from {', '.join(NAMES)}")
+    scenario = load_scenario(scenario_path)
+    settings = SimSettings(hours=hours, seed=seed)
+    # The run's shape: swarmd's plan for the whole scenario (the stage count stays fixed).
+    shape = plan(scenario, PlannerSettings(time_budget_s=time_budget_s, seed=seed)).shape
+    up0, churn = churn_schedule(scenario, hours * 3600.0, seed)
+    departures = sum(not e.up for e in churn)
+    print(f"{scenario.name}: {scenario.n} devices ({int(up0.sum())} up at the start), {departures} departures in "
+          f"{hours:g} h; run shape {shape.stages} stages x up to {shape.data_parallel} pipelines",
+          file=sys.stderr)  # fmt: skip
+    results, rows = [], []
+    for strategy in make_strategies(strategies, shape, time_budget_s, seed):
+        started = time.perf_counter()
+        print(f"  {strategy.name}: simulating ...", end="", file=sys.stderr, flush=True)
+        result = simulate(scenario, strategy, settings)
+        free = simulate(scenario, strategy, SimSettings(hours=min(hours, FAILURE_FREE_HOURS), seed=seed, churn=False))
+        print(f" {time.perf_counter() - started:.1f} s", file=sys.stderr)
+        results.append(result)
+        rows.append(summary(result, free))
+    out.mkdir(parents=True, exist_ok=True)
+    report = markdown(scenario, settings, rows, (departures, sum(e.up for e in churn)))
+    (out / "report.md").write_text(report)
+    data = {"scenario": scenario.name, "devices": scenario.n, "hours": hours, "seed": seed, "rows": rows,
+            "runs": [{**asdict(r), "plan_events": [asdict(e) for e in r.plan_events]} for r in results]}  # fmt: skip
+    (out / "results.json").write_text(json.dumps(data))
+    print(report)
+    written = plot(results, out)
+    print(f"wrote {out / 'report.md'}, {out / 'results.json'}" + "".join(f", {p}" for p in written))
+    return 0

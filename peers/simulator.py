@@ -1,0 +1,586 @@
+"""A run of a swarm over time, simulated event by event on swarmd's own rules.
+
+What is simulated, and with which code:
+
+- **Churn**: devices leave and return as ``swarmd.peers.churn`` draws them from the scenario's
+  ``mean_uptime_h`` / ``mean_downtime_h``; the same schedule for every strategy on one seed.
+  A departure is noticed ``detect_s`` later (the heartbeat TTL), a return ``join_s`` later.
+- **Placement**: a strategy's full plan at the start; on every noticed change its mend (for
+  swarmd the planner's ``repair``, the function the coordinator runs) or a full re-plan. The
+  planner's measured runtime delays the new plan, and is reported.
+- **The task pool**: every stage has the daemon's queue (``swarmd.peers.task_queue.TaskQueue``)
+  at its host, the stage's parameter server. Workers claim from their stage's queue, pull the
+  weights version they lack, compute, and deliver what they made to the next (or previous)
+  stage's host, as the daemon's first data path does: every tensor through a host.
+- **Compute** per micro-batch from the stage's layers and the device's TFLOPS (a forward one
+  third of ``layer_flops_per_sequence``, a backward the rest plus the recomputed forward).
+- **Transfers**: latency plus bytes over bandwidth; concurrent transfers on one directed link
+  share it by queueing behind each other (first come, first served), so a busy link delays
+  every flow on it.
+- **Parameter servers** apply pushes asynchronously; a push whose forward used weights more
+  than ``max_staleness`` versions old is dropped and counted (as the daemon does). A push is
+  committed once logged at the stage's standby; with no standby ready (its copy of the
+  checkpoint still in flight) pushes apply unreplicated, and a host that dies then loses them:
+  those are the updates lost, counted, not assumed away.
+- **Failures**: a departed worker's leases go back to the queue when noticed (its work is
+  recomputed); a departed host's stage fails over to its standby and, as in the daemon, the
+  micro-batches in flight are redone from stage 0.
+
+The simulation is deterministic for a seed. Memory is bounded by the devices, the links in
+use and the micro-batches in flight, not by the simulated time: the timeline keeps one count
+per ``bucket_s``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from swarmd.peers.churn import ChurnEvent, churn_schedule
+from swarmd.peers.plan_cost import Plan, micro_batches_per_pipeline
+from swarmd.peers.scenario import Scenario, ScenarioError, Shape
+from swarmd.peers.task_queue import Lease, Task, TaskKind, TaskQueue, TaskQueueConfig
+
+QUEUE_CAPACITY_BYTES = 1 << 62
+"""Queues never refuse a put here: the feeder bounds what is in flight (as stage 0 does)."""
+# The task queue logs dropped workers and expired leases: thousands of them are not news here.
+logging.getLogger("swarmd.peers.task_queue").setLevel(logging.ERROR)
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    hours: float = 1.0
+    seed: int = 0
+    churn: bool = True
+    max_staleness: int = 4
+    detect_s: float = 60.0
+    """A departure is noticed this long after it happens (the heartbeat TTL)."""
+    join_s: float = 30.0
+    """A returning device is in the membership this long after it comes back."""
+    lease_s: float = 900.0
+    batches_ahead: int = 1
+    """Stage 0 feeds at most this many batches beyond the one being summed."""
+    push_every: int = 2
+    """Finished micro-batches a worker sums before it pushes (the bytes of a push, amortised)."""
+    bucket_s: float = 60.0
+    max_events: int = 200_000_000
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    full_plan: Callable[[Scenario], Plan]
+    """A plan for the live devices (indices into the scenario given)."""
+    mend: Callable[[Scenario, Plan, list[str]], Plan] | None = None
+    """Mend the previous plan (indices into the listed IDs) for the live devices; None: a full
+    plan from scratch on every change."""
+
+
+@dataclass
+class PlanEvent:
+    at_s: float
+    kind: str  # full, repair or replan
+    runtime_s: float
+    devices: int
+    pipelines: int
+
+
+@dataclass
+class SimResult:
+    strategy: str
+    hours: float
+    seed: int
+    devices: int
+    tokens: int
+    tokens_per_s: float
+    timeline: list[int]
+    """Micro-batches finished in each ``bucket_s`` of simulated time."""
+    bucket_s: float
+    tokens_per_micro_batch: int
+    updates: int
+    updates_lost: int
+    micro_batches_recomputed: int
+    stale_dropped: int
+    staleness: dict[int, int]
+    departures: int
+    returns: int
+    plan_events: list[PlanEvent]
+    recovery_s: list[float]
+    """Per noticed departure of a planned device: until throughput is back (``recovery_times``)."""
+    wall_s: float
+    events: int
+    failovers: int
+    shape: tuple[int, int]
+
+    def tokens_per_s_series(self) -> list[float]:
+        return [n * self.tokens_per_micro_batch / self.bucket_s for n in self.timeline]
+
+
+@dataclass
+class _Stage:
+    queue: TaskQueue
+    host: int
+    standby: int | None
+    standby_ready: bool = False
+    """The standby holds the checkpoint and receives every push before it is applied."""
+    version: int = 0
+    pending: int = 0
+    """Micro-batches summed toward the next update."""
+    replicas: dict[int, int] = field(default_factory=dict)
+    """Device -> the version its copy of the stage holds (the standby's follows while ready)."""
+    waiting: list[int] = field(default_factory=list)
+
+
+# event kinds
+_CHURN, _NOTICE, _DELIVER, _FINISH, _STANDBY_READY, _PLAN_READY = range(6)
+
+
+class Simulation:
+    def __init__(
+        self, scenario: Scenario, strategy: Strategy, settings: SimSettings,
+        schedule: tuple[np.ndarray, list[ChurnEvent]] | None = None,
+    ) -> None:  # fmt: skip
+        """``schedule``: who is up at the start and the churn events, instead of drawing them
+        from the scenario (``churn_schedule``)."""
+        self.sc, self.strategy, self.s = scenario, strategy, settings
+        self.horizon = settings.hours * 3600.0
+        if schedule is not None:
+            up0, churn = schedule
+        elif settings.churn:
+            up0, churn = churn_schedule(scenario, self.horizon, settings.seed)
+        else:
+            up0, churn = np.ones(scenario.n, dtype=bool), []
+        self.up = up0.copy()
+        self.member = up0.copy()  # what the membership knows (noticed departures and returns)
+        self.epoch = np.zeros(scenario.n, dtype=np.int64)  # bumped at a departure: its events lapse
+        self.tflops = np.array([d.tflops for d in scenario.devices]) * 1e12
+        self.availability = np.array([d.availability for d in scenario.devices])
+        self.events: list[tuple[float, int, int, tuple]] = []
+        self._seq = itertools.count()
+        for ev in churn:
+            self._at(ev.at_s, _CHURN, (ev.device, ev.up))
+        self.link_free: dict[tuple[int, int], float] = {}
+        self.timeline = [0] * (int(math.ceil(self.horizon / settings.bucket_s)) + 1)
+        self.staleness: Counter[int] = Counter()
+        self.plan_events: list[PlanEvent] = []
+        self.departure_times: list[float] = []
+        self.counts: Counter[str] = Counter()
+        self.next_micro_batch = 0
+        self.generation = 0  # bumped when the queues are rebuilt: work leased before lapses
+        self.in_flight: set[int] = set()
+        self.worker_stage: dict[int, int] = {}
+        self.busy: set[int] = set()
+        self.weights: dict[tuple[int, int], int] = {}  # (device, stage) -> version held
+        self.live_ids: list[str] = []
+        self.plan: Plan | None = None
+        self.planning = False
+        self.replan_wanted = False
+        self.stages: list[_Stage] = []
+
+    # --- the event queue ---------------------------------------------------------------------
+
+    def _at(self, t: float, kind: int, args: tuple) -> None:
+        heapq.heappush(self.events, (t, next(self._seq), kind, args))
+
+    def run(self) -> SimResult:
+        started = time.perf_counter()
+        self._plan_now(0.0, initial=True)
+        handlers: dict[int, Callable[..., None]] = {
+            _CHURN: self._churn, _NOTICE: self._notice, _DELIVER: self._deliver, _FINISH: self._finish,
+            _STANDBY_READY: self._standby_ready, _PLAN_READY: self._plan_ready,
+        }  # fmt: skip
+        n = 0
+        while self.events and n < self.s.max_events:
+            t, _, kind, args = heapq.heappop(self.events)
+            if t > self.horizon:
+                break
+            handlers[kind](t, *args)
+            n += 1
+        return self._result(time.perf_counter() - started, n)
+
+    # --- sizes and times -----------------------------------------------------------------------
+
+    def _setup_shape(self, shape: Shape) -> None:
+        sc = self.sc
+        self.shape = shape
+        self.per_update = max(1, sc.batch_sequences // sc.micro_batch)
+        self.act_bytes = float(sc.micro_batch * sc.model.seq_len * sc.model.hidden * sc.model.dtype_bytes)
+        self.token_bytes = float(sc.micro_batch * sc.model.seq_len * 4)
+        self.weights_bytes = sc.grad_bytes(shape)
+        self.push_bytes = self.weights_bytes / max(1, self.s.push_every)
+        self.micro_batches_per_pipeline = micro_batches_per_pipeline(sc, shape)
+
+    def _stage_flops(self, layers: Sequence[int]) -> list[float]:
+        m = self.sc.model
+        flops = [n * m.layer_flops_per_sequence() * self.sc.micro_batch for n in layers]
+        flops[-1] += m.head_flops_per_sequence() * self.sc.micro_batch
+        return flops
+
+    def _transfer(self, src: int, dst: int, nbytes: float, now: float) -> float:
+        """When ``nbytes`` sent from ``src`` at ``now`` arrive at ``dst`` (FIFO on the link)."""
+        if src == dst or nbytes <= 0:
+            return now
+        key = (src, dst)
+        start = max(now, self.link_free.get(key, 0.0))
+        busy_until = start + nbytes / float(self.sc.bandwidth_Bps[src, dst])
+        self.link_free[key] = busy_until
+        return busy_until + float(self.sc.latency_s[src, dst])
+
+    # --- planning ----------------------------------------------------------------------------
+
+    def _live(self) -> list[int]:
+        return [int(i) for i in np.flatnonzero(self.member)]
+
+    def _plan_now(self, now: float, initial: bool = False) -> None:
+        live = self._live()
+        view = self.sc.with_devices(live)
+        started = time.perf_counter()
+        try:
+            if initial or self.plan is None:
+                result, kind = self.strategy.full_plan(view), "full"
+            elif self.strategy.mend is not None:
+                result, kind = self.strategy.mend(view, self.plan, self.live_ids), "repair"
+            else:
+                result, kind = self.strategy.full_plan(view), "replan"
+        except (ScenarioError, ValueError) as e:
+            if initial:
+                raise
+            # Too few devices for the run's stages (or for the shape): keep the plan in force.
+            self.plan_events.append(PlanEvent(now, f"failed: {str(e)[:80]}", time.perf_counter() - started,
+                                              len(live), 0))  # fmt: skip
+            return
+        runtime = time.perf_counter() - started
+        pipelines = tuple(tuple(live[d] for d in row) for row in result.pipelines)
+        global_plan = Plan(
+            pipelines=pipelines,
+            layers_per_stage=result.layers_per_stage,
+            parameter_servers=tuple(live[d] for d in result.parameter_servers),
+            relays=tuple(live[d] for d in result.relays),
+        )
+        self.plan_events.append(PlanEvent(now, kind, runtime, len(live), len(pipelines)))
+        if initial:
+            self._apply(global_plan, live, now)
+            self._start(now)
+        else:
+            self.planning = True
+            self._at(now + runtime, _PLAN_READY, (global_plan, live))
+
+    def _plan_ready(self, now: float, global_plan: Plan, live: list[int]) -> None:
+        self.planning = False
+        self._apply(global_plan, live, now)
+        if self.replan_wanted:
+            self.replan_wanted = False
+            self._plan_now(now)
+
+    def _want_plan(self, now: float) -> None:
+        if self.planning:
+            self.replan_wanted = True
+        elif len(self._live()) >= len(self.stages or [0]):
+            self._plan_now(now)
+
+    def _apply(self, global_plan: Plan, live: list[int], now: float) -> None:
+        """Follow a new plan: its cells become the workers; the plan's indices, local to
+        ``live``, are kept for the next mend. Hosts stay where they are unless gone."""
+        local = {d: i for i, d in enumerate(live)}
+        self.plan = Plan(
+            pipelines=tuple(tuple(local[d] for d in row) for row in global_plan.pipelines),
+            layers_per_stage=global_plan.layers_per_stage,
+            parameter_servers=tuple(local[d] for d in global_plan.parameter_servers),
+            relays=tuple(local[d] for d in global_plan.relays),
+        )
+        self.live_ids = [self.sc.devices[i].id for i in live]
+        self.global_plan = global_plan
+        self.flops = self._stage_flops(global_plan.layers_per_stage)
+        if not self.stages:
+            return
+        self.worker_stage = {d: s for row in global_plan.pipelines for s, d in enumerate(row) if self.up[d]}
+        for d in list(self.worker_stage):
+            if d not in self.busy:
+                self._idle(d, now)
+        for s, stage in enumerate(self.stages):
+            if stage.standby is None or not self.member[stage.standby]:
+                self._new_standby(s, now)
+
+    def _start(self, now: float) -> None:
+        grid = self.global_plan.pipelines
+        self._setup_shape(Shape(len(grid[0]), len(grid)))
+        for s in range(self.shape.stages):
+            config = TaskQueueConfig(stage=s, capacity_bytes=QUEUE_CAPACITY_BYTES,
+                                     max_micro_batches=min(65536, self.per_update * (2 + self.s.batches_ahead)),
+                                     max_lease_s=max(self.s.lease_s, 1.0))  # fmt: skip
+            self.stages.append(_Stage(TaskQueue(config), self.global_plan.parameter_servers[s], None))
+        self._apply(self.global_plan, self._live(), now)
+        self._feed(now)
+
+    def _group(self, s: int) -> list[int]:
+        return [row[s] for row in self.global_plan.pipelines]
+
+    def _new_standby(self, s: int, now: float) -> None:
+        """The most available other member of the stage's group (any live peer if none) gets a
+        copy of the stage's checkpoint; until it lands, pushes apply unreplicated."""
+        stage = self.stages[s]
+        candidates = [d for d in self._group(s) if d != stage.host and self.member[d]]
+        if not candidates:
+            candidates = [d for d in self._live() if d != stage.host]
+        if not candidates:
+            stage.standby, stage.standby_ready = None, False
+            return
+        best = max(candidates, key=lambda d: (self.availability[d], -d))
+        stage.standby, stage.standby_ready = best, False
+        arrive = self._transfer(stage.host, best, self.weights_bytes, now)
+        self._at(arrive, _STANDBY_READY, (s, best, int(self.epoch[best]), int(self.epoch[stage.host])))
+
+    def _standby_ready(self, now: float, s: int, standby: int, standby_epoch: int, host_epoch: int) -> None:
+        """The checkpoint copy landed (with the log since it was sent): the standby follows."""
+        stage = self.stages[s]
+        if stage.standby == standby and self.epoch[standby] == standby_epoch and self.epoch[stage.host] == host_epoch:
+            stage.standby_ready = True
+            stage.replicas[standby] = stage.version
+
+    # --- churn -------------------------------------------------------------------------------
+
+    def _churn(self, now: float, device: int, up: bool) -> None:
+        self.up[device] = up
+        if up:
+            self.counts["returns"] += 1
+            self._at(now + self.s.join_s, _NOTICE, (device, True, int(self.epoch[device])))
+            return
+        self.counts["departures"] += 1
+        self.epoch[device] += 1
+        self.busy.discard(device)
+        if self.plan is not None and device in self.worker_stage:
+            self.departure_times.append(now)
+        self._at(now + self.s.detect_s, _NOTICE, (device, False, int(self.epoch[device])))
+
+    def _notice(self, now: float, device: int, up: bool, epoch: int) -> None:
+        if self.epoch[device] != epoch or self.up[device] != up:
+            return  # it changed again before anyone noticed
+        self.member[device] = up
+        if not up:
+            self.worker_stage.pop(device, None)
+            for stage in self.stages:
+                if device in stage.waiting:
+                    stage.waiting.remove(device)
+                self.counts["recomputed"] += len(stage.queue.drop_worker(str(device), now))
+            for s, stage in enumerate(self.stages):
+                if stage.host == device:
+                    self._failover(s, now)
+                elif stage.standby == device:
+                    self._new_standby(s, now)
+        self._want_plan(now)
+
+    def _failover(self, s: int, now: float) -> None:
+        """The stage's host is gone: the live peer with the newest copy takes over (the standby,
+        when it was following); what it lacks of the applied updates is lost, and counted. As in
+        the daemon, the micro-batches in flight are redone from stage 0."""
+        stage = self.stages[s]
+        self.counts["failovers"] += 1
+        stage.replicas.pop(stage.host, None)
+        copies = {d: v for d, v in stage.replicas.items() if self.member[d]}
+        if copies:
+            successor = max(copies, key=lambda d: (copies[d], self.availability[d], -d))
+            restored = copies[successor]
+        else:  # no copy survives: the stage starts again from its initial weights
+            live = [d for d in self._group(s) if self.member[d]] or self._live()
+            successor = max(live, key=lambda d: (self.availability[d], -d))
+            restored = 0
+        self.counts["updates_lost"] += stage.version - restored
+        stage.version, stage.host, stage.pending = restored, successor, 0
+        stage.replicas.pop(successor, None)
+        stage.standby, stage.standby_ready = None, False
+        self._new_standby(s, now)
+        self._reset_in_flight(now)
+
+    def _reset_in_flight(self, now: float) -> None:
+        self.counts["recomputed"] += len(self.in_flight)
+        redo = sorted(self.in_flight)
+        self.in_flight.clear()
+        self.generation += 1
+        for stage in self.stages:
+            stage.queue = TaskQueue(stage.queue.config)
+            stage.waiting.clear()
+        self.busy.clear()
+        for m in redo:
+            self._put_forward(0, m, now)
+        self._feed(now)
+        for d in list(self.worker_stage):
+            self._idle(d, now)
+
+    # --- the data path -----------------------------------------------------------------------
+
+    def _feed(self, now: float) -> None:
+        limit = self.per_update * (1 + self.s.batches_ahead)
+        while len(self.in_flight) < limit:
+            m = self.next_micro_batch
+            self.next_micro_batch += 1
+            self._put_forward(0, m, now)
+
+    def _put_forward(self, s: int, m: int, now: float) -> None:
+        self.in_flight.add(m)
+        self.stages[s].queue.put(Task(task_id=f"f{m}", micro_batch=m, stage=s, kind=TaskKind.FORWARD, payload=None),
+                                 0, now)  # fmt: skip
+        self._wake(s, now)
+
+    def _wake(self, s: int, now: float) -> None:
+        waiting = self.stages[s].waiting
+        while waiting:
+            d = waiting.pop()
+            if self.worker_stage.get(d) == s and d not in self.busy:
+                self._idle(d, now)
+                return
+
+    def _idle(self, d: int, now: float) -> None:
+        s = self.worker_stage.get(d)
+        if s is None or not self.up[d]:
+            return
+        stage = self.stages[s]
+        if not self.up[stage.host]:
+            return  # its host is gone; the failover (once noticed) starts it again
+        lease = stage.queue.claim(str(d), now, self.s.lease_s)
+        if lease is None:
+            if d not in stage.waiting:
+                stage.waiting.append(d)
+            return
+        self.busy.add(d)
+        task = lease.task
+        last = s == self.shape.stages - 1
+        forward = task.kind is TaskKind.FORWARD
+        version = stage.version if forward else (task.weights_version or 0)
+        nbytes = (self.token_bytes if s == 0 else self.act_bytes) + (0 if forward else self.act_bytes)
+        if self.weights.get((d, s)) != version:
+            nbytes += self.weights_bytes
+            self.weights[(d, s)] = version
+        arrive = self._transfer(stage.host, d, nbytes, now)
+        flops = self.flops[s] if (last or not forward) else self.flops[s] / 3.0
+        if not forward:
+            flops += self.flops[s] / 3.0  # the forward is recomputed on the task's weights
+        done = arrive + flops / self.tflops[d]
+        token = (d, int(self.epoch[d]), self.generation, s, lease, version)
+        if forward and not last:
+            self._at(self._transfer(d, self.stages[s + 1].host, self.act_bytes, done), _DELIVER, token)
+            return
+        # A finishing task: its gradient is pushed and the input's gradient goes back a stage,
+        # side by side; the worker is free once both are through.
+        pushed = self._transfer(d, stage.host, self.push_bytes, done)
+        back = self._transfer(d, self.stages[s - 1].host, self.act_bytes, done) if s > 0 else done
+        self._at(max(pushed, back), _FINISH, token)
+
+    def _current(self, d: int, epoch: int, generation: int, s: int, lease: Lease, now: float) -> bool:
+        """Whether the worker's result still counts: it did not leave, the queues were not
+        rebuilt, and it still holds the lease (not re-queued meanwhile)."""
+        return (
+            self.epoch[d] == epoch and self.generation == generation
+            and self.stages[s].queue.holds(lease.lease_id, str(d), now)
+        )  # fmt: skip
+
+    def _deliver(self, now: float, d: int, epoch: int, generation: int, s: int, lease: Lease, version: int) -> None:
+        """A forward's output reaches the next stage's host; the lease completes there."""
+        if self.epoch[d] != epoch:
+            return  # the worker left: its lease is re-queued once that is noticed
+        if self._current(d, epoch, generation, s, lease, now):
+            if self.up[self.stages[s + 1].host]:
+                m = lease.task.micro_batch
+                task = Task(task_id=f"f{m}.{lease.lease_id}", micro_batch=m, stage=s + 1, kind=TaskKind.FORWARD,
+                            payload=None)  # fmt: skip
+                self.stages[s + 1].queue.put(task, 0, now)
+                self.stages[s].queue.complete(lease.lease_id, str(d), now, weights_version=version)
+                self._wake(s + 1, now)
+            else:  # the put did not land: the task goes back to the queue
+                self.stages[s].queue.fail(lease.lease_id, str(d), now)
+        self._free(d, now)
+
+    def _finish(self, now: float, d: int, epoch: int, generation: int, s: int, lease: Lease, version: int) -> None:
+        """A finishing task's gradient reaches its parameter server, and (past stage 0) the
+        gradient of its input reaches the previous stage's host."""
+        if self.epoch[d] != epoch:
+            return
+        stage = self.stages[s]
+        if not self._current(d, epoch, generation, s, lease, now) or not self.up[stage.host]:
+            self._free(d, now)
+            return
+        m = lease.task.micro_batch
+        if s > 0 and not self.up[self.stages[s - 1].host]:
+            stage.queue.fail(lease.lease_id, str(d), now)
+            self._free(d, now)
+            return
+        staleness = stage.version - version
+        if staleness > self.s.max_staleness:
+            self.counts["stale_dropped"] += 1
+        else:
+            self.staleness[staleness] += 1
+            stage.pending += 1
+            if stage.pending >= self.per_update:
+                stage.pending -= self.per_update
+                stage.version += 1
+                if stage.standby_ready and stage.standby is not None:
+                    stage.replicas[stage.standby] = stage.version  # logged there before it applied
+        stage.queue.complete(lease.lease_id, str(d), now, finishes_micro_batch=True)
+        if s > 0:
+            task = Task(task_id=f"b{m}.{lease.lease_id}", micro_batch=m, stage=s - 1, kind=TaskKind.BACKWARD,
+                        payload=None)  # fmt: skip
+            self.stages[s - 1].queue.put(task, 0, now)
+            self._wake(s - 1, now)
+        else:
+            self.in_flight.discard(m)
+            bucket = int(now // self.s.bucket_s)
+            if bucket < len(self.timeline):
+                self.timeline[bucket] += 1
+            self._feed(now)
+        self._free(d, now)
+
+    def _free(self, d: int, now: float) -> None:
+        self.busy.discard(d)
+        self._idle(d, now)
+
+    # --- the result --------------------------------------------------------------------------
+
+    def _result(self, wall_s: float, events: int) -> SimResult:
+        finished = sum(self.timeline)
+        per_mb = self.sc.micro_batch * self.sc.model.seq_len
+        return SimResult(
+            strategy=self.strategy.name, hours=self.s.hours, seed=self.s.seed, devices=self.sc.n,
+            tokens=finished * per_mb, tokens_per_s=finished * per_mb / self.horizon,
+            timeline=self.timeline, bucket_s=self.s.bucket_s, tokens_per_micro_batch=per_mb,
+            updates=min(st.version for st in self.stages) if self.stages else 0,
+            updates_lost=self.counts["updates_lost"], micro_batches_recomputed=self.counts["recomputed"],
+            stale_dropped=self.counts["stale_dropped"], staleness=dict(sorted(self.staleness.items())),
+            departures=self.counts["departures"], returns=self.counts["returns"], plan_events=self.plan_events,
+            recovery_s=recovery_times(self.timeline, self.s.bucket_s, self.departure_times),
+            wall_s=wall_s, events=events, failovers=self.counts["failovers"],
+            shape=(self.shape.stages, self.shape.data_parallel),
+        )  # fmt: skip
+
+
+def recovery_times(timeline: Sequence[int], bucket_s: float, departures: Sequence[float],
+                   window: int = 10, back: float = 0.9) -> list[float]:  # fmt: skip
+    """For each departure: how long until a bucket reaches ``back`` of the mean of the
+    ``window`` buckets before it (the throughput it had); departures with no full window
+    before them, or no recovery before the end, are left out."""
+    out = []
+    for t in departures:
+        b = int(t // bucket_s)
+        if b < window:
+            continue
+        before = sum(timeline[b - window : b]) / window
+        if before <= 0:
+            continue
+        for k in range(b + 1, len(timeline)):
+            if timeline[k] >= back * before:
+                out.append(max(0.0, (k + 1) * bucket_s - t))
+                break
+    return out
+
+
+def simulate(
+    scenario: Scenario, strategy: Strategy, settings: SimSettings,
+    schedule: tuple[np.ndarray, list[ChurnEvent]] | None = None,
+) -> SimResult:  # fmt: skip
+    return Simulation(scenario, strategy, settings, schedule).run()

@@ -1,0 +1,105 @@
+"""peers/churn.py and peers/simulator.py: the churn drawn from a scenario, and a simulated run
+on hand-made plans and hand-made departures, where the right outcome is known."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from swarmd.peers.churn import ChurnEvent, churn_schedule, expected_departures
+from swarmd.peers.plan_cost import Plan
+from swarmd.peers.scenario import Scenario, parse_scenario
+from swarmd.peers.simulator import SimSettings, Strategy, recovery_times, simulate
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def scenario(n: int = 4, slow: tuple[int, int] | None = None, churn: bool = False) -> Scenario:
+    bw = np.full((n, n), 1e8)
+    if slow is not None:
+        bw[slow] = 10.0
+    lat = np.full((n, n), 0.001)
+    np.fill_diagonal(lat, 0.0)
+    devices: list[dict[str, Any]] = [
+        {
+            "id": f"d{i}",
+            "tflops": 0.002,
+            "memory_gib": 16,
+            **({"mean_uptime_h": 2.0 + i, "mean_downtime_h": 0.5} if churn else {}),
+        }  # fmt: skip
+        for i in range(n)
+    ]
+    return parse_scenario({
+        "name": "tiny", "devices": devices, "latency_s": lat.tolist(),
+        "bandwidth_Bps": [[None if i == j else float(bw[i, j]) for j in range(n)] for i in range(n)],
+        "model": {"layers": 4, "hidden": 128, "seq_len": 128, "vocab": 256, "params": 1_000_000, "dtype_bytes": 2},
+        "batch": {"sequences": 8, "micro_batch": 1},
+    })  # fmt: skip
+
+
+def pairs(view: Scenario) -> Plan:
+    """Two-stage pipelines of the live devices in order (the first pipeline's are the servers)."""
+    rows = tuple((i, i + 1) for i in range(0, view.n - 1, 2))
+    return Plan(pipelines=rows, layers_per_stage=(2, 2), parameter_servers=rows[0])
+
+
+FIXED = Strategy("fixed", pairs, lambda view, previous, ids: pairs(view))
+
+
+def run(sc: Scenario, hours: float, events: list[ChurnEvent] = (), **settings: Any) -> Any:  # type: ignore[assignment]
+    return simulate(sc, FIXED, SimSettings(hours=hours, **settings), (np.ones(sc.n, dtype=bool), list(events)))
+
+
+def test_churn_is_drawn_once_per_seed_and_alternates() -> None:
+    sc = scenario(6, churn=True)
+    up0, events = churn_schedule(sc, 200 * 3600.0, seed=3)
+    again = churn_schedule(sc, 200 * 3600.0, seed=3)
+    assert np.array_equal(up0, again[0]) and events == again[1]
+    assert events == sorted(events) and all(0 < e.at_s < 200 * 3600 for e in events)
+    for d in range(sc.n):
+        states = [bool(up0[d])] + [e.up for e in events if e.device == d]
+        assert all(a != b for a, b in zip(states, states[1:], strict=False))  # up, down, up, ...
+    departures = sum(not e.up for e in events)
+    assert 0.8 < departures / expected_departures(sc, 200 * 3600.0) < 1.2
+    assert churn_schedule(scenario(3), 3600.0, seed=0)[1] == []  # devices that never leave
+
+
+def test_a_run_without_churn_trains_steadily_and_loses_nothing() -> None:
+    r = run(scenario(), 0.5)
+    assert r.updates >= 10 and r.updates_lost == 0 and r.micro_batches_recomputed == 0 and r.failovers == 0
+    assert r.tokens == sum(r.timeline) * 128 and r.tokens_per_s > 0
+    assert max(r.staleness) <= 4 and r.stale_dropped == 0
+    busy = r.timeline[2:29]
+    assert min(busy) > 0.5 * max(busy)  # steady once started
+    assert [e.kind for e in r.plan_events] == ["full"]
+
+
+def test_a_departed_worker_is_repaired_around_and_nothing_is_lost() -> None:
+    events = [ChurnEvent(600.0, 2, False), ChurnEvent(1500.0, 2, True)]
+    r = run(scenario(), 0.75, events, detect_s=30.0, join_s=10.0)
+    assert (r.departures, r.returns, r.failovers, r.updates_lost) == (1, 1, 0, 0)
+    assert [e.kind for e in r.plan_events] == ["full", "repair", "repair"]
+    assert [round(e.at_s) for e in r.plan_events[1:]] == [630, 1510]  # when they were noticed
+    assert r.plan_events[1].pipelines == 1 and r.plan_events[2].pipelines == 2
+
+
+def test_a_host_that_dies_with_its_standby_following_loses_no_update() -> None:
+    r = run(scenario(), 0.75, [ChurnEvent(900.0, 0, False)], detect_s=30.0)
+    assert r.failovers == 1 and r.updates_lost == 0
+    assert r.micro_batches_recomputed > 0  # what was in flight is redone from stage 0
+    assert sum(r.timeline[20:]) > 0  # and training goes on under the standby
+
+
+def test_a_host_that_dies_before_any_copy_landed_loses_its_updates_and_they_are_counted() -> None:
+    # The link from stage 0's host (d0) to its standby (d2) carries 10 B/s: the copy never lands.
+    r = run(scenario(slow=(0, 2)), 0.75, [ChurnEvent(1200.0, 0, False)], detect_s=30.0, lease_s=120.0)
+    assert r.failovers == 1 and r.updates_lost > 0
+
+
+def test_recovery_is_the_time_until_throughput_is_back() -> None:
+    timeline = [10] * 10 + [2, 3, 9, 10, 10]
+    assert recovery_times(timeline, 60.0, [610.0]) == [13 * 60.0 - 610.0]
+    assert recovery_times(timeline, 60.0, [30.0]) == []  # no window before it
+    assert recovery_times([10] * 10 + [1, 1], 60.0, [600.0]) == []  # never back before the end

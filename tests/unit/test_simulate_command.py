@@ -1,0 +1,61 @@
+"""``swarmd simulate`` end to end on the shared two-region scenario: the table, the numbers and
+the plots it writes, and the one-line errors for what a user can get wrong."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from swarmd.cli import main
+
+pytestmark = pytest.mark.timeout(300)
+
+SCENARIO = Path(__file__).resolve().parents[2] / ".." / "shared" / "scenarios" / "lan-and-wan-12.json"
+
+
+@pytest.fixture
+def scenario_file(tmp_path: Path) -> Path:
+    if SCENARIO.exists():
+        return SCENARIO
+    from swarmd.peers.scenario_gen import synthetic_scenario_dict
+
+    path = tmp_path / "synthetic-12.json"
+    path.write_text(json.dumps(synthetic_scenario_dict(12, churn=True, seed=2)))
+    return path
+
+
+def test_simulate_writes_a_report_numbers_and_plots(
+    scenario_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "sim"
+    argv = ["simulate", "--scenario", str(scenario_file), "--hours", "0.5", "--seed", "1",
+            "--strategies", "swarmd,petals-greedy", "--time-budget", "0.05", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "| swarmd |" in printed and "| petals-greedy |" in printed
+    assert (out / "report.md").read_text() in printed
+    data = json.loads((out / "results.json").read_text())
+    assert [r["strategy"] for r in data["rows"]] == ["swarmd", "petals-greedy"]
+    for row, run in zip(data["rows"], data["runs"], strict=True):
+        assert row["updates_lost"] == 0 and row["tokens_per_s"] > 0 and row["failure_free_tokens_per_s"] > 0
+        assert run["plan_events"][0]["kind"] == "full" and len(run["timeline"]) >= 30
+    for name in ("tokens_per_s.png", "staleness.png", "plan_runtimes.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--hours", "0"], "--hours 0 is out of range"),
+        (["--hours", "1", "--strategies", "swarmd,magic"], "unknown strategy magic"),
+        (["--hours", "1", "--time-budget", "-1"], "--time-budget -1"),
+    ],
+)
+def test_user_errors_are_one_line(
+    scenario_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    assert main(["simulate", "--scenario", str(scenario_file), "--out", str(tmp_path / "x"), *args]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
