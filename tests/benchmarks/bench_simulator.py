@@ -1,0 +1,47 @@
+"""How long the simulator takes at scale, and how much memory it holds (figures, no assertions).
+
+    .venv/bin/python tests/benchmarks/bench_simulator.py --devices 1000 --hours 24
+
+A synthetic scenario (``swarmd.peers.scenario_gen``, three regions, devices that come and go)
+of the given size, simulated with swarmd's strategy; prints the wall time, the events, the
+peak resident memory, and the run's figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+import time
+
+from swarmd.peers.planner import PlannerSettings, plan
+from swarmd.peers.scenario_gen import synthetic_scenario
+from swarmd.peers.sim_strategies import make_strategies
+from swarmd.peers.simulator import SimSettings, simulate
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--devices", type=int, nargs="+", default=[1000])
+    parser.add_argument("--hours", type=float, default=24.0)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    for n in args.devices:
+        started = time.perf_counter()
+        scenario = synthetic_scenario(n, churn=True, seed=args.seed)
+        shape = plan(scenario, PlannerSettings(time_budget_s=1.0, seed=args.seed)).shape
+        setup_s = time.perf_counter() - started
+        (strategy,) = make_strategies(["swarmd"], shape, 0.5, args.seed)
+        result = simulate(scenario, strategy, SimSettings(hours=args.hours, seed=args.seed))
+        repairs = [e.runtime_s for e in result.plan_events if e.kind == "repair"]
+        rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(f"{n} devices, {args.hours:g} h: simulated in {result.wall_s:.0f} s (+{setup_s:.1f} s scenario and "
+              f"first plan), {result.events:,} events, peak RSS {rss_mib:.0f} MiB")  # fmt: skip
+        print(f"  shape {result.shape}, {result.tokens_per_s:,.0f} tokens/s, {result.updates} updates, "
+              f"{result.updates_lost} lost, {result.micro_batches_recomputed} micro-batches recomputed, "
+              f"{result.departures} departures, {result.failovers} failovers, {len(repairs)} repairs "
+              f"(median {statistics.median(repairs) * 1e3 if repairs else 0:.1f} ms)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
