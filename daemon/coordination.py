@@ -105,6 +105,7 @@ class Coordination:
         self.coordinator: str | None = None
         self.plan: PlanRecord | None = None
         self.snapshot: Snapshot | None = None
+        self._matrix: Matrix | None = None
         self.connectivity: dict[str, float] = {}
         """Median bandwidth from each member to the others, of the last snapshot."""
         self.plan_error: str | None = None
@@ -198,6 +199,7 @@ class Coordination:
         observed: list[Observations] = [r for r in observations if r.observer in live]
         self.reliability = swarm_reliability(observed, sorted(live))
         self.snapshot = self._snapshot()
+        self._matrix = self._matrix_of(self.snapshot)
         self.connectivity = self._connectivity()
         candidates = self._candidates()
         for record in plans:
@@ -331,8 +333,12 @@ class Coordination:
         return peer in self.relays()
 
     def matrix(self) -> Matrix | None:
-        """The live latency and bandwidth matrix by peer ID (measured or filled)."""
-        snap = self.snapshot
+        """The live latency and bandwidth matrix by peer ID (measured or filled), as of the
+        last round: the router asks on every request, so it is built once per snapshot."""
+        return self._matrix
+
+    @staticmethod
+    def _matrix_of(snap: Snapshot | None) -> Matrix | None:
         if snap is None:
             return None
         sc = snap.scenario

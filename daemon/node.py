@@ -50,7 +50,6 @@ if TYPE_CHECKING:
     from swarmd.trainer import Trainer
 
 STAGE_METHOD = "stage"  # swarmd.trainer.STAGE_METHOD, without importing torch here
-REQUEST_TIMEOUT_S = 30.0  # swarmd.trainer.REQUEST_TIMEOUT_S: a relay waits for the target as long
 
 logger = logging.getLogger(__name__)
 
@@ -284,12 +283,7 @@ class Node:
         )
         self._p2p = await self._dht_call(self.dht.replicate_p2p())
         coordination = self.coordination
-        self.relay = RelayService(
-            coordination.own,
-            coordination.is_relay,
-            lambda peer: peer in coordination.members,
-            timeout_s=REQUEST_TIMEOUT_S,
-        )
+        self.relay = RelayService(coordination.own, coordination.is_relay, lambda peer: peer in coordination.members)
         self.rpc = RpcServer({
             REPLICATE_METHOD: self.replicator.handle,
             FETCH_METHOD: self.replicator.serve_checkpoint,

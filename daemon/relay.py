@@ -29,7 +29,7 @@ from typing import Any
 
 from swarmd.errors import SwarmdError
 from swarmd.peers.relay_route import DirectPaths, Matrix, choose_route
-from swarmd.peers.stage_rpc import Answer, Unreachable, call
+from swarmd.peers.stage_rpc import DEFAULT_TIMEOUT_S, Answer, Unreachable, call
 
 RELAY_METHOD = "relay"
 FORWARDABLE = frozenset({"stage"})
@@ -81,7 +81,7 @@ def speaker_of(sender: str, header: dict[str, Any], is_relay: Callable[[str], bo
 class RelayService:
     def __init__(
         self, own: str, is_relay: Callable[[str], bool], is_member: Callable[[str], bool],
-        timeout_s: float = 30.0, max_forwards: int = MAX_FORWARDS,
+        timeout_s: float = DEFAULT_TIMEOUT_S, max_forwards: int = MAX_FORWARDS,
     ) -> None:  # fmt: skip
         self.own, self.is_relay, self.is_member, self.timeout_s = own, is_relay, is_member, timeout_s
         self.p2p: Any = None  # set once the data path is up

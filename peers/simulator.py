@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from swarmd.peers.churn import ChurnEvent, churn_schedule
-from swarmd.peers.plan_cost import Plan, micro_batches_per_pipeline
+from swarmd.peers.plan_cost import Plan, stage_flops_per_sequence
 from swarmd.peers.scenario import Scenario, ScenarioError, Shape
 from swarmd.peers.task_queue import Lease, Task, TaskKind, TaskQueue, TaskQueueConfig
 
@@ -216,13 +216,11 @@ class Simulation:
         self.token_bytes = float(sc.micro_batch * sc.model.seq_len * 4)
         self.weights_bytes = sc.grad_bytes(shape)
         self.push_bytes = self.weights_bytes / max(1, self.s.push_every)
-        self.micro_batches_per_pipeline = micro_batches_per_pipeline(sc, shape)
 
     def _stage_flops(self, layers: Sequence[int]) -> list[float]:
-        m = self.sc.model
-        flops = [n * m.layer_flops_per_sequence() * self.sc.micro_batch for n in layers]
-        flops[-1] += m.head_flops_per_sequence() * self.sc.micro_batch
-        return flops
+        """Forward and backward flops of one micro-batch on each stage."""
+        per_sequence = stage_flops_per_sequence(self.sc, np.asarray(layers, dtype=float))
+        return [float(f) * self.sc.micro_batch for f in per_sequence]
 
     def _transfer(self, src: int, dst: int, nbytes: float, now: float) -> float:
         """When ``nbytes`` sent from ``src`` at ``now`` arrive at ``dst`` (FIFO on the link)."""
