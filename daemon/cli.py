@@ -137,6 +137,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         return cmd_run_create(args, config)
     if args.spec:
         raise ConfigError("--spec goes with 'swarmd run create'; to join a run give --run-id")
+    from swarmd.peers.emulated_delay import configured_delays
+
+    configured_delays()  # a calibration harness's delay file that is wrong stops us here, in one line
     sw = config.swarm
     overrides: dict[str, Any] = {
         "run_id": args.run_id, "initial_peers": args.initial_peers, "host_maddrs": args.host_maddrs,

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swarmd.errors import SwarmdError
+from swarmd.peers.emulated_delay import one_way_delay_s
 
 logger = logging.getLogger(__name__)
 
@@ -203,17 +204,22 @@ async def call(
     from hivemind.p2p import PeerID  # deferred: hivemind cannot share a process with py-libp2p
 
     try:
-        _, reader, writer = await asyncio.wait_for(
+        info, reader, writer = await asyncio.wait_for(
             p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), PROTOCOL), timeout_s
         )
     except TimeoutError:
         raise Unreachable(f"{method} to {peer_id}: no stream within {timeout_s:.0f} s") from None
     except Exception as e:
         raise Unreachable(f"{method} to {peer_id}: cannot open a stream ({e})") from None
+    delay_s = one_way_delay_s(getattr(info, "addr", None))  # 0 unless the calibration harness set it
     try:
+        if delay_s:
+            await asyncio.sleep(delay_s)
         await asyncio.wait_for(write_message(writer, {**(args or {}), "method": method}, blobs, max_message_bytes),
                                timeout_s)  # fmt: skip
         header, answer_blobs = await read_message(reader, max_message_bytes, timeout_s)
+        if delay_s:
+            await asyncio.sleep(delay_s)
     except (ConnectionError, TimeoutError) as e:
         raise RpcError(f"{method} to {peer_id} failed: {type(e).__name__}") from None
     finally:
