@@ -14,9 +14,15 @@ What is simulated, and with which code:
   stage's host, as the daemon's first data path does: every tensor through a host.
 - **Compute** per micro-batch from the stage's layers and the device's TFLOPS (a forward one
   third of ``layer_flops_per_sequence``, a backward the rest plus the recomputed forward).
-- **Transfers**: latency plus bytes over bandwidth; concurrent transfers on one directed link
-  share it by queueing behind each other (first come, first served), so a busy link delays
-  every flow on it.
+- **Transfers**: latency plus bytes over bandwidth. Concurrent transfers queue (first come,
+  first served) on the directed link and on both ends' network interfaces: a device sends
+  at most at its fastest link's rate in all (its uplink) and receives likewise (its
+  downlink), so a host serving many workers is limited by its own connection, as a
+  volunteer's access link is, not only by each path.
+- **Workers** claim from their planned stage first and, when it has nothing ready, from any
+  other stage with work (the daemon's ``PipelineWorker`` does the same); they keep the last
+  ``keep_versions`` weights versions of each stage they worked on and pull only what they
+  lack.
 - **Parameter servers** apply pushes asynchronously; a push whose forward used weights more
   than ``max_staleness`` versions old is dropped and counted (as the daemon does). A push is
   committed once logged at the stage's standby; with no standby ready (its copy of the
@@ -71,6 +77,8 @@ class SimSettings:
     push_every: int = 2
     """Finished micro-batches a worker sums before it pushes (the bytes of a push, amortised)."""
     bucket_s: float = 60.0
+    keep_versions: int = 8
+    """Weights versions a worker keeps per stage (the daemon's ``WorkerSettings.keep_versions``)."""
     max_events: int = 200_000_000
 
 
@@ -140,7 +148,7 @@ class _Stage:
 
 
 # event kinds
-_CHURN, _NOTICE, _DELIVER, _FINISH, _STANDBY_READY, _PLAN_READY = range(6)
+_CHURN, _NOTICE, _COMPUTED, _DELIVER, _FINISH, _STANDBY_READY, _PLAN_READY = range(7)
 
 
 class Simulation:
@@ -168,6 +176,9 @@ class Simulation:
         for ev in churn:
             self._at(ev.at_s, _CHURN, (ev.device, ev.up))
         self.link_free: dict[tuple[int, int], float] = {}
+        self.uplink_rate, self.downlink_rate = interface_rates(scenario.bandwidth_Bps)
+        self.uplink_free = np.zeros(scenario.n)
+        self.downlink_free = np.zeros(scenario.n)
         self.timeline = [0] * (int(math.ceil(self.horizon / settings.bucket_s)) + 1)
         self.staleness: Counter[int] = Counter()
         self.plan_events: list[PlanEvent] = []
@@ -178,7 +189,7 @@ class Simulation:
         self.in_flight: set[int] = set()
         self.worker_stage: dict[int, int] = {}
         self.busy: set[int] = set()
-        self.weights: dict[tuple[int, int], int] = {}  # (device, stage) -> version held
+        self.weights: dict[tuple[int, int], list[int]] = {}  # (device, stage) -> versions held, oldest first
         self.live_ids: list[str] = []
         self.plan: Plan | None = None
         self.planning = False
@@ -194,7 +205,8 @@ class Simulation:
         started = time.perf_counter()
         self._plan_now(0.0, initial=True)
         handlers: dict[int, Callable[..., None]] = {
-            _CHURN: self._churn, _NOTICE: self._notice, _DELIVER: self._deliver, _FINISH: self._finish,
+            _CHURN: self._churn, _NOTICE: self._notice, _COMPUTED: self._computed, _DELIVER: self._deliver,
+            _FINISH: self._finish,
             _STANDBY_READY: self._standby_ready, _PLAN_READY: self._plan_ready,
         }  # fmt: skip
         n = 0
@@ -223,14 +235,20 @@ class Simulation:
         return [float(f) * self.sc.micro_batch for f in per_sequence]
 
     def _transfer(self, src: int, dst: int, nbytes: float, now: float) -> float:
-        """When ``nbytes`` sent from ``src`` at ``now`` arrive at ``dst`` (FIFO on the link)."""
+        """When ``nbytes`` sent from ``src`` at ``now`` arrive at ``dst``: through three queues
+        (first come, first served), the path at its rate and both ends' interfaces at theirs;
+        the slowest of them, plus the latency. Each queue is kept on its own, so a backlog on a
+        slow path far away does not hold up the sender's other flows."""
         if src == dst or nbytes <= 0:
             return now
         key = (src, dst)
-        start = max(now, self.link_free.get(key, 0.0))
-        busy_until = start + nbytes / float(self.sc.bandwidth_Bps[src, dst])
-        self.link_free[key] = busy_until
-        return busy_until + float(self.sc.latency_s[src, dst])
+        path_done = max(now, self.link_free.get(key, 0.0)) + nbytes / float(self.sc.bandwidth_Bps[src, dst])
+        self.link_free[key] = path_done
+        up_done = max(now, float(self.uplink_free[src])) + nbytes / self.uplink_rate[src]
+        self.uplink_free[src] = up_done
+        down_done = max(now, float(self.downlink_free[dst])) + nbytes / self.downlink_rate[dst]
+        self.downlink_free[dst] = down_done
+        return max(path_done, up_done, down_done) + float(self.sc.latency_s[src, dst])
 
     # --- planning ----------------------------------------------------------------------------
 
@@ -428,47 +446,76 @@ class Simulation:
         self._wake(s, now)
 
     def _wake(self, s: int, now: float) -> None:
-        waiting = self.stages[s].waiting
-        while waiting:
-            d = waiting.pop()
-            if self.worker_stage.get(d) == s and d not in self.busy:
-                self._idle(d, now)
-                return
+        """Work arrived at stage ``s``: an idle worker of that stage takes it, else an idle
+        worker of another stage (whose own stage has nothing, or it would not be waiting)."""
+        for t in [s, *(t for t in range(len(self.stages)) if t != s)]:
+            waiting = self.stages[t].waiting
+            while waiting:
+                d = waiting.pop()
+                if self.worker_stage.get(d) == t and d not in self.busy:
+                    self._idle(d, now)
+                    return
+
+    def _claim(self, d: int, home: int, now: float) -> tuple[int, Lease] | None:
+        """A lease from the home stage, else from the most backlogged other stage with work
+        (later stages first on a tie), as the daemon's worker orders its claims."""
+        others = sorted((t for t in range(len(self.stages)) if t != home),
+                        key=lambda t: (-self.stages[t].queue.ready_count(), -t))  # fmt: skip
+        for s in [home, *others]:
+            stage = self.stages[s]
+            if not self.up[stage.host]:
+                continue  # its host is gone; the failover (once noticed) starts it again
+            lease = stage.queue.claim(str(d), now, self.s.lease_s)
+            if lease is not None:
+                return s, lease
+        return None
 
     def _idle(self, d: int, now: float) -> None:
-        s = self.worker_stage.get(d)
-        if s is None or not self.up[d]:
+        home = self.worker_stage.get(d)
+        if home is None or not self.up[d]:
             return
+        claimed = self._claim(d, home, now)
+        if claimed is None:
+            if d not in self.stages[home].waiting:
+                self.stages[home].waiting.append(d)
+            return
+        s, lease = claimed
         stage = self.stages[s]
-        if not self.up[stage.host]:
-            return  # its host is gone; the failover (once noticed) starts it again
-        lease = stage.queue.claim(str(d), now, self.s.lease_s)
-        if lease is None:
-            if d not in stage.waiting:
-                stage.waiting.append(d)
-            return
         self.busy.add(d)
         task = lease.task
         last = s == self.shape.stages - 1
         forward = task.kind is TaskKind.FORWARD
         version = stage.version if forward else (task.weights_version or 0)
         nbytes = (self.token_bytes if s == 0 else self.act_bytes) + (0 if forward else self.act_bytes)
-        if self.weights.get((d, s)) != version:
+        held = self.weights.setdefault((d, s), [])
+        # A new forward computes on the host's newest version or a newer one held here; a
+        # backward needs exactly the version its forward used.
+        if not (held and (held[-1] >= version if forward else version in held)):
             nbytes += self.weights_bytes
-            self.weights[(d, s)] = version
+            held.append(version)
+            held.sort()
+            del held[: -self.s.keep_versions]
         arrive = self._transfer(stage.host, d, nbytes, now)
         flops = self.flops[s] if (last or not forward) else self.flops[s] / 3.0
         if not forward:
             flops += self.flops[s] / 3.0  # the forward is recomputed on the task's weights
-        done = arrive + flops / self.tflops[d]
-        token = (d, int(self.epoch[d]), self.generation, s, lease, version)
-        if forward and not last:
-            self._at(self._transfer(d, self.stages[s + 1].host, self.act_bytes, done), _DELIVER, token)
+        # The results leave when the compute is done, not before: queued now, they would hold
+        # the links and interfaces from the present on.
+        self._at(
+            arrive + flops / self.tflops[d], _COMPUTED, (d, int(self.epoch[d]), self.generation, s, lease, version)
+        )
+
+    def _computed(self, now: float, d: int, epoch: int, generation: int, s: int, lease: Lease, version: int) -> None:
+        if self.epoch[d] != epoch:
+            return  # the worker left mid-task: its lease is re-queued once that is noticed
+        token = (d, epoch, generation, s, lease, version)
+        if lease.task.kind is TaskKind.FORWARD and s < self.shape.stages - 1:
+            self._at(self._transfer(d, self.stages[s + 1].host, self.act_bytes, now), _DELIVER, token)
             return
         # A finishing task: its gradient is pushed and the input's gradient goes back a stage,
         # side by side; the worker is free once both are through.
-        pushed = self._transfer(d, stage.host, self.push_bytes, done)
-        back = self._transfer(d, self.stages[s - 1].host, self.act_bytes, done) if s > 0 else done
+        pushed = self._transfer(d, self.stages[s].host, self.push_bytes, now)
+        back = self._transfer(d, self.stages[s - 1].host, self.act_bytes, now) if s > 0 else now
         self._at(max(pushed, back), _FINISH, token)
 
     def _current(self, d: int, epoch: int, generation: int, s: int, lease: Lease, now: float) -> bool:
@@ -555,6 +602,19 @@ class Simulation:
             wall_s=wall_s, events=events, failovers=self.counts["failovers"],
             shape=(self.shape.stages, self.shape.data_parallel),
         )  # fmt: skip
+
+
+def interface_rates(bandwidth_Bps: np.ndarray, block: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+    """Each device's uplink and downlink rate: its fastest outgoing and incoming link (the
+    diagonal ignored), computed a block of rows at a time so no n x n copy is made."""
+    n = bandwidth_Bps.shape[0]
+    up, down = np.zeros(n), np.zeros(n)
+    for a in range(0, n, block):
+        rows = np.array(bandwidth_Bps[a : a + block], dtype=float)
+        rows[np.arange(len(rows)), np.arange(a, a + len(rows))] = 0.0
+        up[a : a + len(rows)] = rows.max(axis=1)
+        np.maximum(down, rows.max(axis=0), out=down)
+    return np.maximum(up, 1e-9), np.maximum(down, 1e-9)
 
 
 def recovery_times(timeline: Sequence[int], bucket_s: float, departures: Sequence[float],

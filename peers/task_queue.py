@@ -342,6 +342,10 @@ class TaskQueue:
             logger.info("stage %d: worker %s left; re-queued %d task(s)", self.config.stage, worker_id, len(ids))
         return ids
 
+    def ready_count(self) -> int:
+        """Tasks ready to claim now (what a host reports to workers choosing a stage)."""
+        return len(self._ready)
+
     def counters(self) -> QueueCounters:
         """A snapshot of the counters and current occupancy."""
         return replace(
