@@ -77,6 +77,8 @@ class SimSettings:
     push_every: int = 2
     """Finished micro-batches a worker sums before it pushes (the bytes of a push, amortised)."""
     bucket_s: float = 60.0
+    checkpoint_every: int = 10
+    """Updates between the checkpoints a host sends its standby (the daemon's ``CHECKPOINT_EVERY``)."""
     keep_versions: int = 8
     """Weights versions a worker keeps per stage (the daemon's ``WorkerSettings.keep_versions``)."""
     max_events: int = 200_000_000
@@ -148,7 +150,7 @@ class _Stage:
 
 
 # event kinds
-_CHURN, _NOTICE, _COMPUTED, _DELIVER, _FINISH, _STANDBY_READY, _PLAN_READY = range(7)
+_CHURN, _NOTICE, _COMPUTED, _DELIVER, _FINISH, _LOGGED, _STANDBY_READY, _PLAN_READY = range(8)
 
 
 class Simulation:
@@ -206,7 +208,7 @@ class Simulation:
         self._plan_now(0.0, initial=True)
         handlers: dict[int, Callable[..., None]] = {
             _CHURN: self._churn, _NOTICE: self._notice, _COMPUTED: self._computed, _DELIVER: self._deliver,
-            _FINISH: self._finish,
+            _FINISH: self._finish, _LOGGED: self._logged,
             _STANDBY_READY: self._standby_ready, _PLAN_READY: self._plan_ready,
         }  # fmt: skip
         n = 0
@@ -228,6 +230,7 @@ class Simulation:
         self.token_bytes = float(sc.micro_batch * sc.model.seq_len * 4)
         self.weights_bytes = sc.grad_bytes(shape)
         self.push_bytes = self.weights_bytes / max(1, self.s.push_every)
+        self.checkpoint_bytes = 3 * self.weights_bytes  # weights and AdamW's two moments
 
     def _stage_flops(self, layers: Sequence[int]) -> list[float]:
         """Forward and backward flops of one micro-batch on each stage."""
@@ -351,7 +354,7 @@ class Simulation:
             return
         best = max(candidates, key=lambda d: (self.availability[d], -d))
         stage.standby, stage.standby_ready = best, False
-        arrive = self._transfer(stage.host, best, self.weights_bytes, now)
+        arrive = self._transfer(stage.host, best, self.checkpoint_bytes, now)
         self._at(arrive, _STANDBY_READY, (s, best, int(self.epoch[best]), int(self.epoch[stage.host])))
 
     def _standby_ready(self, now: float, s: int, standby: int, standby_epoch: int, host_epoch: int) -> None:
@@ -544,7 +547,19 @@ class Simulation:
 
     def _finish(self, now: float, d: int, epoch: int, generation: int, s: int, lease: Lease, version: int) -> None:
         """A finishing task's gradient reaches its parameter server, and (past stage 0) the
-        gradient of its input reaches the previous stage's host."""
+        gradient of its input reaches the previous stage's host. The server logs the push at
+        its standby before applying it (the worker's push returns then)."""
+        if self.epoch[d] != epoch:
+            return
+        stage = self.stages[s]
+        if stage.standby_ready and stage.standby is not None and self.up[stage.standby]:
+            logged = self._transfer(stage.host, stage.standby, self.push_bytes, now)
+            self._at(logged, _LOGGED, (d, epoch, generation, s, lease, version))
+            return
+        self._logged(now, d, epoch, generation, s, lease, version)
+
+    def _logged(self, now: float, d: int, epoch: int, generation: int, s: int, lease: Lease, version: int) -> None:
+        """The push is committed (logged, or no standby to log it at): the server applies it."""
         if self.epoch[d] != epoch:
             return
         stage = self.stages[s]
@@ -567,6 +582,8 @@ class Simulation:
                 stage.version += 1
                 if stage.standby_ready and stage.standby is not None:
                     stage.replicas[stage.standby] = stage.version  # logged there before it applied
+                    if stage.version % self.s.checkpoint_every == 0:
+                        self._transfer(stage.host, stage.standby, self.checkpoint_bytes, now)
         stage.queue.complete(lease.lease_id, str(d), now, finishes_micro_batch=True)
         if s > 0:
             task = Task(task_id=f"b{m}.{lease.lease_id}", micro_batch=m, stage=s - 1, kind=TaskKind.BACKWARD,
