@@ -79,6 +79,21 @@ def upstream_is_done(error: Exception) -> bool:
     return UPSTREAM_DONE in str(error)
 
 
+class OpTimes:
+    """Count and total seconds per operation (the worker's requests, a host's handling)."""
+
+    def __init__(self) -> None:
+        self._count: dict[str, int] = {}
+        self._seconds: dict[str, float] = {}
+
+    def add(self, op: str, seconds: float) -> None:
+        self._count[op] = self._count.get(op, 0) + 1
+        self._seconds[op] = self._seconds.get(op, 0.0) + seconds
+
+    def status(self) -> dict[str, dict[str, float]]:
+        return {op: {"n": n, "mean_ms": round(1e3 * self._seconds[op] / n, 1)} for op, n in sorted(self._count.items())}
+
+
 @dataclass
 class WorkerStats:
     tasks: dict[str, int] = field(default_factory=lambda: {"forward": 0, "backward": 0, "last": 0})
@@ -97,6 +112,8 @@ class WorkerStats:
     """compute: torch; serialise: tensor frames and safetensors; requests: to hosts (wire and
     their handling); waiting: nothing to claim."""
     losses: list[tuple[int, float]] = field(default_factory=list)
+    by_op: OpTimes = field(default_factory=lambda: OpTimes())
+    """Requests to hosts by operation: how many, and how long they took from here."""
 
 
 @dataclass
@@ -369,7 +386,9 @@ class PipelineWorker:
         try:
             return await self._request(s, op, header, blobs or [])
         finally:
-            self.stats.seconds["requests"] += time.perf_counter() - started
+            elapsed = time.perf_counter() - started
+            self.stats.seconds["requests"] += elapsed
+            self.stats.by_op.add(op, elapsed)
 
     def status(self) -> dict[str, Any]:
         st = self.stats
@@ -378,5 +397,5 @@ class PipelineWorker:
             "micro_batches_pushed": st.micro_batches_pushed, "weight_pulls": st.weight_pulls,
             "results_failed": st.results_failed, "upstream_done": st.upstream_done, "already_there": st.already_there,
             "seconds": {k: round(v, 2) for k, v in st.seconds.items()},
-            "host_versions": list(self.host_versions),
+            "host_versions": list(self.host_versions), "requests_by_op": st.by_op.status(),
         }  # fmt: skip

@@ -35,7 +35,7 @@ from swarmd.peers.stage_assignment import decide, epoch_of
 from swarmd.peers.stage_leases import StageLease, resolve_holder
 from swarmd.peers.stage_rpc import Answer, call
 from swarmd.peers.swarm_dht import SwarmDHT
-from swarmd.pipeline_worker import PipelineWorker, WorkerSettings
+from swarmd.pipeline_worker import OpTimes, PipelineWorker, WorkerSettings
 from swarmd.relay import Router, speaker_of
 from swarmd.replication import LOG_METHOD, StageReplicator, standby_of
 from swarmd.stage_host import HostSettings, StageHost
@@ -126,6 +126,7 @@ class Trainer:
         self.max_in_flight = max_in_flight
         self.roles: RoleView = roles or Unmeasured()
         self.router = router or Router(self.own, lambda: (), lambda: None, mode="never")
+        self.served_by_op = OpTimes()  # the stage requests our hosts answered: how many, how long
         self.stages = spec.spec.stages
         self.state = "starting"
         self.error: str | None = None
@@ -317,7 +318,11 @@ class Trainer:
         host = self.hosts.get(stage)
         if host is None:
             raise SwarmdError(f"this peer does not host stage {stage} (any more); refresh the stage holders")
-        return await host.handle(op, sender, header, blobs)
+        started = time.perf_counter()
+        try:
+            return await host.handle(op, sender, header, blobs)
+        finally:
+            self.served_by_op.add(op, time.perf_counter() - started)
 
     async def _request(self, stage: int, op: str, header: dict[str, Any], blobs: list[bytes]) -> Answer:
         lease = self.holders[stage]
@@ -423,7 +428,7 @@ class Trainer:
             "hosting": sorted(self.hosts), "stage_versions": versions, "updates": min(versions),
             "hosts": {str(k): h.info() for k, h in sorted(self.hosts.items())},
             "worker": self.worker.status() if self.worker is not None else None,
-            "routes": self.router.status(),
+            "routes": self.router.status(), "served_by_op": self.served_by_op.status(),
             "loss": None, "tokens": None, "tokens_per_s": None, "losses": None,
         }  # fmt: skip
         last = self.hosts.get(self.stages - 1)
