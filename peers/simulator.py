@@ -9,9 +9,13 @@ What is simulated, and with which code:
   swarmd the planner's ``repair``, the function the coordinator runs) or a full re-plan. The
   planner's measured runtime delays the new plan, and is reported.
 - **The task pool**: every stage has the daemon's queue (``swarmd.peers.task_queue.TaskQueue``)
-  at its host, the stage's parameter server. Workers claim from their stage's queue, pull the
-  weights version they lack, compute, and deliver what they made to the next (or previous)
-  stage's host, as the daemon's first data path does: every tensor through a host.
+  at its host, the stage's parameter server. Every tensor goes through a host, request by
+  request as the daemon's worker sends them: a claim (one round trip; the stage input and
+  any weights version the worker lacks come back with it); a forward's output put at the
+  next stage's host, then its lease completed (two requests); a finishing task's input
+  gradient put at the previous stage's host, its own gradient summed and pushed every
+  ``push_every`` micro-batches (or when the worker runs out of tasks), the push logged at
+  the stage's standby before it is applied and answered.
 - **Compute** per micro-batch from the stage's layers and the device's TFLOPS (a forward one
   third of ``layer_flops_per_sequence``, a backward the rest plus the recomputed forward).
 - **Transfers**: latency plus bytes over bandwidth. Concurrent transfers queue (first come,
@@ -25,9 +29,10 @@ What is simulated, and with which code:
   lack.
 - **Parameter servers** apply pushes asynchronously; a push whose forward used weights more
   than ``max_staleness`` versions old is dropped and counted (as the daemon does). A push is
-  committed once logged at the stage's standby; with no standby ready (its copy of the
-  checkpoint still in flight) pushes apply unreplicated, and a host that dies then loses them:
-  those are the updates lost, counted, not assumed away.
+  committed once logged at the stage's standby, and every ``checkpoint_every`` updates the
+  standby gets a checkpoint (both cross the host's uplink); with no standby ready (its copy
+  still in flight) pushes apply unreplicated, and a host that dies then loses them: those
+  are the updates lost, counted, not assumed away.
 - **Failures**: a departed worker's leases go back to the queue when noticed (its work is
   recomputed); a departed host's stage fails over to its standby and, as in the daemon, the
   micro-batches in flight are redone from stage 0.
@@ -53,7 +58,7 @@ import numpy as np
 from swarmd.peers.churn import ChurnEvent, churn_schedule
 from swarmd.peers.plan_cost import Plan, stage_flops_per_sequence
 from swarmd.peers.scenario import Scenario, ScenarioError, Shape
-from swarmd.peers.task_queue import Lease, Task, TaskKind, TaskQueue, TaskQueueConfig
+from swarmd.peers.task_queue import Lease, Task, TaskKind, TaskQueue, TaskQueueConfig, TaskQueueError
 
 QUEUE_CAPACITY_BYTES = 1 << 62
 """Queues never refuse a put here: the feeder bounds what is in flight (as stage 0 does)."""
@@ -147,10 +152,13 @@ class _Stage:
     replicas: dict[int, int] = field(default_factory=dict)
     """Device -> the version its copy of the stage holds (the standby's follows while ready)."""
     waiting: list[int] = field(default_factory=list)
+    server_free: float = 0.0
+    """When the server is done with the push it is applying: pushes are logged and applied one
+    at a time, in order (the daemon's ``server_lock``)."""
 
 
 # event kinds
-_CHURN, _NOTICE, _COMPUTED, _DELIVER, _FINISH, _LOGGED, _STANDBY_READY, _PLAN_READY = range(8)
+_CHURN, _NOTICE, _COMPUTED, _DELIVER, _PUT_BACK, _FINISH, _LOGGED, _FREE, _STANDBY_READY, _PLAN_READY = range(10)
 
 
 class Simulation:
@@ -180,6 +188,8 @@ class Simulation:
         self.link_free: dict[tuple[int, int], float] = {}
         self.uplink_rate, self.downlink_rate = interface_rates(scenario.bandwidth_Bps)
         self.uplink_free = np.zeros(scenario.n)
+        self.sent = np.zeros(scenario.n)  # bytes each device sent and received, for comparisons
+        self.received = np.zeros(scenario.n)
         self.downlink_free = np.zeros(scenario.n)
         self.timeline = [0] * (int(math.ceil(self.horizon / settings.bucket_s)) + 1)
         self.staleness: Counter[int] = Counter()
@@ -191,6 +201,8 @@ class Simulation:
         self.in_flight: set[int] = set()
         self.worker_stage: dict[int, int] = {}
         self.busy: set[int] = set()
+        self.job: dict[int, int] = {}  # a worker's current job: events of an older one lapse
+        self.held: dict[tuple[int, int], list[tuple]] = {}  # (worker, stage) -> finished, not yet pushed
         self.weights: dict[tuple[int, int], list[int]] = {}  # (device, stage) -> versions held, oldest first
         self.live_ids: list[str] = []
         self.plan: Plan | None = None
@@ -208,7 +220,7 @@ class Simulation:
         self._plan_now(0.0, initial=True)
         handlers: dict[int, Callable[..., None]] = {
             _CHURN: self._churn, _NOTICE: self._notice, _COMPUTED: self._computed, _DELIVER: self._deliver,
-            _FINISH: self._finish, _LOGGED: self._logged,
+            _PUT_BACK: self._put_back, _FINISH: self._finish, _LOGGED: self._logged, _FREE: self._free,
             _STANDBY_READY: self._standby_ready, _PLAN_READY: self._plan_ready,
         }  # fmt: skip
         n = 0
@@ -229,7 +241,6 @@ class Simulation:
         self.act_bytes = float(sc.micro_batch * sc.model.seq_len * sc.model.hidden * sc.model.dtype_bytes)
         self.token_bytes = float(sc.micro_batch * sc.model.seq_len * 4)
         self.weights_bytes = sc.grad_bytes(shape)
-        self.push_bytes = self.weights_bytes / max(1, self.s.push_every)
         self.checkpoint_bytes = 3 * self.weights_bytes  # weights and AdamW's two moments
 
     def _stage_flops(self, layers: Sequence[int]) -> list[float]:
@@ -245,6 +256,8 @@ class Simulation:
         if src == dst or nbytes <= 0:
             return now
         key = (src, dst)
+        self.sent[src] += nbytes
+        self.received[dst] += nbytes
         path_done = max(now, self.link_free.get(key, 0.0)) + nbytes / float(self.sc.bandwidth_Bps[src, dst])
         self.link_free[key] = path_done
         up_done = max(now, float(self.uplink_free[src])) + nbytes / self.uplink_rate[src]
@@ -375,6 +388,9 @@ class Simulation:
         self.counts["departures"] += 1
         self.epoch[device] += 1
         self.busy.discard(device)
+        self.job[device] = self.job.get(device, 0) + 1
+        for s in range(len(self.stages)):
+            self.held.pop((device, s), None)
         if self.plan is not None and device in self.worker_stage:
             self.departure_times.append(now)
         self._at(now + self.s.detect_s, _NOTICE, (device, False, int(self.epoch[device])))
@@ -427,6 +443,9 @@ class Simulation:
             stage.queue = TaskQueue(stage.queue.config)
             stage.waiting.clear()
         self.busy.clear()
+        self.held.clear()
+        for d in self.job:
+            self.job[d] += 1
         for m in redo:
             self._put_forward(0, m, now)
         self._feed(now)
@@ -473,18 +492,33 @@ class Simulation:
                 return s, lease
         return None
 
+    def _rtt(self, a: int, b: int) -> float:
+        """A request's way there and its answer's way back, without their bytes."""
+        return 0.0 if a == b else float(self.sc.latency_s[a, b] + self.sc.latency_s[b, a])
+
+    def _back(self, a: int, b: int) -> float:
+        """An answer's way from ``a`` back to ``b`` (a request to ``a`` just landed)."""
+        return 0.0 if a == b else float(self.sc.latency_s[a, b])
+
     def _idle(self, d: int, now: float) -> None:
+        """The worker asks for a task (a claim: one request, the stage input and any weights
+        it lacks come back with the answer). With none anywhere, it pushes what it holds, as
+        the daemon's worker does when it runs out of tasks, or waits to be woken."""
         home = self.worker_stage.get(d)
-        if home is None or not self.up[d]:
+        if home is None or not self.up[d] or d in self.busy:
             return
         claimed = self._claim(d, home, now)
         if claimed is None:
-            if d not in self.stages[home].waiting:
+            unpushed = next((s for s in range(len(self.stages)) if self.held.get((d, s))), None)
+            if unpushed is not None:
+                self._begin(d)
+                self._push(d, unpushed, now)
+            elif d not in self.stages[home].waiting:
                 self.stages[home].waiting.append(d)
             return
         s, lease = claimed
         stage = self.stages[s]
-        self.busy.add(d)
+        job = self._begin(d)
         task = lease.task
         last = s == self.shape.stages - 1
         forward = task.kind is TaskKind.FORWARD
@@ -498,109 +532,140 @@ class Simulation:
             held.append(version)
             held.sort()
             del held[: -self.s.keep_versions]
-        arrive = self._transfer(stage.host, d, nbytes, now)
+        answered = now + self._back(d, stage.host)  # the claim reaches the host
+        arrive = self._transfer(stage.host, d, nbytes, answered)
         flops = self.flops[s] if (last or not forward) else self.flops[s] / 3.0
         if not forward:
             flops += self.flops[s] / 3.0  # the forward is recomputed on the task's weights
-        # The results leave when the compute is done, not before: queued now, they would hold
-        # the links and interfaces from the present on.
-        self._at(
-            arrive + flops / self.tflops[d], _COMPUTED, (d, int(self.epoch[d]), self.generation, s, lease, version)
-        )
+        self._at(arrive + flops / self.tflops[d], _COMPUTED, (d, job, self.generation, s, lease, version))
 
-    def _computed(self, now: float, d: int, epoch: int, generation: int, s: int, lease: Lease, version: int) -> None:
-        if self.epoch[d] != epoch:
-            return  # the worker left mid-task: its lease is re-queued once that is noticed
-        token = (d, epoch, generation, s, lease, version)
+    def _begin(self, d: int) -> int:
+        self.busy.add(d)
+        self.job[d] = job = self.job.get(d, 0) + 1
+        return job
+
+    def _computed(self, now: float, d: int, job: int, generation: int, s: int, lease: Lease, version: int) -> None:
+        """The results leave when the compute is done. A forward's output is put at the next
+        stage's host, then the lease completed (a second request). A finishing task puts its
+        input's gradient at the previous stage's host and keeps its own gradient in the sum,
+        pushed every ``push_every`` micro-batches (its lease held until then)."""
+        if self.job.get(d) != job:
+            return  # the worker left, or its work was voided: the lease goes back to the queue
+        token = (d, job, generation, s, lease, version)
+        stage = self.stages[s]
         if lease.task.kind is TaskKind.FORWARD and s < self.shape.stages - 1:
-            self._at(self._transfer(d, self.stages[s + 1].host, self.act_bytes, now), _DELIVER, token)
+            nxt = self.stages[s + 1].host
+            put = self._transfer(d, nxt, self.act_bytes, now)
+            self._at(put, _DELIVER, token)
+            self._at(put + self._back(nxt, d) + self._rtt(d, stage.host), _FREE, (d, job))
             return
-        # A finishing task: its gradient is pushed and the input's gradient goes back a stage,
-        # side by side; the worker is free once both are through.
-        pushed = self._transfer(d, self.stages[s].host, self.push_bytes, now)
-        back = self._transfer(d, self.stages[s - 1].host, self.act_bytes, now) if s > 0 else now
-        self._at(max(pushed, back), _FINISH, token)
+        done = now
+        if s > 0:
+            prev = self.stages[s - 1].host
+            put = self._transfer(d, prev, self.act_bytes, now)
+            self._at(put, _PUT_BACK, token)
+            done = put + self._back(prev, d)
+        held = self.held.setdefault((d, s), [])
+        held.append(token)
+        if len(held) >= self.s.push_every:
+            self._push(d, s, done)
+        else:
+            self._at(done, _FREE, (d, job))
 
-    def _current(self, d: int, epoch: int, generation: int, s: int, lease: Lease, now: float) -> bool:
-        """Whether the worker's result still counts: it did not leave, the queues were not
-        rebuilt, and it still holds the lease (not re-queued meanwhile)."""
+    def _push(self, d: int, s: int, now: float) -> None:
+        """The worker's gradient sum goes to the stage's server with the leases it covers."""
+        tokens = self.held.pop((d, s), [])
+        arrive = self._transfer(d, self.stages[s].host, self.weights_bytes, now)
+        self._at(arrive, _FINISH, (d, self.job[d], s, tokens))
+
+    def _current(self, d: int, generation: int, s: int, lease: Lease, now: float) -> bool:
+        """Whether the worker's result still counts: the queues were not rebuilt, and it still
+        holds the lease (it did not leave, and the lease was not re-queued meanwhile)."""
         return (
-            self.epoch[d] == epoch and self.generation == generation
+            self.generation == generation and self.up[d]
             and self.stages[s].queue.holds(lease.lease_id, str(d), now)
         )  # fmt: skip
 
-    def _deliver(self, now: float, d: int, epoch: int, generation: int, s: int, lease: Lease, version: int) -> None:
+    def _deliver(self, now: float, d: int, job: int, generation: int, s: int, lease: Lease, version: int) -> None:
         """A forward's output reaches the next stage's host; the lease completes there."""
-        if self.epoch[d] != epoch:
-            return  # the worker left: its lease is re-queued once that is noticed
-        if self._current(d, epoch, generation, s, lease, now):
-            if self.up[self.stages[s + 1].host]:
-                m = lease.task.micro_batch
-                task = Task(task_id=f"f{m}.{lease.lease_id}", micro_batch=m, stage=s + 1, kind=TaskKind.FORWARD,
-                            payload=None)  # fmt: skip
-                self.stages[s + 1].queue.put(task, 0, now)
-                self.stages[s].queue.complete(lease.lease_id, str(d), now, weights_version=version)
-                self._wake(s + 1, now)
-            else:  # the put did not land: the task goes back to the queue
-                self.stages[s].queue.fail(lease.lease_id, str(d), now)
-        self._free(d, now)
+        if not self._current(d, generation, s, lease, now):
+            return
+        if self.up[self.stages[s + 1].host]:
+            m = lease.task.micro_batch
+            task = Task(task_id=f"f{m}.{lease.lease_id}", micro_batch=m, stage=s + 1, kind=TaskKind.FORWARD,
+                        payload=None)  # fmt: skip
+            self.stages[s + 1].queue.put(task, 0, now)
+            self.stages[s].queue.complete(lease.lease_id, str(d), now, weights_version=version)
+            self._wake(s + 1, now)
+        else:  # the put did not land: the task goes back to the queue
+            self.stages[s].queue.fail(lease.lease_id, str(d), now)
 
-    def _finish(self, now: float, d: int, epoch: int, generation: int, s: int, lease: Lease, version: int) -> None:
-        """A finishing task's gradient reaches its parameter server, and (past stage 0) the
-        gradient of its input reaches the previous stage's host. The server logs the push at
-        its standby before applying it (the worker's push returns then)."""
-        if self.epoch[d] != epoch:
-            return
-        stage = self.stages[s]
-        if stage.standby_ready and stage.standby is not None and self.up[stage.standby]:
-            logged = self._transfer(stage.host, stage.standby, self.push_bytes, now)
-            self._at(logged, _LOGGED, (d, epoch, generation, s, lease, version))
-            return
-        self._logged(now, d, epoch, generation, s, lease, version)
-
-    def _logged(self, now: float, d: int, epoch: int, generation: int, s: int, lease: Lease, version: int) -> None:
-        """The push is committed (logged, or no standby to log it at): the server applies it."""
-        if self.epoch[d] != epoch:
-            return
-        stage = self.stages[s]
-        if not self._current(d, epoch, generation, s, lease, now) or not self.up[stage.host]:
-            self._free(d, now)
+    def _put_back(self, now: float, d: int, job: int, generation: int, s: int, lease: Lease, version: int) -> None:
+        """The gradient of a finishing task's input reaches the previous stage's host."""
+        if not self._current(d, generation, s, lease, now) or not self.up[self.stages[s - 1].host]:
             return
         m = lease.task.micro_batch
-        if s > 0 and not self.up[self.stages[s - 1].host]:
-            stage.queue.fail(lease.lease_id, str(d), now)
-            self._free(d, now)
-            return
-        staleness = stage.version - version
-        if staleness > self.s.max_staleness:
-            self.counts["stale_dropped"] += 1
-        else:
-            self.staleness[staleness] += 1
-            stage.pending += 1
-            if stage.pending >= self.per_update:
-                stage.pending -= self.per_update
-                stage.version += 1
-                if stage.standby_ready and stage.standby is not None:
-                    stage.replicas[stage.standby] = stage.version  # logged there before it applied
-                    if stage.version % self.s.checkpoint_every == 0:
-                        self._transfer(stage.host, stage.standby, self.checkpoint_bytes, now)
-        stage.queue.complete(lease.lease_id, str(d), now, finishes_micro_batch=True)
-        if s > 0:
-            task = Task(task_id=f"b{m}.{lease.lease_id}", micro_batch=m, stage=s - 1, kind=TaskKind.BACKWARD,
-                        payload=None)  # fmt: skip
+        task = Task(task_id=f"b{m}.{lease.lease_id}", micro_batch=m, stage=s - 1, kind=TaskKind.BACKWARD,
+                    payload=None)  # fmt: skip
+        try:
             self.stages[s - 1].queue.put(task, 0, now)
-            self._wake(s - 1, now)
-        else:
-            self.in_flight.discard(m)
-            bucket = int(now // self.s.bucket_s)
-            if bucket < len(self.timeline):
-                self.timeline[bucket] += 1
-            self._feed(now)
-        self._free(d, now)
+        except TaskQueueError:  # another copy of the micro-batch got there first (the daemon's already_there)
+            return
+        self._wake(s - 1, now)
 
-    def _free(self, d: int, now: float) -> None:
-        self.busy.discard(d)
-        self._idle(d, now)
+    def _finish(self, now: float, d: int, job: int, s: int, tokens: list[tuple]) -> None:
+        """A push reaches its parameter server, which logs it at its standby before applying
+        it; the worker's request returns once it is applied."""
+        stage = self.stages[s]
+        if self.job.get(d) != job or not self.up[stage.host]:
+            return
+        start = max(now, stage.server_free)
+        if stage.standby_ready and stage.standby is not None and self.up[stage.standby]:
+            logged = self._transfer(stage.host, stage.standby, self.weights_bytes, start)
+            stage.server_free = logged + self._back(stage.standby, stage.host)
+            self._at(stage.server_free, _LOGGED, (d, job, s, tokens))
+            return
+        stage.server_free = start
+        self._at(start, _LOGGED, (d, job, s, tokens))
+
+    def _logged(self, now: float, d: int, job: int, s: int, tokens: list[tuple]) -> None:
+        """The push is committed (logged, or no standby to log it at): the server applies the
+        micro-batches whose leases are still the worker's, and completes those leases."""
+        stage = self.stages[s]
+        if not self.up[stage.host]:
+            return
+        for _, _, generation, _, lease, version in tokens:
+            if not self._current(d, generation, s, lease, now):
+                self.counts["pushes_refused"] += 1
+                continue
+            staleness = stage.version - version
+            if staleness > self.s.max_staleness:
+                self.counts["stale_dropped"] += 1
+            else:
+                self.staleness[staleness] += 1
+                stage.pending += 1
+                if stage.pending >= self.per_update:
+                    stage.pending -= self.per_update
+                    stage.version += 1
+                    if stage.standby_ready and stage.standby is not None:
+                        stage.replicas[stage.standby] = stage.version  # logged there before it applied
+                        if stage.version % self.s.checkpoint_every == 0:
+                            self._transfer(stage.host, stage.standby, self.checkpoint_bytes, now)
+            stage.queue.complete(lease.lease_id, str(d), now, finishes_micro_batch=True)
+            if s == 0:
+                self.in_flight.discard(lease.task.micro_batch)
+                bucket = int(now // self.s.bucket_s)
+                if bucket < len(self.timeline):
+                    self.timeline[bucket] += 1
+        if s == 0:
+            self._feed(now)
+        if self.job.get(d) == job:
+            self._at(now + self._back(stage.host, d), _FREE, (d, job))
+
+    def _free(self, now: float, d: int, job: int) -> None:
+        if self.job.get(d) == job:
+            self.busy.discard(d)
+            self._idle(d, now)
 
     # --- the result --------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ import pytest
 from swarmd.peers.churn import ChurnEvent, churn_schedule, expected_departures
 from swarmd.peers.plan_cost import Plan
 from swarmd.peers.scenario import Scenario, parse_scenario
-from swarmd.peers.simulator import SimSettings, Strategy, recovery_times, simulate
+from swarmd.peers.simulator import SimSettings, Simulation, Strategy, interface_rates, recovery_times, simulate
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -103,3 +103,19 @@ def test_recovery_is_the_time_until_throughput_is_back() -> None:
     assert recovery_times(timeline, 60.0, [610.0]) == [13 * 60.0 - 610.0]
     assert recovery_times(timeline, 60.0, [30.0]) == []  # no window before it
     assert recovery_times([10] * 10 + [1, 1], 60.0, [600.0]) == []  # never back before the end
+
+
+def test_interfaces_run_at_the_fastest_link_and_ignore_the_diagonal() -> None:
+    bw = np.array([[1e12, 5.0, 2.0], [1.0, 0.0, 3.0], [7.0, 4.0, 1e12]])
+    up, down = interface_rates(bw, block=2)  # blocks smaller than the matrix: rows two at a time
+    assert up.tolist() == [5.0, 3.0, 7.0] and down.tolist() == [7.0, 5.0, 3.0]
+
+
+def test_a_senders_uplink_is_shared_by_its_flows_but_a_slow_path_holds_up_only_itself() -> None:
+    sim = Simulation(scenario(3, slow=(0, 2)), FIXED, SimSettings(hours=0.1), (np.ones(3, dtype=bool), []))
+    one = sim._transfer(0, 1, 1e8, 0.0)  # one second at the uplink's rate (1e8 B/s), plus latency
+    two = sim._transfer(0, 1, 1e8, 0.0)
+    assert one == pytest.approx(1.001) and two == pytest.approx(2.001)
+    slow = sim._transfer(0, 2, 100.0, 0.0)  # 10 s on a 10 B/s path; the uplink is busy for 1 us of it
+    after = sim._transfer(0, 1, 1e8, 0.0)
+    assert slow == pytest.approx(10.001) and after == pytest.approx(3.001)
