@@ -49,7 +49,7 @@ from swarmd.peers.churn import ChurnEvent
 from swarmd.peers.plan_cost import stage_flops_per_sequence
 from swarmd.peers.scenario import Scenario, Shape, parse_scenario
 from swarmd.peers.sim_strategies import make_strategies
-from swarmd.peers.simulator import SimSettings, recovery_times, simulate
+from swarmd.peers.simulator import SimSettings, Simulation, recovery_times
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the namespaces' helpers
 from tests.integration.netns import EmulatedNetwork  # noqa: E402
@@ -175,8 +175,13 @@ def real_run(net: EmulatedNetwork, workdir: Path, seconds: float, kill_at: float
     flags = [*HEARTBEAT, "--no-benchmark", "--threads", "1", "--data-via-relay", "never", "--no-mdns",
              "--no-nat-port-map"]  # fmt: skip
     daemons = [
-        LocalDaemon(workdir / f"d{i}", run_id, flags, network_args=["--host-maddrs", f"/ip4/{net.ip(i)}/tcp/0"],
-                    command_prefix=net.prefix_for(i))  # fmt: skip
+        LocalDaemon(
+            workdir / f"d{i}",
+            run_id,
+            flags,
+            network_args=["--host-maddrs", f"/ip4/{net.ip(i)}/tcp/0"],
+            command_prefix=net.prefix_for(i),
+        )  # fmt: skip
         for i in range(net.n)
     ]
     try:
@@ -190,6 +195,7 @@ def real_run(net: EmulatedNetwork, workdir: Path, seconds: float, kill_at: float
         wait_for(lambda: min((info["version"] for _, info in hosts_of(daemons).values()), default=0)
                  >= warmup_updates, 300, f"{warmup_updates} updates")  # fmt: skip
         samples: list[tuple[float, int, int]] = []  # (t, stage-0 host, its micro_batches_finished)
+        bytes_at_start = [net.interface_bytes(i) for i in range(net.n)]
         started = time.monotonic()
         victim = None
         while (t := time.monotonic() - started) < seconds:
@@ -202,17 +208,27 @@ def real_run(net: EmulatedNetwork, workdir: Path, seconds: float, kill_at: float
                 daemons[victim].kill()
                 print(f"killed d{victim} at {t:.1f} s (it hosted nothing)", flush=True)
             time.sleep(0.25)  # sync-ok: the sampling interval of a measurement
+        bytes_at_end = [net.interface_bytes(i) for i in range(net.n)]
         versions = [info["version"] for _, info in hosts_of(daemons).values()]
         # what each daemon did, to explain a difference: tasks, weight pulls, time spent where
-        workers = [((d.status() or {}).get("training") or {}).get("worker") for d in daemons]
+        trainers = [(d.status() or {}).get("training") or {} for d in daemons]
         hosts = {s: {"daemon": i, "host": info["host"], "server": info["server"]} for s, (i, info) in
                  hosts_of(daemons).items()}  # fmt: skip
         timeline = [0] * int(np.ceil(seconds / BUCKET_S))
         for (_, h0, c0), (t1, h1, c1) in zip(samples, samples[1:], strict=False):
             if h0 == h1 and c1 >= c0:  # a stage that changed hands restarts its counter
                 timeline[min(len(timeline) - 1, int(t1 // BUCKET_S))] += c1 - c0
-        return {"timeline": timeline, "victim": victim, "versions": versions, "samples": len(samples),
-                "workers": workers, "hosts": hosts}  # fmt: skip
+        return {
+            "timeline": timeline,
+            "victim": victim,
+            "versions": versions,
+            "samples": len(samples),
+            "workers": [t.get("worker") for t in trainers],
+            "served": [t.get("served_by_op") for t in trainers],
+            "hosts": hosts,
+            "sent_MB": [(b[0] - a[0]) / 1e6 for a, b in zip(bytes_at_start, bytes_at_end, strict=True)],
+            "received_MB": [(b[1] - a[1]) / 1e6 for a, b in zip(bytes_at_start, bytes_at_end, strict=True)],
+        }
     finally:
         for daemon in daemons:
             daemon.stop(timeout=20)
@@ -273,13 +289,16 @@ def compare(args: argparse.Namespace, scenario: Scenario, tflops: float, real: d
     up0 = np.ones(args.devices, dtype=bool)
     settings = SimSettings(hours=args.seconds / 3600, churn=False, detect_s=HEARTBEAT_TTL_S, join_s=5.0,
                            lease_s=LEASE_S, bucket_s=BUCKET_S)  # fmt: skip
-    sim = simulate(scenario, strategy, settings, (up0, [ChurnEvent(args.kill_at, victim, False)]))
+    simulation = Simulation(scenario, strategy, settings, (up0, [ChurnEvent(args.kill_at, victim, False)]))
+    sim = simulation.run()
+    simulated_bytes = {"sent_MB": (simulation.sent / 1e6).round(1).tolist(),
+                       "received_MB": (simulation.received / 1e6).round(1).tolist()}  # fmt: skip
     tokens = DEFAULT_RUN["batch"]["micro_batch"] * model_shape().seq_len
     sides = {
         "real": summarize(real["timeline"], args.kill_at, tokens),
         "simulated": summarize(sim.timeline[: len(real["timeline"])], args.kill_at, tokens),
     }
-    report(args, sides, tflops, real, sim.staleness)
+    report(args, sides, tflops, real, sim.staleness, simulated_bytes)
 
 
 def simulate_again(args: argparse.Namespace) -> int:
@@ -294,7 +313,8 @@ def simulate_again(args: argparse.Namespace) -> int:
     return 0
 
 
-def report(args: argparse.Namespace, sides: dict[str, Side], tflops: float, real: dict, staleness: dict) -> None:
+def report(args: argparse.Namespace, sides: dict[str, Side], tflops: float, real: dict, staleness: dict,
+           simulated_bytes: dict[str, list[float]]) -> None:  # fmt: skip
     r, s = sides["real"], sides["simulated"]
 
     def ratio(a: float | None, b: float | None) -> str:
@@ -317,12 +337,19 @@ def report(args: argparse.Namespace, sides: dict[str, Side], tflops: float, real
         "|---|---:|---:|---:|",
         *(f"| {name} | {fmt(a)} | {fmt(b)} | {ratio(a, b)} |" for name, a, b in rows),
     ]
+    if "sent_MB" in real:  # what crossed each device's link: where the time went
+        lines += ["", "| MB over the window | " + " | ".join(f"d{i}" for i in range(args.devices)) + " |",
+                  "|---|" + "---:|" * args.devices]  # fmt: skip
+        for key in ("sent_MB", "received_MB"):
+            lines.append(f"| {key[:-3]}, real | " + " | ".join(f"{v:.1f}" for v in real[key]) + " |")
+            lines.append(f"| {key[:-3]}, simulated | " + " | ".join(f"{v:.1f}" for v in simulated_bytes[key]) + " |")
     text = "\n".join(lines) + "\n"
     print(text)
     (args.out / "calibration.md").write_text(text)
     (args.out / "calibration.json").write_text(json.dumps({
         "args": {k: str(v) for k, v in vars(args).items()}, "tflops": tflops,
         "sides": {k: asdict(v) for k, v in sides.items()}, "real": real, "simulated_staleness": staleness,
+        "simulated_bytes": simulated_bytes,
     }, indent=1))  # fmt: skip
     try:
         import matplotlib

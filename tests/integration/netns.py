@@ -121,6 +121,13 @@ class EmulatedNetwork:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
         self.made.clear()
 
+    def interface_bytes(self, i: int) -> tuple[int, int]:
+        """Bytes device ``i`` has sent and received on its link so far (the kernel's counters)."""
+        read = ["ip", "netns", "exec", self.ns(i), "cat", "/sys/class/net/eth0/statistics/tx_bytes",
+                "/sys/class/net/eth0/statistics/rx_bytes"]  # fmt: skip
+        tx, rx = subprocess.run(read, check=True, capture_output=True, text=True, timeout=10).stdout.split()
+        return int(tx), int(rx)
+
     def leftovers(self) -> list[str]:
         """Namespaces of this network that still exist (none after ``close``)."""
         out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
@@ -129,11 +136,13 @@ class EmulatedNetwork:
 
 
 def _shape(ns: str, dev: str, rate_Bps: float) -> None:
-    """``tbf`` at ``rate_Bps``, with a queue of half a second at that rate (drops would make
-    TCP, not the link, the thing measured) and a burst of a few packets."""
+    """``tbf`` at ``rate_Bps``, with a burst of a few packets and a queue of 50 ms at that rate.
+    TCP fills whatever queue it is given (its own round trip here is well under a
+    millisecond: the emulated latency is added above it), so a deeper queue would add its
+    whole depth to every request behind a bulk transfer, a delay no scenario describes."""
     rate = f"{int(rate_Bps * 8)}bit"
     burst = max(16 * 1024, int(rate_Bps / 250))
-    limit = max(64 * 1024, int(rate_Bps / 2))
+    limit = max(64 * 1024, int(rate_Bps / 20))
     subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
                     "burst", str(burst), "limit", str(limit)], check=True, capture_output=True, text=True,
                    timeout=10)  # fmt: skip

@@ -1,0 +1,54 @@
+"""The calibration harness's network: namespaces on a bridge, tbf-shaped links, latency files,
+and nothing left behind, also when the code inside the ``with`` fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.netns import EmulatedNetwork, need_root_and_iproute2
+
+pytestmark = [pytest.mark.integration, pytest.mark.netns, pytest.mark.timeout(60)]
+
+ECHO_SERVER = """
+import socket, sys
+server = socket.create_server((sys.argv[1], 9000))
+print("listening", flush=True)
+conn, _ = server.accept()
+conn.sendall(conn.recv(64))
+"""
+ECHO_CLIENT = """
+import socket, sys
+with socket.create_connection((sys.argv[1], 9000), timeout=10) as conn:
+    conn.sendall(b"hello")
+    print(conn.recv(64).decode())
+"""
+
+
+def test_devices_reach_each_other_on_shaped_links_and_everything_goes_on_failure(tmp_path: Path) -> None:
+    need_root_and_iproute2()
+    net = EmulatedNetwork(f"swt{os.getpid()}", [1e6, 2e6], [3e6, 4e6], [0.01, 0.02], tmp_path, net=214)
+    sleeper = None
+    with pytest.raises(RuntimeError, match="the harness failed here"), net:
+        echo = subprocess.Popen([*net.prefix_for(1), sys.executable, "-c", ECHO_SERVER, net.ip(1)],
+                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+        assert echo.stdout is not None and echo.stdout.readline().strip() == "listening"
+        client = subprocess.run([*net.prefix_for(0), sys.executable, "-c", ECHO_CLIENT, net.ip(1)],
+                                capture_output=True, text=True, timeout=20)  # fmt: skip
+        assert client.stdout.strip() == "hello", client.stderr
+        echo.wait(10)
+        shaped = subprocess.run(["ip", "netns", "exec", net.ns(0), "tc", "qdisc", "show", "dev", "eth0"],
+                                capture_output=True, text=True, timeout=10).stdout  # fmt: skip
+        assert "tbf" in shaped and "rate 8Mbit" in shaped, shaped  # device 0 uploads at 1 MB/s
+        assert json.loads(net.delay_file(0).read_text()) == {net.ip(1): pytest.approx(0.03)}
+        sent, received = net.interface_bytes(0)
+        assert sent > 0 and received > 0  # the greeting went out and came back
+        sleeper = subprocess.Popen([*net.prefix_for(1), "sleep", "600"])
+        raise RuntimeError("the harness failed here")
+    assert net.leftovers() == []
+    assert sleeper is not None and sleeper.wait(10) != 0  # killed with its namespace
