@@ -35,6 +35,7 @@ from swarmd.models.build import ModelShape, build_model
 from swarmd.models.corpus import Dataset
 from swarmd.models.stage_worker import StageWorker
 from swarmd.models.stages import StageModule, split_layers, stage_input_spec, stage_output_spec
+from swarmd.op_times import OpTimes
 from swarmd.peers.stage_rpc import Answer
 from swarmd.peers.tensor_wire import TensorSpec, decode_tensor, encode_tensor
 from swarmd.stage_host import deserialize_tensors, serialize_tensors
@@ -77,21 +78,6 @@ def already_there(error: Exception) -> bool:
 def upstream_is_done(error: Exception) -> bool:
     """Whether a refused backward ``put`` means the stage below is already past that micro-batch."""
     return UPSTREAM_DONE in str(error)
-
-
-class OpTimes:
-    """Count and total seconds per operation (the worker's requests, a host's handling)."""
-
-    def __init__(self) -> None:
-        self._count: dict[str, int] = {}
-        self._seconds: dict[str, float] = {}
-
-    def add(self, op: str, seconds: float) -> None:
-        self._count[op] = self._count.get(op, 0) + 1
-        self._seconds[op] = self._seconds.get(op, 0.0) + seconds
-
-    def status(self) -> dict[str, dict[str, float]]:
-        return {op: {"n": n, "mean_ms": round(1e3 * self._seconds[op] / n, 1)} for op, n in sorted(self._count.items())}
 
 
 @dataclass

@@ -42,6 +42,7 @@ from swarmd.models.build import ModelShape
 from swarmd.models.corpus import Dataset
 from swarmd.models.param_server import ServerConfig, StageParameterServer, stage_checkpoint_name
 from swarmd.models.stages import StageModule, split_layers, stage_input_spec, stage_output_spec
+from swarmd.op_times import OpTimes
 from swarmd.peers.stage_rpc import Answer
 from swarmd.peers.task_queue import Task, TaskKind, TaskQueue, TaskQueueConfig, TaskQueueError
 from swarmd.peers.tensor_wire import TensorSpec, WireError, decode_tensor, encode_tensor
@@ -165,6 +166,7 @@ class StageHost:
         self.losses: deque[tuple[int, float]] = deque(maxlen=MAX_LOSSES_KEPT)
         self._history: OrderedDict[int, bytes] = OrderedDict()
         self.server_lock = asyncio.Lock()
+        self.push_phases = OpTimes()  # decode, wait for the lock, log at the standby, apply: mean times
         self._warned_at = -WARN_EVERY_S
         self._last_checkpoint = -MIN_CHECKPOINT_GAP_S
         cursor = int(self.server.metadata.get("data_cursor", "0"))
@@ -372,13 +374,25 @@ class StageHost:
         for lid in lease_ids:  # hold them through the update
             self.queue.renew(lid, worker, now)
         try:
+            phase = time.perf_counter()
+
+            def phase_done(name: str) -> None:  # where a push's time goes, for status
+                nonlocal phase
+                now = time.perf_counter()
+                self.push_phases.add(name, now - phase)
+                phase = now
+
             gradients = await asyncio.to_thread(deserialize_tensors, blobs[0], self.param_shapes, "gradient")
+            phase_done("decode")
             async with self.server_lock:
+                phase_done("wait_for_lock")
                 self.server.validate(gradients, base, len(lease_ids))
                 await self._log(base, len(lease_ids), blobs[0])
+                phase_done("log_at_standby")
                 result = await asyncio.to_thread(self.server.push, gradients, base, len(lease_ids))
                 if result.stepped:
                     await self._remember_version()
+                phase_done("apply")
         except SwarmdError:  # a bad gradient, or one on weights this server never had: redo them
             now = time.time()
             for lid in lease_ids:
@@ -462,7 +476,7 @@ class StageHost:
             "queue": asdict(c), "host": asdict(self.stats), "leases_by_worker": self.queue.leases_by_worker(),
             "server": {"applied": s.applied, "scaled": s.scaled, "dropped_stale": s.dropped_stale,
                        "staleness": {str(k): v for k, v in sorted(s.staleness_histogram.items())}},
-            "data_cursor": self._cursor if self.stage == 0 else None,
+            "data_cursor": self._cursor if self.stage == 0 else None, "push_phases": self.push_phases.status(),
         }  # fmt: skip
 
 

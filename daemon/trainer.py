@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from swarmd.errors import SwarmdError
 from swarmd.models.corpus import Dataset, load_corpus, train_eval_split
 from swarmd.models.param_server import checkpoint_log_seq, stage_checkpoint_name
+from swarmd.op_times import OpTimes
 from swarmd.peers.identity import Identity
 from swarmd.peers.run_spec import SignedRunSpec, run_seed
 from swarmd.peers.stage_assignment import Trainer as TrainingPeer
@@ -35,7 +36,7 @@ from swarmd.peers.stage_assignment import decide, epoch_of
 from swarmd.peers.stage_leases import StageLease, resolve_holder
 from swarmd.peers.stage_rpc import Answer, call
 from swarmd.peers.swarm_dht import SwarmDHT
-from swarmd.pipeline_worker import OpTimes, PipelineWorker, WorkerSettings
+from swarmd.pipeline_worker import PipelineWorker, WorkerSettings
 from swarmd.relay import Router, speaker_of
 from swarmd.replication import LOG_METHOD, StageReplicator, standby_of
 from swarmd.stage_host import HostSettings, StageHost

@@ -212,7 +212,8 @@ def real_run(net: EmulatedNetwork, workdir: Path, seconds: float, kill_at: float
         versions = [info["version"] for _, info in hosts_of(daemons).values()]
         # what each daemon did, to explain a difference: tasks, weight pulls, time spent where
         trainers = [(d.status() or {}).get("training") or {} for d in daemons]
-        hosts = {s: {"daemon": i, "host": info["host"], "server": info["server"]} for s, (i, info) in
+        hosts = {s: {"daemon": i, "host": info["host"], "server": info["server"], "push_phases": info["push_phases"]}
+                 for s, (i, info) in
                  hosts_of(daemons).items()}  # fmt: skip
         timeline = [0] * int(np.ceil(seconds / BUCKET_S))
         for (_, h0, c0), (t1, h1, c1) in zip(samples, samples[1:], strict=False):
