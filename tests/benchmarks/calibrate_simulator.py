@@ -81,6 +81,40 @@ print((time.perf_counter() - started) / n)
 """
 
 
+GOODPUT_SINK = r"""
+import socket, sys, time
+server = socket.create_server((sys.argv[1], 9100))
+print("listening", flush=True)
+conn, _ = server.accept()
+got, first = 0, None
+while chunk := conn.recv(1 << 16):
+    first = first or time.perf_counter()
+    got += len(chunk)
+print(got / (time.perf_counter() - first))
+"""
+GOODPUT_SOURCE = r"""
+import socket, sys
+with socket.create_connection((sys.argv[1], 9100), timeout=30) as conn:
+    conn.sendall(bytes(int(sys.argv[2])))
+"""
+
+
+def measure_goodput(net: EmulatedNetwork, nbytes: int) -> float:
+    """Bytes per second one TCP stream gets from device 0 to device 1: what a scenario's
+    bandwidth means (a link probe's figure), below the shaper's rate by TCP's overheads."""
+    sink = subprocess.Popen([*net.prefix_for(1), sys.executable, "-c", GOODPUT_SINK, net.ip(1)],
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert sink.stdout is not None and sink.stdout.readline().strip() == "listening"
+        subprocess.run([*net.prefix_for(0), sys.executable, "-c", GOODPUT_SOURCE, net.ip(1), str(nbytes)],
+                       check=True, timeout=120)  # fmt: skip
+        return float(sink.communicate(timeout=60)[0].strip())
+    finally:
+        if sink.poll() is None:
+            sink.kill()
+            sink.wait(10)
+
+
 @dataclass
 class Side:
     """One side of the comparison (real or simulated)."""
@@ -260,8 +294,6 @@ def main() -> int:
     tflops, per_step = measure_tflops(args.devices, 10.0)
     print(f"compute: {args.devices} processes at once, {statistics.median(per_step) * 1e3:.0f} ms per micro-batch "
           f"(forward and backward) each: {tflops * 1e3:.2f} GFLOPS per device", flush=True)  # fmt: skip
-    scenario = calibration_scenario(tflops, args.devices, rate_Bps, latency_s)
-
     workdir = Path(tempfile.mkdtemp(prefix="swd-cal-", dir="/tmp"))
     net = EmulatedNetwork(f"swc{os.getpid()}", [rate_Bps] * args.devices, [rate_Bps] * args.devices,
                           [latency_s] * args.devices, workdir)  # fmt: skip
@@ -269,7 +301,11 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         with net:
+            goodput = measure_goodput(net, int(rate_Bps * 4))
+            print(f"links: {rate_Bps / 1e6:.2f} MB/s shaped, {goodput / 1e6:.2f} MB/s measured for one TCP stream; "
+                  "the scenario takes the measured figure", flush=True)  # fmt: skip
             real = real_run(net, workdir, args.seconds, args.kill_at, args.warmup_updates)
+            real["goodput_Bps"] = goodput
     finally:
         left = net.leftovers()
         subprocess.run(["rm", "-rf", str(workdir)], check=False)
@@ -277,7 +313,7 @@ def main() -> int:
         print(f"calibrate_simulator: namespaces left behind: {left}", file=sys.stderr)
         return 1
 
-    compare(args, scenario, tflops, real)
+    compare(args, calibration_scenario(tflops, args.devices, goodput, latency_s), tflops, real)
     return 0
 
 
@@ -308,8 +344,8 @@ def simulate_again(args: argparse.Namespace) -> int:
     for key in ("devices", "rate_mbps", "access_latency_ms", "seconds", "kill_at"):
         setattr(args, key, float(recorded["args"][key]) if key != "devices" else int(recorded["args"][key]))
     args.out.mkdir(parents=True, exist_ok=True)
-    scenario = calibration_scenario(recorded["tflops"], args.devices, args.rate_mbps * 1e6 / 8,
-                                    args.access_latency_ms / 1000)  # fmt: skip
+    rate_Bps = recorded["real"].get("goodput_Bps", args.rate_mbps * 1e6 / 8)
+    scenario = calibration_scenario(recorded["tflops"], args.devices, rate_Bps, args.access_latency_ms / 1000)
     compare(args, scenario, recorded["tflops"], recorded["real"])
     return 0
 
