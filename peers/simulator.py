@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from swarmd.op_times import OpTimes
 from swarmd.peers.churn import ChurnEvent, churn_schedule
 from swarmd.peers.plan_cost import Plan, stage_flops_per_sequence
 from swarmd.peers.scenario import Scenario, ScenarioError, Shape
@@ -196,6 +197,7 @@ class Simulation:
         self.plan_events: list[PlanEvent] = []
         self.departure_times: list[float] = []
         self.counts: Counter[str] = Counter()
+        self.requests = OpTimes()  # the workers' requests by operation, as the daemon's status counts them
         self.next_micro_batch = 0
         self.generation = 0  # bumped when the queues are rebuilt: work leased before lapses
         self.in_flight: set[int] = set()
@@ -534,6 +536,7 @@ class Simulation:
             del held[: -self.s.keep_versions]
         answered = now + self._back(d, stage.host)  # the claim reaches the host
         arrive = self._transfer(stage.host, d, nbytes, answered)
+        self.requests.add("claim", arrive - now)
         flops = self.flops[s] if (last or not forward) else self.flops[s] / 3.0
         if not forward:
             flops += self.flops[s] / 3.0  # the forward is recomputed on the task's weights
@@ -557,7 +560,10 @@ class Simulation:
             nxt = self.stages[s + 1].host
             put = self._transfer(d, nxt, self.act_bytes, now)
             self._at(put, _DELIVER, token)
-            self._at(put + self._back(nxt, d) + self._rtt(d, stage.host), _FREE, (d, job))
+            answered = put + self._back(nxt, d)
+            self.requests.add("put", answered - now)
+            self.requests.add("complete", self._rtt(d, stage.host))
+            self._at(answered + self._rtt(d, stage.host), _FREE, (d, job))
             return
         done = now
         if s > 0:
@@ -565,6 +571,7 @@ class Simulation:
             put = self._transfer(d, prev, self.act_bytes, now)
             self._at(put, _PUT_BACK, token)
             done = put + self._back(prev, d)
+            self.requests.add("put", done - now)
         held = self.held.setdefault((d, s), [])
         held.append(token)
         if len(held) >= self.s.push_every:
@@ -576,7 +583,7 @@ class Simulation:
         """The worker's gradient sum goes to the stage's server with the leases it covers."""
         tokens = self.held.pop((d, s), [])
         arrive = self._transfer(d, self.stages[s].host, self.weights_bytes, now)
-        self._at(arrive, _FINISH, (d, self.job[d], s, tokens))
+        self._at(arrive, _FINISH, (d, self.job[d], s, tokens, now))
 
     def _current(self, d: int, generation: int, s: int, lease: Lease, now: float) -> bool:
         """Whether the worker's result still counts: the queues were not rebuilt, and it still
@@ -613,7 +620,7 @@ class Simulation:
             return
         self._wake(s - 1, now)
 
-    def _finish(self, now: float, d: int, job: int, s: int, tokens: list[tuple]) -> None:
+    def _finish(self, now: float, d: int, job: int, s: int, tokens: list[tuple], pushed_at: float) -> None:
         """A push reaches its parameter server, which logs it at its standby before applying
         it; the worker's request returns once it is applied."""
         stage = self.stages[s]
@@ -623,12 +630,12 @@ class Simulation:
         if stage.standby_ready and stage.standby is not None and self.up[stage.standby]:
             logged = self._transfer(stage.host, stage.standby, self.weights_bytes, start)
             stage.server_free = logged + self._back(stage.standby, stage.host)
-            self._at(stage.server_free, _LOGGED, (d, job, s, tokens))
+            self._at(stage.server_free, _LOGGED, (d, job, s, tokens, pushed_at))
             return
         stage.server_free = start
-        self._at(start, _LOGGED, (d, job, s, tokens))
+        self._at(start, _LOGGED, (d, job, s, tokens, pushed_at))
 
-    def _logged(self, now: float, d: int, job: int, s: int, tokens: list[tuple]) -> None:
+    def _logged(self, now: float, d: int, job: int, s: int, tokens: list[tuple], pushed_at: float) -> None:
         """The push is committed (logged, or no standby to log it at): the server applies the
         micro-batches whose leases are still the worker's, and completes those leases."""
         stage = self.stages[s]
@@ -660,6 +667,7 @@ class Simulation:
         if s == 0:
             self._feed(now)
         if self.job.get(d) == job:
+            self.requests.add("push", now + self._back(stage.host, d) - pushed_at)
             self._at(now + self._back(stage.host, d), _FREE, (d, job))
 
     def _free(self, now: float, d: int, job: int) -> None:

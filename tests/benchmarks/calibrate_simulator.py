@@ -328,14 +328,15 @@ def compare(args: argparse.Namespace, scenario: Scenario, tflops: float, real: d
                            lease_s=LEASE_S, bucket_s=BUCKET_S)  # fmt: skip
     simulation = Simulation(scenario, strategy, settings, (up0, [ChurnEvent(args.kill_at, victim, False)]))
     sim = simulation.run()
-    simulated_bytes = {"sent_MB": (simulation.sent / 1e6).round(1).tolist(),
-                       "received_MB": (simulation.received / 1e6).round(1).tolist()}  # fmt: skip
+    detail = {"sent_MB": (simulation.sent / 1e6).round(1).tolist(),
+              "received_MB": (simulation.received / 1e6).round(1).tolist(),
+              "requests_by_op": simulation.requests.status()}  # fmt: skip
     tokens = DEFAULT_RUN["batch"]["micro_batch"] * model_shape().seq_len
     sides = {
         "real": summarize(real["timeline"], args.kill_at, tokens),
         "simulated": summarize(sim.timeline[: len(real["timeline"])], args.kill_at, tokens),
     }
-    report(args, sides, tflops, real, sim.staleness, simulated_bytes)
+    report(args, sides, tflops, real, sim.staleness, detail)
 
 
 def simulate_again(args: argparse.Namespace) -> int:
@@ -350,8 +351,19 @@ def simulate_again(args: argparse.Namespace) -> int:
     return 0
 
 
+def requests_by_op(workers: list[dict[str, Any] | None]) -> dict[str, dict[str, float]]:
+    """The workers' ``requests_by_op`` summed over the daemons (those alive at the end)."""
+    n: dict[str, int] = {}
+    total: dict[str, float] = {}
+    for worker in workers:
+        for op, figures in ((worker or {}).get("requests_by_op") or {}).items():
+            n[op] = n.get(op, 0) + figures["n"]
+            total[op] = total.get(op, 0.0) + figures["n"] * figures["mean_ms"]
+    return {op: {"n": n[op], "mean_ms": round(total[op] / n[op], 1)} for op in n if n[op]}
+
+
 def report(args: argparse.Namespace, sides: dict[str, Side], tflops: float, real: dict, staleness: dict,
-           simulated_bytes: dict[str, list[float]]) -> None:  # fmt: skip
+           simulated: dict[str, Any]) -> None:  # fmt: skip
     r, s = sides["real"], sides["simulated"]
 
     def ratio(a: float | None, b: float | None) -> str:
@@ -379,14 +391,22 @@ def report(args: argparse.Namespace, sides: dict[str, Side], tflops: float, real
                   "|---|" + "---:|" * args.devices]  # fmt: skip
         for key in ("sent_MB", "received_MB"):
             lines.append(f"| {key[:-3]}, real | " + " | ".join(f"{v:.1f}" for v in real[key]) + " |")
-            lines.append(f"| {key[:-3]}, simulated | " + " | ".join(f"{v:.1f}" for v in simulated_bytes[key]) + " |")
+            lines.append(f"| {key[:-3]}, simulated | " + " | ".join(f"{v:.1f}" for v in simulated[key]) + " |")
+    real_ops = requests_by_op(real.get("workers") or [])
+    if real_ops:  # the workers' requests: which of them the simulator makes faster than they are
+        lines += ["", "| request (all workers) | real n | real mean ms | simulated n | simulated mean ms |",
+                  "|---|---:|---:|---:|---:|"]  # fmt: skip
+        for op in sorted(set(real_ops) | set(simulated["requests_by_op"])):
+            a, b = real_ops.get(op, {}), simulated["requests_by_op"].get(op, {})
+            lines.append(f"| {op} | {a.get('n', 0)} | {a.get('mean_ms', '-')} | {b.get('n', 0)} | "
+                         f"{b.get('mean_ms', '-')} |")  # fmt: skip
     text = "\n".join(lines) + "\n"
     print(text)
     (args.out / "calibration.md").write_text(text)
     (args.out / "calibration.json").write_text(json.dumps({
         "args": {k: str(v) for k, v in vars(args).items()}, "tflops": tflops,
         "sides": {k: asdict(v) for k, v in sides.items()}, "real": real, "simulated_staleness": staleness,
-        "simulated_bytes": simulated_bytes,
+        "simulated": simulated,
     }, indent=1))  # fmt: skip
     try:
         import matplotlib
