@@ -13,7 +13,7 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ FAILURE_FREE_HOURS = 2.0
 """The failure-free run of a strategy stops here: without churn its throughput is steady."""
 SMOOTH_BUCKETS = 10
 MAX_HOURS = 24.0 * 30
+MAX_PUSH_EVERY = 1 << 16
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -146,15 +147,24 @@ def _save(fig: Any, path: Path) -> Path:
 
 
 def run_simulate(
-    scenario_path: Path, *, hours: float, seed: int, strategies: list[str], out: Path, time_budget_s: float
+    scenario_path: Path,
+    *,
+    hours: float,
+    seed: int,
+    strategies: list[str],
+    out: Path,
+    time_budget_s: float,
+    push_every: int = 2,
 ) -> int:
     if not 0 < hours <= MAX_HOURS:
         raise SwarmdError(f"--hours {hours:g} is out of range: give more than 0 and at most {MAX_HOURS:g}")
     unknown = [n for n in strategies if n not in NAMES]
     if unknown:
         raise SwarmdError(f"unknown strategy {', '.join(unknown)}; choose from {', '.join(NAMES)}")
+    if not 1 <= push_every <= MAX_PUSH_EVERY:
+        raise SwarmdError(f"--push-every {push_every} is out of range: give 1 to {MAX_PUSH_EVERY}")
     scenario = load_scenario(scenario_path)
-    settings = SimSettings(hours=hours, seed=seed)
+    settings = SimSettings(hours=hours, seed=seed, push_every=push_every)
     # The run's shape: swarmd's plan for the whole scenario (the stage count stays fixed).
     shape = plan(scenario, PlannerSettings(time_budget_s=time_budget_s, seed=seed)).shape
     up0, churn = churn_schedule(scenario, hours * 3600.0, seed)
@@ -167,7 +177,7 @@ def run_simulate(
         started = time.perf_counter()
         print(f"  {strategy.name}: simulating ...", end="", file=sys.stderr, flush=True)
         result = simulate(scenario, strategy, settings)
-        free = simulate(scenario, strategy, SimSettings(hours=min(hours, FAILURE_FREE_HOURS), seed=seed, churn=False))
+        free = simulate(scenario, strategy, replace(settings, hours=min(hours, FAILURE_FREE_HOURS), churn=False))
         print(f" {time.perf_counter() - started:.1f} s", file=sys.stderr)
         results.append(result)
         rows.append(summary(result, free))

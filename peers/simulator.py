@@ -59,7 +59,7 @@ from swarmd.op_times import OpTimes
 from swarmd.peers.churn import ChurnEvent, churn_schedule
 from swarmd.peers.plan_cost import Plan, stage_flops_per_sequence
 from swarmd.peers.scenario import Scenario, ScenarioError, Shape
-from swarmd.peers.task_queue import Lease, Task, TaskKind, TaskQueue, TaskQueueConfig, TaskQueueError
+from swarmd.peers.task_queue import Lease, QueueFull, Task, TaskKind, TaskQueue, TaskQueueConfig, TaskQueueError
 
 QUEUE_CAPACITY_BYTES = 1 << 62
 """Queues never refuse a put here: the feeder bounds what is in flight (as stage 0 does)."""
@@ -601,7 +601,12 @@ class Simulation:
             m = lease.task.micro_batch
             task = Task(task_id=f"f{m}.{lease.lease_id}", micro_batch=m, stage=s + 1, kind=TaskKind.FORWARD,
                         payload=None)  # fmt: skip
-            self.stages[s + 1].queue.put(task, 0, now)
+            try:
+                self.stages[s + 1].queue.put(task, 0, now)
+            except QueueFull:  # the daemon's worker retries, then hands the task back: it is redone
+                self.counts["puts_refused_full"] += 1
+                self.stages[s].queue.fail(lease.lease_id, str(d), now)
+                return
             self.stages[s].queue.complete(lease.lease_id, str(d), now, weights_version=version)
             self._wake(s + 1, now)
         else:  # the put did not land: the task goes back to the queue

@@ -51,6 +51,7 @@ def test_simulate_writes_a_report_numbers_and_plots(
         (["--hours", "0"], "--hours 0 is out of range"),
         (["--hours", "1", "--strategies", "swarmd,magic"], "unknown strategy magic"),
         (["--hours", "1", "--time-budget", "-1"], "--time-budget -1"),
+        (["--hours", "1", "--push-every", "0"], "--push-every 0 is out of range"),
     ],
 )
 def test_user_errors_are_one_line(
