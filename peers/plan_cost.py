@@ -179,12 +179,14 @@ def device_tflops(scenario: Scenario) -> np.ndarray:
     return np.array([d.tflops for d in scenario.devices], dtype=float)
 
 
-def predict(scenario: Scenario, plan: Plan) -> Prediction:
+def predict(scenario: Scenario, plan: Plan, stage_dp_s: np.ndarray | None = None) -> Prediction:
+    """``stage_dp_s``: ``dp_costs`` of the plan's grid when the caller has them (the planner keeps
+    the blocks of large stage groups; at thousands of devices they are most of the work)."""
     grid = plan.grid()
     layers = np.asarray(plan.layers_per_stage, dtype=float)
     comp = compute_s(scenario, grid, layers)
     pipe = 2.0 * float(boundary_costs(scenario, grid).sum())
-    sync = float(dp_costs(scenario, grid).max())
+    sync = float((dp_costs(scenario, grid) if stage_dp_s is None else stage_dp_s).max())
     base = comp + pipe + sync
     churn = churn_s(scenario, grid, base, np.asarray(plan.parameter_servers, dtype=int))
     return Prediction(base + churn, comp, pipe, sync, churn)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,14 @@ class Shape:
 
 
 @dataclass(frozen=True)
+class DeviceArrays:
+    tflops: np.ndarray
+    memory_gib: np.ndarray
+    availability: np.ndarray
+    leave_rate_per_s: np.ndarray
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
     devices: tuple[Device, ...]
@@ -116,6 +125,24 @@ class Scenario:
     @property
     def ids(self) -> list[str]:
         return [d.id for d in self.devices]
+
+    @cached_property
+    def device_arrays(self) -> DeviceArrays:
+        """The devices' figures as arrays, built once per scenario: the planner and its repair
+        read them on every call, and at 10,000 devices the Python loop is not free."""
+        return DeviceArrays(
+            tflops=np.array([d.tflops for d in self.devices], dtype=float),
+            memory_gib=np.array([d.memory_gib for d in self.devices]),
+            availability=np.array([d.availability for d in self.devices]),
+            leave_rate_per_s=np.array([d.leave_rate_per_s for d in self.devices]),
+        )
+
+    def copy(self) -> Scenario:
+        """A shallow copy (the same matrices) that shares the device arrays already built."""
+        out = replace(self)
+        if "device_arrays" in self.__dict__:
+            out.__dict__["device_arrays"] = self.device_arrays  # (cached_property's slot)
+        return out
 
     def index(self) -> dict[str, int]:
         return {d.id: i for i, d in enumerate(self.devices)}
