@@ -35,7 +35,9 @@ measures what that knowledge is worth.
 from __future__ import annotations
 
 import math
+import threading
 import time
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -147,6 +149,109 @@ BLOCK_CACHE_ELEMENTS = 1 << 25
 """At most this many cached block entries (256 MB of float64) beside the one in use."""
 
 
+@dataclass
+class _Block:
+    members: np.ndarray
+    latency: np.ndarray
+    bandwidth: np.ndarray
+    dp: np.ndarray
+    nbytes: float
+    """The share ``dp`` was computed for (it changes with the number of pipelines)."""
+    factor: float
+
+
+class GroupBlocks:
+    """Latency, bandwidth and data-parallel blocks of large stage groups, kept per pair of
+    matrices. A swap changes a member or two of a group, a repair a few, an added or dropped
+    pipeline one: reading a fresh 2,000 x 2,000 block out of 10,000 x 10,000 matrices for each
+    costs tens of milliseconds; patching or re-indexing a kept one does not."""
+
+    MOVED = 4
+    """A kept block is patched when at most this many members differ."""
+    _per_thread = threading.local()
+    """The coordinator plans in worker threads: each keeps its own blocks."""
+
+    def __init__(self, latency: np.ndarray, bandwidth: np.ndarray) -> None:
+        # Weakly: the blocks must not keep a dropped scenario's matrices alive.
+        self._latency, self._bandwidth = weakref.ref(latency), weakref.ref(bandwidth)
+        self.kept: list[_Block] = []
+
+    @property
+    def latency(self) -> np.ndarray:
+        found = self._latency()
+        assert found is not None
+        return found
+
+    @property
+    def bandwidth(self) -> np.ndarray:
+        found = self._bandwidth()
+        assert found is not None
+        return found
+
+    @classmethod
+    def of(cls, view: Scenario) -> GroupBlocks:
+        """The blocks over ``view``'s matrices (the matrices themselves, not equal ones)."""
+        live: list[GroupBlocks] = getattr(cls._per_thread, "live", [])
+        for blocks in live:
+            if blocks._latency() is view.latency_s and blocks._bandwidth() is view.bandwidth_Bps:
+                return blocks
+        blocks = cls(view.latency_s, view.bandwidth_Bps)
+        cls._per_thread.live = [blocks, *live[:1]]  # a scenario and a planning view at most
+        return blocks
+
+    def dp(self, members: np.ndarray, pair: PairCost) -> np.ndarray:
+        block = self._find(members)
+        if block is None:
+            ix = np.ix_(members, members)
+            block = _Block(np.array(members), self.latency[ix], self.bandwidth[ix], pair[ix], pair.nbytes, pair.factor)
+        self.kept.insert(0, block)
+        total = 0
+        for k, b in enumerate(self.kept):
+            total += 3 * b.dp.size
+            if k > 0 and total > BLOCK_CACHE_ELEMENTS:
+                del self.kept[k:]
+                break
+        if block.nbytes != pair.nbytes or block.factor != pair.factor:
+            block.dp = pair.factor * (block.latency + pair.nbytes / block.bandwidth)
+            block.nbytes, block.factor = pair.nbytes, pair.factor
+        return block.dp
+
+    def _find(self, members: np.ndarray) -> _Block | None:
+        """A kept block brought to ``members`` (taken out of ``kept``), or None."""
+        n = len(members)
+        for k, b in enumerate(self.kept):
+            if len(b.members) == n:
+                moved = np.flatnonzero(b.members != members)
+                if len(moved) <= self.MOVED:
+                    self._patch(b, members, moved)
+                    return self.kept.pop(k)
+        for k, b in enumerate(self.kept):
+            if abs(len(b.members) - n) > self.MOVED:
+                continue
+            where = {int(d): i for i, d in enumerate(b.members)}
+            pos = np.array([where.get(int(d), -1) for d in members])
+            fresh = np.flatnonzero(pos < 0)
+            if len(fresh) > self.MOVED:
+                continue
+            ix = np.ix_(np.where(pos < 0, 0, pos), np.where(pos < 0, 0, pos))
+            b = _Block(np.array(members), b.latency[ix], b.bandwidth[ix], b.dp[ix], b.nbytes, b.factor)
+            self._patch(b, members, fresh)
+            del self.kept[k]
+            return b
+        return None
+
+    def _patch(self, b: _Block, members: np.ndarray, rows: np.ndarray) -> None:
+        """``members`` at positions ``rows`` are new: read their rows and columns afresh."""
+        if not len(rows):
+            return
+        b.members[rows] = members[rows]
+        for here, there in ((np.ix_(rows, np.arange(len(members))), np.ix_(members[rows], members)),
+                            (np.ix_(np.arange(len(members)), rows), np.ix_(members, members[rows]))):  # fmt: skip
+            lat, bw = self.latency[there], self.bandwidth[there]
+            b.latency[here], b.bandwidth[here] = lat, bw
+            b.dp[here] = b.factor * (lat + b.nbytes / bw)
+
+
 class GridCost:
     """The own model of ``swarmd.peers.plan_cost`` for one shape, with what a swap needs cached.
 
@@ -167,7 +272,6 @@ class GridCost:
         self.rates = arrays.leave_rate_per_s
         self.availability = arrays.availability
         memory = arrays.memory_gib
-        self._blocks: list[tuple[np.ndarray, np.ndarray]] = []
         self.cap_inner = max_layers(view, memory, first=False, last=False)
         self.cap_edge = max_layers(view, memory, first=True, last=False)
         self.layer_flops = view.model.layer_flops_per_sequence() * view.micro_batch
@@ -182,34 +286,14 @@ class GridCost:
         return float(self.dp_block(members).sum(axis=1).max())
 
     def dp_block(self, members: np.ndarray) -> np.ndarray:
-        """``dp_pair`` among ``members`` (not to be modified): a kept block of the same size
-        that differs in a few members is patched in their rows and columns (the same values
-        as a fresh block, at a fraction of the reads), else a fresh one is made and kept."""
+        """``dp_pair`` among ``members`` (not to be modified). Large groups' blocks are kept
+        (``GroupBlocks``, shared by every GridCost over the same matrices: a repair builds
+        new ones), a kept block that differs in a few members patched in their rows and
+        columns: the same values as a fresh block, at a fraction of the reads."""
         assert self.dp_pair is not None
-        n = len(members)
-        if n < BLOCK_CACHE_MIN:
+        if len(members) < BLOCK_CACHE_MIN:
             return self.dp_pair.block(members, members)
-        for k, (kept, block) in enumerate(self._blocks):
-            if len(kept) != n:
-                continue
-            moved = np.flatnonzero(kept != members)
-            if len(moved) > 4:
-                continue
-            if len(moved):
-                block[moved, :] = self.dp_pair.block(members[moved], members)
-                block[:, moved] = self.dp_pair.block(members, members[moved])
-                kept[moved] = members[moved]
-            self._blocks.insert(0, self._blocks.pop(k))
-            return block
-        block = self.dp_pair.block(members, members)
-        self._blocks.insert(0, (np.array(members), block))
-        total = 0
-        for k, (_, b) in enumerate(self._blocks):
-            total += b.size
-            if k > 0 and total > BLOCK_CACHE_ELEMENTS:
-                del self._blocks[k:]
-                break
-        return block
+        return GroupBlocks.of(self.view).dp(members, self.dp_pair)
 
     def layer_caps(self, grid: np.ndarray) -> np.ndarray:
         caps = self.cap_inner[grid].min(axis=0)
