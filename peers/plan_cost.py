@@ -126,9 +126,13 @@ def boundary_costs(scenario: Scenario, grid: np.ndarray, act_transfer: np.ndarra
     n_pipes, n_stages = grid.shape
     if n_stages == 1:
         return np.zeros(0)
+    src, dst = grid[:, :-1], grid[:, 1:]
     if act_transfer is None:
-        act_transfer = scenario.transfer_s(scenario.activation_bytes(Shape(n_stages, n_pipes)))
-    return act_transfer[grid[:, :-1], grid[:, 1:]].max(axis=0)
+        # The plan's pairs only (as ``transfer_s`` would give them): the whole matrix is
+        # 800 MB and a second at 10,000 devices, and every repair is costed here.
+        nbytes = scenario.activation_bytes(Shape(n_stages, n_pipes))
+        return (scenario.latency_s[src, dst] + nbytes / scenario.bandwidth_Bps[src, dst]).max(axis=0)
+    return act_transfer[src, dst].max(axis=0)
 
 
 def reference_cost(scenario: Scenario, plan: Plan) -> float:
@@ -165,7 +169,7 @@ def churn_s(
     """Expected seconds per iteration lost to departures (module doc). ``leave_rates``: each
     device's, when the caller has them at hand (the planner costs thousands of grids)."""
     if leave_rates is None:
-        leave_rates = np.array([d.leave_rate_per_s for d in scenario.devices])
+        leave_rates = scenario.device_arrays.leave_rate_per_s
     rates = leave_rates[grid]
     if not rates.any():
         return 0.0

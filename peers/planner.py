@@ -145,8 +145,10 @@ SHORTLIST_SAMPLE = 32
 """Members of a stage group a spare's exchange with the group is estimated from."""
 BLOCK_CACHE_MIN = 64
 """Stage groups at least this large keep their data-parallel block between calls."""
-BLOCK_CACHE_ELEMENTS = 1 << 25
-"""At most this many cached block entries (256 MB of float64) beside the one in use."""
+BLOCK_CACHE_ELEMENTS = 1 << 26
+"""At most this many cached block entries (512 MB of float64) beside the one in use: enough
+for every stage group of a 10,000-device plan (two stages of 3,000 pipelines), whose blocks a
+search reads in turn; fewer and each read evicts the block the next one needs."""
 
 
 @dataclass
@@ -999,12 +1001,17 @@ def _best_fill(
     the grid can be costed)."""
     p, s = cell
     best, best_value = spare[0], math.inf
+    # The stages with no hole keep their data-parallel cost whatever fills the holes.
+    touched = sorted({s, *(t for _, t in holes)})
+    dp = np.array([0.0 if t in touched else cost.dp_stage(grid[:, t]) for t in range(grid.shape[1])])
     for d in cost.shortlist(grid, cell, spare):
         trial = grid.copy()
         trial[p, s] = d
         for q, t in holes:
             trial[q, t] = d  # provisional: only this cell's choice is being compared
-        value = cost.cost(trial)
+        for t in touched:
+            dp[t] = cost.dp_stage(trial[:, t])
+        value = cost.total(trial, dp)
         if value < best_value:
             best, best_value = d, value
     return best
