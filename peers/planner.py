@@ -145,10 +145,10 @@ SHORTLIST_SAMPLE = 32
 """Members of a stage group a spare's exchange with the group is estimated from."""
 BLOCK_CACHE_MIN = 64
 """Stage groups at least this large keep their data-parallel block between calls."""
-BLOCK_CACHE_ELEMENTS = 1 << 26
-"""At most this many cached block entries (512 MB of float64) beside the one in use: enough
-for every stage group of a 10,000-device plan (two stages of 3,000 pipelines), whose blocks a
-search reads in turn; fewer and each read evicts the block the next one needs."""
+BLOCK_CACHE_ELEMENTS = 1 << 27
+"""At most this many cached block entries (1 GiB of float64) beside the one in use: enough
+for every stage group of a 10,000-device plan (two stages of 3,900 pipelines, three blocks
+each), whose blocks a search reads in turn; fewer and each read evicts the one needed next."""
 
 
 @dataclass
@@ -193,7 +193,7 @@ class GroupBlocks:
     @classmethod
     def of(cls, view: Scenario) -> GroupBlocks:
         """The blocks over ``view``'s matrices (the matrices themselves, not equal ones)."""
-        live: list[GroupBlocks] = getattr(cls._per_thread, "live", [])
+        live = [b for b in getattr(cls._per_thread, "live", []) if b._latency() is not None]
         for blocks in live:
             if blocks._latency() is view.latency_s and blocks._bandwidth() is view.bandwidth_Bps:
                 return blocks
