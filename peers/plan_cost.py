@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import maximum_bipartite_matching
 
 from swarmd.peers.scenario import Scenario, Shape
 
@@ -124,9 +126,13 @@ def boundary_costs(scenario: Scenario, grid: np.ndarray, act_transfer: np.ndarra
     n_pipes, n_stages = grid.shape
     if n_stages == 1:
         return np.zeros(0)
+    src, dst = grid[:, :-1], grid[:, 1:]
     if act_transfer is None:
-        act_transfer = scenario.transfer_s(scenario.activation_bytes(Shape(n_stages, n_pipes)))
-    return act_transfer[grid[:, :-1], grid[:, 1:]].max(axis=0)
+        # The plan's pairs only (as ``transfer_s`` would give them): the whole matrix is
+        # 800 MB and a second at 10,000 devices, and every repair is costed here.
+        nbytes = scenario.activation_bytes(Shape(n_stages, n_pipes))
+        return (scenario.latency_s[src, dst] + nbytes / scenario.bandwidth_Bps[src, dst]).max(axis=0)
+    return act_transfer[src, dst].max(axis=0)
 
 
 def reference_cost(scenario: Scenario, plan: Plan) -> float:
@@ -163,7 +169,7 @@ def churn_s(
     """Expected seconds per iteration lost to departures (module doc). ``leave_rates``: each
     device's, when the caller has them at hand (the planner costs thousands of grids)."""
     if leave_rates is None:
-        leave_rates = np.array([d.leave_rate_per_s for d in scenario.devices])
+        leave_rates = scenario.device_arrays.leave_rate_per_s
     rates = leave_rates[grid]
     if not rates.any():
         return 0.0
@@ -179,12 +185,14 @@ def device_tflops(scenario: Scenario) -> np.ndarray:
     return np.array([d.tflops for d in scenario.devices], dtype=float)
 
 
-def predict(scenario: Scenario, plan: Plan) -> Prediction:
+def predict(scenario: Scenario, plan: Plan, stage_dp_s: np.ndarray | None = None) -> Prediction:
+    """``stage_dp_s``: ``dp_costs`` of the plan's grid when the caller has them (the planner keeps
+    the blocks of large stage groups; at thousands of devices they are most of the work)."""
     grid = plan.grid()
     layers = np.asarray(plan.layers_per_stage, dtype=float)
     comp = compute_s(scenario, grid, layers)
     pipe = 2.0 * float(boundary_costs(scenario, grid).sum())
-    sync = float(dp_costs(scenario, grid).max())
+    sync = float((dp_costs(scenario, grid) if stage_dp_s is None else stage_dp_s).max())
     base = comp + pipe + sync
     churn = churn_s(scenario, grid, base, np.asarray(plan.parameter_servers, dtype=int))
     return Prediction(base + churn, comp, pipe, sync, churn)
@@ -265,9 +273,11 @@ def bottleneck_matching(cost: np.ndarray) -> tuple[np.ndarray, float]:
     values = np.unique(cost)
 
     def feasible(k: int) -> bool:
-        over = (cost > values[k]).astype(float)
-        rows, cols = linear_sum_assignment(over)
-        return bool(over[rows, cols].sum() == 0)
+        # Whether the pairs within values[k] hold a matching of every row (or column): a
+        # maximum matching on those pairs (Hopcroft-Karp), many times cheaper at thousands of
+        # pipelines than an assignment over the whole matrix, and the same answer.
+        matched = maximum_bipartite_matching(csr_matrix(cost <= values[k]), perm_type="column")
+        return int((matched >= 0).sum()) == min(cost.shape)
 
     # No matching beats the dearest of the rows' and columns' cheapest pairs; the answer is
     # usually close above it: gallop up from there, then bisect.

@@ -35,7 +35,9 @@ measures what that knowledge is worth.
 from __future__ import annotations
 
 import math
+import threading
 import time
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -47,7 +49,6 @@ from swarmd.peers.plan_cost import (
     bottleneck_matching,
     churn_s,
     compute_s,
-    device_tflops,
     embedding_memory_bytes,
     layer_memory_bytes,
     max_layers,
@@ -92,7 +93,10 @@ class PlanError(ScenarioError):
 
 
 def planning_view(scenario: Scenario, awareness: Awareness) -> Scenario:
-    """The scenario with what the planner must not know replaced by uniform values."""
+    """The scenario with what the planner must not know replaced by uniform values (a copy
+    with the same matrices and devices when the planner may know everything)."""
+    if awareness.network and awareness.devices and awareness.reliability:
+        return scenario.copy()
     lat, bw, devices = scenario.latency_s, scenario.bandwidth_Bps, scenario.devices
     if not awareness.network and scenario.n > 1:
         off = ~np.eye(scenario.n, dtype=bool)
@@ -110,23 +114,166 @@ def planning_view(scenario: Scenario, awareness: Awareness) -> Scenario:
 # -- the search state -----------------------------------------------------------------------------
 
 
+class PairCost:
+    """A kind of traffic's time on the edges i -> j, ``factor * (latency + nbytes / bandwidth)``,
+    computed for the pairs asked for (``pair[rows, cols]``, ``block``) with the very operations
+    the whole matrix would take, so the values are the same: the planner reads sub-blocks only,
+    and a whole n x n matrix is 800 MB at 10,000 devices (one per kind and shape)."""
+
+    def __init__(self, view: Scenario, nbytes: float, factor: float = 1.0) -> None:
+        self.latency, self.bandwidth = view.latency_s, view.bandwidth_Bps
+        self.nbytes, self.factor = nbytes, factor
+
+    def __getitem__(self, key: tuple[np.ndarray | int, ...]) -> np.ndarray:
+        t = self.latency[key] + self.nbytes / self.bandwidth[key]
+        return t if self.factor == 1.0 else self.factor * t
+
+    def block(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        return self[np.ix_(rows, cols)]
+
+    def symmetric(self, members: np.ndarray) -> np.ndarray:
+        """Both directions summed among ``members``: ``(pair + pair.T)[members][:, members]``."""
+        sub = self.block(members, members)
+        return sub + sub.T
+
+
+SHORTLIST = 24
+"""Spares costed exactly per cell, at most, on a large grid (``GridCost.shortlist``)."""
+SHORTLIST_CELLS = 1024
+"""Grids of fewer cells cost every spare: there a full cost is well under a millisecond."""
+SHORTLIST_SAMPLE = 32
+"""Members of a stage group a spare's exchange with the group is estimated from."""
+BLOCK_CACHE_MIN = 64
+"""Stage groups at least this large keep their data-parallel block between calls."""
+BLOCK_CACHE_ELEMENTS = 1 << 27
+"""At most this many cached block entries (1 GiB of float64) beside the one in use: enough
+for every stage group of a 10,000-device plan (two stages of 3,900 pipelines, three blocks
+each), whose blocks a search reads in turn; fewer and each read evicts the one needed next."""
+
+
+@dataclass
+class _Block:
+    members: np.ndarray
+    latency: np.ndarray
+    bandwidth: np.ndarray
+    dp: np.ndarray
+    nbytes: float
+    """The share ``dp`` was computed for (it changes with the number of pipelines)."""
+    factor: float
+
+
+class GroupBlocks:
+    """Latency, bandwidth and data-parallel blocks of large stage groups, kept per pair of
+    matrices. A swap changes a member or two of a group, a repair a few, an added or dropped
+    pipeline one: reading a fresh 2,000 x 2,000 block out of 10,000 x 10,000 matrices for each
+    costs tens of milliseconds; patching or re-indexing a kept one does not."""
+
+    MOVED = 4
+    """A kept block is patched when at most this many members differ."""
+    _per_thread = threading.local()
+    """The coordinator plans in worker threads: each keeps its own blocks."""
+
+    def __init__(self, latency: np.ndarray, bandwidth: np.ndarray) -> None:
+        # Weakly: the blocks must not keep a dropped scenario's matrices alive.
+        self._latency, self._bandwidth = weakref.ref(latency), weakref.ref(bandwidth)
+        self.kept: list[_Block] = []
+
+    @property
+    def latency(self) -> np.ndarray:
+        found = self._latency()
+        assert found is not None
+        return found
+
+    @property
+    def bandwidth(self) -> np.ndarray:
+        found = self._bandwidth()
+        assert found is not None
+        return found
+
+    @classmethod
+    def of(cls, view: Scenario) -> GroupBlocks:
+        """The blocks over ``view``'s matrices (the matrices themselves, not equal ones)."""
+        live = [b for b in getattr(cls._per_thread, "live", []) if b._latency() is not None]
+        for blocks in live:
+            if blocks._latency() is view.latency_s and blocks._bandwidth() is view.bandwidth_Bps:
+                return blocks
+        blocks = cls(view.latency_s, view.bandwidth_Bps)
+        cls._per_thread.live = [blocks, *live[:1]]  # a scenario and a planning view at most
+        return blocks
+
+    def dp(self, members: np.ndarray, pair: PairCost) -> np.ndarray:
+        block = self._find(members)
+        if block is None:
+            ix = np.ix_(members, members)
+            block = _Block(np.array(members), self.latency[ix], self.bandwidth[ix], pair[ix], pair.nbytes, pair.factor)
+        self.kept.insert(0, block)
+        total = 0
+        for k, b in enumerate(self.kept):
+            total += 3 * b.dp.size
+            if k > 0 and total > BLOCK_CACHE_ELEMENTS:
+                del self.kept[k:]
+                break
+        if block.nbytes != pair.nbytes or block.factor != pair.factor:
+            block.dp = pair.factor * (block.latency + pair.nbytes / block.bandwidth)
+            block.nbytes, block.factor = pair.nbytes, pair.factor
+        return block.dp
+
+    def _find(self, members: np.ndarray) -> _Block | None:
+        """A kept block brought to ``members`` (taken out of ``kept``), or None."""
+        n = len(members)
+        for k, b in enumerate(self.kept):
+            if len(b.members) == n:
+                moved = np.flatnonzero(b.members != members)
+                if len(moved) <= self.MOVED:
+                    self._patch(b, members, moved)
+                    return self.kept.pop(k)
+        for k, b in enumerate(self.kept):
+            if abs(len(b.members) - n) > self.MOVED:
+                continue
+            where = {int(d): i for i, d in enumerate(b.members)}
+            pos = np.array([where.get(int(d), -1) for d in members])
+            fresh = np.flatnonzero(pos < 0)
+            if len(fresh) > self.MOVED:
+                continue
+            ix = np.ix_(np.where(pos < 0, 0, pos), np.where(pos < 0, 0, pos))
+            b = _Block(np.array(members), b.latency[ix], b.bandwidth[ix], b.dp[ix], b.nbytes, b.factor)
+            self._patch(b, members, fresh)
+            del self.kept[k]
+            return b
+        return None
+
+    def _patch(self, b: _Block, members: np.ndarray, rows: np.ndarray) -> None:
+        """``members`` at positions ``rows`` are new: read their rows and columns afresh."""
+        if not len(rows):
+            return
+        b.members[rows] = members[rows]
+        for here, there in ((np.ix_(rows, np.arange(len(members))), np.ix_(members[rows], members)),
+                            (np.ix_(np.arange(len(members)), rows), np.ix_(members, members[rows]))):  # fmt: skip
+            lat, bw = self.latency[there], self.bandwidth[there]
+            b.latency[here], b.bandwidth[here] = lat, bw
+            b.dp[here] = b.factor * (lat + b.nbytes / bw)
+
+
 class GridCost:
     """The own model of ``swarmd.peers.plan_cost`` for one shape, with what a swap needs cached.
 
     ``cost(grid)`` is the predicted iteration time (plus a penalty for layers that do not fit);
-    its pieces are the same as ``predict``'s, computed over arrays prepared once per shape."""
+    its pieces are the same as ``predict``'s, computed over arrays prepared once per shape.
+    The pair costs are read per block (``PairCost``); a large stage group's data-parallel block
+    is kept and patched where a swap changed a member, since a swap changes one or two."""
 
     def __init__(self, view: Scenario, shape: Shape) -> None:
         self.view, self.shape = view, shape
         n_pipes = shape.data_parallel
-        self.act = view.transfer_s(view.activation_bytes(shape))
+        self.act = PairCost(view, view.activation_bytes(shape))
         share = view.grad_bytes(shape) / n_pipes
-        self.dp_pair = 2.0 * (view.latency_s + share / view.bandwidth_Bps) if n_pipes > 1 else None
-        self.device_tflops = device_tflops(view)
+        self.dp_pair = PairCost(view, share, 2.0) if n_pipes > 1 else None
+        arrays = view.device_arrays
+        self.device_tflops = arrays.tflops
         self.tflops = self.device_tflops * 1e12
-        self.rates = np.array([d.leave_rate_per_s for d in view.devices])
-        self.availability = np.array([d.availability for d in view.devices])
-        memory = np.array([d.memory_gib for d in view.devices])
+        self.rates = arrays.leave_rate_per_s
+        self.availability = arrays.availability
+        memory = arrays.memory_gib
         self.cap_inner = max_layers(view, memory, first=False, last=False)
         self.cap_edge = max_layers(view, memory, first=True, last=False)
         self.layer_flops = view.model.layer_flops_per_sequence() * view.micro_batch
@@ -138,7 +285,17 @@ class GridCost:
     def dp_stage(self, members: np.ndarray) -> float:
         if self.dp_pair is None:
             return 0.0
-        return float(self.dp_pair[np.ix_(members, members)].sum(axis=1).max())
+        return float(self.dp_block(members).sum(axis=1).max())
+
+    def dp_block(self, members: np.ndarray) -> np.ndarray:
+        """``dp_pair`` among ``members`` (not to be modified). Large groups' blocks are kept
+        (``GroupBlocks``, shared by every GridCost over the same matrices: a repair builds
+        new ones), a kept block that differs in a few members patched in their rows and
+        columns: the same values as a fresh block, at a fraction of the reads."""
+        assert self.dp_pair is not None
+        if len(members) < BLOCK_CACHE_MIN:
+            return self.dp_pair.block(members, members)
+        return GroupBlocks.of(self.view).dp(members, self.dp_pair)
 
     def layer_caps(self, grid: np.ndarray) -> np.ndarray:
         caps = self.cap_inner[grid].min(axis=0)
@@ -215,6 +372,31 @@ class GridCost:
         exchange[~eligible] = np.inf
         return int(members[int(np.argmin(exchange))])
 
+    def shortlist(self, grid: np.ndarray, cell: tuple[int, int], spare: list[int]) -> list[int]:
+        """The spares worth costing in ``cell``: all of them on a grid under ``SHORTLIST_CELLS``
+        or up to ``SHORTLIST`` spares; past that, the fastest half and the half closest to the
+        cell's traffic (the exchange with a sample of the stage's group, the links to its
+        pipeline neighbours), in ``spare``'s order. Costing a spare is a full ``cost``
+        (milliseconds at thousands of devices) and a large swarm has thousands of spares."""
+        if len(spare) <= SHORTLIST or grid.size < SHORTLIST_CELLS:
+            return spare
+        p, s = cell
+        pool = np.asarray(spare)
+        near = np.zeros(len(pool))
+        if self.dp_pair is not None:
+            group = np.delete(grid[:, s], p)
+            sample = group[group >= 0][:SHORTLIST_SAMPLE]  # (a repair's grid may still have holes)
+            if len(sample):
+                near += self.dp_pair.block(pool, sample).mean(axis=1) * (grid.shape[0] - 1)
+        if s > 0 and grid[p, s - 1] >= 0:
+            near += 2.0 * self.act[grid[p, s - 1], pool]
+        if s < grid.shape[1] - 1 and grid[p, s + 1] >= 0:
+            near += 2.0 * self.act[pool, grid[p, s + 1]]
+        half = SHORTLIST // 2
+        chosen = set(np.argsort(-self.tflops[pool], kind="stable")[:half].tolist())
+        chosen.update(np.argsort(near, kind="stable")[: SHORTLIST - len(chosen)].tolist())
+        return [spare[i] for i in sorted(chosen)]
+
     def total(self, grid: np.ndarray, dp: np.ndarray) -> float:
         layers, missing = self.split_layers(grid)
         base = self.compute(grid, layers) + dp.max() + 2.0 * float(self.edges(grid).max(axis=0).sum())
@@ -229,15 +411,16 @@ class GridCost:
 # -- construction ---------------------------------------------------------------------------------
 
 
-def balanced_clusters(dist: np.ndarray, candidates: np.ndarray, k: int, size: int) -> list[np.ndarray]:
+def balanced_clusters(d: np.ndarray, candidates: np.ndarray, k: int, size: int) -> list[np.ndarray]:
     """``k`` clusters of exactly ``size`` devices from ``candidates`` (at least ``k * size``),
-    close under ``dist`` (symmetric): seeds spread by farthest-point, then devices placed in
-    order of regret (how much worse their second-best cluster is), each cluster's distance the
-    mean to its members so far. Devices left over are the ones farthest from every cluster."""
+    close under ``d`` (symmetric, among the candidates, in their order): seeds spread by
+    farthest-point, then devices placed in order of regret (how much worse their second-best
+    cluster is), each cluster's distance the mean to its members so far. Devices left over are
+    the ones farthest from every cluster."""
     cand = np.asarray(candidates)
-    d = dist[np.ix_(cand, cand)]
     # The first seed: the device with the tightest neighbourhood of ``size``.
-    tight = np.sort(d, axis=1)[:, :size].sum(axis=1)
+    # (The ``size`` smallest per row, in order: the same sums as sorting whole rows, at a fraction.)
+    tight = np.sort(np.partition(d, size - 1, axis=1)[:, :size], axis=1).sum(axis=1)
     seeds = [int(np.argmin(tight))]
     nearest = d[seeds[0]].copy()
     for _ in range(1, k):
@@ -289,7 +472,7 @@ def path_order(cost: np.ndarray) -> list[int]:
     return list(best_stage_order(cost)[0])
 
 
-def rematch(grid: np.ndarray, act: np.ndarray) -> np.ndarray:
+def rematch(grid: np.ndarray, act: PairCost) -> np.ndarray:
     """Re-pair the pipelines at every boundary by bottleneck matching of the activation links,
     stage by stage from the first (permuting the rows of the later stages together keeps the
     boundaries already matched)."""
@@ -303,13 +486,13 @@ def rematch(grid: np.ndarray, act: np.ndarray) -> np.ndarray:
 def groups_first(cost: GridCost, candidates: np.ndarray) -> np.ndarray:
     """Stage groups close for the data-parallel exchange, ordered along the coarsened graph."""
     shape = cost.shape
-    dist = cost.act + cost.act.T if cost.dp_pair is None else cost.dp_pair + cost.dp_pair.T
-    groups = balanced_clusters(dist, candidates, shape.stages, shape.data_parallel)
+    pair = cost.act if cost.dp_pair is None else cost.dp_pair
+    groups = balanced_clusters(pair.symmetric(candidates), candidates, shape.stages, shape.data_parallel)
     between = np.zeros((shape.stages, shape.stages))
     for a in range(shape.stages):
         for b in range(shape.stages):
             if a != b:
-                between[a, b] = bottleneck_matching(cost.act[np.ix_(groups[a], groups[b])])[1]
+                between[a, b] = bottleneck_matching(cost.act.block(groups[a], groups[b]))[1]
     order = path_order(between)
     grid = np.stack([groups[g] for g in order], axis=1)
     return rematch(grid, cost.act)
@@ -319,11 +502,11 @@ def pipelines_first(cost: GridCost, candidates: np.ndarray) -> np.ndarray:
     """Pipelines of devices close for the activations, each ordered along its cheapest path and
     then (device awareness) aligned so that like devices share a stage."""
     shape = cost.shape
-    pipes = balanced_clusters(cost.act + cost.act.T, candidates, shape.data_parallel, shape.stages)
+    pipes = balanced_clusters(cost.act.symmetric(candidates), candidates, shape.data_parallel, shape.stages)
     rows = []
     for members in pipes:
         if shape.stages > 1:
-            order = path_order(cost.act[np.ix_(members, members)])
+            order = path_order(cost.act.block(members, members))
             rows.append(members[order])
         else:
             rows.append(members)
@@ -381,6 +564,9 @@ class Search:
         here = int(self.grid[p, s])
         best, best_move = self.value - 1e-9 * max(1.0, self.value), None
         for q in range(n_pipes):
+            # (A row of swaps costs milliseconds at thousands of devices: the deadline holds.)
+            if q and time.perf_counter() >= self.deadline:
+                break
             for t in range(n_stages):
                 if t == s or (within is not None and (q, t) not in within):
                     continue
@@ -388,7 +574,7 @@ class Search:
                 v = self._try([(p, s), (q, t)], [other, here])
                 if v < best:
                     best, best_move = v, ([(p, s), (q, t)], [other, here])
-        for d in self.spare:
+        for d in self.c.shortlist(self.grid, (p, s), self.spare):
             v = self._try([(p, s)], [d])
             if v < best:
                 best, best_move = v, ([(p, s)], [d])
@@ -405,7 +591,7 @@ class Search:
         s = int(np.argmax(self.dp))
         if self.c.dp_pair is not None:
             members = g[:, s]
-            p = int(np.argmax(self.c.dp_pair[np.ix_(members, members)].sum(axis=1)))
+            p = int(np.argmax(self.c.dp_block(members).sum(axis=1)))
             cells.append((p, s))
         if g.shape[1] > 1:
             edges = self.c.edges(g)
@@ -477,14 +663,13 @@ def pipeline_counts(stages: int, usable: int) -> list[Shape]:
     return [Shape(stages, n) for n in sorted({most, max(1, most * 3 // 4), max(1, most // 2)}, reverse=True)]
 
 
-def usable_devices(view: Scenario, settings: PlannerSettings) -> np.ndarray:
+def usable_devices(view: Scenario, settings: PlannerSettings, among: np.ndarray | None = None) -> np.ndarray:
     """Devices worth planning on, best first (speed times availability, as far as the planner
     may know them): those up too rarely to matter are left out when reliability is known
     (they cost more in churn than they bring)."""
-    avail = np.array([d.availability for d in view.devices])
-    speed = np.array([d.tflops for d in view.devices])
-    keep = np.arange(view.n)
-    if settings.awareness.reliability and (avail >= 0.5).any():
+    avail, speed = view.device_arrays.availability, view.device_arrays.tflops
+    keep = np.arange(view.n) if among is None else np.asarray(among, dtype=int)
+    if settings.awareness.reliability and (avail[keep] >= 0.5).any():
         keep = keep[avail[keep] >= 0.5]
     return keep[np.argsort(-(speed * avail)[keep], kind="stable")]
 
@@ -498,10 +683,12 @@ def candidate_pools(cost: GridCost, usable: np.ndarray, shape: Shape, pools: int
     if need >= len(usable):
         return [usable]
     out = [usable[:need]]
-    dist = cost.act + cost.act.T
+    sub = cost.act.symmetric(usable)
     if cost.dp_pair is not None:
-        dist = dist + cost.dp_pair + cost.dp_pair.T
-    sub = dist[np.ix_(usable, usable)]
+        dp = cost.dp_pair.block(usable, usable)
+        sub += dp
+        sub += dp.T
+        del dp
     nearest = np.argsort(sub, axis=1)[:, :need]  # each row starts with the device itself
     tightness = np.take_along_axis(sub, nearest, axis=1).sum(axis=1)
     taken: set[int] = set()
@@ -636,7 +823,7 @@ def reorder_stages(cost: GridCost, grid: np.ndarray) -> np.ndarray:
     for a in range(n_stages):
         for b in range(n_stages):
             if a != b:
-                between[a, b] = bottleneck_matching(cost.act[np.ix_(grid[:, a], grid[:, b])])[1]
+                between[a, b] = bottleneck_matching(cost.act.block(grid[:, a], grid[:, b]))[1]
     order = path_order(between)
     return rematch(grid[:, order], cost.act)
 
@@ -715,21 +902,31 @@ def repair(
     settings: PlannerSettings | None = None,
     *,
     time_budget_s: float = 0.05,
+    live: Sequence[int] | None = None,
 ) -> Repair:
     """Mend ``previous`` (whose device indices refer to ``previous_ids``) for the devices of
     ``scenario`` now: a departed device's cell is filled from the spares (the one that costs
     least there) or, with none to spare, its pipeline is dropped and its devices become
     spares; new devices are spares, a hole is filled first, and enough of them form a new
     pipeline. Then a short local search among the touched cells and the spares only. The layer
-    split is kept unless a stage no longer fits or the shape changed (then recomputed)."""
+    split is kept unless a stage no longer fits or the shape changed (then recomputed).
+
+    ``live``: the devices of ``scenario`` that take part, ascending (all when None); the plans'
+    indices are then the whole scenario's. The simulator mends this way: a scenario restricted
+    to the live devices is a copy of both n x n matrices per change (1.6 GB at 10,000)."""
     settings = settings or PlannerSettings()
     started = time.perf_counter()
     view = planning_view(scenario, settings.awareness)
-    index = scenario.index()
+    if live is None:
+        index = scenario.index()
+    else:
+        ids = scenario.ids
+        index = {ids[i]: int(i) for i in live}
     old_grid = np.array([[index.get(previous_ids[d], -1) for d in row] for row in previous.pipelines], dtype=int)
     n_pipes, n_stages = old_grid.shape
     in_plan = set(old_grid[old_grid >= 0].tolist())
-    spare = [i for i in usable_devices(view, settings).tolist() if i not in in_plan]
+    spare = [i for i in usable_devices(view, settings, None if live is None else np.asarray(live)).tolist()
+             if i not in in_plan]  # fmt: skip
     holes = [(int(p), int(s)) for p, s in zip(*np.nonzero(old_grid < 0), strict=True)]
     grid = old_grid.copy()
     changed: list[tuple[int, int]] = []
@@ -758,15 +955,14 @@ def repair(
         grid[p, s] = _best_fill(cost, grid, (p, s), spare, holes)
         spare.remove(int(grid[p, s]))
         changed.append((p, s))
-    if not fixed:
-        while len(spare) >= n_stages:
-            new_row = _new_pipeline(cost, grid, spare)
+    if not fixed and len(spare) >= n_stages:
+        for new_row in _new_pipelines(view, grid, spare):
             grid = np.vstack([grid, new_row])
-            for d in new_row:
-                spare.remove(int(d))
             changed += [(grid.shape[0] - 1, s) for s in range(n_stages)]
             added += 1
-            cost = GridCost(view, Shape(n_stages, grid.shape[0]))
+        taken = set(grid.ravel().tolist())
+        spare = [d for d in spare if d not in taken]
+        cost = GridCost(view, Shape(n_stages, grid.shape[0]))
     # A short search on what changed only: a touched cell may take a better spare or trade
     # places with another touched cell; the rest of the plan stays as it was.
     search = Search(cost, grid, spare, started + time_budget_s, settings.seed)
@@ -790,8 +986,11 @@ def repair(
         parameter_servers=tuple(int(x) for x in servers),
         relays=tuple(r for r in (index.get(previous_ids[d], -1) for d in previous.relays) if r >= 0),
     )
+    # On the planner's own view of the network its cached blocks give the data-parallel costs.
+    seen = view.latency_s is scenario.latency_s and view.bandwidth_Bps is scenario.bandwidth_Bps
+    dp = np.array([cost.dp_stage(grid[:, s]) for s in range(n_stages)]) if seen and grid.shape[0] > 1 else None
     runtime = time.perf_counter() - started
-    result = replace(result, meta={"runtime_s": runtime, "prediction": predict(scenario, result)})
+    result = replace(result, meta={"runtime_s": runtime, "prediction": predict(scenario, result, dp)})
     return Repair(result, tuple(dict.fromkeys(changed)), dropped, added)
 
 
@@ -802,30 +1001,53 @@ def _best_fill(
     the grid can be costed)."""
     p, s = cell
     best, best_value = spare[0], math.inf
-    for d in spare:
+    # The stages with no hole keep their data-parallel cost whatever fills the holes.
+    touched = sorted({s, *(t for _, t in holes)})
+    dp = np.array([0.0 if t in touched else cost.dp_stage(grid[:, t]) for t in range(grid.shape[1])])
+    for d in cost.shortlist(grid, cell, spare):
         trial = grid.copy()
         trial[p, s] = d
         for q, t in holes:
             trial[q, t] = d  # provisional: only this cell's choice is being compared
-        value = cost.cost(trial)
+        for t in touched:
+            dp[t] = cost.dp_stage(trial[:, t])
+        value = cost.total(trial, dp)
         if value < best_value:
             best, best_value = d, value
     return best
 
 
-def _new_pipeline(cost: GridCost, grid: np.ndarray, spare: list[int]) -> np.ndarray:
-    """A pipeline from spares: for each stage, the spare most like the stage's members (fastest
-    link to them), in order."""
-    left = list(spare)
-    row = []
-    for s in range(grid.shape[1]):
-        members = grid[:, s]
-        closeness = (
-            cost.dp_pair[np.ix_(np.asarray(left), members)].sum(axis=1)
-            if cost.dp_pair is not None
-            else np.zeros(len(left))
-        )
-        pick = left[int(np.argmin(closeness))]
-        row.append(pick)
-        left.remove(pick)
-    return np.array(row, dtype=int)
+def _new_pipelines(view: Scenario, grid: np.ndarray, spare: list[int]) -> list[np.ndarray]:
+    """Pipelines from spares while there are enough: for each stage, the spare most like the
+    stage's members (the cheapest data-parallel exchange with them, at the shape with the new
+    pipeline's predecessors added), in order.
+
+    Each spare's summed latency and inverse bandwidth to each stage group is kept and grows by
+    the member each new pipeline adds, instead of re-reading spares x members pairs per
+    pipeline: a repair at thousands of devices may add hundreds of pipelines."""
+    n_pipes, n_stages = grid.shape
+    left = np.asarray(spare, dtype=int)
+    free = np.ones(len(left), dtype=bool)
+    lat, bw = view.latency_s, view.bandwidth_Bps
+    lat_sum = [lat[np.ix_(left, grid[:, s])].sum(axis=1) for s in range(n_stages)]
+    inv_sum = [(1.0 / bw[np.ix_(left, grid[:, s])]).sum(axis=1) for s in range(n_stages)]
+    rows: list[np.ndarray] = []
+    while free.sum() >= n_stages:
+        pipes = n_pipes + len(rows)
+        share = view.grad_bytes(Shape(n_stages, pipes)) / pipes
+        picks = []
+        for s in range(n_stages):
+            if pipes > 1:
+                closeness = 2.0 * (lat_sum[s] + share * inv_sum[s])
+                closeness[~free] = np.inf
+                k = int(np.argmin(closeness))
+            else:  # one pipeline: no exchange yet, the first spare in order
+                k = int(np.argmax(free))
+            picks.append(k)
+            free[k] = False
+        row = left[picks]
+        for s, d in enumerate(row):
+            lat_sum[s] += lat[left, d]
+            inv_sum[s] += 1.0 / bw[left, d]
+        rows.append(row)
+    return rows

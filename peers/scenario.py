@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,14 @@ class Shape:
 
 
 @dataclass(frozen=True)
+class DeviceArrays:
+    tflops: np.ndarray
+    memory_gib: np.ndarray
+    availability: np.ndarray
+    leave_rate_per_s: np.ndarray
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
     devices: tuple[Device, ...]
@@ -116,6 +125,24 @@ class Scenario:
     @property
     def ids(self) -> list[str]:
         return [d.id for d in self.devices]
+
+    @cached_property
+    def device_arrays(self) -> DeviceArrays:
+        """The devices' figures as arrays, built once per scenario: the planner and its repair
+        read them on every call, and at 10,000 devices the Python loop is not free."""
+        return DeviceArrays(
+            tflops=np.array([d.tflops for d in self.devices], dtype=float),
+            memory_gib=np.array([d.memory_gib for d in self.devices]),
+            availability=np.array([d.availability for d in self.devices]),
+            leave_rate_per_s=np.array([d.leave_rate_per_s for d in self.devices]),
+        )
+
+    def copy(self) -> Scenario:
+        """A shallow copy (the same matrices) that shares the device arrays already built."""
+        out = replace(self)
+        if "device_arrays" in self.__dict__:
+            out.__dict__["device_arrays"] = self.device_arrays  # (cached_property's slot)
+        return out
 
     def index(self) -> dict[str, int]:
         return {d.id: i for i, d in enumerate(self.devices)}
@@ -199,6 +226,8 @@ def _integer(raw: dict[str, Any], key: str, path: str, *, required: bool = True)
 
 
 def _matrix(raw: Any, key: str, n: int, *, positive: bool) -> np.ndarray:
+    if isinstance(raw, np.ndarray):
+        return _array_matrix(raw, key, n, positive=positive)
     if not isinstance(raw, list) or len(raw) != n:
         size = len(raw) if isinstance(raw, list) else type(raw).__name__
         raise _err(key, size, f"must be a list of {n} rows, one per device")
@@ -217,6 +246,31 @@ def _matrix(raw: Any, key: str, n: int, *, positive: bool) -> np.ndarray:
             if value < 0:
                 raise _err(f"{key}[{i}][{j}]", value, "must be >= 0 (seconds)")
             out[i, j] = value
+    return out
+
+
+def _array_matrix(raw: np.ndarray, key: str, n: int, *, positive: bool) -> np.ndarray:
+    """The rules of ``_matrix`` checked over a whole array at once, for scenarios built in
+    memory (``swarmd.peers.scenario_gen``): at 10,000 devices a matrix as lists is 100 million
+    Python floats, minutes to check one by one and gigabytes to hold. A float64 array is
+    adopted as it is, not copied (its diagonal is overwritten), for the same reason."""
+    if raw.shape != (n, n):
+        raise _err(key, list(raw.shape), f"must be a list of {n} rows of {n} numbers, one per device")
+    if raw.dtype.kind not in "fiu":
+        raise _err(key, str(raw.dtype), "must hold numbers")
+    out = raw if raw.dtype == np.float64 else raw.astype(float)
+    np.fill_diagonal(out, 0.0)  # the diagonal is ignored
+    bad = ~np.isfinite(out)
+    bad |= out <= 0 if positive else out < 0
+    np.fill_diagonal(bad, False)
+    if bad.any():
+        i, j = (int(x) for x in divmod(int(np.argmax(bad)), n))
+        value = float(out[i, j])
+        if not math.isfinite(value):
+            raise _err(f"{key}[{i}][{j}]", value, "must be a finite number")
+        if positive:
+            raise _err(f"{key}[{i}][{j}]", value, "must be > 0 (bytes per second between two devices)")
+        raise _err(f"{key}[{i}][{j}]", value, "must be >= 0 (seconds)")
     return out
 
 

@@ -32,14 +32,40 @@ def synthetic_scenario_dict(
     inter_Bps: tuple[float, float] = (1.0e6, 1.0e7),
 ) -> dict[str, Any]:
     """A scenario object in the file format (``scenarios/FORMAT.md``)."""
+    out = _synthetic(n, regions, seed, model, batch, parallelism, churn, intra_Bps, inter_Bps)
+    out["latency_s"] = out["latency_s"].tolist()
+    out["bandwidth_Bps"] = out["bandwidth_Bps"].tolist()
+    return out
+
+
+def synthetic_scenario(n: int, **kwargs: Any) -> Scenario:
+    """The scenario of ``synthetic_scenario_dict``, its matrices kept as arrays: the same
+    values, without 2 n^2 Python floats (gigabytes and minutes at 10,000 devices)."""
+    return parse_scenario(_synthetic(n, **kwargs))
+
+
+def _synthetic(
+    n: int,
+    regions: int = 3,
+    seed: int = 0,
+    model: dict[str, Any] | None = None,
+    batch: dict[str, int] | None = None,
+    parallelism: dict[str, int] | None = None,
+    churn: bool = False,
+    intra_Bps: tuple[float, float] = (1.0e7, 1.25e8),
+    inter_Bps: tuple[float, float] = (1.0e6, 1.0e7),
+) -> dict[str, Any]:
+    """The scenario object with its matrices as float64 arrays."""
     rng = np.random.default_rng(seed)
     region = rng.integers(0, regions, size=n) if regions > 1 else np.zeros(n, dtype=int)
     kinds = rng.choice(len(GPUS), size=n, p=_kind_weights())
     same = region[:, None] == region[None, :]
-    latency = np.where(same, rng.uniform(0.0003, 0.01, (n, n)), rng.uniform(0.03, 0.1, (n, n)))
-    bandwidth = np.where(same, rng.uniform(*intra_Bps, (n, n)), rng.uniform(*inter_Bps, (n, n)))
+    latency = _mix(rng, same, (0.0003, 0.01), (0.03, 0.1))
+    bandwidth = _mix(rng, same, intra_Bps, inter_Bps)
     np.fill_diagonal(latency, 0.0)
     np.fill_diagonal(bandwidth, 0.0)
+    np.round(latency, 6, out=latency)
+    np.round(bandwidth, 0, out=bandwidth)
     devices = []
     for i in range(n):
         tflops, memory = GPUS[kinds[i]]
@@ -56,8 +82,8 @@ def synthetic_scenario_dict(
     out: dict[str, Any] = {
         "name": f"synthetic-{n}-r{regions}-s{seed}",
         "devices": devices,
-        "latency_s": np.round(latency, 6).tolist(),
-        "bandwidth_Bps": np.round(bandwidth, 0).tolist(),
+        "latency_s": latency,
+        "bandwidth_Bps": bandwidth,
         "model": dict(model or SMALL_MODEL),
         "batch": dict(batch or {"sequences": 256, "micro_batch": 1}),
     }
@@ -66,8 +92,24 @@ def synthetic_scenario_dict(
     return out
 
 
-def synthetic_scenario(n: int, **kwargs: Any) -> Scenario:
-    return parse_scenario(synthetic_scenario_dict(n, **kwargs))
+ROWS_PER_DRAW = 256
+"""Rows of the second matrix drawn at a time (the generator's stream is the same as one draw
+of the whole matrix), so that a 10,000-device scenario never holds more than one full
+matrix of draws beside the result."""
+
+
+def _mix(
+    rng: np.random.Generator, same: np.ndarray, inside: tuple[float, float], between: tuple[float, float]
+) -> np.ndarray:
+    """``np.where(same, uniform(*inside), uniform(*between))`` over an n x n matrix, drawn in
+    the same order as those two whole draws (so the values are the same), in place."""
+    n = len(same)
+    out = rng.uniform(*inside, (n, n))
+    for lo in range(0, n, ROWS_PER_DRAW):
+        rows = slice(lo, min(n, lo + ROWS_PER_DRAW))
+        other = rng.uniform(*between, (rows.stop - lo, n))
+        np.copyto(out[rows], other, where=~same[rows])
+    return out
 
 
 def _kind_weights() -> np.ndarray:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
 from swarmd.peers.baselines import dtfm_evolutionary, petals_greedy, swarm_wiring
 from swarmd.peers.plan_cost import Plan
 from swarmd.peers.planner import Awareness, PlannerSettings, plan, repair
@@ -46,7 +48,14 @@ def _swarmd(name: str, stages: int, time_budget_s: float, seed: int) -> Strategy
     def mend(view: Scenario, previous: Plan, previous_ids: list[str]) -> Plan:
         return repair(view, previous, previous_ids, settings).plan
 
-    return Strategy(name, full, mend)
+    if settings.awareness != Awareness():
+        # Blind to the network, the planner's view is the live devices' mean: mend on them.
+        return Strategy(name, full, mend)
+
+    def mend_live(scenario: Scenario, live: np.ndarray, previous: Plan) -> Plan:
+        return repair(scenario, previous, scenario.ids, settings, live=live).plan
+
+    return Strategy(name, full, mend, mend_live)
 
 
 def _baseline(name: str, build: Callable[[Scenario, Shape], Plan], shape: Shape) -> Strategy:

@@ -98,6 +98,10 @@ class Strategy:
     mend: Callable[[Scenario, Plan, list[str]], Plan] | None = None
     """Mend the previous plan (indices into the listed IDs) for the live devices; None: a full
     plan from scratch on every change."""
+    mend_live: Callable[[Scenario, np.ndarray, Plan], Plan] | None = None
+    """Instead of ``mend``: mend the previous plan given the whole scenario and the live
+    devices' indices, plans in the whole scenario's indices. Spares the scenario restricted to
+    the live devices, a copy of both n x n matrices per change (1.6 GB at 10,000 devices)."""
 
 
 @dataclass
@@ -275,10 +279,14 @@ class Simulation:
 
     def _plan_now(self, now: float, initial: bool = False) -> None:
         live = self._live()
-        view = self.sc.with_devices(live)
+        in_scenario = not initial and self.plan is not None and self.strategy.mend_live is not None
+        view = self.sc if in_scenario else self.sc.with_devices(live)
         started = time.perf_counter()
         try:
-            if initial or self.plan is None:
+            if in_scenario:
+                assert self.strategy.mend_live is not None
+                result, kind = self.strategy.mend_live(self.sc, np.asarray(live), self.global_plan), "repair"
+            elif initial or self.plan is None:
                 result, kind = self.strategy.full_plan(view), "full"
             elif self.strategy.mend is not None:
                 result, kind = self.strategy.mend(view, self.plan, self.live_ids), "repair"
@@ -292,12 +300,14 @@ class Simulation:
                                               len(live), 0))  # fmt: skip
             return
         runtime = time.perf_counter() - started
-        pipelines = tuple(tuple(live[d] for d in row) for row in result.pipelines)
+        # The result's indices: the scenario's (a mend in it) or the live devices' (a view).
+        to_global = range(self.sc.n) if in_scenario else live
+        pipelines = tuple(tuple(to_global[d] for d in row) for row in result.pipelines)
         global_plan = Plan(
             pipelines=pipelines,
             layers_per_stage=result.layers_per_stage,
-            parameter_servers=tuple(live[d] for d in result.parameter_servers),
-            relays=tuple(live[d] for d in result.relays),
+            parameter_servers=tuple(to_global[d] for d in result.parameter_servers),
+            relays=tuple(to_global[d] for d in result.relays),
         )
         self.plan_events.append(PlanEvent(now, kind, runtime, len(live), len(pipelines)))
         if initial:

@@ -232,3 +232,19 @@ def test_repair_at_64_devices_is_quick() -> None:
     elapsed = time.perf_counter() - started
     check_valid(now, fixed.plan, Shape(4, 15))
     print(f"repair at 64 devices: {elapsed * 1000:.1f} ms")  # figures belong to the benchmark; no assert on speed
+
+
+def test_a_repair_among_the_live_devices_of_the_whole_scenario_is_the_repair_of_their_scenario() -> None:
+    # The simulator mends this way at scale (no n x n copy per change): the same plan, in the
+    # whole scenario's indices, including pipelines added from spares.
+    sc = synthetic_scenario(160, regions=3, seed=5, churn=True)
+    before = plan(sc, PlannerSettings(time_budget_s=0.0, stages=2))
+    live = np.array([i for i in range(sc.n) if i not in (before.pipelines[0][0], before.pipelines[3][1], 7)])
+    settings = PlannerSettings(seed=4)
+    alone = repair(sc.with_devices(live.tolist()), before, sc.ids, settings, time_budget_s=30.0)
+    within = repair(sc, before, sc.ids, settings, time_budget_s=30.0, live=live)
+    assert alone.added_pipelines > 0
+    assert within.plan.pipelines == tuple(tuple(int(live[d]) for d in row) for row in alone.plan.pipelines)
+    assert within.plan.parameter_servers == tuple(int(live[d]) for d in alone.plan.parameter_servers)
+    assert within.plan.layers_per_stage == alone.plan.layers_per_stage and within.changed == alone.changed
+    assert within.plan.meta["prediction"] == alone.plan.meta["prediction"]

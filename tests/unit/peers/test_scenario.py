@@ -115,3 +115,23 @@ def test_restricting_to_devices_keeps_rows_and_columns_together() -> None:
     assert sub.ids == [sc.ids[3], sc.ids[1]]
     assert sub.latency_s[0, 1] == sc.latency_s[3, 1] and sub.bandwidth_Bps[1, 0] == sc.bandwidth_Bps[1, 3]
     assert np.isinf(np.diag(sub.bandwidth_Bps)).all()
+
+
+def test_matrices_given_as_arrays_are_checked_by_the_same_rules() -> None:
+    lists = example()
+    arrays = copy.deepcopy(lists)
+    arrays["latency_s"] = np.array(lists["latency_s"])
+    arrays["bandwidth_Bps"] = np.array(lists["bandwidth_Bps"])
+    a, b = parse_scenario(arrays), parse_scenario(lists)
+    assert np.array_equal(a.latency_s, b.latency_s) and np.array_equal(a.bandwidth_Bps, b.bandwidth_Bps)
+    for key, value, rule in (
+        ("latency_s", -1.0, ">= 0"),
+        ("bandwidth_Bps", 0.0, "> 0"),
+        ("latency_s", np.nan, "finite"),
+    ):
+        bad = copy.deepcopy(arrays)
+        bad[key][2, 1] = value
+        with pytest.raises(ScenarioError, match=rf"{key}\[2\]\[1\].*{rule}"):
+            parse_scenario(bad)
+    arrays["latency_s"][1, 1] = np.nan  # the diagonal is ignored here too
+    parse_scenario(arrays)
