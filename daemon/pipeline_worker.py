@@ -35,7 +35,7 @@ from swarmd.models.build import ModelShape, build_model
 from swarmd.models.corpus import Dataset
 from swarmd.models.stage_worker import StageWorker
 from swarmd.models.stages import StageModule, split_layers, stage_input_spec, stage_output_spec
-from swarmd.op_times import OpTimes
+from swarmd.peers.op_times import OpTimes
 from swarmd.peers.stage_rpc import Answer
 from swarmd.peers.tensor_wire import TensorSpec, decode_tensor, encode_tensor
 from swarmd.stage_host import deserialize_tensors, serialize_tensors

@@ -42,7 +42,7 @@ from swarmd.models.build import ModelShape
 from swarmd.models.corpus import Dataset
 from swarmd.models.param_server import ServerConfig, StageParameterServer, stage_checkpoint_name
 from swarmd.models.stages import StageModule, split_layers, stage_input_spec, stage_output_spec
-from swarmd.op_times import OpTimes
+from swarmd.peers.op_times import OpTimes
 from swarmd.peers.stage_rpc import Answer
 from swarmd.peers.task_queue import Task, TaskKind, TaskQueue, TaskQueueConfig, TaskQueueError
 from swarmd.peers.tensor_wire import TensorSpec, WireError, decode_tensor, encode_tensor

@@ -28,8 +28,8 @@ from typing import Any, Protocol
 from swarmd.errors import SwarmdError
 from swarmd.models.corpus import Dataset, load_corpus, train_eval_split
 from swarmd.models.param_server import checkpoint_log_seq, stage_checkpoint_name
-from swarmd.op_times import OpTimes
 from swarmd.peers.identity import Identity
+from swarmd.peers.op_times import OpTimes
 from swarmd.peers.run_spec import SignedRunSpec, run_seed
 from swarmd.peers.stage_assignment import Trainer as TrainingPeer
 from swarmd.peers.stage_assignment import decide, epoch_of
