@@ -19,20 +19,10 @@ GPUS = ((15.0, 12), (20.0, 16), (35.0, 16), (65.0, 24), (80.0, 32), (120.0, 32),
 SMALL_MODEL = {"layers": 12, "hidden": 1024, "seq_len": 2048, "vocab": 50257, "params": 2.0e8, "dtype_bytes": 2}
 
 
-def synthetic_scenario_dict(
-    n: int,
-    *,
-    regions: int = 3,
-    seed: int = 0,
-    model: dict[str, Any] | None = None,
-    batch: dict[str, int] | None = None,
-    parallelism: dict[str, int] | None = None,
-    churn: bool = False,
-    intra_Bps: tuple[float, float] = (1.0e7, 1.25e8),
-    inter_Bps: tuple[float, float] = (1.0e6, 1.0e7),
-) -> dict[str, Any]:
-    """A scenario object in the file format (``scenarios/FORMAT.md``)."""
-    out = _synthetic(n, regions, seed, model, batch, parallelism, churn, intra_Bps, inter_Bps)
+def synthetic_scenario_dict(n: int, **kwargs: Any) -> dict[str, Any]:
+    """A scenario object in the file format (``scenarios/FORMAT.md``); the keywords are
+    ``_synthetic``'s."""
+    out = _synthetic(n, **kwargs)
     out["latency_s"] = out["latency_s"].tolist()
     out["bandwidth_Bps"] = out["bandwidth_Bps"].tolist()
     return out
@@ -46,6 +36,7 @@ def synthetic_scenario(n: int, **kwargs: Any) -> Scenario:
 
 def _synthetic(
     n: int,
+    *,
     regions: int = 3,
     seed: int = 0,
     model: dict[str, Any] | None = None,
