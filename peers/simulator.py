@@ -18,11 +18,11 @@ What is simulated, and with which code:
   the stage's standby before it is applied and answered.
 - **Compute** per micro-batch from the stage's layers and the device's TFLOPS (a forward one
   third of ``layer_flops_per_sequence``, a backward the rest plus the recomputed forward).
-- **Transfers**: latency plus bytes over bandwidth. Concurrent transfers queue (first come,
-  first served) on the directed link and on both ends' network interfaces: a device sends
-  at most at its fastest link's rate in all (its uplink) and receives likewise (its
-  downlink), so a host serving many workers is limited by its own connection, as a
-  volunteer's access link is, not only by each path.
+- **Transfers**: latency plus bytes over bandwidth, with links shared by concurrent flows
+  (``swarmd.peers.shared_links``): each flow crosses its path and both ends' network
+  interfaces (a device sends at most at its fastest link's rate in all, its uplink, and
+  receives likewise, its downlink), and concurrent flows get max-min fair shares of them,
+  re-divided as flows start and end, as TCP flows share a volunteer's access link.
 - **Workers** claim from their planned stage first and, when it has nothing ready, from any
   other stage with work (the daemon's ``PipelineWorker`` does the same); they keep the last
   ``keep_versions`` weights versions of each stage they worked on and pull only what they
@@ -49,7 +49,7 @@ import itertools
 import logging
 import math
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -59,6 +59,7 @@ from swarmd.peers.churn import ChurnEvent, churn_schedule
 from swarmd.peers.op_times import OpTimes
 from swarmd.peers.plan_cost import Plan, stage_flops_per_sequence
 from swarmd.peers.scenario import Scenario, ScenarioError, Shape
+from swarmd.peers.shared_links import SharedLinks
 from swarmd.peers.task_queue import Lease, QueueFull, Task, TaskKind, TaskQueue, TaskQueueConfig, TaskQueueError
 
 QUEUE_CAPACITY_BYTES = 1 << 62
@@ -157,13 +158,17 @@ class _Stage:
     replicas: dict[int, int] = field(default_factory=dict)
     """Device -> the version its copy of the stage holds (the standby's follows while ready)."""
     waiting: list[int] = field(default_factory=list)
-    server_free: float = 0.0
-    """When the server is done with the push it is applying: pushes are logged and applied one
-    at a time, in order (the daemon's ``server_lock``)."""
+    pushes: deque[tuple] = field(default_factory=deque)
+    """Pushes that reached the server and wait for it: they are logged and applied one at a
+    time, in order (the daemon's ``server_lock``)."""
+    serving: bool = False
+    serial: int = 0
+    """Bumped when the stage's queues are rebuilt: the server's events from before lapse."""
 
 
 # event kinds
-_CHURN, _NOTICE, _COMPUTED, _DELIVER, _PUT_BACK, _FINISH, _LOGGED, _FREE, _STANDBY_READY, _PLAN_READY = range(10)
+(_CHURN, _NOTICE, _CLAIMED, _COMPUTED, _FORWARD_PUT, _BACKWARD_PUT, _PUT_ANSWERED, _FINISH, _LOGGED, _FREE,
+ _STANDBY_READY, _PLAN_READY, _FLOW) = range(13)  # fmt: skip
 
 
 class Simulation:
@@ -183,6 +188,7 @@ class Simulation:
             up0, churn = np.ones(scenario.n, dtype=bool), []
         self.up = up0.copy()
         self.member = up0.copy()  # what the membership knows (noticed departures and returns)
+        self.member_since = np.zeros(scenario.n)  # when each member was last noticed joining
         self.epoch = np.zeros(scenario.n, dtype=np.int64)  # bumped at a departure: its events lapse
         self.tflops = np.array([d.tflops for d in scenario.devices]) * 1e12
         self.availability = np.array([d.availability for d in scenario.devices])
@@ -190,12 +196,11 @@ class Simulation:
         self._seq = itertools.count()
         for ev in churn:
             self._at(ev.at_s, _CHURN, (ev.device, ev.up))
-        self.link_free: dict[tuple[int, int], float] = {}
         self.uplink_rate, self.downlink_rate = interface_rates(scenario.bandwidth_Bps)
-        self.uplink_free = np.zeros(scenario.n)
+        self.links = SharedLinks(scenario.bandwidth_Bps, self.uplink_rate, self.downlink_rate,
+                                 lambda t, fid, serial: self._at(t, _FLOW, (fid, serial)))  # fmt: skip
         self.sent = np.zeros(scenario.n)  # bytes each device sent and received, for comparisons
         self.received = np.zeros(scenario.n)
-        self.downlink_free = np.zeros(scenario.n)
         self.timeline = [0] * (int(math.ceil(self.horizon / settings.bucket_s)) + 1)
         self.staleness: Counter[int] = Counter()
         self.plan_events: list[PlanEvent] = []
@@ -225,9 +230,10 @@ class Simulation:
         started = time.perf_counter()
         self._plan_now(0.0, initial=True)
         handlers: dict[int, Callable[..., None]] = {
-            _CHURN: self._churn, _NOTICE: self._notice, _COMPUTED: self._computed, _DELIVER: self._deliver,
-            _PUT_BACK: self._put_back, _FINISH: self._finish, _LOGGED: self._logged, _FREE: self._free,
-            _STANDBY_READY: self._standby_ready, _PLAN_READY: self._plan_ready,
+            _CHURN: self._churn, _NOTICE: self._notice, _CLAIMED: self._claimed, _COMPUTED: self._computed,
+            _FORWARD_PUT: self._forward_put, _BACKWARD_PUT: self._backward_put, _PUT_ANSWERED: self._put_answered,
+            _FINISH: self._finish, _LOGGED: self._logged, _FREE: self._free, _STANDBY_READY: self._standby_ready,
+            _PLAN_READY: self._plan_ready, _FLOW: self._flow_due,
         }  # fmt: skip
         n = 0
         while self.events and n < self.s.max_events:
@@ -254,23 +260,25 @@ class Simulation:
         per_sequence = stage_flops_per_sequence(self.sc, np.asarray(layers, dtype=float))
         return [float(f) * self.sc.micro_batch for f in per_sequence]
 
-    def _transfer(self, src: int, dst: int, nbytes: float, now: float) -> float:
-        """When ``nbytes`` sent from ``src`` at ``now`` arrive at ``dst``: through three queues
-        (first come, first served), the path at its rate and both ends' interfaces at theirs;
-        the slowest of them, plus the latency. Each queue is kept on its own, so a backlog on a
-        slow path far away does not hold up the sender's other flows."""
+    def _send(self, src: int, dst: int, nbytes: float, now: float, kind: int | None = None, args: tuple = (),
+              after: float = 0.0) -> None:  # fmt: skip
+        """``nbytes`` leave ``src`` for ``dst`` at ``now`` as a flow sharing the links; once
+        its last byte is through and the latency has passed (and ``after`` more seconds, an
+        answer's way back), event ``kind`` fires with ``args``."""
         if src == dst or nbytes <= 0:
-            return now
-        key = (src, dst)
+            if kind is not None:
+                self._at(now + after, kind, args)
+            return
         self.sent[src] += nbytes
         self.received[dst] += nbytes
-        path_done = max(now, self.link_free.get(key, 0.0)) + nbytes / float(self.sc.bandwidth_Bps[src, dst])
-        self.link_free[key] = path_done
-        up_done = max(now, float(self.uplink_free[src])) + nbytes / self.uplink_rate[src]
-        self.uplink_free[src] = up_done
-        down_done = max(now, float(self.downlink_free[dst])) + nbytes / self.downlink_rate[dst]
-        self.downlink_free[dst] = down_done
-        return max(path_done, up_done, down_done) + float(self.sc.latency_s[src, dst])
+        self.links.start(now, src, dst, nbytes, (kind, args, float(self.sc.latency_s[src, dst]) + after))
+
+    def _flow_due(self, now: float, fid: int, serial: int) -> None:
+        payload = self.links.due(now, fid, serial)
+        if payload is not None:
+            kind, args, delay = payload
+            if kind is not None:
+                self._at(now + delay, kind, args)
 
     # --- planning ----------------------------------------------------------------------------
 
@@ -368,19 +376,23 @@ class Simulation:
         return [row[s] for row in self.global_plan.pipelines]
 
     def _new_standby(self, s: int, now: float) -> None:
-        """The most available other member of the stage's group (any live peer if none) gets a
-        copy of the stage's checkpoint; until it lands, pushes apply unreplicated."""
+        """The daemon's standby (``swarmd.replication.choose_standby``): the member other than
+        the host likeliest to stay, by reliability (here the scenario's availability), then the
+        longest membership, then the lowest ID. It gets a copy of the stage's checkpoint; until
+        that lands, pushes apply unreplicated. Every host picks by the same order, so the
+        stages' standbys fall on the same few peers, as they do in a real swarm."""
         stage = self.stages[s]
-        candidates = [d for d in self._group(s) if d != stage.host and self.member[d]]
-        if not candidates:
-            candidates = [d for d in self._live() if d != stage.host]
-        if not candidates:
+        candidates = self.member.copy()
+        candidates[stage.host] = False
+        if not candidates.any():
             stage.standby, stage.standby_ready = None, False
             return
-        best = max(candidates, key=lambda d: (self.availability[d], -d))
+        ids = np.flatnonzero(candidates)
+        order = np.lexsort((ids, self.member_since[ids], -self.availability[ids]))  # last key first
+        best = int(ids[order[0]])
         stage.standby, stage.standby_ready = best, False
-        arrive = self._transfer(stage.host, best, self.checkpoint_bytes, now)
-        self._at(arrive, _STANDBY_READY, (s, best, int(self.epoch[best]), int(self.epoch[stage.host])))
+        self._send(stage.host, best, self.checkpoint_bytes, now, _STANDBY_READY,
+                   (s, best, int(self.epoch[best]), int(self.epoch[stage.host])))  # fmt: skip
 
     def _standby_ready(self, now: float, s: int, standby: int, standby_epoch: int, host_epoch: int) -> None:
         """The checkpoint copy landed (with the log since it was sent): the standby follows."""
@@ -411,6 +423,7 @@ class Simulation:
         if self.epoch[device] != epoch or self.up[device] != up:
             return  # it changed again before anyone noticed
         self.member[device] = up
+        self.member_since[device] = now
         if not up:
             self.worker_stage.pop(device, None)
             for stage in self.stages:
@@ -454,6 +467,9 @@ class Simulation:
         for stage in self.stages:
             stage.queue = TaskQueue(stage.queue.config)
             stage.waiting.clear()
+            stage.pushes.clear()
+            stage.serving = False
+            stage.serial += 1
         self.busy.clear()
         self.held.clear()
         for d in self.job:
@@ -544,13 +560,17 @@ class Simulation:
             held.append(version)
             held.sort()
             del held[: -self.s.keep_versions]
-        answered = now + self._back(d, stage.host)  # the claim reaches the host
-        arrive = self._transfer(stage.host, d, nbytes, answered)
-        self.requests.add("claim", arrive - now)
         flops = self.flops[s] if (last or not forward) else self.flops[s] / 3.0
         if not forward:
             flops += self.flops[s] / 3.0  # the forward is recomputed on the task's weights
-        self._at(arrive + flops / self.tflops[d], _COMPUTED, (d, job, self.generation, s, lease, version))
+        answered = now + self._back(d, stage.host)  # the claim reaches the host
+        token = (d, job, self.generation, s, lease, version)
+        self._send(stage.host, d, nbytes, answered, _CLAIMED, (token, now, flops / self.tflops[d]))
+
+    def _claimed(self, now: float, token: tuple, asked: float, compute_s: float) -> None:
+        """The claim's answer is in: the worker computes."""
+        self.requests.add("claim", now - asked)
+        self._at(now + compute_s, _COMPUTED, token)
 
     def _begin(self, d: int) -> int:
         self.busy.add(d)
@@ -565,35 +585,50 @@ class Simulation:
         if self.job.get(d) != job:
             return  # the worker left, or its work was voided: the lease goes back to the queue
         token = (d, job, generation, s, lease, version)
-        stage = self.stages[s]
         if lease.task.kind is TaskKind.FORWARD and s < self.shape.stages - 1:
             nxt = self.stages[s + 1].host
-            put = self._transfer(d, nxt, self.act_bytes, now)
-            self._at(put, _DELIVER, token)
-            answered = put + self._back(nxt, d)
-            self.requests.add("put", answered - now)
-            self.requests.add("complete", self._rtt(d, stage.host))
-            self._at(answered + self._rtt(d, stage.host), _FREE, (d, job))
+            self._send(d, nxt, self.act_bytes, now, _FORWARD_PUT, (token, nxt, now))
             return
-        done = now
+        self.held.setdefault((d, s), []).append(token)
         if s > 0:
             prev = self.stages[s - 1].host
-            put = self._transfer(d, prev, self.act_bytes, now)
-            self._at(put, _PUT_BACK, token)
-            done = put + self._back(prev, d)
-            self.requests.add("put", done - now)
-        held = self.held.setdefault((d, s), [])
-        held.append(token)
-        if len(held) >= self.s.push_every:
-            self._push(d, s, done)
+            self._send(d, prev, self.act_bytes, now, _BACKWARD_PUT, (token, prev, now))
         else:
-            self._at(done, _FREE, (d, job))
+            self._put_answered(now, d, job, s)
+
+    def _forward_put(self, now: float, token: tuple, nxt: int, sent: float) -> None:
+        """A forward's output reached the next stage's host: the task lands there, the answer
+        goes back, and the worker completes its lease (a second request)."""
+        d, job, s = token[0], token[1], token[3]
+        answered = now + self._back(nxt, d)
+        complete = self._rtt(d, self.stages[s].host)
+        self.requests.add("put", answered - sent)
+        self.requests.add("complete", complete)
+        self._at(answered + complete, _FREE, (d, job))
+        self._deliver(now, *token)
+
+    def _backward_put(self, now: float, token: tuple, prev: int, sent: float) -> None:
+        """A finishing task's input gradient reached the previous stage's host."""
+        d, job, s = token[0], token[1], token[3]
+        answered = now + self._back(prev, d)
+        self.requests.add("put", answered - sent)
+        self._at(answered, _PUT_ANSWERED, (d, job, s))
+        self._put_back(now, *token)
+
+    def _put_answered(self, now: float, d: int, job: int, s: int) -> None:
+        """The finishing task is done but for its gradient: pushed once ``push_every`` are
+        summed, else the worker claims again."""
+        if self.job.get(d) != job:
+            return
+        if len(self.held.get((d, s), ())) >= self.s.push_every:
+            self._push(d, s, now)
+        else:
+            self._free(now, d, job)
 
     def _push(self, d: int, s: int, now: float) -> None:
         """The worker's gradient sum goes to the stage's server with the leases it covers."""
         tokens = self.held.pop((d, s), [])
-        arrive = self._transfer(d, self.stages[s].host, self.weights_bytes, now)
-        self._at(arrive, _FINISH, (d, self.job[d], s, tokens, now))
+        self._send(d, self.stages[s].host, self.weights_bytes, now, _FINISH, (d, self.job[d], s, tokens, now))
 
     def _current(self, d: int, generation: int, s: int, lease: Lease, now: float) -> bool:
         """Whether the worker's result still counts: the queues were not rebuilt, and it still
@@ -641,19 +676,32 @@ class Simulation:
         stage = self.stages[s]
         if self.job.get(d) != job or not self.up[stage.host]:
             return
-        start = max(now, stage.server_free)
-        if stage.standby_ready and stage.standby is not None and self.up[stage.standby]:
-            logged = self._transfer(stage.host, stage.standby, self.weights_bytes, start)
-            stage.server_free = logged + self._back(stage.standby, stage.host)
-            self._at(stage.server_free, _LOGGED, (d, job, s, tokens, pushed_at))
-            return
-        stage.server_free = start
-        self._at(start, _LOGGED, (d, job, s, tokens, pushed_at))
+        stage.pushes.append((d, job, tokens, pushed_at))
+        self._serve(s, now)
 
-    def _logged(self, now: float, d: int, job: int, s: int, tokens: list[tuple], pushed_at: float) -> None:
+    def _serve(self, s: int, now: float) -> None:
+        """The server takes the next push, if it is free: logs it at the standby (a flow on
+        the host's uplink, beside whatever else the host sends) and applies it once the
+        standby has answered; with no standby ready, applies it at once (in an event of its own, so
+        a long queue of pushes is not served by recursion)."""
+        stage = self.stages[s]
+        if stage.serving or not stage.pushes:
+            return
+        stage.serving = True
+        args = (s, stage.serial, *stage.pushes.popleft())
+        if stage.standby_ready and stage.standby is not None and self.up[stage.standby]:
+            self._send(stage.host, stage.standby, self.weights_bytes, now, _LOGGED, args,
+                       after=self._back(stage.standby, stage.host))  # fmt: skip
+        else:
+            self._at(now, _LOGGED, args)
+
+    def _logged(self, now: float, s: int, serial: int, d: int, job: int, tokens: list[tuple], pushed_at: float) -> None:
         """The push is committed (logged, or no standby to log it at): the server applies the
         micro-batches whose leases are still the worker's, and completes those leases."""
         stage = self.stages[s]
+        if stage.serial != serial:
+            return  # the queues were rebuilt meanwhile: this push was for the stage's old run
+        stage.serving = False
         if not self.up[stage.host]:
             return
         for _, _, generation, _, lease, version in tokens:
@@ -672,7 +720,7 @@ class Simulation:
                     if stage.standby_ready and stage.standby is not None:
                         stage.replicas[stage.standby] = stage.version  # logged there before it applied
                         if stage.version % self.s.checkpoint_every == 0:
-                            self._transfer(stage.host, stage.standby, self.checkpoint_bytes, now)
+                            self._send(stage.host, stage.standby, self.checkpoint_bytes, now)
             stage.queue.complete(lease.lease_id, str(d), now, finishes_micro_batch=True)
             if s == 0:
                 self.in_flight.discard(lease.task.micro_batch)
@@ -684,6 +732,7 @@ class Simulation:
         if self.job.get(d) == job:
             self.requests.add("push", now + self._back(stage.host, d) - pushed_at)
             self._at(now + self._back(stage.host, d), _FREE, (d, job))
+        self._serve(s, now)
 
     def _free(self, now: float, d: int, job: int) -> None:
         if self.job.get(d) == job:

@@ -3,6 +3,7 @@ on hand-made plans and hand-made departures, where the right outcome is known.""
 
 from __future__ import annotations
 
+import heapq
 from typing import Any
 
 import numpy as np
@@ -11,7 +12,16 @@ import pytest
 from swarmd.peers.churn import ChurnEvent, churn_schedule, expected_departures
 from swarmd.peers.plan_cost import Plan
 from swarmd.peers.scenario import Scenario, parse_scenario
-from swarmd.peers.simulator import SimSettings, Simulation, Strategy, interface_rates, recovery_times, simulate
+from swarmd.peers.simulator import (
+    _FLOW,
+    _FREE,
+    SimSettings,
+    Simulation,
+    Strategy,
+    interface_rates,
+    recovery_times,
+    simulate,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -93,8 +103,10 @@ def test_a_host_that_dies_with_its_standby_following_loses_no_update() -> None:
 
 
 def test_a_host_that_dies_before_any_copy_landed_loses_its_updates_and_they_are_counted() -> None:
-    # The link from stage 0's host (d0) to its standby (d2) carries 10 B/s: the copy never lands.
-    r = run(scenario(slow=(0, 2)), 0.75, [ChurnEvent(1200.0, 0, False)], detect_s=30.0, lease_s=120.0)
+    # The link from stage 0's host (d0) to its standby carries 10 B/s: the copy never lands. The
+    # standby is d1, as the daemon picks it: all are equally reliable and members as long, so
+    # the lowest ID other than the host's.
+    r = run(scenario(slow=(0, 1)), 0.75, [ChurnEvent(1200.0, 0, False)], detect_s=30.0, lease_s=120.0)
     assert r.failovers == 1 and r.updates_lost > 0
 
 
@@ -111,11 +123,30 @@ def test_interfaces_run_at_the_fastest_link_and_ignore_the_diagonal() -> None:
     assert up.tolist() == [5.0, 3.0, 7.0] and down.tolist() == [7.0, 5.0, 3.0]
 
 
-def test_a_senders_uplink_is_shared_by_its_flows_but_a_slow_path_holds_up_only_itself() -> None:
+def test_a_senders_flows_share_its_uplink_and_arrive_after_the_latency() -> None:
     sim = Simulation(scenario(3, slow=(0, 2)), FIXED, SimSettings(hours=0.1), (np.ones(3, dtype=bool), []))
-    one = sim._transfer(0, 1, 1e8, 0.0)  # one second at the uplink's rate (1e8 B/s), plus latency
-    two = sim._transfer(0, 1, 1e8, 0.0)
-    assert one == pytest.approx(1.001) and two == pytest.approx(2.001)
-    slow = sim._transfer(0, 2, 100.0, 0.0)  # 10 s on a 10 B/s path; the uplink is busy for 1 us of it
-    after = sim._transfer(0, 1, 1e8, 0.0)
-    assert slow == pytest.approx(10.001) and after == pytest.approx(3.001)
+    for dst, nbytes in ((1, 1e8), (1, 1e8), (2, 100.0)):  # the slow path's flow takes 10 s at 10 B/s
+        sim._send(0, dst, nbytes, 0.0, _FREE, (dst, int(nbytes)))
+    arrivals = {}
+    while sim.events:
+        t, _, kind, args = heapq.heappop(sim.events)
+        if kind == _FLOW:
+            sim._flow_due(t, *args)
+        else:
+            arrivals.setdefault(args, []).append(t)
+    # The two 1e8 B flows share the uplink (1e8 B/s) but for the 10 B/s the slow one takes:
+    # both take two seconds, then the 1 ms latency.
+    assert arrivals[(1, 100_000_000)] == pytest.approx([2.001, 2.001], rel=1e-6)
+    assert arrivals[(2, 100)] == pytest.approx([10.001])
+    assert sim.sent[0] == pytest.approx(2e8 + 100.0) and sim.received[1] == pytest.approx(2e8)
+
+
+def test_every_host_picks_the_standby_the_daemon_would_the_likeliest_to_stay() -> None:
+    # Uptimes 2, 3, 4, 5 h with the same downtime: d3 is the most available, then d2.
+    sim = Simulation(scenario(4, churn=True), FIXED, SimSettings(hours=0.01), (np.ones(4, dtype=bool), []))
+    sim.run()
+    assert [st.host for st in sim.stages] == [0, 1]
+    assert [st.standby for st in sim.stages] == [3, 3]  # both stages' logs go to the same peer
+    sim._churn(10.0, 3, False)
+    sim._notice(20.0, 3, False, int(sim.epoch[3]))
+    assert [st.standby for st in sim.stages] == [2, 2]

@@ -1,0 +1,110 @@
+"""Max-min fair sharing of links among concurrent flows, as the simulator's transfers use it."""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+import pytest
+
+from swarmd.peers.shared_links import SharedLinks
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Clock:
+    """Runs the flows' completion events in time order, as the simulator's event queue does."""
+
+    def __init__(self, path: np.ndarray, up: np.ndarray, down: np.ndarray) -> None:
+        self.events: list[tuple[float, int, int]] = []
+        self.links = SharedLinks(path, up, down, lambda t, fid, serial: heapq.heappush(self.events, (t, fid, serial)))
+        self.done: dict[str, float] = {}
+        self.pending: list[tuple[float, int, int, float, str]] = []
+
+    def at(self, t: float, src: int, dst: int, nbytes: float, name: str) -> None:
+        self.pending.append((t, src, dst, nbytes, name))
+
+    def run(self) -> dict[str, float]:
+        self.pending.sort()
+        while self.events or self.pending:
+            if self.pending and (not self.events or self.pending[0][0] <= self.events[0][0]):
+                t, src, dst, nbytes, name = self.pending.pop(0)
+                self.links.start(t, src, dst, nbytes, name)
+                continue
+            t, fid, serial = heapq.heappop(self.events)
+            name = self.links.due(t, fid, serial)
+            if name is not None:
+                self.done[name] = t
+        assert len(self.links) == 0
+        return self.done
+
+
+def star(n: int, rate: float = 100.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    path = np.full((n, n), rate)
+    return path, np.full(n, rate), np.full(n, rate)
+
+
+def test_two_flows_from_one_uplink_share_it_evenly_and_one_alone_runs_at_full_rate() -> None:
+    clock = Clock(*star(3))
+    clock.at(0.0, 0, 1, 100.0, "a")
+    clock.at(0.0, 0, 2, 100.0, "b")
+    done = clock.run()
+    assert done["a"] == pytest.approx(2.0) and done["b"] == pytest.approx(2.0)
+    alone = Clock(*star(3))
+    alone.at(0.0, 0, 1, 100.0, "a")
+    assert alone.run()["a"] == pytest.approx(1.0)
+
+
+def test_a_flow_that_starts_later_slows_the_first_and_the_first_speeds_up_when_it_ends() -> None:
+    clock = Clock(*star(3))
+    clock.at(0.0, 0, 1, 150.0, "long")  # 100 B alone in the first second, then half the uplink
+    clock.at(1.0, 0, 2, 20.0, "short")  # 20 B at 50 B/s: done at 1.4 s
+    done = clock.run()
+    assert done["short"] == pytest.approx(1.4)
+    assert done["long"] == pytest.approx(1.4 + (150.0 - 100.0 - 20.0) / 100.0)
+
+
+def test_what_a_slow_path_cannot_use_goes_to_the_other_flow_on_the_uplink() -> None:
+    path, up, down = star(3)
+    path[0, 2] = 10.0  # 0 -> 2 is held to 10 B/s by its path: 0 -> 1 gets the other 90
+    clock = Clock(path, up, down)
+    clock.at(0.0, 0, 1, 90.0, "fast")
+    clock.at(0.0, 0, 2, 20.0, "slow")
+    done = clock.run()
+    assert done["fast"] == pytest.approx(1.0) and done["slow"] == pytest.approx(2.0)
+
+
+def test_a_receivers_downlink_is_shared_by_flows_from_different_senders() -> None:
+    clock = Clock(*star(4))
+    for sender in (1, 2, 3):
+        clock.at(0.0, sender, 0, 100.0, f"from{sender}")
+    done = clock.run()
+    assert all(t == pytest.approx(3.0) for t in done.values())
+
+
+def test_no_resource_carries_more_than_its_capacity_in_a_random_mix() -> None:
+    rng = np.random.default_rng(3)
+    n = 6
+    path = rng.uniform(10.0, 200.0, (n, n))
+    up, down = rng.uniform(50.0, 300.0, n), rng.uniform(50.0, 300.0, n)
+    events: list[tuple[float, int, int]] = []
+    links = SharedLinks(path, up, down, lambda t, fid, serial: heapq.heappush(events, (t, fid, serial)))
+    for _ in range(40):
+        a, b = rng.choice(n, 2, replace=False)
+        links.start(0.0, int(a), int(b), float(rng.uniform(1.0, 500.0)), None)
+        flows = links.flows.values()
+        for i in range(n):
+            assert sum(f.rate for f in flows if f.src == i) <= up[i] * (1 + 1e-9)
+            assert sum(f.rate for f in flows if f.dst == i) <= down[i] * (1 + 1e-9)
+        for f in flows:
+            assert 0.0 < f.rate <= path[f.src, f.dst] * (1 + 1e-9)
+    while events:  # every flow ends
+        t, fid, serial = heapq.heappop(events)
+        links.due(t, fid, serial)
+    assert len(links) == 0
+
+
+def test_a_flow_needs_two_ends_and_bytes() -> None:
+    links = SharedLinks(*star(2), lambda t, fid, serial: None)
+    with pytest.raises(ValueError, match="two ends"):
+        links.start(0.0, 1, 1, 10.0, None)
