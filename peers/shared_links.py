@@ -14,6 +14,9 @@ emulated links (``tests/benchmarks/calibrate_simulator.py``), a queue lets a hos
 push to its standby run at the full uplink while the host is also sending weights to workers;
 on real links the two share it, and the log takes as long as sharing makes it.
 
+Flows live in arrays (a slot each) and the fair shares are computed with numpy: a host that
+serves hundreds of workers re-divides hundreds of flows on every start and end.
+
 Completion events are kept lazily: when a flow slows down its pending event is left in place
 and, when it fires early, rescheduled; only a flow that speeds up gets a new event at once.
 The owner runs the event queue: ``schedule(t, flow_id, serial)`` asks it to call
@@ -22,7 +25,6 @@ The owner runs the event queue: ``schedule(t, flow_id, serial)`` asks it to call
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections.abc import Callable
 from typing import Any
@@ -30,18 +32,9 @@ from typing import Any
 import numpy as np
 
 MIN_SHARE = 1e-6
-"""The least fraction of a resource's capacity a flow gets, so that every flow ends even when
-flows outside the re-divided set hold more than their share of one of its resources."""
+"""The least fraction of its slowest resource's capacity a flow gets, so that every flow ends
+even when flows outside the re-divided set hold more than their share of one of them."""
 _NONE: frozenset[int] = frozenset()
-
-
-class _Flow:
-    __slots__ = ("src", "dst", "size", "left", "rate", "since", "eta", "serial", "payload")
-
-    def __init__(self, src: int, dst: int, size: float, now: float, payload: Any) -> None:
-        self.src, self.dst, self.size, self.left = src, dst, size, size
-        self.rate, self.since, self.eta, self.serial = 0.0, now, float("inf"), 0
-        self.payload = payload
 
 
 class SharedLinks:
@@ -50,128 +43,162 @@ class SharedLinks:
         schedule: Callable[[float, int, int], None],
     ) -> None:  # fmt: skip
         """``path_rate[a, b]``: bytes/s from ``a`` to ``b`` on their own; ``uplink`` and
-        ``downlink``: each device's interface rates in bytes/s."""
-        self.path_rate, self.uplink, self.downlink, self.schedule = path_rate, uplink, downlink, schedule
-        self.n = len(uplink)
-        self.flows: dict[int, _Flow] = {}
-        self.sending: dict[int, set[int]] = {}
+        ``downlink``: each device's interface rates in bytes/s. ``schedule(t, slot, serial)``:
+        call ``due(t, slot, serial)`` at ``t``."""
+        self.path_rate, self.schedule = path_rate, schedule
+        self.uplink, self.downlink = np.asarray(uplink, dtype=float), np.asarray(downlink, dtype=float)
+        self.n = len(self.uplink)
+        self.up_load, self.down_load = np.zeros(self.n), np.zeros(self.n)  # bytes/s in use on each interface
+        self.sending: dict[int, set[int]] = {}  # device -> slots of the flows it sends
         self.receiving: dict[int, set[int]] = {}
-        self.on_path: dict[tuple[int, int], set[int]] = {}
-        self._ids = itertools.count()
+        self._serials = itertools.count(1)
+        # A flow's slot in each array; a free slot is reused (its serial keeps old events apart).
+        self.src, self.dst = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        self.size, self.left, self.rate, self.since, self.eta = (np.zeros(0) for _ in range(5))
+        self.serial = np.zeros(0, dtype=np.int64)
+        self.payload: list[Any] = []
+        self.free: list[int] = []
+        self._grow(256)
+
+    def _grow(self, size: int) -> None:
+        old = len(self.payload)
+        for name in ("src", "dst", "size", "left", "rate", "since", "eta", "serial"):
+            array = getattr(self, name)
+            grown = np.zeros(size, dtype=array.dtype)
+            grown[:old] = array
+            setattr(self, name, grown)
+        self.payload += [None] * (size - old)
+        self.free += range(size - 1, old - 1, -1)
 
     def __len__(self) -> int:
-        return len(self.flows)
+        return len(self.payload) - len(self.free)
 
     def start(self, now: float, src: int, dst: int, nbytes: float, payload: Any) -> int:
         """A flow of ``nbytes`` from ``src`` to ``dst`` starts at ``now``; ``due`` returns
-        ``payload`` once its last byte is through."""
+        ``payload`` once its last byte is through. Returns the flow's slot."""
         if src == dst or nbytes <= 0:
             raise ValueError(f"a flow needs two ends and bytes: {src} -> {dst}, {nbytes} B")
-        fid = next(self._ids)
-        self.flows[fid] = _Flow(src, dst, float(nbytes), now, payload)
-        self.sending.setdefault(src, set()).add(fid)
-        self.receiving.setdefault(dst, set()).add(fid)
-        self.on_path.setdefault((src, dst), set()).add(fid)
+        if not self.free:
+            self._grow(2 * len(self.payload))
+        slot = self.free.pop()
+        self.src[slot], self.dst[slot], self.size[slot], self.left[slot] = src, dst, nbytes, nbytes
+        self.rate[slot], self.since[slot], self.eta[slot], self.serial[slot] = 0.0, now, np.inf, 0
+        self.payload[slot] = payload
+        self.sending.setdefault(src, set()).add(slot)
+        self.receiving.setdefault(dst, set()).add(slot)
         self._share(now, src, dst)
-        return fid
+        return slot
 
-    def due(self, now: float, fid: int, serial: int) -> Any | None:
+    def due(self, now: float, slot: int, serial: int) -> Any | None:
         """The flow's completion event fired: its payload if it is through, else None (the
         event was superseded, or the flow slowed down since and is rescheduled)."""
-        flow = self.flows.get(fid)
-        if flow is None or flow.serial != serial:
+        if self.serial[slot] != serial:
             return None
-        flow.left -= flow.rate * (now - flow.since)
-        flow.since = now
+        rate = float(self.rate[slot])
+        left = float(self.left[slot]) - rate * (now - float(self.since[slot]))
+        self.left[slot], self.since[slot] = left, now
         # Not through yet (it slowed down since the event was set): set it again. What is left
         # below a part in 1e9 of the bytes, or of the clock, is rounding.
-        if flow.left > 1e-9 * flow.size and flow.left / flow.rate > 1e-9 * max(now, 1.0):
-            self._reschedule(fid, flow, now + flow.left / flow.rate)
+        if left > 1e-9 * float(self.size[slot]) and left / rate > 1e-9 * max(now, 1.0):
+            self._reschedule(slot, now + left / rate)
             return None
-        del self.flows[fid]
-        for index, key in ((self.sending, flow.src), (self.receiving, flow.dst), (self.on_path, (flow.src, flow.dst))):
-            members = index[key]  # type: ignore[index]
-            members.discard(fid)
+        src, dst = int(self.src[slot]), int(self.dst[slot])
+        for index, key in ((self.sending, src), (self.receiving, dst)):
+            members = index[key]
+            members.discard(slot)
             if not members:
-                del index[key]  # type: ignore[arg-type]
-        self._share(now, flow.src, flow.dst)
-        return flow.payload
+                del index[key]
+        self.up_load[src] = max(0.0, self.up_load[src] - rate)
+        self.down_load[dst] = max(0.0, self.down_load[dst] - rate)
+        payload, self.payload[slot] = self.payload[slot], None
+        self.serial[slot] = 0
+        self.free.append(slot)
+        self._share(now, src, dst)
+        return payload
 
-    def rate(self, fid: int) -> float:
-        return self.flows[fid].rate
-
-    # --- the fair shares -----------------------------------------------------------------------
-
-    # A resource is an int: an uplink is its device, a downlink n + its device, a path 2n plus
-    # the pair's index in the n x n matrix (ints hash fast, and the three never collide).
-
-    def _resources(self, flow: _Flow) -> tuple[int, int, int]:
-        n = self.n
-        return flow.src, n + flow.dst, 2 * n + flow.src * n + flow.dst
-
-    def _capacity(self, resource: int) -> float:
-        n = self.n
-        if resource < n:
-            return float(self.uplink[resource])
-        if resource < 2 * n:
-            return float(self.downlink[resource - n])
-        return float(self.path_rate[divmod(resource - 2 * n, n)])
-
-    def _members(self, resource: int) -> set[int] | frozenset[int]:
-        n = self.n
-        if resource < n:
-            return self.sending.get(resource, _NONE)
-        if resource < 2 * n:
-            return self.receiving.get(resource - n, _NONE)
-        return self.on_path.get(divmod(resource - 2 * n, n), _NONE)
+    def rate_of(self, slot: int) -> float:
+        return float(self.rate[slot])
 
     def _share(self, now: float, src: int, dst: int) -> None:
-        """Re-divide the rates of the flows on ``src``'s uplink and ``dst``'s downlink by
-        progressive filling: raise them all together; when a resource is full, the flows
-        through it stop there; the others go on."""
-        touched = self.sending.get(src, set()) | self.receiving.get(dst, set())
+        """Re-divide the rates of the flows on ``src``'s uplink and ``dst``'s downlink. The
+        other flows on those flows' interfaces keep their rates: what they use is taken off
+        first. Every flow on a path through ``src``'s uplink or into ``dst``'s downlink is in
+        the set, so a path is shared only within it."""
+        touched = self.sending.get(src, _NONE) | self.receiving.get(dst, _NONE)
         if not touched:
             return
-        left: dict[int, float] = {}
-        users: dict[int, list[int]] = {}
-        for fid in touched:
-            flow = self.flows[fid]
-            flow.left -= flow.rate * (now - flow.since)
-            flow.since = now
-            for r in self._resources(flow):
-                if r not in left:
-                    cap = self._capacity(r)
-                    held = sum(self.flows[g].rate for g in self._members(r) if g not in touched)
-                    left[r] = max(cap - held, MIN_SHARE * cap)
-                    users[r] = []
-                users[r].append(fid)
-        count = {r: len(u) for r, u in users.items()}
-        heap = [(left[r] / count[r], i, r) for i, r in enumerate(users)]
-        order = {r: i for i, r in enumerate(users)}
-        heapq.heapify(heap)
-        rates: dict[int, float] = {}
-        while heap:
-            share, _, r = heapq.heappop(heap)
-            if count[r] == 0 or abs(share - left[r] / count[r]) > 1e-12 * max(share, 1.0):
-                continue  # stale: the resource's share changed since this entry
-            for fid in users[r]:
-                if fid in rates:
-                    continue
-                rates[fid] = share
-                for r2 in self._resources(self.flows[fid]):
-                    count[r2] -= 1
-                    left[r2] = max(left[r2] - share, 0.0)
-                    if count[r2] > 0 and r2 != r:
-                        heapq.heappush(heap, (left[r2] / count[r2], order[r2], r2))
-            count[r] = 0
-        for fid, rate in rates.items():
-            flow = self.flows[fid]
-            flow.rate = max(rate, MIN_SHARE * min(self._capacity(r) for r in self._resources(flow)))
-            eta = now + flow.left / flow.rate
-            if eta < flow.eta - 1e-12 * max(eta, 1.0):
-                self._reschedule(fid, flow, eta)
+        if len(touched) == 1:  # alone on both interfaces: what the others leave it, at most its path
+            (slot,) = touched
+            self._alone(now, slot)
+            return
+        idx = np.fromiter(touched, dtype=np.int64, count=len(touched))
+        old = self.rate[idx]
+        self.left[idx] -= old * (now - self.since[idx])
+        self.since[idx] = now
+        s, d = self.src[idx], self.dst[idx]
+        np.subtract.at(self.up_load, s, old)
+        np.subtract.at(self.down_load, d, old)
+        ups, up_i = np.unique(s, return_inverse=True)
+        downs, down_i = np.unique(d, return_inverse=True)
+        pairs, pair_i = np.unique(s * self.n + d, return_inverse=True)
+        up_cap, down_cap = self.uplink[ups], self.downlink[downs]
+        path_cap = np.asarray(self.path_rate[pairs // self.n, pairs % self.n], dtype=float)
+        capacity = np.concatenate([
+            np.maximum(up_cap - self.up_load[ups], MIN_SHARE * up_cap),
+            np.maximum(down_cap - self.down_load[downs], MIN_SHARE * down_cap),
+            path_cap,
+        ])  # fmt: skip
+        uses = np.stack([up_i, len(ups) + down_i, len(ups) + len(downs) + pair_i], axis=1)
+        floor = MIN_SHARE * np.minimum(np.minimum(up_cap[up_i], down_cap[down_i]), path_cap[pair_i])
+        rates = np.maximum(max_min_rates(capacity, uses), floor)
+        self.rate[idx] = rates
+        np.add.at(self.up_load, s, rates)
+        np.add.at(self.down_load, d, rates)
+        eta = now + self.left[idx] / rates
+        sooner = eta < self.eta[idx] - 1e-12 * np.maximum(eta, 1.0)
+        for slot, t in zip(idx[sooner].tolist(), eta[sooner].tolist(), strict=True):
+            self._reschedule(slot, t)
 
-    def _reschedule(self, fid: int, flow: _Flow, eta: float) -> None:
-        flow.serial += 1
-        flow.eta = eta
-        self.schedule(eta, fid, flow.serial)
+    def _alone(self, now: float, slot: int) -> None:
+        """``_share`` for one flow, without arrays (most flows of a small swarm are alone)."""
+        src, dst, old = int(self.src[slot]), int(self.dst[slot]), float(self.rate[slot])
+        left = float(self.left[slot]) - old * (now - float(self.since[slot]))
+        up_cap, down_cap = float(self.uplink[src]), float(self.downlink[dst])
+        path_cap = float(self.path_rate[src, dst])
+        up_free = max(up_cap - (float(self.up_load[src]) - old), MIN_SHARE * up_cap)
+        down_free = max(down_cap - (float(self.down_load[dst]) - old), MIN_SHARE * down_cap)
+        rate = max(min(up_free, down_free, path_cap), MIN_SHARE * min(up_cap, down_cap, path_cap))
+        self.left[slot], self.since[slot], self.rate[slot] = left, now, rate
+        self.up_load[src] += rate - old
+        self.down_load[dst] += rate - old
+        eta = now + left / rate
+        if eta < float(self.eta[slot]) - 1e-12 * max(eta, 1.0):
+            self._reschedule(slot, eta)
+
+    def _reschedule(self, slot: int, eta: float) -> None:
+        self.serial[slot] = serial = next(self._serials)
+        self.eta[slot] = eta
+        self.schedule(eta, slot, serial)
+
+
+def max_min_rates(capacity: np.ndarray, uses: np.ndarray) -> np.ndarray:
+    """Max-min fair rates by progressive filling: ``uses[f]`` lists the resources flow ``f``
+    crosses (indices into ``capacity``). All rates rise together; when a resource is full, its
+    flows stop there and the rest go on."""
+    m, k = len(capacity), len(uses)
+    left = capacity.astype(float)
+    count = np.bincount(uses.ravel(), minlength=m).astype(float)
+    rates = np.zeros(k)
+    todo = np.ones(k, dtype=bool)
+    while todo.any():
+        share = np.full(m, np.inf)
+        np.divide(left, count, out=share, where=count > 0)
+        level = float(share.min())
+        tight = share <= level * (1 + 1e-12)
+        newly = todo & tight[uses].any(axis=1)
+        rates[newly] = level
+        todo &= ~newly
+        used = np.bincount(uses[newly].ravel(), minlength=m)
+        left = np.maximum(left - used * level, 0.0)
+        count -= used
+    return rates

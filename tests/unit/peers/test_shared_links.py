@@ -7,7 +7,7 @@ import heapq
 import numpy as np
 import pytest
 
-from swarmd.peers.shared_links import SharedLinks
+from swarmd.peers.shared_links import SharedLinks, max_min_rates
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -92,12 +92,11 @@ def test_no_resource_carries_more_than_its_capacity_in_a_random_mix() -> None:
     for _ in range(40):
         a, b = rng.choice(n, 2, replace=False)
         links.start(0.0, int(a), int(b), float(rng.uniform(1.0, 500.0)), None)
-        flows = links.flows.values()
-        for i in range(n):
-            assert sum(f.rate for f in flows if f.src == i) <= up[i] * (1 + 1e-9)
-            assert sum(f.rate for f in flows if f.dst == i) <= down[i] * (1 + 1e-9)
-        for f in flows:
-            assert 0.0 < f.rate <= path[f.src, f.dst] * (1 + 1e-9)
+        live = np.array(sorted(set(range(len(links.payload))) - set(links.free)))
+        src, dst, rate = links.src[live], links.dst[live], links.rate[live]
+        assert (np.bincount(src, weights=rate, minlength=n) <= up * (1 + 1e-9)).all()
+        assert (np.bincount(dst, weights=rate, minlength=n) <= down * (1 + 1e-9)).all()
+        assert (rate > 0).all() and (rate <= path[src, dst] * (1 + 1e-9)).all()
     while events:  # every flow ends
         t, fid, serial = heapq.heappop(events)
         links.due(t, fid, serial)
@@ -108,3 +107,12 @@ def test_a_flow_needs_two_ends_and_bytes() -> None:
     links = SharedLinks(*star(2), lambda t, fid, serial: None)
     with pytest.raises(ValueError, match="two ends"):
         links.start(0.0, 1, 1, 10.0, None)
+
+
+def test_max_min_rates_fill_the_tightest_resource_first_and_give_the_rest_to_the_others() -> None:
+    # Resource 0 (capacity 10) carries flows a, b, c; resource 1 (capacity 4) carries c and d;
+    # each flow also crosses a roomy resource of its own (2-5). Resource 1 fills first, at 2
+    # each for c and d; then a and b split what c left of resource 0.
+    capacity = np.array([10.0, 4.0, 100.0, 100.0, 100.0, 100.0])
+    rates = max_min_rates(capacity, np.array([[0, 2], [0, 3], [0, 1], [1, 5]]))
+    assert rates.tolist() == pytest.approx([4.0, 4.0, 2.0, 2.0])
