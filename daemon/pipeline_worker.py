@@ -35,6 +35,7 @@ from swarmd.models.build import ModelShape, build_model
 from swarmd.models.corpus import Dataset
 from swarmd.models.stage_worker import StageWorker
 from swarmd.models.stages import StageModule, split_layers, stage_input_spec, stage_output_spec
+from swarmd.peers.idle_polling import FLUSH_IDLE_S, IDLE_MAX_S, IDLE_MIN_S  # the simulator's schedule too
 from swarmd.peers.op_times import OpTimes
 from swarmd.peers.stage_rpc import Answer
 from swarmd.peers.tensor_wire import TensorSpec, decode_tensor, encode_tensor
@@ -44,8 +45,6 @@ logger = logging.getLogger(__name__)
 
 Request = Callable[[int, str, dict[str, Any], list[bytes]], Awaitable[Answer]]
 
-IDLE_MIN_S, IDLE_MAX_S = 0.005, 0.1
-FLUSH_IDLE_S = 0.05
 PUT_RETRY_S = 10.0
 STAGE_BACKOFF_S = 0.5
 FAILURE_BACKOFF_S, MAX_FAILURE_BACKOFF_S = 0.1, 2.0

@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from swarmd.peers.churn import ChurnEvent, churn_schedule
+from swarmd.peers.idle_polling import flush_at, next_round
 from swarmd.peers.op_times import OpTimes
 from swarmd.peers.plan_cost import Plan, stage_flops_per_sequence
 from swarmd.peers.scenario import Scenario, ScenarioError, Shape
@@ -87,6 +88,8 @@ class SimSettings:
     checkpoint_every: int = 10
     """Updates between the checkpoints a host sends its standby (the daemon's ``CHECKPOINT_EVERY``)."""
     keep_versions: int = 8
+    standing_queue_s: float = 0.0
+    """The delay a busy interface's buffer adds to every packet through it (bufferbloat)."""
     """Weights versions a worker keeps per stage (the daemon's ``WorkerSettings.keep_versions``)."""
     max_events: int = 200_000_000
 
@@ -168,7 +171,7 @@ class _Stage:
 
 # event kinds
 (_CHURN, _NOTICE, _CLAIMED, _COMPUTED, _FORWARD_PUT, _BACKWARD_PUT, _PUT_ANSWERED, _FINISH, _LOGGED, _FREE,
- _STANDBY_READY, _PLAN_READY, _FLOW) = range(13)  # fmt: skip
+ _STANDBY_READY, _PLAN_READY, _FLOW, _FLUSH, _POLL) = range(15)  # fmt: skip
 
 
 class Simulation:
@@ -207,11 +210,15 @@ class Simulation:
         self.departure_times: list[float] = []
         self.counts: Counter[str] = Counter()
         self.requests = OpTimes()  # the workers' requests by operation, as the daemon's status counts them
+        self.push_phases = OpTimes()  # the servers' time per push before applying it, as the daemon's hosts count it
         self.next_micro_batch = 0
         self.generation = 0  # bumped when the queues are rebuilt: work leased before lapses
         self.in_flight: set[int] = set()
         self.worker_stage: dict[int, int] = {}
         self.busy: set[int] = set()
+        self.idle_since: dict[int, float] = {}  # an idle worker -> when its idle spell began
+        self.idle_rounds: dict[int, int] = {}  # fruitless rounds of claims of the spell counted so far
+        self.poll_serial: dict[int, int] = {}  # an idle worker's next round of claims; older ones lapse
         self.job: dict[int, int] = {}  # a worker's current job: events of an older one lapse
         self.held: dict[tuple[int, int], list[tuple]] = {}  # (worker, stage) -> finished, not yet pushed
         self.weights: dict[tuple[int, int], list[int]] = {}  # (device, stage) -> versions held, oldest first
@@ -233,7 +240,7 @@ class Simulation:
             _CHURN: self._churn, _NOTICE: self._notice, _CLAIMED: self._claimed, _COMPUTED: self._computed,
             _FORWARD_PUT: self._forward_put, _BACKWARD_PUT: self._backward_put, _PUT_ANSWERED: self._put_answered,
             _FINISH: self._finish, _LOGGED: self._logged, _FREE: self._free, _STANDBY_READY: self._standby_ready,
-            _PLAN_READY: self._plan_ready, _FLOW: self._flow_due,
+            _PLAN_READY: self._plan_ready, _FLOW: self._flow_due, _FLUSH: self._flush, _POLL: self._poll,
         }  # fmt: skip
         n = 0
         while self.events and n < self.s.max_events:
@@ -271,7 +278,7 @@ class Simulation:
             return
         self.sent[src] += nbytes
         self.received[dst] += nbytes
-        self.links.start(now, src, dst, nbytes, (kind, args, float(self.sc.latency_s[src, dst]) + after))
+        self.links.start(now, src, dst, nbytes, (kind, args, self._one_way(src, dst) + after))
 
     def _flow_due(self, now: float, fid: int, serial: int) -> None:
         payload = self.links.due(now, fid, serial)
@@ -496,15 +503,66 @@ class Simulation:
         self._wake(s, now)
 
     def _wake(self, s: int, now: float) -> None:
-        """Work arrived at stage ``s``: an idle worker of that stage takes it, else an idle
-        worker of another stage (whose own stage has nothing, or it would not be waiting)."""
+        """Work arrived at stage ``s``: an idle worker of that stage asks for it at its next
+        round of claims, else an idle worker of another stage (whose own stage has nothing, or
+        it would not be waiting)."""
         for t in [s, *(t for t in range(len(self.stages)) if t != s)]:
             waiting = self.stages[t].waiting
             while waiting:
                 d = waiting.pop()
                 if self.worker_stage.get(d) == t and d not in self.busy:
-                    self._idle(d, now)
+                    self._poll_next_round(d, now)
                     return
+
+    def _round_s(self, d: int) -> float:
+        """How long a round of claims that finds nothing takes the worker: one round trip to
+        every stage's host (the daemon's worker asks them all in turn)."""
+        return sum(self._rtt(d, stage.host) for stage in self.stages if self.up[stage.host])
+
+    def _fruitless(self, d: int, home: int, now: float) -> None:
+        """A round of claims found nothing: the worker is idle, as the daemon's is. It waits to
+        be woken by work (``_wake``), which it notices at its next round of claims; once idle
+        ``FLUSH_IDLE_S`` it pushes what it holds (``swarmd.peers.idle_polling``)."""
+        for stage in self.stages:
+            if self.up[stage.host]:
+                self.requests.add("claim", self._rtt(d, stage.host))
+        round_s = self._round_s(d)
+        since = self.idle_since.setdefault(d, now + round_s)
+        if d not in self.stages[home].waiting:
+            self.stages[home].waiting.append(d)
+        if any(self.held.get((d, s)) for s in range(len(self.stages))):
+            self._at(max(now + round_s, since + flush_at(round_s)), _FLUSH, (d, since))
+
+    def _flush(self, now: float, d: int, since: float) -> None:
+        """Still idle in the same spell: push a stage's gradient sum (the next round pushes the
+        next stage's)."""
+        if d in self.busy or self.idle_since.get(d) != since or d not in self.worker_stage:
+            return
+        unpushed = next((s for s in range(len(self.stages)) if self.held.get((d, s))), None)
+        if unpushed is not None:
+            self._begin(d)
+            self._push(d, unpushed, now)
+
+    def _poll_next_round(self, d: int, now: float) -> None:
+        """Work arrived for an idle worker: it asks at its next round of claims, by the
+        daemon's schedule; the rounds before it found nothing and are counted as such."""
+        since = self.idle_since.get(d)
+        if since is None:
+            self._idle(d, now)
+            return
+        round_s = self._round_s(d)
+        start, rounds = next_round(max(0.0, now - since), round_s)
+        for _ in range(rounds - self.idle_rounds.get(d, 0)):
+            for stage in self.stages:
+                if self.up[stage.host]:
+                    self.requests.add("claim", self._rtt(d, stage.host))
+        self.idle_rounds[d] = rounds
+        self.poll_serial[d] = serial = self.poll_serial.get(d, 0) + 1
+        self._at(since + start, _POLL, (d, serial))
+
+    def _poll(self, now: float, d: int, serial: int) -> None:
+        if self.poll_serial.get(d) == serial:
+            self._idle(d, now)
 
     def _claim(self, d: int, home: int, now: float) -> tuple[int, Lease] | None:
         """A lease from the home stage, else from the most backlogged other stage with work
@@ -522,28 +580,31 @@ class Simulation:
 
     def _rtt(self, a: int, b: int) -> float:
         """A request's way there and its answer's way back, without their bytes."""
-        return 0.0 if a == b else float(self.sc.latency_s[a, b] + self.sc.latency_s[b, a])
+        return 0.0 if a == b else self._one_way(a, b) + self._one_way(b, a)
 
     def _back(self, a: int, b: int) -> float:
         """An answer's way from ``a`` back to ``b`` (a request to ``a`` just landed)."""
-        return 0.0 if a == b else float(self.sc.latency_s[a, b])
+        return 0.0 if a == b else self._one_way(a, b)
+
+    def _one_way(self, a: int, b: int) -> float:
+        """The latency from ``a`` to ``b``, plus the standing queue of each end's interface that
+        is busy with other flows: a bulk TCP flow keeps its bottleneck's buffer full, and every
+        packet behind it waits that long (``SimSettings.standing_queue_s``)."""
+        queued = (a in self.links.sending) + (b in self.links.receiving)
+        return float(self.sc.latency_s[a, b]) + queued * self.s.standing_queue_s
 
     def _idle(self, d: int, now: float) -> None:
         """The worker asks for a task (a claim: one request, the stage input and any weights
-        it lacks come back with the answer). With none anywhere, it pushes what it holds, as
-        the daemon's worker does when it runs out of tasks, or waits to be woken."""
+        it lacks come back with the answer). With none anywhere, it is idle (``_fruitless``)."""
         home = self.worker_stage.get(d)
         if home is None or not self.up[d] or d in self.busy:
             return
         claimed = self._claim(d, home, now)
         if claimed is None:
-            unpushed = next((s for s in range(len(self.stages)) if self.held.get((d, s))), None)
-            if unpushed is not None:
-                self._begin(d)
-                self._push(d, unpushed, now)
-            elif d not in self.stages[home].waiting:
-                self.stages[home].waiting.append(d)
+            self._fruitless(d, home, now)
             return
+        self.idle_since.pop(d, None)
+        self.idle_rounds.pop(d, None)
         s, lease = claimed
         stage = self.stages[s]
         job = self._begin(d)
@@ -676,7 +737,7 @@ class Simulation:
         stage = self.stages[s]
         if self.job.get(d) != job or not self.up[stage.host]:
             return
-        stage.pushes.append((d, job, tokens, pushed_at))
+        stage.pushes.append((now, d, job, tokens, pushed_at))
         self._serve(s, now)
 
     def _serve(self, s: int, now: float) -> None:
@@ -688,20 +749,25 @@ class Simulation:
         if stage.serving or not stage.pushes:
             return
         stage.serving = True
-        args = (s, stage.serial, *stage.pushes.popleft())
+        arrived, *push = stage.pushes.popleft()
+        self.push_phases.add("wait_for_lock", now - arrived)
+        args = (s, stage.serial, now, *push)
         if stage.standby_ready and stage.standby is not None and self.up[stage.standby]:
             self._send(stage.host, stage.standby, self.weights_bytes, now, _LOGGED, args,
                        after=self._back(stage.standby, stage.host))  # fmt: skip
         else:
             self._at(now, _LOGGED, args)
 
-    def _logged(self, now: float, s: int, serial: int, d: int, job: int, tokens: list[tuple], pushed_at: float) -> None:
+    def _logged(self, now: float, s: int, serial: int, started: float, d: int, job: int, tokens: list[tuple],
+                pushed_at: float) -> None:  # fmt: skip
         """The push is committed (logged, or no standby to log it at): the server applies the
         micro-batches whose leases are still the worker's, and completes those leases."""
         stage = self.stages[s]
         if stage.serial != serial:
             return  # the queues were rebuilt meanwhile: this push was for the stage's old run
         stage.serving = False
+        if now > started:
+            self.push_phases.add("log_at_standby", now - started)
         if not self.up[stage.host]:
             return
         for _, _, generation, _, lease, version in tokens:

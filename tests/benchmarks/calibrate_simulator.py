@@ -7,7 +7,9 @@
    model at once; their rate becomes each device's ``tflops`` (the scenario's unit).
 2. **The real swarm.** One network namespace per daemon on a bridge; ``tc tbf`` shapes each
    device's upload and download, and the data path's latency shim
-   (``swarmd.peers.emulated_delay``; no ``netem`` here) adds the one-way latency. The daemons
+   (``swarmd.peers.emulated_delay``; no ``netem`` here) adds the one-way latency. One TCP
+   stream's goodput is measured, and the standing queue it keeps in the shaper's buffer (the
+   delay it adds to other packets): the scenario and the simulation take both. The daemons
    train the default run; once both stages have their hosts, stage 0's finished micro-batches
    are sampled for ``--seconds``, and at ``--kill-at`` one worker that hosts nothing is killed
    (SIGKILL).
@@ -35,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -82,7 +85,14 @@ print((time.perf_counter() - started) / n)
 
 
 GOODPUT_SINK = r"""
-import socket, sys, time
+import socket, sys, threading, time
+def echo(server):
+    while True:
+        conn, _ = server.accept()
+        with conn:
+            while chunk := conn.recv(1 << 10):
+                conn.sendall(chunk)
+threading.Thread(target=echo, args=(socket.create_server((sys.argv[1], 9101)),), daemon=True).start()
 server = socket.create_server((sys.argv[1], 9100))
 print("listening", flush=True)
 conn, _ = server.accept()
@@ -93,22 +103,48 @@ while chunk := conn.recv(1 << 16):
 print(got / (time.perf_counter() - first))
 """
 GOODPUT_SOURCE = r"""
-import socket, sys
-with socket.create_connection((sys.argv[1], 9100), timeout=30) as conn:
-    conn.sendall(bytes(int(sys.argv[2])))
+import json, socket, statistics, sys, threading, time
+host, nbytes = sys.argv[1], int(sys.argv[2])
+def round_trips(n):
+    out = []
+    with socket.create_connection((host, 9101), timeout=30) as c:
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for _ in range(n):
+            started, got = time.perf_counter(), 0
+            c.sendall(bytes(64))
+            while got < 64:
+                got += len(c.recv(64 - got))
+            out.append(time.perf_counter() - started)
+            time.sleep(0.02)
+    return statistics.median(out)
+def bulk():
+    with socket.create_connection((host, 9100), timeout=30) as conn:
+        conn.sendall(bytes(nbytes))
+idle = round_trips(20)
+sender = threading.Thread(target=bulk)
+sender.start()
+time.sleep(1.0)  # TCP has filled the bottleneck's buffer
+loaded = round_trips(30)
+sender.join()
+print(json.dumps({"idle_s": idle, "loaded_s": loaded}))
 """
 
 
-def measure_goodput(net: EmulatedNetwork, nbytes: int) -> float:
-    """Bytes per second one TCP stream gets from device 0 to device 1: what a scenario's
-    bandwidth means (a link probe's figure), below the shaper's rate by TCP's overheads."""
+def measure_link(net: EmulatedNetwork, nbytes: int) -> tuple[float, float]:
+    """What one TCP stream from device 0 to device 1 gets, and what it costs others: the
+    goodput in bytes per second (what a scenario's bandwidth means, a link probe's figure,
+    below the shaper's rate by TCP's overheads), and the standing queue it keeps in the
+    bottleneck's buffer, as the round trip of small messages beside it less their round trip
+    on the idle link (the simulator's ``standing_queue_s``)."""
     sink = subprocess.Popen([*net.prefix_for(1), sys.executable, "-c", GOODPUT_SINK, net.ip(1)],
                             stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
         assert sink.stdout is not None and sink.stdout.readline().strip() == "listening"
-        subprocess.run([*net.prefix_for(0), sys.executable, "-c", GOODPUT_SOURCE, net.ip(1), str(nbytes)],
-                       check=True, timeout=120)  # fmt: skip
-        return float(sink.communicate(timeout=60)[0].strip())
+        source = subprocess.run([*net.prefix_for(0), sys.executable, "-c", GOODPUT_SOURCE, net.ip(1), str(nbytes)],
+                                check=True, timeout=120, capture_output=True, text=True)  # fmt: skip
+        round_trips = json.loads(source.stdout)
+        goodput = float(sink.communicate(timeout=60)[0].strip())
+        return goodput, max(0.0, round_trips["loaded_s"] - round_trips["idle_s"])
     finally:
         if sink.poll() is None:
             sink.kill()
@@ -301,11 +337,12 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         with net:
-            goodput = measure_goodput(net, int(rate_Bps * 4))
-            print(f"links: {rate_Bps / 1e6:.2f} MB/s shaped, {goodput / 1e6:.2f} MB/s measured for one TCP stream; "
-                  "the scenario takes the measured figure", flush=True)  # fmt: skip
+            goodput, standing_queue_s = measure_link(net, int(rate_Bps * 4))
+            print(f"links: {rate_Bps / 1e6:.2f} MB/s shaped, {goodput / 1e6:.2f} MB/s measured for one TCP stream, "
+                  f"which keeps {standing_queue_s * 1e3:.0f} ms queued in the shaper; the simulation takes both "
+                  "measured figures", flush=True)  # fmt: skip
             real = real_run(net, workdir, args.seconds, args.kill_at, args.warmup_updates)
-            real["goodput_Bps"] = goodput
+            real["goodput_Bps"], real["standing_queue_s"] = goodput, standing_queue_s
     finally:
         left = net.leftovers()
         subprocess.run(["rm", "-rf", str(workdir)], check=False)
@@ -325,12 +362,14 @@ def compare(args: argparse.Namespace, scenario: Scenario, tflops: float, real: d
     victim = max(set(range(args.devices)) - set(plan.parameter_servers))
     up0 = np.ones(args.devices, dtype=bool)
     settings = SimSettings(hours=args.seconds / 3600, churn=False, detect_s=HEARTBEAT_TTL_S, join_s=5.0,
-                           lease_s=LEASE_S, bucket_s=BUCKET_S)  # fmt: skip
+                           lease_s=LEASE_S, bucket_s=BUCKET_S,
+                           standing_queue_s=real.get("standing_queue_s", 0.0))  # fmt: skip
     simulation = Simulation(scenario, strategy, settings, (up0, [ChurnEvent(args.kill_at, victim, False)]))
     sim = simulation.run()
     detail = {"sent_MB": (simulation.sent / 1e6).round(1).tolist(),
               "received_MB": (simulation.received / 1e6).round(1).tolist(),
-              "requests_by_op": simulation.requests.status()}  # fmt: skip
+              "requests_by_op": simulation.requests.status(),
+              "push_phases": simulation.push_phases.status()}  # fmt: skip
     tokens = DEFAULT_RUN["batch"]["micro_batch"] * model_shape().seq_len
     sides = {
         "real": summarize(real["timeline"], args.kill_at, tokens),
@@ -351,12 +390,14 @@ def simulate_again(args: argparse.Namespace) -> int:
     return 0
 
 
-def requests_by_op(workers: list[dict[str, Any] | None]) -> dict[str, dict[str, float]]:
-    """The workers' ``requests_by_op`` summed over the daemons (those alive at the end)."""
+def op_sums(parts: Iterable[dict[str, Any] | None], key: str | None = None) -> dict[str, dict[str, float]]:
+    """Counts and mean times by operation (an ``OpTimes`` status, or each part's ``key`` of one)
+    summed over the daemons' parts (those alive at the end)."""
     n: dict[str, int] = {}
     total: dict[str, float] = {}
-    for worker in workers:
-        for op, figures in ((worker or {}).get("requests_by_op") or {}).items():
+    for part in parts:
+        by_op = (part or {}).get(key) if key else part
+        for op, figures in (by_op or {}).items():
             n[op] = n.get(op, 0) + figures["n"]
             total[op] = total.get(op, 0.0) + figures["n"] * figures["mean_ms"]
     return {op: {"n": n[op], "mean_ms": round(total[op] / n[op], 1)} for op in n if n[op]}
@@ -392,12 +433,20 @@ def report(args: argparse.Namespace, sides: dict[str, Side], tflops: float, real
         for key in ("sent_MB", "received_MB"):
             lines.append(f"| {key[:-3]}, real | " + " | ".join(f"{v:.1f}" for v in real[key]) + " |")
             lines.append(f"| {key[:-3]}, simulated | " + " | ".join(f"{v:.1f}" for v in simulated[key]) + " |")
-    real_ops = requests_by_op(real.get("workers") or [])
-    if real_ops:  # the workers' requests: which of them the simulator makes faster than they are
-        lines += ["", "| request (all workers) | real n | real mean ms | simulated n | simulated mean ms |",
-                  "|---|---:|---:|---:|---:|"]  # fmt: skip
-        for op in sorted(set(real_ops) | set(simulated["requests_by_op"])):
-            a, b = real_ops.get(op, {}), simulated["requests_by_op"].get(op, {})
+    real_phases = op_sums(host.get("push_phases") for host in (real.get("hosts") or {}).values())
+    for title, real_ops, simulated_ops in (
+        ("request (all workers)", op_sums(real.get("workers") or [], "requests_by_op"), simulated["requests_by_op"]),
+        ("push at its host (all hosts)", real_phases, simulated.get("push_phases", {})),
+    ):  # which requests the simulator makes faster than they are, and which part of a push
+        if not real_ops:
+            continue
+        lines += [
+            "",
+            f"| {title} | real n | real mean ms | simulated n | simulated mean ms |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for op in sorted(set(real_ops) | set(simulated_ops)):
+            a, b = real_ops.get(op, {}), simulated_ops.get(op, {})
             lines.append(f"| {op} | {a.get('n', 0)} | {a.get('mean_ms', '-')} | {b.get('n', 0)} | "
                          f"{b.get('mean_ms', '-')} |")  # fmt: skip
     text = "\n".join(lines) + "\n"

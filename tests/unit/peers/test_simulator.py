@@ -150,3 +150,14 @@ def test_every_host_picks_the_standby_the_daemon_would_the_likeliest_to_stay() -
     sim._churn(10.0, 3, False)
     sim._notice(20.0, 3, False, int(sim.epoch[3]))
     assert [st.standby for st in sim.stages] == [2, 2]
+
+
+def test_a_busy_interface_adds_its_standing_queue_to_every_message_through_it() -> None:
+    settings = SimSettings(hours=0.1, standing_queue_s=0.05)
+    sim = Simulation(scenario(4), FIXED, settings, (np.ones(4, dtype=bool), []))
+    assert sim._one_way(0, 2) == pytest.approx(0.001)
+    sim._send(0, 1, 1e8, 0.0)  # a bulk flow from d0 to d1
+    assert sim._one_way(0, 2) == pytest.approx(0.051)  # behind d0's busy uplink
+    assert sim._one_way(2, 1) == pytest.approx(0.051)  # into d1's busy downlink
+    assert sim._one_way(0, 1) == pytest.approx(0.101)  # both
+    assert sim._one_way(2, 3) == pytest.approx(0.001) and sim._rtt(2, 0) == pytest.approx(0.052)
