@@ -58,6 +58,8 @@ def summary(result: SimResult, failure_free: SimResult) -> dict[str, Any]:
         "plan_runtime_median_ms": round(statistics.median(runtimes) * 1e3, 2) if runtimes else None,
         "plan_runtime_max_ms": round(max(runtimes) * 1e3, 2) if runtimes else None,
         "shape": list(result.shape),
+        "requests": result.requests,
+        "push_phases": result.push_phases,
         "wall_s": round(result.wall_s, 1),
         "events": result.events,
     }
@@ -93,7 +95,24 @@ def markdown(scenario: Scenario, settings: SimSettings, rows: list[dict[str, Any
             f"| {plans['full']}/{plans['repair']}/{plans['replan']} "
             f"| {_fmt(r['plan_runtime_median_ms'], 1)} / {_fmt(r['plan_runtime_max_ms'], 1)} | {_fmt(r['wall_s'], 1)} |"
         )
+    lines += [
+        "",
+        "Where the time goes: each request's mean time in ms (and count), at the workers that sent it; a push's wait "
+        "for the server and its log at the standby, at the servers.",
+        "",
+        "| strategy | claim | put | complete | push | wait for the server | log at the standby |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        cells = [_op_cell(r["requests"], op) for op in ("claim", "put", "complete", "push")]
+        cells += [_op_cell(r["push_phases"], op) for op in ("wait_for_lock", "log_at_standby")]
+        lines.append(f"| {r['strategy']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _op_cell(by_op: dict[str, dict[str, float]], op: str) -> str:
+    figures = by_op.get(op)
+    return f"{figures['mean_ms']:,.0f} ({figures['n']:,})" if figures else "-"
 
 
 def plot(results: list[SimResult], out: Path) -> list[Path]:

@@ -143,6 +143,11 @@ class SimResult:
     events: int
     failovers: int
     shape: tuple[int, int]
+    requests: dict[str, dict[str, float]] = field(default_factory=dict)
+    """The workers' requests by operation: count and mean milliseconds (``swarmd status``'s
+    ``requests_by_op``)."""
+    push_phases: dict[str, dict[str, float]] = field(default_factory=dict)
+    """The servers' time per push before applying it, by phase (``swarmd status``'s)."""
 
     def tokens_per_s_series(self) -> list[float]:
         return [n * self.tokens_per_micro_batch / self.bucket_s for n in self.timeline]
@@ -821,6 +826,7 @@ class Simulation:
             recovery_s=recovery_times(self.timeline, self.s.bucket_s, self.departure_times),
             wall_s=wall_s, events=events, failovers=self.counts["failovers"],
             shape=(self.shape.stages, self.shape.data_parallel),
+            requests=self.requests.status(), push_phases=self.push_phases.status(),
         )  # fmt: skip
 
 
