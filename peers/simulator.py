@@ -81,7 +81,11 @@ class SimSettings:
     """A returning device is in the membership this long after it comes back."""
     lease_s: float = 900.0
     batches_ahead: int = 1
-    """Stage 0 feeds at most this many batches beyond the one being summed."""
+    """Stage 0 feeds at most this many batches beyond the one being summed: the micro-batches
+    in flight and those summed toward the next update together stay within ``1 +
+    batches_ahead`` batches (the daemon's ``StageHost.feed``)."""
+    max_in_flight: int = 16
+    """Micro-batches in flight at most, however large the batch (the daemon's trainer's)."""
     push_every: int = 2
     """Finished micro-batches a worker sums before it pushes (the bytes of a push, amortised)."""
     bucket_s: float = 60.0
@@ -226,6 +230,7 @@ class Simulation:
         self.poll_serial: dict[int, int] = {}  # an idle worker's next round of claims; older ones lapse
         self.job: dict[int, int] = {}  # a worker's current job: events of an older one lapse
         self.held: dict[tuple[int, int], list[tuple]] = {}  # (worker, stage) -> finished, not yet pushed
+        self.held_since: dict[tuple[int, int], float] = {}  # (worker, stage) -> when its oldest was finished
         self.weights: dict[tuple[int, int], list[int]] = {}  # (device, stage) -> versions held, oldest first
         self.live_ids: list[str] = []
         self.plan: Plan | None = None
@@ -495,8 +500,10 @@ class Simulation:
     # --- the data path -----------------------------------------------------------------------
 
     def _feed(self, now: float) -> None:
-        limit = self.per_update * (1 + self.s.batches_ahead)
-        while len(self.in_flight) < limit:
+        """Stage 0 puts new micro-batches while the pipeline has room, as the daemon's stage 0
+        host does: a micro-batch finished but not yet in an update still takes its place."""
+        limit = self.per_update * (1 + self.s.batches_ahead) - self.stages[0].pending
+        while len(self.in_flight) < min(limit, self.s.max_in_flight):
             m = self.next_micro_batch
             self.next_micro_batch += 1
             self._put_forward(0, m, now)
@@ -604,6 +611,14 @@ class Simulation:
         home = self.worker_stage.get(d)
         if home is None or not self.up[d] or d in self.busy:
             return
+        # A sum whose oldest lease has run a third of its time is pushed first: it must not
+        # expire (the daemon's ``_flush_old``).
+        old = next((s for s in range(len(self.stages))
+                    if self.held.get((d, s)) and now - self.held_since[(d, s)] > self.s.lease_s / 3), None)  # fmt: skip
+        if old is not None:
+            self._begin(d)
+            self._push(d, old, now)
+            return
         claimed = self._claim(d, home, now)
         if claimed is None:
             self._fruitless(d, home, now)
@@ -655,7 +670,10 @@ class Simulation:
             nxt = self.stages[s + 1].host
             self._send(d, nxt, self.act_bytes, now, _FORWARD_PUT, (token, nxt, now))
             return
-        self.held.setdefault((d, s), []).append(token)
+        held = self.held.setdefault((d, s), [])
+        if not held:
+            self.held_since[(d, s)] = now
+        held.append(token)
         if s > 0:
             prev = self.stages[s - 1].host
             self._send(d, prev, self.act_bytes, now, _BACKWARD_PUT, (token, prev, now))
