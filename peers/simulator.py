@@ -370,9 +370,12 @@ class Simulation:
         self.flops = self._stage_flops(global_plan.layers_per_stage)
         if not self.stages:
             return
+        previous = self.worker_stage
         self.worker_stage = {d: s for row in global_plan.pipelines for s, d in enumerate(row) if self.up[d]}
-        for d in list(self.worker_stage):
-            if d not in self.busy:
+        for d, s in list(self.worker_stage.items()):
+            # An idle worker kept on its stage is already waiting for work: asking again would
+            # find none (at 1,000 devices, re-asking every idle worker made most of the time).
+            if d not in self.busy and (d not in self.idle_since or previous.get(d) != s):
                 self._idle(d, now)
         for s, stage in enumerate(self.stages):
             if stage.standby is None or not self.member[stage.standby]:
