@@ -10,9 +10,11 @@ class OpTimes:
         self._count: dict[str, int] = {}
         self._seconds: dict[str, float] = {}
 
-    def add(self, op: str, seconds: float) -> None:
-        self._count[op] = self._count.get(op, 0) + 1
-        self._seconds[op] = self._seconds.get(op, 0.0) + seconds
+    def add(self, op: str, seconds: float, times: int = 1) -> None:
+        """``times`` runs of ``op`` that took ``seconds`` each."""
+        self._count[op] = self._count.get(op, 0) + times
+        self._seconds[op] = self._seconds.get(op, 0.0) + seconds * times
 
     def status(self) -> dict[str, dict[str, float]]:
-        return {op: {"n": n, "mean_ms": round(1e3 * self._seconds[op] / n, 1)} for op, n in sorted(self._count.items())}
+        return {op: {"n": n, "mean_ms": round(1e3 * float(self._seconds[op]) / n, 1)}
+                for op, n in sorted(self._count.items()) if n}  # fmt: skip

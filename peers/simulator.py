@@ -538,15 +538,20 @@ class Simulation:
         """A round of claims found nothing: the worker is idle, as the daemon's is. It waits to
         be woken by work (``_wake``), which it notices at its next round of claims; once idle
         ``FLUSH_IDLE_S`` it pushes what it holds (``swarmd.peers.idle_polling``)."""
-        for stage in self.stages:
-            if self.up[stage.host]:
-                self.requests.add("claim", self._rtt(d, stage.host))
+        self._count_fruitless(d, 1)
         round_s = self._round_s(d)
         since = self.idle_since.setdefault(d, now + round_s)
         if d not in self.stages[home].waiting:
             self.stages[home].waiting.append(d)
         if any(self.held.get((d, s)) for s in range(len(self.stages))):
             self._at(max(now + round_s, since + flush_at(round_s)), _FLUSH, (d, since))
+
+    def _count_fruitless(self, d: int, rounds: int) -> None:
+        """``rounds`` rounds of claims that found nothing, in the workers' request counts."""
+        if rounds > 0:
+            for stage in self.stages:
+                if self.up[stage.host]:
+                    self.requests.add("claim", self._rtt(d, stage.host), rounds)
 
     def _flush(self, now: float, d: int, since: float) -> None:
         """Still idle in the same spell: push a stage's gradient sum (the next round pushes the
@@ -567,10 +572,7 @@ class Simulation:
             return
         round_s = self._round_s(d)
         start, rounds = next_round(max(0.0, now - since), round_s)
-        for _ in range(rounds - self.idle_rounds.get(d, 0)):
-            for stage in self.stages:
-                if self.up[stage.host]:
-                    self.requests.add("claim", self._rtt(d, stage.host))
+        self._count_fruitless(d, rounds - self.idle_rounds.get(d, 0))
         self.idle_rounds[d] = rounds
         self.poll_serial[d] = serial = self.poll_serial.get(d, 0) + 1
         self._at(since + start, _POLL, (d, serial))
