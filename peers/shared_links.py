@@ -52,6 +52,7 @@ class SharedLinks:
         self.sending: dict[int, set[int]] = {}  # device -> slots of the flows it sends
         self.receiving: dict[int, set[int]] = {}
         self._serials = itertools.count(1)
+        self.clock = 0.0
         # A flow's slot in each array; a free slot is reused (its serial keeps old events apart).
         self.src, self.dst = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         self.size, self.left, self.rate, self.since, self.eta = (np.zeros(0) for _ in range(5))
@@ -78,6 +79,7 @@ class SharedLinks:
         ``payload`` once its last byte is through. Returns the flow's slot."""
         if src == dst or nbytes <= 0:
             raise ValueError(f"a flow needs two ends and bytes: {src} -> {dst}, {nbytes} B")
+        self._advance_clock(now)
         if not self.free:
             self._grow(2 * len(self.payload))
         slot = self.free.pop()
@@ -94,6 +96,7 @@ class SharedLinks:
         event was superseded, or the flow slowed down since and is rescheduled)."""
         if self.serial[slot] != serial:
             return None
+        self._advance_clock(now)
         rate = float(self.rate[slot])
         left = float(self.left[slot]) - rate * (now - float(self.since[slot]))
         self.left[slot], self.since[slot] = left, now
@@ -115,6 +118,12 @@ class SharedLinks:
         self.free.append(slot)
         self._share(now, src, dst)
         return payload
+
+    def _advance_clock(self, now: float) -> None:
+        """Flows are advanced to ``now``: a start or an end in the past would undo bytes sent."""
+        if now < self.clock:
+            raise ValueError(f"a flow event at {now} s, before the last one at {self.clock} s")
+        self.clock = now
 
     def rate_of(self, slot: int) -> float:
         return float(self.rate[slot])

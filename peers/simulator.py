@@ -180,7 +180,7 @@ class _Stage:
 
 # event kinds
 (_CHURN, _NOTICE, _CLAIMED, _COMPUTED, _FORWARD_PUT, _BACKWARD_PUT, _PUT_ANSWERED, _FINISH, _LOGGED, _FREE,
- _STANDBY_READY, _PLAN_READY, _FLOW, _FLUSH, _POLL) = range(15)  # fmt: skip
+ _STANDBY_READY, _PLAN_READY, _FLOW, _FLUSH, _POLL, _SEND) = range(16)  # fmt: skip
 
 
 class Simulation:
@@ -251,6 +251,7 @@ class Simulation:
             _FORWARD_PUT: self._forward_put, _BACKWARD_PUT: self._backward_put, _PUT_ANSWERED: self._put_answered,
             _FINISH: self._finish, _LOGGED: self._logged, _FREE: self._free, _STANDBY_READY: self._standby_ready,
             _PLAN_READY: self._plan_ready, _FLOW: self._flow_due, _FLUSH: self._flush, _POLL: self._poll,
+            _SEND: self._send_now,
         }  # fmt: skip
         n = 0
         while self.events and n < self.s.max_events:
@@ -289,6 +290,9 @@ class Simulation:
         self.sent[src] += nbytes
         self.received[dst] += nbytes
         self.links.start(now, src, dst, nbytes, (kind, args, self._one_way(src, dst) + after))
+
+    def _send_now(self, now: float, src: int, dst: int, nbytes: float, kind: int, args: tuple) -> None:
+        self._send(src, dst, nbytes, now, kind, args)
 
     def _flow_due(self, now: float, fid: int, serial: int) -> None:
         payload = self.links.due(now, fid, serial)
@@ -649,9 +653,10 @@ class Simulation:
         flops = self.flops[s] if (last or not forward) else self.flops[s] / 3.0
         if not forward:
             flops += self.flops[s] / 3.0  # the forward is recomputed on the task's weights
-        answered = now + self._back(d, stage.host)  # the claim reaches the host
         token = (d, job, self.generation, s, lease, version)
-        self._send(stage.host, d, nbytes, answered, _CLAIMED, (token, now, flops / self.tflops[d]))
+        # The answer leaves once the claim has reached the host (a flow starts at its event).
+        self._at(now + self._back(d, stage.host), _SEND,
+                 (stage.host, d, nbytes, _CLAIMED, (token, now, flops / self.tflops[d])))  # fmt: skip
 
     def _claimed(self, now: float, token: tuple, asked: float, compute_s: float) -> None:
         """The claim's answer is in: the worker computes."""

@@ -116,3 +116,10 @@ def test_max_min_rates_fill_the_tightest_resource_first_and_give_the_rest_to_the
     capacity = np.array([10.0, 4.0, 100.0, 100.0, 100.0, 100.0])
     rates = max_min_rates(capacity, np.array([[0, 2], [0, 3], [0, 1], [1, 5]]))
     assert rates.tolist() == pytest.approx([4.0, 4.0, 2.0, 2.0])
+
+
+def test_a_flow_cannot_start_before_the_last_flow_event() -> None:
+    links = SharedLinks(*star(3), lambda t, fid, serial: None)
+    links.start(5.0, 0, 1, 10.0, None)
+    with pytest.raises(ValueError, match="before the last one"):
+        links.start(4.0, 0, 2, 10.0, None)

@@ -149,8 +149,8 @@ def test_every_host_picks_the_standby_the_daemon_would_the_likeliest_to_stay() -
     sim.run()
     assert [st.host for st in sim.stages] == [0, 1]
     assert [st.standby for st in sim.stages] == [3, 3]  # both stages' logs go to the same peer
-    sim._churn(10.0, 3, False)
-    sim._notice(20.0, 3, False, int(sim.epoch[3]))
+    sim._churn(100.0, 3, False)  # after the run's 36 s
+    sim._notice(110.0, 3, False, int(sim.epoch[3]))
     assert [st.standby for st in sim.stages] == [2, 2]
 
 
