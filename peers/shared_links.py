@@ -125,9 +125,6 @@ class SharedLinks:
             raise ValueError(f"a flow event at {now} s, before the last one at {self.clock} s")
         self.clock = now
 
-    def rate_of(self, slot: int) -> float:
-        return float(self.rate[slot])
-
     def _share(self, now: float, src: int, dst: int) -> None:
         """Re-divide the rates of the flows on ``src``'s uplink and ``dst``'s downlink. The
         other flows on those flows' interfaces keep their rates: what they use is taken off
