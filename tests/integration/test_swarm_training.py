@@ -62,12 +62,16 @@ def training(daemon: LocalDaemon) -> dict[str, Any]:
 
 
 class VersionWatch:
-    """Samples every stage's parameter-server version from its host, and records any decrease."""
+    """Samples every stage's parameter-server version from its host, and records any decrease;
+    and gathers the losses every host of the last stage recorded (the stage can change hands
+    and come back: no single host's list need hold every micro-batch)."""
 
     def __init__(self, daemons: list[LocalDaemon]) -> None:
         self.daemons = daemons
         self.highest: dict[int, int] = {}
         self.decreases: list[str] = []
+        self.losses: dict[int, float] = {}
+        self._lock = threading.Lock()  # the test's thread samples too: one sample at a time
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -78,20 +82,27 @@ class VersionWatch:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(10)
-        self._sample()
+        self.sample()
 
     def _run(self) -> None:
         while not self._stop.wait(0.5):
-            self._sample()
+            self.sample()
 
-    def _sample(self) -> None:
+    def sample(self) -> None:
+        with self._lock:
+            self._sample_each()
+
+    def _sample_each(self) -> None:
         for daemon in self.daemons:
             if daemon.proc is None or daemon.proc.poll() is not None:
                 continue
             try:
-                hosts = training(daemon).get("hosts") or {}
+                status = training(daemon)
             except Exception:  # a daemon frozen, killed or restarting: not a version
                 continue
+            for m, loss in status.get("losses") or []:
+                self.losses.setdefault(m, loss)
+            hosts = status.get("hosts") or {}
             for stage, host in hosts.items():
                 s, v = int(stage), host["version"]
                 if v < self.highest.get(s, 0):
@@ -182,17 +193,20 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
         cursor = hosts[0][1]["data_cursor"]
 
         # Nothing lost: every micro-batch below stage 0's cursor has finished at stage 0, and
-        # (once stage 1's re-queued work is done) has its loss recorded at the last stage, from
-        # the first one this last-stage host saw (those before went through the daemon that
-        # hosted both stages before the others joined).
+        # (once stage 1's re-queued work is done) has its loss recorded at the last stage, by
+        # whichever daemon hosted it then, from the first one seen there.
+        def seen_at_last_stage() -> set[int]:
+            watch.sample()
+            return set(watch.losses) | {m for m, _ in training(last_host)["losses"]}
+
         def all_finished() -> bool:
-            seen = {m for m, _ in training(last_host)["losses"]}
+            seen = seen_at_last_stage()
             return all(m in seen for m in range(min(seen), cursor))
 
         try:
             wait_for(all_finished, 60, f"every micro-batch below {cursor} to have its loss at the last stage")
         except TimeoutError:
-            seen = {m for m, _ in training(last_host)["losses"]}
+            seen = seen_at_last_stage()
             missing = [m for m in range(min(seen), cursor) if m not in seen]
             print("missing at the last stage:", missing[:20], "of", len(missing))
             for stage, (_, info) in sorted(hosts_of(daemons).items()):
