@@ -81,7 +81,7 @@ def bench_swarm(n: int, threads: int, seconds: float) -> dict[str, Any]:
         wait_for(settled, 120, "the stages to settle over the daemons")
         time.sleep(5)  # sync-ok: warm-up before the measurement window (weights pulled, queues full)
         t0, tok0, sec0, up0 = snapshot(daemons)
-        time.sleep(seconds)
+        time.sleep(seconds)  # sync-ok: the measurement window itself
         t1, tok1, sec1, up1 = snapshot(daemons)
         busy = {p: sec1[p] - sec0[p] for p in PARTS}
         return {"tokens_per_s": (tok1 - tok0) / (t1 - t0), "updates": up1 - up0, "seconds": busy, "window": t1 - t0}

@@ -115,7 +115,7 @@ def round_trips(n):
             while got < 64:
                 got += len(c.recv(64 - got))
             out.append(time.perf_counter() - started)
-            time.sleep(0.02)
+            time.sleep(0.02)  # sync-ok: spacing between pings
     return statistics.median(out)
 def bulk():
     with socket.create_connection((host, 9100), timeout=30) as conn:
@@ -123,7 +123,7 @@ def bulk():
 idle = round_trips(20)
 sender = threading.Thread(target=bulk)
 sender.start()
-time.sleep(1.0)  # TCP has filled the bottleneck's buffer
+time.sleep(1.0)  # sync-ok: TCP has filled the bottleneck's buffer
 loaded = round_trips(30)
 sender.join()
 print(json.dumps({"idle_s": idle, "loaded_s": loaded}))

@@ -85,7 +85,7 @@ class Swarm:
 
         async def watch() -> None:
             while not done():
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0.01)  # sync-ok: the poll interval of a condition wait under wait_for's timeout
 
         try:
             await asyncio.wait_for(watch(), timeout)
