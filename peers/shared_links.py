@@ -51,6 +51,7 @@ class SharedLinks:
         self.up_load, self.down_load = np.zeros(self.n), np.zeros(self.n)  # bytes/s in use on each interface
         self.sending: dict[int, set[int]] = {}  # device -> slots of the flows it sends
         self.receiving: dict[int, set[int]] = {}
+        self.pairs: dict[tuple[int, int], int] = {}  # (src, dst) -> flows in flight between them
         self._serials = itertools.count(1)
         self.clock = 0.0
         # A flow's slot in each array; a free slot is reused (its serial keeps old events apart).
@@ -88,8 +89,13 @@ class SharedLinks:
         self.payload[slot] = payload
         self.sending.setdefault(src, set()).add(slot)
         self.receiving.setdefault(dst, set()).add(slot)
+        self.pairs[src, dst] = self.pairs.get((src, dst), 0) + 1
         self._share(now, src, dst)
         return slot
+
+    def carrying(self, src: int, dst: int) -> bool:
+        """Whether a flow from ``src`` to ``dst`` is in flight."""
+        return (src, dst) in self.pairs
 
     def due(self, now: float, slot: int, serial: int) -> Any | None:
         """The flow's completion event fired: its payload if it is through, else None (the
@@ -111,6 +117,10 @@ class SharedLinks:
             members.discard(slot)
             if not members:
                 del index[key]
+        if self.pairs[src, dst] == 1:
+            del self.pairs[src, dst]
+        else:
+            self.pairs[src, dst] -= 1
         self.up_load[src] = max(0.0, self.up_load[src] - rate)
         self.down_load[dst] = max(0.0, self.down_load[dst] - rate)
         payload, self.payload[slot] = self.payload[slot], None

@@ -92,9 +92,13 @@ class SimSettings:
     checkpoint_every: int = 10
     """Updates between the checkpoints a host sends its standby (the daemon's ``CHECKPOINT_EVERY``)."""
     keep_versions: int = 8
+    """Weights versions a worker keeps per stage (the daemon's ``WorkerSettings.keep_versions``)."""
     standing_queue_s: float = 0.0
     """The delay a busy interface's buffer adds to every packet through it (bufferbloat)."""
-    """Weights versions a worker keeps per stage (the daemon's ``WorkerSettings.keep_versions``)."""
+    connection_queue_s: float = 0.0
+    """The delay a message waits behind another transfer between the same two peers: libp2p
+    carries all their streams over one connection, whose send buffer is first come, first
+    served (the calibration harness measures it on the data path)."""
     max_events: int = 200_000_000
 
 
@@ -609,10 +613,13 @@ class Simulation:
 
     def _one_way(self, a: int, b: int) -> float:
         """The latency from ``a`` to ``b``, plus the standing queue of each end's interface that
-        is busy with other flows: a bulk TCP flow keeps its bottleneck's buffer full, and every
-        packet behind it waits that long (``SimSettings.standing_queue_s``)."""
+        is busy with other flows (a bulk TCP flow keeps its bottleneck's buffer full, and every
+        packet behind it waits that long: ``SimSettings.standing_queue_s``), plus the wait behind
+        a transfer already in flight from ``a`` to ``b`` on their shared connection
+        (``SimSettings.connection_queue_s``)."""
         queued = (a in self.links.sending) + (b in self.links.receiving)
-        return float(self.sc.latency_s[a, b]) + queued * self.s.standing_queue_s
+        behind = self.s.connection_queue_s if self.links.carrying(a, b) else 0.0
+        return float(self.sc.latency_s[a, b]) + queued * self.s.standing_queue_s + behind
 
     def _idle(self, d: int, now: float) -> None:
         """The worker asks for a task (a claim: one request, the stage input and any weights

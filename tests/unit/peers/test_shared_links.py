@@ -103,6 +103,22 @@ def test_no_resource_carries_more_than_its_capacity_in_a_random_mix() -> None:
     assert len(links) == 0
 
 
+def test_the_links_know_which_pairs_carry_a_flow_until_the_last_one_between_them_ends() -> None:
+    events: list[tuple[float, int, int]] = []
+    links = SharedLinks(*star(3), lambda t, fid, serial: heapq.heappush(events, (t, fid, serial)))
+    links.start(0.0, 0, 1, 100.0, "a")
+    links.start(0.0, 0, 1, 300.0, "b")
+    assert links.carrying(0, 1) and not links.carrying(1, 0) and not links.carrying(0, 2)
+    finished = []
+    while events:
+        t, fid, serial = heapq.heappop(events)
+        name = links.due(t, fid, serial)
+        if name is not None:
+            finished.append(name)
+            assert links.carrying(0, 1) == (name == "a")  # "b" still runs after "a" ends
+    assert finished == ["a", "b"] and links.pairs == {}
+
+
 def test_a_flow_needs_two_ends_and_bytes() -> None:
     links = SharedLinks(*star(2), lambda t, fid, serial: None)
     with pytest.raises(ValueError, match="two ends"):

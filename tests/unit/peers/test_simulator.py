@@ -163,3 +163,12 @@ def test_a_busy_interface_adds_its_standing_queue_to_every_message_through_it() 
     assert sim._one_way(2, 1) == pytest.approx(0.051)  # into d1's busy downlink
     assert sim._one_way(0, 1) == pytest.approx(0.101)  # both
     assert sim._one_way(2, 3) == pytest.approx(0.001) and sim._rtt(2, 0) == pytest.approx(0.052)
+
+
+def test_a_message_waits_behind_a_transfer_between_the_same_two_peers_and_only_that() -> None:
+    settings = SimSettings(hours=0.1, connection_queue_s=0.04)
+    sim = Simulation(scenario(4), FIXED, settings, (np.ones(4, dtype=bool), []))
+    sim._send(0, 1, 1e8, 0.0)  # a bulk flow from d0 to d1 on their connection
+    assert sim._one_way(0, 1) == pytest.approx(0.041)  # queued behind it
+    assert sim._one_way(1, 0) == pytest.approx(0.001)  # the other direction has its own buffer
+    assert sim._one_way(0, 2) == pytest.approx(0.001) and sim._one_way(2, 1) == pytest.approx(0.001)
