@@ -650,9 +650,11 @@ class Simulation:
         version = stage.version if forward else (task.weights_version or 0)
         nbytes = (self.token_bytes if s == 0 else self.act_bytes) + (0 if forward else self.act_bytes)
         held = self.weights.setdefault((d, s), [])
+        self.counts["tasks_" + ("last" if last else task.kind.value)] += 1
         # A new forward computes on the host's newest version or a newer one held here; a
         # backward needs exactly the version its forward used.
         if not (held and (held[-1] >= version if forward else version in held)):
+            self.counts["weight_pulls"] += 1
             nbytes += self.weights_bytes
             held.append(version)
             held.sort()

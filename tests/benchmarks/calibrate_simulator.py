@@ -7,15 +7,20 @@
    model at once; their rate becomes each device's ``tflops`` (the scenario's unit).
 2. **The real swarm.** One network namespace per daemon on a bridge; ``tc tbf`` shapes each
    device's upload and download, and the data path's latency shim
-   (``swarmd.peers.emulated_delay``; no ``netem`` here) adds the one-way latency. One TCP
-   stream's goodput is measured, and the standing queue it keeps in the shaper's buffer (the
-   delay it adds to other packets): the scenario and the simulation take both. The daemons
-   train the default run; once both stages have their hosts, stage 0's finished micro-batches
-   are sampled for ``--seconds``, and at ``--kill-at`` one worker that hosts nothing is killed
-   (SIGKILL).
+   (``swarmd.peers.emulated_delay``; no ``netem`` here) adds the one-way latency. Measured
+   first: one TCP stream's goodput and the standing queue it keeps in the shaper's buffer (the
+   delay it adds to other connections' packets); and on the daemons' own data path (hivemind
+   P2P streams, swarmd's framing, the shim) a bulk request's goodput and how much longer a
+   small request takes beside it on the same connection. The scenario's links get the data
+   path's goodput, the simulation both delays. The daemons train the default run; once both
+   stages have their hosts, stage 0's finished micro-batches are sampled for ``--seconds``,
+   and at ``--kill-at`` one worker that hosts nothing is killed (SIGKILL). The workers'
+   requests, tasks and weight pulls, and the hosts' push phases, are counted over the window.
 3. **The simulated swarm.** The same devices, links and model as a scenario file, simulated
    by ``swarmd.peers.simulator`` with swarmd's planner, the same number of seconds, and the
-   same worker leaving at the same moment.
+   same worker leaving at the same moment. The real window starts in a swarm that has
+   trained a while, so the simulation runs ``SIM_WINDOWS`` windows, each after its own
+   warm-up, and averages them.
 4. **The comparison.** Tokens/s before the kill, after it, and over the whole window; the
    time until throughput was back to 90% of what it was (``recovery_times``, on 2 s buckets
    against the 20 s before the kill); real against simulated, with the ratio. A JSON file, a
@@ -38,7 +43,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +64,13 @@ from tests.integration.netns import EmulatedNetwork  # noqa: E402
 
 BUCKET_S = 2.0
 WINDOW_BUCKETS = 10
+SAMPLE_S = 0.5
+SIM_WINDOWS = 8
+"""Simulated windows per comparison, each after its own warm-up (``WARMUP_S`` and then
+``WARMUP_STEP_S`` apart): the real window starts at some moment of a running swarm, and one
+simulated window alone would carry the phase of its start. Their figures are averaged."""
+WARMUP_S = 20.0
+WARMUP_STEP_S = 4.0
 HEARTBEAT = ["--heartbeat-interval", "1", "--heartbeat-ttl", "6"]
 HEARTBEAT_TTL_S = 6.0
 LEASE_S = 30.0  # the daemon's worker lease (``PipelineWorker``'s ``lease_s``)
@@ -128,6 +140,93 @@ loaded = round_trips(30)
 sender.join()
 print(json.dumps({"idle_s": idle, "loaded_s": loaded}))
 """
+
+# The daemons' own data path (hivemind P2P streams through p2pd, swarmd's framing and its
+# latency shim), between two devices: a small request's round trip on the idle connection, a
+# bulk request's goodput, and small requests' round trip beside that bulk request on the same
+# connection (libp2p multiplexes a pair's streams over one connection).
+DATA_PATH_SERVER = r"""
+import asyncio, sys
+from hivemind.p2p import P2P
+from swarmd.peers.stage_rpc import RpcServer
+async def sink(peer, header, blobs):
+    return {"bytes": sum(len(b) for b in blobs)}, []
+async def main():
+    p2p = await P2P.create(host_maddrs=[f"/ip4/{sys.argv[1]}/tcp/0"], nat_port_map=False, auto_nat=False,
+                           use_relay=False)
+    await RpcServer({"sink": sink}, max_message_bytes=256 << 20, timeout_s=120).attach(p2p)
+    print([str(m) for m in await p2p.get_visible_maddrs()][0], flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
+DATA_PATH_CLIENT = r"""
+import asyncio, json, statistics, sys, time
+from hivemind.p2p import P2P
+from swarmd.peers.stage_rpc import call
+async def main():
+    ip, maddr, nbytes = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    p2p = await P2P.create(host_maddrs=[f"/ip4/{ip}/tcp/0"], initial_peers=[maddr], nat_port_map=False,
+                           auto_nat=False, use_relay=False)
+    server = maddr.split("/p2p/")[1]
+    async def small(n):
+        out = []
+        for _ in range(n):
+            started = time.perf_counter()
+            await call(p2p, server, "sink", {}, [bytes(64)])
+            out.append(time.perf_counter() - started)
+            await asyncio.sleep(0.02)  # sync-ok: spacing between pings
+        return statistics.median(out)
+    await small(3)  # the connection is open and warm
+    idle = await small(15)
+    started = time.perf_counter()
+    bulk = asyncio.create_task(call(p2p, server, "sink", {}, [bytes(nbytes)], timeout_s=300))
+    await asyncio.sleep(0.5)  # sync-ok: the bulk request fills the connection's buffers
+    loaded = await small(15)
+    await bulk
+    elapsed = time.perf_counter() - started
+    print(json.dumps({"idle_rtt_s": idle, "loaded_rtt_s": loaded, "goodput_Bps": nbytes / max(1e-6, elapsed - idle)}))
+    await p2p.shutdown()
+asyncio.run(main())
+"""
+
+
+@dataclass
+class DataPath:
+    """What the daemons' data path gets between two devices of the emulated network."""
+
+    goodput_Bps: float
+    """A bulk request's bytes over its time less one idle round trip: what a swarmd link
+    probe measures, and what a scenario's bandwidth means."""
+    idle_rtt_s: float
+    """A small request's round trip on an idle connection (the latency both ways, and the
+    stack's own cost per request)."""
+    loaded_rtt_s: float
+    """The same beside a bulk request on the same connection."""
+
+    @property
+    def connection_queue_s(self) -> float:
+        """How long a message waits behind a transfer on the same connection (the
+        simulator's ``connection_queue_s``)."""
+        return max(0.0, self.loaded_rtt_s - self.idle_rtt_s)
+
+
+def measure_data_path(net: EmulatedNetwork, nbytes: int) -> DataPath:
+    """The data path from device 0 to device 1 (``DATA_PATH_CLIENT``)."""
+    server = subprocess.Popen([*net.prefix_for(1), sys.executable, "-c", DATA_PATH_SERVER, net.ip(1)],
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert server.stdout is not None
+        maddr = server.stdout.readline().strip()
+        if "/p2p/" not in maddr:
+            raise RuntimeError(f"the data path's server did not start: {maddr!r}")
+        client = subprocess.run(
+            [*net.prefix_for(0), sys.executable, "-c", DATA_PATH_CLIENT, net.ip(0), maddr, str(nbytes)],
+            check=True, timeout=300, capture_output=True, text=True,
+        )  # fmt: skip
+        return DataPath(**json.loads(client.stdout.strip().splitlines()[-1]))
+    finally:
+        server.kill()
+        server.wait(10)
 
 
 def measure_link(net: EmulatedNetwork, nbytes: int) -> tuple[float, float]:
@@ -238,6 +337,76 @@ def hosts_of(daemons: list[LocalDaemon]) -> dict[int, tuple[int, dict[str, Any]]
     return found
 
 
+def hosted_as_planned(daemons: list[LocalDaemon]) -> bool:
+    """Whether every stage is hosted by its parameter server in the newest plan any daemon follows."""
+    statuses = {i: d.status() or {} for i, d in enumerate(daemons) if d.proc is not None and d.proc.poll() is None}
+    plans = [p for st in statuses.values() if (p := (st.get("swarm") or {}).get("plan"))]
+    if not plans:
+        return False
+    servers = max(plans, key=lambda p: p["version"])["parameter_servers"]
+    hosting: dict[int, str | None] = {}
+    for st in statuses.values():
+        for stage in (st.get("training") or {}).get("hosts") or {}:
+            hosting[int(stage)] = st.get("peer_id")
+    return [hosting.get(stage) for stage in range(len(servers))] == servers
+
+
+def roles_of(daemons: list[LocalDaemon]) -> dict[str, Any]:
+    """Who hosts each stage, its standby (where its pushes are logged), and each daemon's
+    reliability score as the others measured it (as daemon 0 sees them), by daemon index."""
+    statuses = {i: d.status() or {} for i, d in enumerate(daemons) if d.proc is not None and d.proc.poll() is None}
+    index = {st.get("peer_id"): i for i, st in statuses.items()}
+    hosts, standbys = {}, {}
+    for i, st in statuses.items():
+        training = st.get("training") or {}
+        for stage in training.get("hosting") or []:
+            hosts[stage], standbys[stage] = i, index.get(training.get("standby"))
+    scores = (((statuses.get(0) or {}).get("swarm") or {}).get("reliability")) or {}
+    return {"hosts": hosts, "standbys": standbys, "scores": {index[p]: v for p, v in scores.items() if p in index}}
+
+
+def log_phases_of(daemon: LocalDaemon) -> dict[str, Any]:
+    """How long the daemon took to log the pushes it received as a standby, by phase."""
+    if daemon.proc is None or daemon.proc.poll() is not None:
+        return {}
+    return ((daemon.status() or {}).get("standby_copies") or {}).get("log_phases") or {}
+
+
+def cpu_times() -> tuple[int, int]:
+    """This machine's CPU time so far, in clock ticks: (busy, all) over every core."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle and iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def busy_fraction(start: tuple[int, int], end: tuple[int, int]) -> float:
+    """How busy the cores were between two ``cpu_times``: 1.0 is every core all the time. The
+    emulated devices share this machine's cores; a simulated device has its own."""
+    return (end[0] - start[0]) / max(1, end[1] - start[1])
+
+
+def training_of(daemon: LocalDaemon) -> dict[str, Any]:
+    """The daemon's training status, empty when it does not answer (not running, or killed)."""
+    if daemon.proc is None or daemon.proc.poll() is not None:
+        return {}
+    return (daemon.status() or {}).get("training") or {}
+
+
+def worker_ops(training: dict[str, Any]) -> dict[str, Any] | None:
+    return (training.get("worker") or {}).get("requests_by_op")
+
+
+WORK_COUNTS = ("tasks_forward", "tasks_backward", "tasks_last", "weight_pulls")
+
+
+def worker_counts(training: dict[str, Any]) -> dict[str, int]:
+    """The worker's tasks by kind and weight pulls so far (``swarmd status``)."""
+    worker = training.get("worker") or {}
+    tasks = worker.get("tasks") or {}
+    return {**{f"tasks_{kind}": int(tasks.get(kind, 0)) for kind in ("forward", "backward", "last")},
+            "weight_pulls": int(worker.get("weight_pulls", 0))}  # fmt: skip
+
+
 def real_run(net: EmulatedNetwork, workdir: Path, seconds: float, kill_at: float, warmup_updates: int) -> dict:
     spec = workdir / "run.json"
     spec.write_text(json.dumps(DEFAULT_RUN))
@@ -260,31 +429,62 @@ def real_run(net: EmulatedNetwork, workdir: Path, seconds: float, kill_at: float
             daemon.start(addrs)
         for daemon in daemons:
             daemon.wait_running()
-        print("daemons running; waiting for two hosts and the first updates", flush=True)
-        wait_for(lambda: len({i for i, _ in hosts_of(daemons).values()}) == 2, 180, "two daemons hosting a stage")
+        print("daemons running; waiting for the plan's parameter servers to host and the first updates", flush=True)
+        # Stages claimed before the first plan move to the plan's servers once: the window
+        # starts after that, in the swarm as it stays.
+        wait_for(lambda: hosted_as_planned(daemons), 240, "the plan's parameter servers hosting their stages")
         wait_for(lambda: min((info["version"] for _, info in hosts_of(daemons).values()), default=0)
                  >= warmup_updates, 300, f"{warmup_updates} updates")  # fmt: skip
         samples: list[tuple[float, int, int]] = []  # (t, stage-0 host, its micro_batches_finished)
         bytes_at_start = [net.interface_bytes(i) for i in range(net.n)]
+        at_start = [training_of(d) for d in daemons]  # the window's requests are the counters' growth
+        hosts_at_start = hosts_of(daemons)
+        roles_at_start = roles_of(daemons)
+        logs_at_start = [log_phases_of(d) for d in daemons]
+        cpu_at_start = cpu_times()
         started = time.monotonic()
         victim = None
+        first = hosts_at_start[0][0]  # sampling asks stage 0's host alone: measuring must not load the swarm
         while (t := time.monotonic() - started) < seconds:
-            hosts = hosts_of(daemons)
-            if 0 in hosts:
-                samples.append((t, hosts[0][0], int(hosts[0][1]["host"]["micro_batches_finished"])))
+            info = (training_of(daemons[first]).get("hosts") or {}).get("0")
+            if info is None and (found := hosts_of(daemons).get(0)) is not None:
+                first, info = found  # stage 0 changed hands
+            if info is not None:
+                samples.append((t, first, int(info["host"]["micro_batches_finished"])))
             if victim is None and t >= kill_at:
-                hosting = {i for i, _ in hosts.values()}
+                hosting = {i for i, _ in hosts_of(daemons).values()}
                 victim = max(set(range(net.n)) - hosting)
+                last_words = training_of(daemons[victim])  # its counters, as close to the kill as can be
                 daemons[victim].kill()
                 print(f"killed d{victim} at {t:.1f} s (it hosted nothing)", flush=True)
-            time.sleep(0.25)  # sync-ok: the sampling interval of a measurement
+            time.sleep(SAMPLE_S)  # sync-ok: the sampling interval of a measurement
         bytes_at_end = [net.interface_bytes(i) for i in range(net.n)]
+        cpu_busy = busy_fraction(cpu_at_start, cpu_times())
+        roles = {"start": roles_at_start, "end": roles_of(daemons)}
+        standby_log_in_window = op_sums(
+            op_delta(log_phases_of(d), start) for d, start in zip(daemons, logs_at_start, strict=True)
+        )
         versions = [info["version"] for _, info in hosts_of(daemons).values()]
         # what each daemon did, to explain a difference: tasks, weight pulls, time spent where
-        trainers = [(d.status() or {}).get("training") or {} for d in daemons]
-        hosts = {s: {"daemon": i, "host": info["host"], "server": info["server"], "push_phases": info["push_phases"]}
-                 for s, (i, info) in
-                 hosts_of(daemons).items()}  # fmt: skip
+        trainers = [training_of(d) for d in daemons]
+        if victim is not None:
+            trainers[victim] = last_words
+        hosts_at_end = hosts_of(daemons)
+        host_figures = {s: {"daemon": i, "host": info["host"], "server": info["server"],
+                            "push_phases": info["push_phases"]} for s, (i, info) in hosts_at_end.items()}  # fmt: skip
+        requests_in_window = op_sums(
+            op_delta(worker_ops(end), worker_ops(start)) for start, end in zip(at_start, trainers, strict=True)
+        )  # fmt: skip
+        work_in_window = {
+            key: sum(max(0, worker_counts(end)[key] - worker_counts(start)[key])
+                     for start, end in zip(at_start, trainers, strict=True))
+            for key in WORK_COUNTS
+        }  # fmt: skip
+        push_phases_in_window = op_sums(
+            op_delta(info["push_phases"], hosts_at_start[s][1]["push_phases"]
+                     if s in hosts_at_start and hosts_at_start[s][0] == i else None)
+            for s, (i, info) in hosts_at_end.items()
+        )  # fmt: skip
         timeline = [0] * int(np.ceil(seconds / BUCKET_S))
         for (_, h0, c0), (t1, h1, c1) in zip(samples, samples[1:], strict=False):
             if h0 == h1 and c1 >= c0:  # a stage that changed hands restarts its counter
@@ -296,7 +496,13 @@ def real_run(net: EmulatedNetwork, workdir: Path, seconds: float, kill_at: float
             "samples": len(samples),
             "workers": [t.get("worker") for t in trainers],
             "served": [t.get("served_by_op") for t in trainers],
-            "hosts": hosts,
+            "hosts": host_figures,
+            "requests_in_window": requests_in_window,
+            "push_phases_in_window": push_phases_in_window,
+            "work_in_window": work_in_window,
+            "cpu_busy": cpu_busy,
+            "roles": roles,
+            "standby_log_in_window": standby_log_in_window,
             "sent_MB": [(b[0] - a[0]) / 1e6 for a, b in zip(bytes_at_start, bytes_at_end, strict=True)],
             "received_MB": [(b[1] - a[1]) / 1e6 for a, b in zip(bytes_at_start, bytes_at_end, strict=True)],
         }
@@ -338,11 +544,15 @@ def main() -> int:
     try:
         with net:
             goodput, standing_queue_s = measure_link(net, int(rate_Bps * 4))
-            print(f"links: {rate_Bps / 1e6:.2f} MB/s shaped, {goodput / 1e6:.2f} MB/s measured for one TCP stream, "
-                  f"which keeps {standing_queue_s * 1e3:.0f} ms queued in the shaper; the simulation takes both "
-                  "measured figures", flush=True)  # fmt: skip
+            data_path = measure_data_path(net, int(rate_Bps * 4))
+            print(f"links: {rate_Bps / 1e6:.2f} MB/s shaped; one TCP stream gets {goodput / 1e6:.2f} MB/s and keeps "
+                  f"{standing_queue_s * 1e3:.0f} ms queued in the shaper; the daemons' data path gets "
+                  f"{data_path.goodput_Bps / 1e6:.2f} MB/s, a small request takes {data_path.idle_rtt_s * 1e3:.0f} ms "
+                  f"there and waits {data_path.connection_queue_s * 1e3:.0f} ms more behind a transfer on its "
+                  "connection; the simulation takes the data path's goodput and both queues", flush=True)  # fmt: skip
             real = real_run(net, workdir, args.seconds, args.kill_at, args.warmup_updates)
             real["goodput_Bps"], real["standing_queue_s"] = goodput, standing_queue_s
+            real["data_path"] = asdict(data_path)
     finally:
         left = net.leftovers()
         subprocess.run(["rm", "-rf", str(workdir)], check=False)
@@ -350,32 +560,86 @@ def main() -> int:
         print(f"calibrate_simulator: namespaces left behind: {left}", file=sys.stderr)
         return 1
 
-    compare(args, calibration_scenario(tflops, args.devices, goodput, latency_s), tflops, real)
+    compare(args, calibration_scenario(tflops, args.devices, data_path.goodput_Bps, latency_s), tflops, real)
     return 0
 
 
 def compare(args: argparse.Namespace, scenario: Scenario, tflops: float, real: dict) -> None:
-    """Simulate the scenario for as long, with a worker that hosts nothing leaving at the kill."""
+    """Simulate the scenario for as long, with a worker that hosts nothing leaving at the kill:
+    ``SIM_WINDOWS`` windows, each after its own warm-up, averaged."""
     shape = Shape(DEFAULT_RUN["stages"], max(1, args.devices // DEFAULT_RUN["stages"]))
     (strategy,) = make_strategies(["swarmd"], shape, 0.5, 0)
     plan = strategy.full_plan(scenario)
     victim = max(set(range(args.devices)) - set(plan.parameter_servers))
-    up0 = np.ones(args.devices, dtype=bool)
-    settings = SimSettings(hours=args.seconds / 3600, churn=False, detect_s=HEARTBEAT_TTL_S, join_s=5.0,
-                           lease_s=LEASE_S, bucket_s=BUCKET_S,
-                           standing_queue_s=real.get("standing_queue_s", 0.0))  # fmt: skip
-    simulation = Simulation(scenario, strategy, settings, (up0, [ChurnEvent(args.kill_at, victim, False)]))
-    sim = simulation.run()
-    detail = {"sent_MB": (simulation.sent / 1e6).round(1).tolist(),
-              "received_MB": (simulation.received / 1e6).round(1).tolist(),
-              "requests_by_op": simulation.requests.status(),
-              "push_phases": simulation.push_phases.status()}  # fmt: skip
+    data_path = real.get("data_path") or {}
+    settings = SimSettings(churn=False, detect_s=HEARTBEAT_TTL_S, join_s=5.0, lease_s=LEASE_S, bucket_s=BUCKET_S,
+                           standing_queue_s=real.get("standing_queue_s", 0.0),
+                           connection_queue_s=max(0.0, data_path.get("loaded_rtt_s", 0.0)
+                                                  - data_path.get("idle_rtt_s", 0.0)))  # fmt: skip
     tokens = DEFAULT_RUN["batch"]["micro_batch"] * model_shape().seq_len
-    sides = {
-        "real": summarize(real["timeline"], args.kill_at, tokens),
-        "simulated": summarize(sim.timeline[: len(real["timeline"])], args.kill_at, tokens),
+    windows = [
+        simulate_window(scenario, strategy, settings, WARMUP_S + k * WARMUP_STEP_S, args, victim)
+        for k in range(SIM_WINDOWS)
+    ]
+    simulated = [summarize(timeline, args.kill_at, tokens) for timeline, _ in windows]
+    sides = {"real": summarize(real["timeline"], args.kill_at, tokens), "simulated": mean_side(simulated)}
+    detail = {
+        "windows": [asdict(side) for side in simulated],
+        "sent_MB": np.mean([d["sent_MB"] for _, d in windows], axis=0).round(1).tolist(),
+        "received_MB": np.mean([d["received_MB"] for _, d in windows], axis=0).round(1).tolist(),
+        "requests_by_op": op_mean([d["requests_by_op"] for _, d in windows]),
+        "push_phases": op_mean([d["push_phases"] for _, d in windows]),
+        "work": {key: statistics.mean(d["work"][key] for _, d in windows) for key in WORK_COUNTS},
+        "roles": windows[0][1]["roles"],
+        "standing_queue_s": settings.standing_queue_s,
+        "connection_queue_s": settings.connection_queue_s,
     }
-    report(args, sides, tflops, real, sim.staleness, detail)
+    report(args, sides, tflops, real, detail)
+
+
+def simulate_window(scenario: Scenario, strategy: Any, settings: SimSettings, warm_s: float,
+                    args: argparse.Namespace, victim: int) -> tuple[list[int], dict[str, Any]]:  # fmt: skip
+    """A window of ``args.seconds`` after ``warm_s`` of simulated training (the real window
+    starts in a swarm that has trained a while, too), with ``victim`` leaving ``args.kill_at``
+    into it: the window's timeline, and the bytes and requests in it. The run up to the
+    window is simulated alone as well and taken off (the simulation is deterministic)."""
+
+    def run(seconds: float) -> tuple[Simulation, list[int]]:
+        churn = [ChurnEvent(warm_s + args.kill_at, victim, False)]
+        simulation = Simulation(scenario, strategy, replace(settings, hours=seconds / 3600),
+                                (np.ones(args.devices, dtype=bool), churn))  # fmt: skip
+        return simulation, simulation.run().timeline
+
+    before, _ = run(warm_s)
+    whole, timeline = run(warm_s + args.seconds)
+    first = int(round(warm_s / BUCKET_S))
+    return timeline[first : first + int(np.ceil(args.seconds / BUCKET_S))], {
+        "sent_MB": ((whole.sent - before.sent) / 1e6).tolist(),
+        "received_MB": ((whole.received - before.received) / 1e6).tolist(),
+        "requests_by_op": op_delta(whole.requests.status(), before.requests.status()),
+        "push_phases": op_delta(whole.push_phases.status(), before.push_phases.status()),
+        "work": {key: whole.counts[key] - before.counts[key] for key in WORK_COUNTS},
+        "roles": {"hosts": {s: stage.host for s, stage in enumerate(whole.stages)},
+                  "standbys": {s: stage.standby for s, stage in enumerate(whole.stages)}},
+    }  # fmt: skip
+
+
+def mean_side(sides: list[Side]) -> Side:
+    """The simulated windows' figures averaged (a recovery that never came counts as none)."""
+    recovered = [s.recovery_s for s in sides if s.recovery_s is not None]
+    return Side(
+        tokens_per_s=statistics.mean(s.tokens_per_s for s in sides),
+        before_kill=statistics.mean(s.before_kill for s in sides),
+        after_kill=statistics.mean(s.after_kill for s in sides),
+        recovery_s=statistics.median(recovered) if len(recovered) * 2 > len(sides) else None,
+        timeline=[round(statistics.mean(column), 2) for column in zip(*(s.timeline for s in sides), strict=True)],
+    )
+
+
+def op_mean(parts: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Per operation: the mean count per window, and the mean time over all of them."""
+    summed = op_sums(parts)
+    return {op: {"n": round(f["n"] / len(parts), 1), "mean_ms": f["mean_ms"]} for op, f in summed.items()}
 
 
 def simulate_again(args: argparse.Namespace) -> int:
@@ -384,10 +648,24 @@ def simulate_again(args: argparse.Namespace) -> int:
     for key in ("devices", "rate_mbps", "access_latency_ms", "seconds", "kill_at"):
         setattr(args, key, float(recorded["args"][key]) if key != "devices" else int(recorded["args"][key]))
     args.out.mkdir(parents=True, exist_ok=True)
-    rate_Bps = recorded["real"].get("goodput_Bps", args.rate_mbps * 1e6 / 8)
+    # Runs recorded before the data path was measured have only one TCP stream's goodput.
+    data_path = recorded["real"].get("data_path") or {}
+    rate_Bps = data_path.get("goodput_Bps") or recorded["real"].get("goodput_Bps", args.rate_mbps * 1e6 / 8)
     scenario = calibration_scenario(recorded["tflops"], args.devices, rate_Bps, args.access_latency_ms / 1000)
     compare(args, scenario, recorded["tflops"], recorded["real"])
     return 0
+
+
+def op_delta(end: dict[str, Any] | None, start: dict[str, Any] | None) -> dict[str, dict[str, float]]:
+    """What an ``OpTimes`` status gained from ``start`` to ``end``: the operations in between."""
+    out = {}
+    for op, figures in (end or {}).items():
+        before = (start or {}).get(op, {"n": 0, "mean_ms": 0.0})
+        n = figures["n"] - before["n"]
+        if n > 0:
+            total = figures["n"] * figures["mean_ms"] - before["n"] * before["mean_ms"]
+            out[op] = {"n": n, "mean_ms": round(max(0.0, total) / n, 1)}
+    return out
 
 
 def op_sums(parts: Iterable[dict[str, Any] | None], key: str | None = None) -> dict[str, dict[str, float]]:
@@ -403,9 +681,42 @@ def op_sums(parts: Iterable[dict[str, Any] | None], key: str | None = None) -> d
     return {op: {"n": n[op], "mean_ms": round(total[op] / n[op], 1)} for op in n if n[op]}
 
 
-def report(args: argparse.Namespace, sides: dict[str, Side], tflops: float, real: dict, staleness: dict,
+def links_lines(real: dict[str, Any], simulated: dict[str, Any]) -> list[str]:
+    """What was measured of the links, and what the simulation took."""
+    data_path = real.get("data_path")
+    if not data_path:
+        return []
+    dp = DataPath(**data_path)
+    return [
+        f"Links: one TCP stream gets {real['goodput_Bps'] / 1e6:.2f} MB/s and keeps "
+        f"{real['standing_queue_s'] * 1e3:.0f} ms queued in the shaper; the daemons' data path gets "
+        f"{dp.goodput_Bps / 1e6:.2f} MB/s (the simulated links' rate), a small request takes "
+        f"{dp.idle_rtt_s * 1e3:.0f} ms on an idle connection and {dp.loaded_rtt_s * 1e3:.0f} ms beside a transfer "
+        f"on the same one (simulated: {simulated['connection_queue_s'] * 1e3:.0f} ms more).",
+        "",
+    ]
+
+
+NOT_SIMULATED: dict[str, dict[str, float]] = {}
+"""The phases of a standby's logging: its link is simulated, its disk and checks are not."""
+
+
+def roles_line(real: dict[str, Any], simulated: dict[str, Any]) -> str:
+    """Where the stages were hosted and logged, real (at the window's start and end) and simulated."""
+
+    def where(roles: dict[str, Any]) -> str:
+        return ", ".join(f"stage {s} on d{h} (standby d{roles['standbys'].get(s)})"
+                         for s, h in sorted(roles["hosts"].items(), key=lambda kv: int(kv[0])))  # fmt: skip
+
+    scores = sorted(real["start"]["scores"].items(), key=lambda kv: int(kv[0]))
+    return (f"Hosts: real {where(real['start'])} at the start, {where(real['end'])} at the end; simulated "
+            f"{where(simulated)}. Reliability as measured: {', '.join(f'd{i} {v}' for i, v in scores)}.")  # fmt: skip
+
+
+def report(args: argparse.Namespace, sides: dict[str, Side], tflops: float, real: dict,
            simulated: dict[str, Any]) -> None:  # fmt: skip
     r, s = sides["real"], sides["simulated"]
+    windows = [w["tokens_per_s"] for w in simulated.get("windows") or [asdict(s)]]
 
     def ratio(a: float | None, b: float | None) -> str:
         return f"{b / a:.2f}" if a and b is not None else "-"
@@ -423,6 +734,11 @@ def report(args: argparse.Namespace, sides: dict[str, Side], tflops: float, real
         "",
         f"Devices measured at {tflops * 1e3:.2f} GFLOPS each ({args.devices} processes at once, one thread each).",
         "",
+        *links_lines(real, simulated),
+        f"Simulated: the mean of {len(windows)} windows after {WARMUP_S:g} to "
+        f"{WARMUP_S + (len(windows) - 1) * WARMUP_STEP_S:g} s of warm-up; tokens/s over a window "
+        f"{min(windows):,.1f} to {max(windows):,.1f}.",
+        "",
         "| figure | real | simulated | simulated / real |",
         "|---|---:|---:|---:|",
         *(f"| {name} | {fmt(a)} | {fmt(b)} | {ratio(a, b)} |" for name, a, b in rows),
@@ -433,10 +749,27 @@ def report(args: argparse.Namespace, sides: dict[str, Side], tflops: float, real
         for key in ("sent_MB", "received_MB"):
             lines.append(f"| {key[:-3]}, real | " + " | ".join(f"{v:.1f}" for v in real[key]) + " |")
             lines.append(f"| {key[:-3]}, simulated | " + " | ".join(f"{v:.1f}" for v in simulated[key]) + " |")
-    real_phases = op_sums(host.get("push_phases") for host in (real.get("hosts") or {}).values())
+    if "roles" in real:
+        lines += ["", roles_line(real["roles"], simulated["roles"])]
+    if "cpu_busy" in real:
+        lines += ["", f"This machine's {os.cpu_count()} cores were {real['cpu_busy']:.0%} busy over the real window."]
+    if real.get("work_in_window"):  # what the workers did for the micro-batches: where the bytes went
+        finished = {"real": sum(r.timeline), "simulated": sum(s.timeline)}
+        lines += ["", "| work in the window (all workers) | real | simulated | per micro-batch, real | "
+                  "per micro-batch, simulated |", "|---|---:|---:|---:|---:|"]  # fmt: skip
+        for key in WORK_COUNTS:
+            a, b = real["work_in_window"][key], simulated["work"][key]
+            lines.append(f"| {key.replace('_', ' ')} | {a} | {b:.1f} | {a / max(1, finished['real']):.2f} | "
+                         f"{b / max(1, finished['simulated']):.2f} |")  # fmt: skip
+    # Runs recorded before the window's own counts were kept have the daemons' whole lives.
+    real_requests = real.get("requests_in_window") or op_sums(real.get("workers") or [], "requests_by_op")
+    real_phases = real.get("push_phases_in_window") or op_sums(
+        host.get("push_phases") for host in (real.get("hosts") or {}).values()
+    )
     for title, real_ops, simulated_ops in (
-        ("request (all workers)", op_sums(real.get("workers") or [], "requests_by_op"), simulated["requests_by_op"]),
-        ("push at its host (all hosts)", real_phases, simulated.get("push_phases", {})),
+        ("request in the window (all workers)", real_requests, simulated["requests_by_op"]),
+        ("push at its host in the window (all hosts)", real_phases, simulated.get("push_phases", {})),
+        ("push logged at a standby in the window", real.get("standby_log_in_window") or {}, NOT_SIMULATED),
     ):  # which requests the simulator makes faster than they are, and which part of a push
         if not real_ops:
             continue
@@ -454,8 +787,7 @@ def report(args: argparse.Namespace, sides: dict[str, Side], tflops: float, real
     (args.out / "calibration.md").write_text(text)
     (args.out / "calibration.json").write_text(json.dumps({
         "args": {k: str(v) for k, v in vars(args).items()}, "tflops": tflops,
-        "sides": {k: asdict(v) for k, v in sides.items()}, "real": real, "simulated_staleness": staleness,
-        "simulated": simulated,
+        "sides": {k: asdict(v) for k, v in sides.items()}, "real": real, "simulated": simulated,
     }, indent=1))  # fmt: skip
     try:
         import matplotlib

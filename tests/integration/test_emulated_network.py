@@ -52,3 +52,20 @@ def test_devices_reach_each_other_on_shaped_links_and_everything_goes_on_failure
         raise RuntimeError("the harness failed here")
     assert net.leftovers() == []
     assert sleeper is not None and sleeper.wait(10) != 0  # killed with its namespace
+
+
+@pytest.mark.timeout(120)
+def test_the_harness_measures_the_daemons_data_path_on_a_shaped_link_with_its_latency(tmp_path: Path) -> None:
+    """What the calibration gives the simulator as the links: the data path's goodput stays
+    under the shaper's rate, and a request's round trip carries the emulated latency both ways."""
+    need_root_and_iproute2()
+    from tests.benchmarks.calibrate_simulator import measure_data_path
+
+    rate = 2e6
+    net = EmulatedNetwork(f"swp{os.getpid()}", [rate, rate], [rate, rate], [0.01, 0.01], tmp_path, net=215)
+    with net:
+        measured = measure_data_path(net, int(rate * 2))
+    assert 0 < measured.goodput_Bps <= rate * 1.05, measured
+    assert measured.idle_rtt_s >= 2 * net.one_way_latency_s(0, 1), measured
+    assert measured.loaded_rtt_s > 0 and measured.connection_queue_s >= 0, measured
+    assert net.leftovers() == []
