@@ -95,6 +95,10 @@ class SimSettings:
     """Weights versions a worker keeps per stage (the daemon's ``WorkerSettings.keep_versions``)."""
     standing_queue_s: float = 0.0
     """The delay a busy interface's buffer adds to every packet through it (bufferbloat)."""
+    request_overhead_s: float = 0.0
+    """What a request between two peers costs beyond its latency and bytes: opening a stream,
+    framing, the event loops at both ends (the calibration harness measures it on an idle
+    connection). A request to the peer's own host is a function call and costs none."""
     connection_queue_s: float = 0.0
     """The delay a message waits behind another transfer between the same two peers: libp2p
     carries all their streams over one connection, whose send buffer is first come, first
@@ -605,11 +609,12 @@ class Simulation:
 
     def _rtt(self, a: int, b: int) -> float:
         """A request's way there and its answer's way back, without their bytes."""
-        return 0.0 if a == b else self._one_way(a, b) + self._one_way(b, a)
+        return 0.0 if a == b else self._one_way(a, b) + self._one_way(b, a) + self.s.request_overhead_s
 
     def _back(self, a: int, b: int) -> float:
-        """An answer's way from ``a`` back to ``b`` (a request to ``a`` just landed)."""
-        return 0.0 if a == b else self._one_way(a, b)
+        """An answer's way from ``a`` back to ``b`` (a request to ``a`` just landed), with
+        the stack's own cost of the request (each request takes one such way)."""
+        return 0.0 if a == b else self._one_way(a, b) + self.s.request_overhead_s
 
     def _one_way(self, a: int, b: int) -> float:
         """The latency from ``a`` to ``b``, plus the standing queue of each end's interface that

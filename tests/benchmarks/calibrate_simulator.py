@@ -575,7 +575,9 @@ def compare(args: argparse.Namespace, scenario: Scenario, tflops: float, real: d
     settings = SimSettings(churn=False, detect_s=HEARTBEAT_TTL_S, join_s=5.0, lease_s=LEASE_S, bucket_s=BUCKET_S,
                            standing_queue_s=real.get("standing_queue_s", 0.0),
                            connection_queue_s=max(0.0, data_path.get("loaded_rtt_s", 0.0)
-                                                  - data_path.get("idle_rtt_s", 0.0)))  # fmt: skip
+                                                  - data_path.get("idle_rtt_s", 0.0)),
+                           request_overhead_s=max(0.0, data_path.get("idle_rtt_s", 0.0)
+                                                  - 2 * float(scenario.latency_s[0, 1])))  # fmt: skip
     tokens = DEFAULT_RUN["batch"]["micro_batch"] * model_shape().seq_len
     windows = [
         simulate_window(scenario, strategy, settings, WARMUP_S + k * WARMUP_STEP_S, args, victim)
@@ -593,6 +595,7 @@ def compare(args: argparse.Namespace, scenario: Scenario, tflops: float, real: d
         "roles": windows[0][1]["roles"],
         "standing_queue_s": settings.standing_queue_s,
         "connection_queue_s": settings.connection_queue_s,
+        "request_overhead_s": settings.request_overhead_s,
     }
     report(args, sides, tflops, real, detail)
 

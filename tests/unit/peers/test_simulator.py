@@ -165,6 +165,14 @@ def test_a_busy_interface_adds_its_standing_queue_to_every_message_through_it() 
     assert sim._one_way(2, 3) == pytest.approx(0.001) and sim._rtt(2, 0) == pytest.approx(0.052)
 
 
+def test_a_request_between_two_peers_pays_the_stacks_overhead_once_and_one_to_itself_none() -> None:
+    sim = Simulation(scenario(4), FIXED, SimSettings(hours=0.1, request_overhead_s=0.004),
+                     (np.ones(4, dtype=bool), []))  # fmt: skip
+    assert sim._rtt(0, 1) == pytest.approx(0.002 + 0.004) and sim._back(1, 0) == pytest.approx(0.001 + 0.004)
+    assert sim._rtt(2, 2) == 0.0 and sim._back(2, 2) == 0.0
+    assert sim._one_way(0, 1) == pytest.approx(0.001)  # a transfer's delivery is not a request
+
+
 def test_a_message_waits_behind_a_transfer_between_the_same_two_peers_and_only_that() -> None:
     settings = SimSettings(hours=0.1, connection_queue_s=0.04)
     sim = Simulation(scenario(4), FIXED, settings, (np.ones(4, dtype=bool), []))
