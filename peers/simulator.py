@@ -245,6 +245,9 @@ class Simulation:
         self.planning = False
         self.replan_wanted = False
         self.stages: list[_Stage] = []
+        self._handlers: dict[int, Callable[..., None]] | None = None
+        self._events_run = 0
+        self._wall_s = 0.0  # spent in ``advance`` so far
 
     # --- the event queue ---------------------------------------------------------------------
 
@@ -252,23 +255,30 @@ class Simulation:
         heapq.heappush(self.events, (t, next(self._seq), kind, args))
 
     def run(self) -> SimResult:
+        """Simulate to the horizon (from where ``advance`` left off, if it was called)."""
+        self.advance(self.horizon)
+        return self._result(self._wall_s, self._events_run)
+
+    def advance(self, until: float) -> None:
+        """Run the events up to ``until`` (at most the horizon): the first call plans. A caller
+        can read the counters part way (the calibration takes off a warm-up) and go on."""
         started = time.perf_counter()
-        self._plan_now(0.0, initial=True)
-        handlers: dict[int, Callable[..., None]] = {
-            _CHURN: self._churn, _NOTICE: self._notice, _CLAIMED: self._claimed, _COMPUTED: self._computed,
-            _FORWARD_PUT: self._forward_put, _BACKWARD_PUT: self._backward_put, _PUT_ANSWERED: self._put_answered,
-            _FINISH: self._finish, _LOGGED: self._logged, _FREE: self._free, _STANDBY_READY: self._standby_ready,
-            _PLAN_READY: self._plan_ready, _FLOW: self._flow_due, _FLUSH: self._flush, _POLL: self._poll,
-            _SEND: self._send_now,
-        }  # fmt: skip
-        n = 0
-        while self.events and n < self.s.max_events:
-            t, _, kind, args = heapq.heappop(self.events)
-            if t > self.horizon:
-                break
+        if self._handlers is None:
+            self._handlers = {
+                _CHURN: self._churn, _NOTICE: self._notice, _CLAIMED: self._claimed, _COMPUTED: self._computed,
+                _FORWARD_PUT: self._forward_put, _BACKWARD_PUT: self._backward_put, _PUT_ANSWERED: self._put_answered,
+                _FINISH: self._finish, _LOGGED: self._logged, _FREE: self._free, _STANDBY_READY: self._standby_ready,
+                _PLAN_READY: self._plan_ready, _FLOW: self._flow_due, _FLUSH: self._flush, _POLL: self._poll,
+                _SEND: self._send_now,
+            }  # fmt: skip
+            self._plan_now(0.0, initial=True)
+        until = min(until, self.horizon)
+        events, handlers = self.events, self._handlers
+        while events and self._events_run < self.s.max_events and events[0][0] <= until:
+            t, _, kind, args = heapq.heappop(events)
             handlers[kind](t, *args)
-            n += 1
-        return self._result(time.perf_counter() - started, n)
+            self._events_run += 1
+        self._wall_s += time.perf_counter() - started
 
     # --- sizes and times -----------------------------------------------------------------------
 
@@ -297,7 +307,7 @@ class Simulation:
             return
         self.sent[src] += nbytes
         self.received[dst] += nbytes
-        self.links.start(now, src, dst, nbytes, (kind, args, self._one_way(src, dst) + after))
+        self.links.start(now, src, dst, nbytes, (kind, args, self._one_way(src, dst, nbytes) + after))
 
     def _send_now(self, now: float, src: int, dst: int, nbytes: float, kind: int, args: tuple) -> None:
         self._send(src, dst, nbytes, now, kind, args)
@@ -616,14 +626,19 @@ class Simulation:
         the stack's own cost of the request (each request takes one such way)."""
         return 0.0 if a == b else self._one_way(a, b) + self.s.request_overhead_s
 
-    def _one_way(self, a: int, b: int) -> float:
-        """The latency from ``a`` to ``b``, plus the standing queue of each end's interface that
-        is busy with other flows (a bulk TCP flow keeps its bottleneck's buffer full, and every
-        packet behind it waits that long: ``SimSettings.standing_queue_s``), plus the wait behind
-        a transfer already in flight from ``a`` to ``b`` on their shared connection
-        (``SimSettings.connection_queue_s``)."""
+    def _one_way(self, a: int, b: int, nbytes: float = 0.0) -> float:
+        """The latency from ``a`` to ``b`` of a message of ``nbytes``, plus the standing queue of
+        each end's interface that is busy with other flows (a bulk TCP flow keeps its
+        bottleneck's buffer full, and every packet behind it waits that long:
+        ``SimSettings.standing_queue_s``), plus the wait behind a transfer already in flight from
+        ``a`` to ``b`` on their shared connection (``SimSettings.connection_queue_s``). That
+        connection's buffer is first come, first served, where the shared links split the rate
+        evenly: a message that would take longer than the buffer to send loses as much by the
+        even split as it would by waiting, so it waits only for the difference."""
         queued = (a in self.links.sending) + (b in self.links.receiving)
-        behind = self.s.connection_queue_s if self.links.carrying(a, b) else 0.0
+        behind = 0.0
+        if self.s.connection_queue_s and self.links.carrying(a, b):
+            behind = max(0.0, self.s.connection_queue_s - nbytes / float(self.sc.bandwidth_Bps[a, b]))
         return float(self.sc.latency_s[a, b]) + queued * self.s.standing_queue_s + behind
 
     def _idle(self, d: int, now: float) -> None:

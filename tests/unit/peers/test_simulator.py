@@ -178,5 +178,7 @@ def test_a_message_waits_behind_a_transfer_between_the_same_two_peers_and_only_t
     sim = Simulation(scenario(4), FIXED, settings, (np.ones(4, dtype=bool), []))
     sim._send(0, 1, 1e8, 0.0)  # a bulk flow from d0 to d1 on their connection
     assert sim._one_way(0, 1) == pytest.approx(0.041)  # queued behind it
+    assert sim._one_way(0, 1, nbytes=1e6) == pytest.approx(0.031)  # 10 ms to send: it loses that much by sharing
+    assert sim._one_way(0, 1, nbytes=1e7) == pytest.approx(0.001)  # longer than the queue: sharing says it all
     assert sim._one_way(1, 0) == pytest.approx(0.001)  # the other direction has its own buffer
     assert sim._one_way(0, 2) == pytest.approx(0.001) and sim._one_way(2, 1) == pytest.approx(0.001)
