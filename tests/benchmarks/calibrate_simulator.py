@@ -12,10 +12,11 @@
    delay it adds to other connections' packets); and on the daemons' own data path (hivemind
    P2P streams, swarmd's framing, the shim) a bulk request's goodput and how much longer a
    small request takes beside it on the same connection. The scenario's links get the data
-   path's goodput, the simulation both delays. The daemons train the default run; once both
-   stages have their hosts, stage 0's finished micro-batches are sampled for ``--seconds``,
-   and at ``--kill-at`` one worker that hosts nothing is killed (SIGKILL). The workers'
-   requests, tasks and weight pulls, and the hosts' push phases, are counted over the window.
+   path's goodput, the simulation both delays. The daemons train the default run; once every
+   stage is hosted by a device the plan puts at that stage (``hosted_as_planned``), stage 0's
+   finished micro-batches are sampled for ``--seconds``, and at ``--kill-at`` one worker that
+   hosts nothing is killed (SIGKILL). The workers' requests, tasks and weight pulls, and the
+   hosts' push phases, are counted over the window.
 3. **The simulated swarm.** The same devices, links and model as a scenario file, simulated
    by ``swarmd.peers.simulator`` with swarmd's planner, the same number of seconds, and the
    same worker leaving at the same moment. The real window starts in a swarm that has
@@ -343,17 +344,21 @@ def hosts_of(daemons: list[LocalDaemon]) -> dict[int, tuple[int, dict[str, Any]]
 
 
 def hosted_as_planned(daemons: list[LocalDaemon]) -> bool:
-    """Whether every stage is hosted by its parameter server in the newest plan any daemon follows."""
+    """Whether every stage is hosted by a device that the newest plan any daemon follows puts
+    at that stage (its parameter server, or another of its workers): the host's own worker
+    then works the stage it serves, as in the simulation. A later plan may name another server
+    for a stage already hosted within its group; the daemons leave such a stage where it is."""
     statuses = {i: d.status() or {} for i, d in enumerate(daemons) if d.proc is not None and d.proc.poll() is None}
     plans = [p for st in statuses.values() if (p := (st.get("swarm") or {}).get("plan"))]
     if not plans:
         return False
-    servers = max(plans, key=lambda p: p["version"])["parameter_servers"]
+    grid = max(plans, key=lambda p: p["version"])["grid"]
     hosting: dict[int, str | None] = {}
     for st in statuses.values():
         for stage in (st.get("training") or {}).get("hosts") or {}:
             hosting[int(stage)] = st.get("peer_id")
-    return [hosting.get(stage) for stage in range(len(servers))] == servers
+    stages = len(grid[0]) if grid else 0
+    return stages > 0 and all(hosting.get(s) in {row[s] for row in grid} for s in range(stages))
 
 
 def roles_of(daemons: list[LocalDaemon]) -> dict[str, Any]:
@@ -434,14 +439,14 @@ def real_run(net: EmulatedNetwork, workdir: Path, seconds: float, kill_at: float
             daemon.start(addrs)
         for daemon in daemons:
             daemon.wait_running()
-        print("daemons running; waiting for the plan's parameter servers to host and the first updates", flush=True)
+        print("daemons running; waiting for each stage to be hosted within its planned group, and the first updates",
+              flush=True)  # fmt: skip
         # Stages claimed before the first plan move to the plan's servers once: the window
         # starts after that, in the swarm as it stays.
         try:
-            wait_for(lambda: hosted_as_planned(daemons), 240, "the plan's parameter servers hosting their stages")
-        except TimeoutError:  # a later plan moved a server, or the planned one cannot host: measure as it is
-            print("the stages are not hosted by the plan's parameter servers after 240 s; measuring anyway",
-                  flush=True)  # fmt: skip
+            wait_for(lambda: hosted_as_planned(daemons), 240, "each stage hosted within its planned group")
+        except TimeoutError:  # the planned servers cannot host, or hosting did not follow the plan
+            print("the stages are not hosted within their planned groups after 240 s; measuring anyway", flush=True)
         wait_for(lambda: min((info["version"] for _, info in hosts_of(daemons).values()), default=0)
                  >= warmup_updates, 300, f"{warmup_updates} updates")  # fmt: skip
         samples: list[tuple[float, int, int]] = []  # (t, stage-0 host, its micro_batches_finished)
