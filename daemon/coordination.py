@@ -324,6 +324,12 @@ class Coordination:
     def home_stage(self) -> int | None:
         return None if self.plan is None else self.plan.stage_of(self.own)
 
+    def planned_server(self, stage: int) -> str | None:
+        plan_ = self.plan
+        if plan_ is None or not 0 <= stage < len(plan_.parameter_servers):
+            return None
+        return plan_.server_of(stage)
+
     def relays(self) -> list[str]:
         """The relays of the plan in force, best first."""
         plan_ = self.plan

@@ -80,6 +80,9 @@ class RoleView(Protocol):
     def home_stage(self) -> int | None:
         """The stage the published plan gives this peer (None: no plan, or it leaves us out)."""
 
+    def planned_server(self, stage: int) -> str | None:
+        """The peer the plan in force names the stage's parameter server (None: no plan)."""
+
     def is_relay(self, peer: str) -> bool:
         """Whether the plan in force names the peer a relay (it may speak for others)."""
 
@@ -94,6 +97,9 @@ class Unmeasured:
         return True
 
     def home_stage(self) -> int | None:
+        return None
+
+    def planned_server(self, stage: int) -> str | None:
         return None
 
     def is_relay(self, peer: str) -> bool:
@@ -139,6 +145,7 @@ class Trainer:
         self._claimed: dict[int, float] = {}  # stage -> our claim time
         self._free_since: list[float | None] = [None] * self.stages
         self._last_holder: list[str | None] = [None] * self.stages
+        self._provisional: set[int] = set()  # stages we claimed before a plan placed their server
         self._seen_members: set[str] = set()
         self._departed: dict[str, float] = {}  # peer -> when its heartbeat went: its leases are void
         self._pushed: dict[int, int] = {}
@@ -196,19 +203,26 @@ class Trainer:
         trainers.append(TrainingPeer(self.own, 0.0, self.roles.score_of(self.own),
                                      self.roles.may_host(self.own, self.own in holding)))  # fmt: skip
         free_for = [0.0 if since is None else now - since for since in self._free_since]
-        # A stage whose holder is gone goes first to that holder's standby: it holds the replica.
-        preferred = [standby_of(members, self.own, last, self.roles.score_of) if last else None
-                     for last in self._last_holder]  # fmt: skip
-        decision = decide(self.own, holders, trainers, free_for, CLAIM_GRACE_S, preferred)
+        planned = [self.roles.planned_server(s) for s in range(self.stages)]
+        preferred = [self._preferred(s, planned[s], members, live) for s in range(self.stages)]
+        # A provisional stage the plan gives us is ours for good; one it gives another goes there.
+        self._provisional = {s for s in self._provisional if s in self._claimed and planned[s] != self.own}
+        to_hand_over = {s for s in self._provisional if planned[s] is not None}
+        decision = decide(self.own, holders, trainers, free_for, CLAIM_GRACE_S, preferred, to_hand_over)
         for s in decision.release:
-            logger.info("Handing stage %d over: %d training peers now share %d stages", s, len(trainers) + 1,
-                        self.stages)  # fmt: skip
+            if s in to_hand_over and preferred[s] not in (None, self.own):
+                logger.info("Handing stage %d over to %s, its parameter server in the plan", s, preferred[s])
+            else:
+                logger.info("Handing stage %d over: %d training peers now share %d stages", s, len(trainers),
+                            self.stages)  # fmt: skip
             await self._close_host(s)
             await self._publish_lease(s, now, released=True)
             del self._claimed[s]
             holders[s] = None
         for s in decision.claim:
             self._claimed.setdefault(s, now)
+            if planned[s] is None:
+                self._provisional.add(s)
         for s in self._claimed:
             await self._publish_lease(s, now, released=False)
         for s in list(self.hosts):
@@ -228,6 +242,14 @@ class Trainer:
             self._replicating = asyncio.create_task(self._replicate())
         self._sample_rate()
         self.state = "training" if self.epoch is not None else "claiming"
+
+    def _preferred(self, stage: int, planned: str | None, members: list[dict[str, Any]], live: set[str]) -> str | None:
+        """Who should hold ``stage``: the standby of a holder that left (it holds the replica;
+        or of one that handed it over with no plan in force), else the plan's parameter server."""
+        last = self._last_holder[stage]
+        if last is not None and (planned is None or (last != self.own and last not in live)):
+            return standby_of(members, self.own, last, self.roles.score_of)
+        return planned
 
     def _load_dataset(self) -> Dataset:
         spec = self.spec.spec
@@ -426,7 +448,8 @@ class Trainer:
         answer: dict[str, Any] = {
             "state": self.state, "error": self.error, "stages": self.stages, "epoch": self.epoch,
             "holders": [None if h is None else h.peer_id for h in self.holders],
-            "hosting": sorted(self.hosts), "stage_versions": versions, "updates": min(versions),
+            "hosting": sorted(self.hosts), "standby": self.standby() if self.hosts else None,
+            "stage_versions": versions, "updates": min(versions),
             "hosts": {str(k): h.info() for k, h in sorted(self.hosts.items())},
             "worker": self.worker.status() if self.worker is not None else None,
             "routes": self.router.status(), "served_by_op": self.served_by_op.status(),

@@ -10,8 +10,13 @@ go, by a rule every peer evaluates on the same snapshot (live leases, live train
   newcomer takes it over; a peer within its share keeps what it holds (no flapping).
 - Only trainers that pass the election's thresholds host (``Trainer.eligible``: measured
   reliability and connectivity, with hysteresis for incumbents), unless none does.
-- A free stage goes first to its preferred peer (the standby that holds its replica, so that
-  it takes over), else to the eligible trainer that hosts fewest stages, ties to the highest
+- A stage claimed before the swarm had a plan is provisional: once the plan names its
+  parameter server, and that peer is an eligible trainer with room, the holder hands it over
+  (once: the planner put the server where the stage's traffic is cheapest; a stage claimed
+  under a plan stays put, as the simulator assumes).
+- A free stage goes first to its preferred peer (the standby that holds its replica when its
+  holder left, so that it takes over; else the plan's parameter server), else to the
+  eligible trainer that hosts fewest stages, ties to the highest
   measured reliability, then the longest uptime, then the lowest peer ID. Only that peer
   claims it at first; once a stage has stayed free for ``grace_s`` (its designated claimant
   is slow or gone), any eligible peer within its share may, and the lease rule settles
@@ -25,7 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from swarmd.peers.stage_leases import StageLease
@@ -60,6 +65,7 @@ def decide(
     free_for_s: Sequence[float],
     grace_s: float,
     preferred: Sequence[str | None] | None = None,
+    provisional: Collection[int] = (),
 ) -> Decision:
     """What ``own`` should claim and release, given each stage's holder (None: free), the live
     training members (``own`` among them or not), how long each free stage has been free, and
@@ -67,7 +73,10 @@ def decide(
     replica; or the plan's parameter server), if any.
 
     Only eligible trainers host, unless none is (a swarm of newcomers must still train). An
-    ineligible holder hands a stage over, one per round, while an eligible trainer has room."""
+    ineligible holder hands a stage over, one per round, while an eligible trainer has room.
+    ``provisional``: stages ``own`` claimed before any plan placed the parameter servers; each
+    goes to its preferred peer (the plan's) as soon as that peer is an eligible trainer with
+    room, once: what is claimed under a plan stays put."""
     everyone = {t.peer_id: t for t in trainers}
     everyone.setdefault(own, Trainer(own, 0.0))
     hosts = {p: t for p, t in everyone.items() if t.eligible} or everyone
@@ -81,12 +90,24 @@ def decide(
     if own not in hosts:
         room = any(c < share for c in counts.values())
         return Decision(claim=(), release=(max(mine),) if mine and room else ())
-    release = (max(mine),) if len(mine) > share else ()
+
+    def first_choice(stage: int) -> str | None:
+        return preferred[stage] if preferred is not None else None
+
+    # Over its share, a peer hands over first a stage that should go to another peer anyway.
+    release = [max(mine, key=lambda stage: (first_choice(stage) != own, stage))] if len(mine) > share else []
+    for stage in mine:
+        first = first_choice(stage)
+        if stage not in provisional or stage in release or first is None or first == own:
+            continue
+        if first in hosts and counts[first] < share:
+            release.append(stage)
+            counts[first] += 1
     claim = []
     for stage, lease in enumerate(holders):
         if lease is not None:
             continue
-        first = preferred[stage] if preferred is not None else None
+        first = first_choice(stage)
         if first in hosts and counts[first] < share:  # type: ignore[index]
             designated = hosts[first]  # type: ignore[index]
         else:
@@ -97,7 +118,7 @@ def decide(
         elif free_for_s[stage] >= grace_s and counts[own] < share:
             claim.append(stage)  # the designated peer is slow or gone: anyone within its share may
             counts[own] += 1
-    return Decision(claim=tuple(claim), release=release)
+    return Decision(claim=tuple(claim), release=tuple(release))
 
 
 def epoch_of(holders: Sequence[StageLease | None]) -> str | None:

@@ -97,3 +97,28 @@ def test_reliability_orders_free_stages_and_the_standby_takes_over_first() -> No
     # a preferred peer that is not eligible is passed over
     trainers[0] = Trainer("a", 100, 0.6, eligible=False)
     assert decide("b", [None], trainers, [0], 10, preferred=["a"]).claim == (0,)
+
+
+def test_a_stage_claimed_before_the_plan_goes_to_the_planned_server_once_it_has_room() -> None:
+    trainers = [Trainer("a", 100), Trainer("b", 50), Trainer("c", 10), Trainer("d", 5)]
+    holders = [lease(0, "a"), lease(1, "d")]  # claimed by uptime and timing, before any plan
+    planned = ["b", "a"]  # the plan: b serves stage 0, a serves stage 1
+    first = decide("a", holders, trainers, [0, 0], 10, planned, provisional={0})
+    assert first.release == (0,) and first.claim == ()
+    # d must wait: a, the planned server of stage 1, still holds its share
+    assert decide("d", holders, trainers, [0, 0], 10, planned, provisional={1}).release == ()
+    # once a has let stage 0 go, d hands stage 1 to it, and b and a take theirs
+    after = [None, lease(1, "d")]
+    assert decide("d", after, trainers, [0, 0], 10, planned, provisional={1}).release == (1,)
+    assert decide("b", after, trainers, [0, 0], 10, planned).claim == (0,)
+    assert decide("a", [None, None], trainers, [0, 0], 10, planned).claim == (1,)
+    # a stage claimed under a plan stays where it is, whatever a later plan says
+    assert decide("d", holders, trainers, [0, 0], 10, planned).release == ()
+
+
+def test_over_its_share_a_peer_first_hands_over_a_stage_the_plan_gives_another() -> None:
+    trainers = [Trainer("a", 100), Trainer("b", 50)]
+    both = [lease(0, "a"), lease(1, "a")]
+    assert decide("a", both, trainers, [0, 0], 10, ["b", "a"]).release == (0,)  # keeps stage 1, its own
+    assert decide("a", both, trainers, [0, 0], 10, ["a", "b"]).release == (1,)
+    assert decide("a", both, trainers, [0, 0], 10).release == (1,)  # no plan: the highest, as before
