@@ -289,6 +289,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _fmt_training(t: dict[str, Any]) -> list[str]:
     hosting = ", ".join(map(str, t["hosting"])) or "none"
+    if t.get("standby"):
+        hosting += f" (standby {t['standby']})"
     state = t["state"] + (f" ({t['error']})" if t.get("error") else "")
     lines = [f"training  {state}; hosting stage(s) {hosting}; stage versions {t['stage_versions']}"]
     if t.get("loss") is not None:

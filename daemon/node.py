@@ -231,6 +231,13 @@ class Node:
             members, standby=lambda: choose_standby(members(), own, coordination.score_of), roles=coordination,
             router=router,
         )  # fmt: skip
+        trainer = self.trainer
+
+        def holder_of(stage: int) -> str | None:
+            lease = trainer.holders[stage] if 0 <= stage < len(trainer.holders) else None
+            return None if lease is None else lease.peer_id
+
+        self.replicator.holder_of = holder_of
         self._spawn("trainer", lambda: TRAINER_TICK_S, self.trainer.tick)
 
     def _init_dht_child(self) -> None:
@@ -573,7 +580,7 @@ class Node:
             "swarm": self.coordination.status() if self.coordination is not None else None,
             "relaying": self.relay.status() if self.relay is not None else None,
             "standby_copies": {"received": self.replicator.received, "refused": self.replicator.refused,
-                               "logged": self.replicator.logged}
+                               "logged": self.replicator.logged, "log_phases": self.replicator.log_phases.status()}
             if self.replicator is not None else None,
             "rpc": None if self.rpc is None else {
                 "requests": self.rpc.counters.requests, "refused": self.rpc.counters.refused,

@@ -19,7 +19,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from swarmd.errors import SwarmdError
 from swarmd.models.param_server import (
@@ -28,10 +28,13 @@ from swarmd.models.param_server import (
     read_checkpoint_weights,
     stage_checkpoint_name,
 )
+from swarmd.peers.op_times import OpTimes
 from swarmd.peers.stage_leases import resolve_holder
 from swarmd.peers.stage_rpc import Answer, call
-from swarmd.peers.swarm_dht import SwarmDHT
 from swarmd.push_log import PushLog, check_meta
+
+if TYPE_CHECKING:  # hivemind loads only where the DHT runs (it cannot share a process with py-libp2p)
+    from swarmd.peers.swarm_dht import SwarmDHT
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +58,9 @@ class StageReplicator:
         self.p2p: Any = None  # set once the daemon's P2P replica exists
         self.received = 0
         self.refused = 0
+        self.holder_of: Callable[[int], str | None] = lambda stage: None
+        """Who holds a stage as the trainer's last round of lease scans saw it (set by the daemon)."""
+        self.log_phases = OpTimes()  # logging a host's push here: checking its lease, writing it
 
     # --- receiving (an RPC handler) ------------------------------------------------------
 
@@ -72,9 +78,14 @@ class StageReplicator:
         return {"stored_version": stored}, []
 
     async def _check_holder(self, stage: int, sender: str) -> None:
-        """Only the stage's lease holder may plant its state here (checked in the DHT, cached briefly)."""
+        """Only the stage's lease holder may plant its state here: as the trainer's last lease
+        scan saw it, else checked in the DHT (a holder newer than that scan); cached briefly.
+        A push waits for its log here, so the common case must not wait for a DHT lookup."""
         now = time.time()
         if now - self._holder_checked.get((stage, sender), 0.0) < HOLDER_CACHE_S:
+            return
+        if self.holder_of(stage) == sender:
+            self._holder_checked[(stage, sender)] = now
             return
         holder = resolve_holder(await self.dht.scan_leases(stage, now), now)
         if holder is None or holder.peer_id != sender:
@@ -91,9 +102,13 @@ class StageReplicator:
         if type(seq) is not int or seq < 1 or not isinstance(meta, dict) or len(blobs) != 1:
             self.refused += 1
             raise SwarmdError("a push log entry needs a sequence number, its metadata and one gradient blob")
+        started = time.perf_counter()
         await self._check_holder(stage, sender)
+        checked = time.perf_counter()
         lineage = f"{sender}:{header.get('lineage')!s:.64}"
         await asyncio.to_thread(PushLog(self.checkpoint_dir, stage).append, seq, meta, blobs[0], lineage)
+        self.log_phases.add("check_holder", checked - started)
+        self.log_phases.add("append", time.perf_counter() - checked)
         self.logged += 1
         return {}, []
 
