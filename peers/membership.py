@@ -36,7 +36,10 @@ class PeerView:
                 "memory_bytes": hb.device.memory_bytes,
             },
             "throughput_gflops": round(hb.throughput_gflops, 1),
-            "uptime_s": round(hb.uptime_s, 1),
+            # Its uptime now, not as of its last heartbeat: peers that heartbeat at different
+            # moments then keep their order (the standby and a free stage's claimant are picked
+            # by it; as of the heartbeat, two peers started a second apart swapped places).
+            "uptime_s": round(hb.uptime_s + max(0.0, now - hb.issued_at), 3),
             "version": hb.version,
         }
 

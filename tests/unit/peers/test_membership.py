@@ -137,10 +137,18 @@ def test_snapshot_fields() -> None:
         "roles": ["worker"],
         "device": {"kind": "cuda", "name": "GPU", "memory_bytes": 2**34},
         "throughput_gflops": 1234.6,
-        "uptime_s": 100.0,
+        "uptime_s": 110.99,  # 99.99 s when it sent its heartbeat, 11 s ago
         "version": "0.1.0",
     }
     assert snap[1]["rtt_ms"] is None
+
+
+def test_peers_keep_their_order_by_uptime_whenever_each_last_sent_a_heartbeat() -> None:
+    m = Membership(ME)
+    # A started 0.5 s before B; B's heartbeat is newer, so as of the heartbeats B looked older
+    m.update([hb(A, T0 - 0.9, uptime_s=99.7), hb(B, T0 - 0.1, uptime_s=100.0)], [], T0)
+    a = {p["peer_id"]: p["uptime_s"] for p in m.snapshot(T0)}
+    assert a[A] > a[B]
 
 
 def test_snapshot_age_never_negative() -> None:
