@@ -35,7 +35,7 @@ from swarmd.peers.run_spec import SignedRunSpec, check_run_id
 from swarmd.peers.stage_rpc import Answer, RpcServer
 from swarmd.peers.swarm_dht import SPEC_TTL_S, BootstrapError, SwarmDHT
 from swarmd.relay import RELAY_METHOD, RelayService, Router
-from swarmd.replication import FETCH_METHOD, LOG_METHOD, StageReplicator, choose_standby
+from swarmd.replication import FETCH_METHOD, HOLDER_CACHE_S, LOG_METHOD, StageReplicator, choose_standby
 from swarmd.replication import METHOD as REPLICATE_METHOD
 from swarmd.state_dir import (
     StateDirLock,
@@ -229,12 +229,15 @@ class Node:
         self.trainer = Trainer(
             self.spec, self.identity, self.dht, run_checkpoint_dir(self.state_dir, self.run_id), self.replicator,
             members, standby=lambda: choose_standby(members(), own, coordination.score_of), roles=coordination,
-            router=router,
+            router=router, own_uptime=lambda: time.time() - self.started_at,
         )  # fmt: skip
         trainer = self.trainer
 
         def holder_of(stage: int) -> str | None:
-            lease = trainer.holders[stage] if 0 <= stage < len(trainer.holders) else None
+            """The trainer's view, while fresh (a trainer that stopped scanning says nothing)."""
+            if time.time() - trainer.holders_at > HOLDER_CACHE_S or not 0 <= stage < len(trainer.holders):
+                return None
+            lease = trainer.holders[stage]
             return None if lease is None else lease.peer_id
 
         self.replicator.holder_of = holder_of

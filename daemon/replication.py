@@ -239,9 +239,11 @@ def choose_standby(
 
 
 def standby_of(
-    members: list[dict[str, Any]], own_peer_id: str, holder: str, score: Callable[[str], float]
-) -> str | None:
+    members: list[dict[str, Any]], own_peer_id: str, holder: str, score: Callable[[str], float],
+    own_uptime_s: float = 0.0,
+) -> str | None:  # fmt: skip
     """The standby that ``holder`` picks by ``choose_standby``, as any other peer computes it:
-    among the members seen from here plus ourselves (our own member list leaves us out)."""
-    everyone = [*members, {"peer_id": own_peer_id, "uptime_s": 0.0}]
+    among the members seen from here plus ourselves (our own member list leaves us out; our
+    uptime is the one our heartbeats tell the others)."""
+    everyone = [*members, {"peer_id": own_peer_id, "uptime_s": own_uptime_s}]
     return choose_standby([m for m in everyone if m["peer_id"] != holder], holder, score)

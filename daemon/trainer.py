@@ -119,9 +119,11 @@ class Trainer:
         max_in_flight: int = 16,
         roles: RoleView | None = None,
         router: Router | None = None,
+        own_uptime: Callable[[], float] = lambda: 0.0,
     ) -> None:
         """``router``: how our worker's requests reach the stage hosts (direct, or through a
-        relay; ``swarmd.relay``); without one, always direct."""
+        relay; ``swarmd.relay``); without one, always direct. ``own_uptime``: this daemon's
+        uptime as its heartbeats tell others (peers are ordered by it for roles)."""
         self.spec = spec
         self.identity = identity
         self.own = identity.peer_id
@@ -139,6 +141,8 @@ class Trainer:
         self.error: str | None = None
         self.hosts: dict[int, StageHost] = {}
         self.holders: list[StageLease | None] = [None] * self.stages
+        self.holders_at = 0.0  # when the leases were last scanned
+        self.own_uptime = own_uptime
         self.epoch: str | None = None
         self.worker: PipelineWorker | None = None
         self._dataset: Dataset | None = None
@@ -200,7 +204,7 @@ class Trainer:
             TrainingPeer(p, m["uptime_s"], self.roles.score_of(p), self.roles.may_host(p, p in holding))
             for m in members if "worker" in m["roles"] and (p := m["peer_id"])
         ]  # fmt: skip
-        trainers.append(TrainingPeer(self.own, 0.0, self.roles.score_of(self.own),
+        trainers.append(TrainingPeer(self.own, self.own_uptime(), self.roles.score_of(self.own),
                                      self.roles.may_host(self.own, self.own in holding)))  # fmt: skip
         free_for = [0.0 if since is None else now - since for since in self._free_since]
         planned = [self.roles.planned_server(s) for s in range(self.stages)]
@@ -231,7 +235,7 @@ class Trainer:
         for s, lease in enumerate(holders):
             if lease is not None and lease.peer_id == self.own and s not in self.hosts:
                 await self._open_host(s)
-        self.holders = holders
+        self.holders, self.holders_at = holders, now
         self.epoch = epoch_of(holders) if all(
             lease is not None and (lease.peer_id != self.own or lease.stage in self.hosts) for lease in holders
         ) else None  # fmt: skip
@@ -248,7 +252,7 @@ class Trainer:
         or of one that handed it over with no plan in force), else the plan's parameter server."""
         last = self._last_holder[stage]
         if last is not None and (planned is None or (last != self.own and last not in live)):
-            return standby_of(members, self.own, last, self.roles.score_of)
+            return standby_of(members, self.own, last, self.roles.score_of, self.own_uptime())
         return planned
 
     def _load_dataset(self) -> Dataset:
