@@ -76,7 +76,8 @@ def decide(
     ineligible holder hands a stage over, one per round, while an eligible trainer has room.
     ``provisional``: stages ``own`` claimed before any plan placed the parameter servers; each
     goes to its preferred peer (the plan's) as soon as that peer is an eligible trainer with
-    room, once: what is claimed under a plan stays put."""
+    room, or holds a stage the plan gives ``own`` (a swap), once: what is claimed under a plan
+    stays put."""
     everyone = {t.peer_id: t for t in trainers}
     everyone.setdefault(own, Trainer(own, 0.0))
     hosts = {p: t for p, t in everyone.items() if t.eligible} or everyone
@@ -94,13 +95,19 @@ def decide(
     def first_choice(stage: int) -> str | None:
         return preferred[stage] if preferred is not None else None
 
+    def misplaced(peer: str) -> bool:
+        """Whether ``peer`` holds a stage that should go to another peer: it may free room."""
+        return any(first_choice(stage) not in (None, peer) for stage in held.get(peer, []))
+
     # Over its share, a peer hands over first a stage that should go to another peer anyway.
     release = [max(mine, key=lambda stage: (first_choice(stage) != own, stage))] if len(mine) > share else []
     for stage in mine:
         first = first_choice(stage)
-        if stage not in provisional or stage in release or first is None or first == own:
+        if stage not in provisional or stage in release or first is None or first == own or first not in hosts:
             continue
-        if first in hosts and counts[first] < share:
+        # The planned server has room, or holds a stage the plan gives us: the two swap (each
+        # side that claimed before the plan lets go; each freed stage waits for its server).
+        if counts[first] < share or any(first_choice(t) == own for t in held.get(first, [])):
             release.append(stage)
             counts[first] += 1
     claim = []
@@ -108,7 +115,8 @@ def decide(
         if lease is not None:
             continue
         first = first_choice(stage)
-        if first in hosts and counts[first] < share:  # type: ignore[index]
+        # The preferred peer gets the stage if it has room, or may make room (until the grace).
+        if first in hosts and (counts[first] < share or misplaced(first)):  # type: ignore[index]
             designated = hosts[first]  # type: ignore[index]
         else:
             designated = min(hosts.values(), key=lambda t: (counts[t.peer_id], -t.reliability, -t.uptime_s, t.peer_id))

@@ -122,3 +122,19 @@ def test_over_its_share_a_peer_first_hands_over_a_stage_the_plan_gives_another()
     assert decide("a", both, trainers, [0, 0], 10, ["b", "a"]).release == (0,)  # keeps stage 1, its own
     assert decide("a", both, trainers, [0, 0], 10, ["a", "b"]).release == (1,)
     assert decide("a", both, trainers, [0, 0], 10).release == (1,)  # no plan: the highest, as before
+
+
+def test_two_peers_holding_each_others_planned_stages_swap_them() -> None:
+    trainers = [Trainer("a", 100), Trainer("b", 50), Trainer("c", 10)]
+    crossed = [lease(0, "a"), lease(1, "b")]  # both claimed before the plan, each the other's
+    planned = ["b", "a"]
+    assert decide("a", crossed, trainers, [0, 0], 10, planned, provisional={0}).release == (0,)
+    assert decide("b", crossed, trainers, [0, 0], 10, planned, provisional={1}).release == (1,)
+    # b let go at once too: both are free, each goes to its planned server
+    assert decide("a", [None, None], trainers, [0, 0], 10, planned).claim == (1,)
+    assert decide("b", [None, None], trainers, [0, 0], 10, planned).claim == (0,)
+    # b's stage 1 was claimed under the plan and stays: stage 0 waits for b, then a takes it back
+    half = [None, lease(1, "b")]
+    assert decide("a", half, trainers, [5, 0], 10, planned).claim == ()
+    assert decide("c", half, trainers, [5, 0], 10, planned).claim == ()
+    assert decide("a", half, trainers, [11, 0], 10, planned).claim == (0,)
