@@ -61,24 +61,29 @@ def test_stages_spread_as_daemons_join_and_come_back_as_they_leave(workdir: Path
         assert sorted(hosted(d0)) == [0, 1] and training(d0)["loss"] is not None
         assert d0.status()["roles"] == ["worker", "parameter_server"]
 
-        # A second daemon joins: d0 hands stage 1 over, d1 resumes it from d0's version, both work.
+        # A second daemon joins: d0 hands a stage over (the one the plan gives d1, if a plan
+        # is in by then), d1 resumes it from d0's version, both work.
         before = hosted(d0)
         d1.start(addrs)
         d1_id = d1.wait_running()["peer_id"]
-        wait_for(lambda: sorted(hosted(d1)) == [1] and sorted(hosted(d0)) == [0], 60, "the stages to spread")
-        assert hosted(d1)[1] >= before[1], "the new host resumed from the old one's checkpoint"
+        wait_for(lambda: len(hosted(d1)) == 1 and len(hosted(d0)) == 1, 60, "the stages to spread")
+        (moved,) = hosted(d1)
+        kept = 1 - moved
+        assert hosted(d1)[moved] >= before[moved], "the new host resumed from the old one's checkpoint"
         wait_for(lambda: sum(training(d1)["worker"]["tasks"].values()) >= 5, 60, "d1 to work")
-        spread = hosted(d0)[0]
-        wait_for(lambda: hosted(d0).get(0, 0) >= spread + 3, 60, "training to go on, spread over two daemons")
-        assert training(d0)["holders"] == [d0.status()["peer_id"], d1_id]
+        spread = hosted(d0)[kept]
+        wait_for(lambda: hosted(d0).get(kept, 0) >= spread + 3, 60, "training to go on, spread over two daemons")
+        holders = training(d0)["holders"]
+        assert holders[kept] == d0.status()["peer_id"] and holders[moved] == d1_id
 
-        # d0 leaves: its last checkpoint goes to d1 (its standby), which takes stage 0 back.
+        # d0 leaves: its last checkpoint goes to d1 (its standby), which takes d0's stage over.
         assert d0.stop(timeout=60) == 0, d0.log_tail()
-        final = read_checkpoint_weights(run_checkpoint_dir(d0.state_dir, run_id) / "stage0.safetensors")[0]
-        assert checkpoint_version(run_checkpoint_dir(d1.state_dir, run_id) / "stage0.safetensors") == final
+        name = f"stage{kept}.safetensors"
+        final = read_checkpoint_weights(run_checkpoint_dir(d0.state_dir, run_id) / name)[0]
+        assert checkpoint_version(run_checkpoint_dir(d1.state_dir, run_id) / name) == final
         wait_for(lambda: sorted(hosted(d1)) == [0, 1], 60, "d1 to host both stages")
-        assert hosted(d1)[0] >= final
-        wait_for(lambda: hosted(d1)[0] > final, 60, "d1 to train on from d0's updates")
+        assert hosted(d1)[kept] >= final
+        wait_for(lambda: hosted(d1)[kept] > final, 60, "d1 to train on from d0's updates")
 
         # A peer that holds no stage cannot plant weights on anyone: refused and counted.
         planted = subprocess.run([sys.executable, "-c", PLANT, d1.status()["addrs"][0], run_id],
@@ -108,37 +113,41 @@ def pair(workdir: Path, make_run: Callable[..., str]) -> Iterator[tuple[str, Loc
 
 def test_a_killed_stage_host_is_replaced_with_no_update_lost(pair: tuple[str, LocalDaemon, LocalDaemon]) -> None:
     run_id, d0, d1 = pair
-    wait_for(lambda: hosted(d1).get(1, 0) >= 25, 120, "d1 to host stage 1 through 25 updates")
+    # Each hosts one stage (which one follows the plan): d1's is the one killed with it.
+    wait_for(lambda: len(hosted(d1)) == 1 and max(hosted(d1).values()) >= 25 and len(hosted(d0)) == 1, 120,
+             "d1 to host a stage through 25 updates, d0 the other")  # fmt: skip
+    ((s, _),) = hosted(d1).items()
     # d1 copies each checkpoint (every 10 updates) to its standby, d0, and logs every push
     # there before applying it.
-    copies = run_checkpoint_dir(d0.state_dir, run_id) / "stage1.safetensors"
-    wait_for(lambda: (checkpoint_version(copies) or 0) >= 20, 30, "a standby copy of stage 1 at d0")
+    copies = run_checkpoint_dir(d0.state_dir, run_id) / f"stage{s}.safetensors"
+    wait_for(lambda: (checkpoint_version(copies) or 0) >= 20, 30, f"a standby copy of stage {s} at d0")
     assert d0.status()["standby_copies"]["logged"] > 0
-    at_kill = hosted(d1)[1]
+    at_kill = hosted(d1)[s]
     d1.kill()  # SIGKILL: no release, no last checkpoint
-    # d0 sees d1's heartbeat go (TTL 8 s), voids its lease, and hosts stage 1 from the copy
+    # d0 sees d1's heartbeat go (TTL 8 s), voids its lease, and hosts the stage from the copy
     # plus the logged pushes since: every update d1 made (and told a worker of) survives.
-    wait_for(lambda: sorted(hosted(d0)) == [0, 1], 60, "d0 to take stage 1 over")
-    resumed = hosted(d0)[1]
-    print(f"stage 1 was at version {at_kill} when its host was killed; resumed at {resumed}")
+    wait_for(lambda: sorted(hosted(d0)) == [0, 1], 60, f"d0 to take stage {s} over")
+    resumed = hosted(d0)[s]
+    print(f"stage {s} was at version {at_kill} when its host was killed; resumed at {resumed}")
     assert resumed >= at_kill
-    wait_for(lambda: hosted(d0)[1] > at_kill, 60, "training to go on past the kill")
+    wait_for(lambda: hosted(d0)[s] > at_kill, 60, "training to go on past the kill")
 
 
 def test_export_gathers_the_stages_from_the_swarm(workdir: Path, pair: tuple[str, LocalDaemon, LocalDaemon]) -> None:
     run_id, d0, d1 = pair
-    wait_for(lambda: sorted(hosted(d1)) == [1] and min(hosted(d0).values(), default=0) >= 2, 90,
+    wait_for(lambda: len(hosted(d1)) == 1 and len(hosted(d0)) == 1 and min(hosted(d0).values()) >= 2, 90,
              "the stages to spread and train")  # fmt: skip
-    # d0 holds stage 1 only as it was when it handed it over (if at all): the export must fetch it.
-    stale = checkpoint_version(run_checkpoint_dir(d0.state_dir, run_id) / "stage1.safetensors") or 0
-    wait_for(lambda: hosted(d1)[1] > stale, 60, "stage 1 to move on at d1")
+    ((s, _),) = hosted(d1).items()  # which stage d1 got follows the plan
+    # d0 holds d1's stage only as it was when it handed it over (if at all): the export must fetch it.
+    stale = checkpoint_version(run_checkpoint_dir(d0.state_dir, run_id) / f"stage{s}.safetensors") or 0
+    wait_for(lambda: hosted(d1)[s] > stale, 60, f"stage {s} to move on at d1")
     out = workdir / "exported"
     export = [sys.executable, "-m", "swarmd", "export", "--run-id", run_id, str(out)]
     export += ["--state-dir", str(d0.state_dir)]
     result = subprocess.run(export, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-2000:]
     versions = [int(v) for v in result.stdout.split("versions [")[1].split("]")[0].split(",")]
-    assert min(versions) >= 2 and versions[1] > stale, result.stdout
+    assert min(versions) >= 2 and versions[s] > stale, result.stdout
     assert (out / "config.json").exists()
 
 
