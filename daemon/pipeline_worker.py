@@ -18,6 +18,12 @@ forward the host's newest (a version behind costs a measurable loss gap at equal
   nears its end. The host completes the leases with the push, in one step.
 - When a result cannot be delivered, the leases held for that stage are failed (re-queued)
   and the sum is discarded, so nothing is applied twice; the hosts recompute those tasks.
+- When the run's epoch changes (a stage changed hands), the sums held are pushed under the
+  epoch their leases are from: the hosts carry finishing leases past the change, because the
+  stage below may finish those micro-batches meanwhile and never feed them again. Such a push
+  is retried, with backoff, until the stage's host (perhaps a new one) takes or refuses it.
+- A task whose gradient the host already has (a recompute after an epoch change) runs for its
+  output only and is completed without a push.
 """
 
 from __future__ import annotations
@@ -39,13 +45,17 @@ from swarmd.peers.idle_polling import FLUSH_IDLE_S, IDLE_MAX_S, IDLE_MIN_S  # th
 from swarmd.peers.op_times import OpTimes
 from swarmd.peers.stage_rpc import Answer
 from swarmd.peers.tensor_wire import TensorSpec, decode_tensor, encode_tensor
-from swarmd.stage_host import deserialize_tensors, serialize_tensors
+from swarmd.stage_host import StageRequestError, deserialize_tensors, serialize_tensors
 
 logger = logging.getLogger(__name__)
 
 Request = Callable[[int, str, dict[str, Any], list[bytes]], Awaitable[Answer]]
 
 PUT_RETRY_S = 10.0
+CARRIED_RETRY_S = 60.0
+"""How long a sum from before an epoch change is offered to its stage's host (a new host must
+open first); the hosts carry the leases for ``max_lease_s``."""
+MAX_CARRIED_PUSHES = 16
 STAGE_BACKOFF_S = 0.5
 FAILURE_BACKOFF_S, MAX_FAILURE_BACKOFF_S = 0.1, 2.0
 
@@ -67,6 +77,15 @@ ALREADY_THERE = ("is already queued", "already has a stored input", "already has
 """How a host refuses a ``put`` of what it already holds (``swarmd.peers.task_queue``)."""
 UPSTREAM_DONE = "no stage input stored for micro-batch"
 """How a host refuses a gradient for a micro-batch it has finished (or never had in this epoch)."""
+
+
+MOVED_ON = ("this host is at", "does not host stage")
+"""How a host (or its daemon) refuses a request from an epoch that has ended."""
+
+
+def epoch_moved_on(error: Exception) -> bool:
+    """Whether a refused request means the run's epoch changed under it (a stage changed hands)."""
+    return any(phrase in str(error) for phrase in MOVED_ON)
 
 
 def already_there(error: Exception) -> bool:
@@ -91,6 +110,12 @@ class WorkerStats:
     """Backward results the stage below refused because it had finished that micro-batch."""
     already_there: int = 0
     """Results the next stage already held (an earlier try's answer was lost, or a copy won)."""
+    carried_pushes: int = 0
+    """Sums from before an epoch change pushed after it (their leases carried by the hosts)."""
+    carried_dropped: int = 0
+    """Such sums no host took (refused, or no host within ``CARRIED_RETRY_S``): recomputed or lost."""
+    output_only: int = 0
+    """Tasks run for their output alone: the host already had their micro-batch's gradient."""
     seconds: dict[str, float] = field(
         default_factory=lambda: {"compute": 0.0, "serialise": 0.0, "requests": 0.0, "waiting": 0.0}
     )
@@ -106,6 +131,18 @@ class _Held:
     lease_ids: list[str] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     since: float = 0.0
+
+
+@dataclass
+class _CarriedPush:
+    """A sum taken at an epoch change, offered to its stage's host until taken or too old."""
+
+    stage: int
+    header: dict[str, Any]
+    blob: bytes
+    until: float
+    next_try: float = 0.0
+    delay: float = 0.25
 
 
 class PipelineWorker:
@@ -133,6 +170,7 @@ class PipelineWorker:
         self._ready = [1] * s.stages
         self._backoff_until = [0.0] * s.stages
         self._current_epoch: str | None = None
+        self._carried: list[_CarriedPush] = []
         self._failures = 0  # tasks failed in a row
 
     # --- the loop ----------------------------------------------------------------------------
@@ -142,12 +180,14 @@ class PipelineWorker:
         while not stop.is_set():
             epoch = self._epoch()
             if epoch != self._current_epoch:
-                # The hosts dropped those leases with the old epoch, and a stage that changed
-                # hands may have resumed at an older version: weights cached here are void.
-                self._forget_held()
+                # The hosts carry our finishing leases past the change: push those sums under
+                # the old epoch. A stage that changed hands may have resumed at an older
+                # version: weights cached here are void.
+                await self._carry_held()
                 for worker in self._workers:
                     worker.forget_versions()
                 self._current_epoch = epoch
+            await self._push_carried()
             if epoch is None:
                 await self._wait(stop, 0.2)
                 continue
@@ -164,6 +204,7 @@ class PipelineWorker:
             idle_s = min(idle_s * 2, IDLE_MAX_S)
         for s in range(self.settings.stages):
             await self._push(s)
+        await self._push_carried(final=True)
 
     async def release(self) -> None:
         """Hand back what is held: push sums, fail the rest (used on stop)."""
@@ -219,6 +260,10 @@ class PipelineWorker:
     async def _run_task(self, s: int, epoch: str, task: dict[str, Any], blobs: list[bytes]) -> None:
         kind, m, lease_id = task["kind"], task["micro_batch"], task["lease_id"]
         last = s == self.settings.stages - 1
+        output_only = task.get("applied") is True  # the host has this micro-batch's gradient already
+        if output_only and s == 0:  # and stage 0 sends nothing on: done without computing
+            await self._complete(s, epoch, lease_id, 0)
+            return
         if kind == "backward" or task.get("weights_version") is not None:
             version = await self._weights(s, task["weights_version"], exact=True)
         else:
@@ -226,7 +271,7 @@ class PipelineWorker:
         if len(blobs) != (2 if kind == "backward" else 1):
             raise SwarmdError(f"stage {s} sent {len(blobs)} tensors with a {kind} task")
         started = time.perf_counter()
-        out_frame, loss = await asyncio.to_thread(self._compute, s, kind, m, version, blobs)
+        out_frame, loss = await asyncio.to_thread(self._compute, s, kind, m, version, blobs, not output_only)
         self.stats.seconds["compute"] += time.perf_counter() - started
         if kind == "forward" and not last:
             self.stats.tasks["forward"] += 1
@@ -245,11 +290,20 @@ class PipelineWorker:
                     # there first): it needs no gradient from us, but our own gradient is good.
                     # Failing the task would only redo it into the same refusal, forever.
                     self.stats.upstream_done += 1
+                elif epoch_moved_on(e) and not output_only:
+                    # The epoch changed under this task: its host carries the lease with the
+                    # others held here, and our gradient is good. Held, it is pushed with them.
+                    pass
+                elif output_only:
+                    raise
                 else:
                     self._workers[s].discard()  # the sum holds this micro-batch: redo them all
                     await self._fail(s, epoch, [*held.lease_ids, lease_id])
                     self._held[s] = _Held()
                     raise
+        if output_only:
+            await self._complete(s, epoch, lease_id, version)
+            return
         if not held.lease_ids:
             held.since = time.monotonic()
         held.lease_ids.append(lease_id)
@@ -260,17 +314,23 @@ class PipelineWorker:
         if self._workers[s].ready_to_push():
             await self._push(s)
 
+    async def _complete(self, s: int, epoch: str, lease_id: str, version: int) -> None:
+        """Complete a task whose gradient the host already has (run, if at all, for its output)."""
+        await self._call(s, "complete", {"epoch": epoch, "lease_id": lease_id, "weights_version": version})
+        self.stats.output_only += 1
+
     def _compute(
-        self, s: int, kind: str, m: int, version: int, blobs: list[bytes]
+        self, s: int, kind: str, m: int, version: int, blobs: list[bytes], accumulate: bool = True
     ) -> tuple[bytes | None, float | None]:
         worker, last = self._workers[s], s == self.settings.stages - 1
         x = decode_tensor(blobs[0], self._in[s])
         if kind == "forward" and not last:
             return encode_tensor(worker.forward(x, version), self.settings.wire_dtype), None
         if kind == "forward":
-            result = worker.train_last(x, self.dataset.micro_batch(m, self.settings.micro_batch), version)
+            labels = self.dataset.micro_batch(m, self.settings.micro_batch)
+            result = worker.train_last(x, labels, version, accumulate=accumulate)
         else:
-            result = worker.backward(x, decode_tensor(blobs[1], self._out[s]), version)
+            result = worker.backward(x, decode_tensor(blobs[1], self._out[s]), version, accumulate=accumulate)
         grad = None if result.grad_input is None else encode_tensor(result.grad_input, self.settings.wire_dtype)
         return grad, result.loss
 
@@ -324,28 +384,75 @@ class PipelineWorker:
             self.stats.seconds["waiting"] += delay
             delay = min(delay * 2, 0.5)
 
-    async def _push(self, s: int) -> None:
+    async def _take_sum(self, s: int) -> tuple[dict[str, Any], bytes] | None:
+        """The push of stage ``s``'s held sum (its header and gradient blob); nothing is held after."""
         held, worker = self._held[s], self._workers[s]
         if not held.lease_ids:
-            return
+            return None
         self._held[s] = _Held()
         push = worker.take_push()
         if push is None or self._current_epoch is None:
-            return
+            return None
         started = time.perf_counter()
         blob = await asyncio.to_thread(serialize_tensors, push.gradients)
         self.stats.seconds["serialise"] += time.perf_counter() - started
         header = {"epoch": self._current_epoch, "lease_ids": held.lease_ids, "base_version": push.base_version,
                   "losses": held.losses}  # fmt: skip
+        return header, blob
+
+    async def _push(self, s: int) -> None:
+        taken = await self._take_sum(s)
+        if taken is None:
+            return
+        header, blob = taken
         try:
             answer, _ = await self._call(s, "push", header, [blob])
         except SwarmdError as e:
+            if epoch_moved_on(e):  # the epoch ended under it: offered again, the hosts carry its leases
+                self._carried.append(_CarriedPush(s, header, blob, time.monotonic() + CARRIED_RETRY_S))
+                return
             self.stats.pushes_refused += 1
-            logger.info("push of %d micro-batch(es) to stage %d refused: %s", len(held.lease_ids), s, e)
+            logger.info("push of %d micro-batch(es) to stage %d refused: %s", len(header["lease_ids"]), s, e)
             return
+        self._pushed(s, header, answer)
+
+    def _pushed(self, s: int, header: dict[str, Any], answer: dict[str, Any]) -> None:
         self.stats.pushes += 1
-        self.stats.micro_batches_pushed += len(held.lease_ids)
+        self.stats.micro_batches_pushed += len(header["lease_ids"])
         self.host_versions[s] = max(self.host_versions[s], int(answer.get("version", 0)))
+
+    async def _carry_held(self) -> None:
+        """At an epoch change: take every held sum, to push under the epoch its leases are from."""
+        for s in range(self.settings.stages):
+            taken = await self._take_sum(s)
+            if taken is not None:
+                self._carried.append(_CarriedPush(s, *taken, until=time.monotonic() + CARRIED_RETRY_S))
+        while len(self._carried) > MAX_CARRIED_PUSHES:
+            self._drop_carried(self._carried.pop(0), "too many sums waiting")
+
+    async def _push_carried(self, final: bool = False) -> None:
+        """Offer each sum from before an epoch change to its stage's host; one that is not up
+        yet (a stage changing hands) is asked again, with backoff, until ``CARRIED_RETRY_S``."""
+        now = time.monotonic()
+        for carried in [c for c in self._carried if final or c.next_try <= now]:
+            try:
+                answer, _ = await self._call(carried.stage, "push", carried.header, [carried.blob])
+            except SwarmdError as e:
+                host_said_no = isinstance(e, StageRequestError) or "refused by" in str(e)
+                if final or (host_said_no and "does not host stage" not in str(e)) or now >= carried.until:
+                    self._carried.remove(carried)
+                    self._drop_carried(carried, str(e))
+                else:
+                    carried.next_try, carried.delay = now + carried.delay, min(carried.delay * 2, 5.0)
+                continue
+            self._carried.remove(carried)
+            self.stats.carried_pushes += 1
+            self._pushed(carried.stage, carried.header, answer)
+
+    def _drop_carried(self, carried: _CarriedPush, why: str) -> None:
+        self.stats.carried_dropped += 1
+        logger.info("sum of %d micro-batch(es) from before an epoch change not taken by stage %d: %s",
+                    len(carried.header["lease_ids"]), carried.stage, why)  # fmt: skip
 
     async def _flush_old(self) -> None:
         """Push a sum whose oldest lease has run a third of its time: it must not expire."""
@@ -359,12 +466,6 @@ class PipelineWorker:
             await self._call(s, "fail", {"epoch": epoch, "lease_ids": lease_ids})
         except SwarmdError as e:
             logger.debug("could not hand back %d lease(s) on stage %d (%s); they expire", len(lease_ids), s, e)
-
-    def _forget_held(self) -> None:
-        for s, held in enumerate(self._held):
-            if held.lease_ids:
-                self._workers[s].discard()
-                self._held[s] = _Held()
 
     async def _call(self, s: int, op: str, header: dict[str, Any], blobs: list[bytes] | None = None) -> Answer:
         started = time.perf_counter()
@@ -381,6 +482,7 @@ class PipelineWorker:
             "tasks": dict(st.tasks), "pushes": st.pushes, "pushes_refused": st.pushes_refused,
             "micro_batches_pushed": st.micro_batches_pushed, "weight_pulls": st.weight_pulls,
             "results_failed": st.results_failed, "upstream_done": st.upstream_done, "already_there": st.already_there,
+            "carried_pushes": st.carried_pushes, "carried_dropped": st.carried_dropped, "output_only": st.output_only,
             "seconds": {k: round(v, 2) for k, v in st.seconds.items()},
             "host_versions": list(self.host_versions), "requests_by_op": st.by_op.status(),
         }  # fmt: skip

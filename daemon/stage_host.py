@@ -20,6 +20,9 @@ server's checkpoint, so a successor resumes the data where this host stopped. Wh
 epoch changes (a stage changed hands), in-flight work cannot complete across the change: every
 host drops its queue, and stage 0 feeds again from its cursor. That costs recomputation of
 the micro-batches in flight, never data; finished ones are remembered and not fed twice.
+Gradients summed for finishing leases of the old epoch are still pushed and applied, and a
+micro-batch is applied once per stage though it may be recomputed: the stage's
+``GradientLedger`` carries those leases (to a successor host too) and remembers what it applied.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from swarmd.models.build import ModelShape
 from swarmd.models.corpus import Dataset
 from swarmd.models.param_server import ServerConfig, StageParameterServer, stage_checkpoint_name
 from swarmd.models.stages import StageModule, split_layers, stage_input_spec, stage_output_spec
+from swarmd.peers.gradient_ledger import GradientLedger
 from swarmd.peers.op_times import OpTimes
 from swarmd.peers.stage_rpc import Answer
 from swarmd.peers.task_queue import Task, TaskKind, TaskQueue, TaskQueueConfig, TaskQueueError
@@ -104,6 +108,12 @@ class HostStats:
     """Requests refused for a bad tensor or field."""
     unreplicated: int = 0
     """Pushes applied without being logged at a standby (none reachable): lost if this host dies."""
+    carried_pushes: int = 0
+    """Pushes of leases from before an epoch change, applied after it (else their gradient was lost)."""
+    already_applied: int = 0
+    """Recomputed tasks of micro-batches whose gradient this stage already had: run for their output only."""
+    applied_twice: int = 0
+    """Micro-batches a carried push applied though a recompute of them was applied first."""
 
 
 def serialize_tensors(tensors: dict[str, torch.Tensor]) -> bytes:
@@ -174,6 +184,10 @@ class StageHost:
         self._finished = {int(m) for m in done.split(",") if m}
         self._cursor = cursor
         self._next_feed = cursor
+        self.closed = False
+        self.ledger = GradientLedger(carry_s=settings.max_lease_s)
+        if "gradient_ledger" in self.server.metadata:  # a predecessor's carried leases, and what it applied
+            self.ledger.load_metadata(self.server.metadata["gradient_ledger"], time.time())
         self.log_push = log_push
         self.replayed = self._replay(replay)
         self._history[self.server.version] = serialize_tensors(self.server.weights()[1])
@@ -212,6 +226,7 @@ class StageHost:
         """Adopt the run's hosting epoch; a change drops in-flight work (re-fed from the data)."""
         if epoch == self.epoch:
             return
+        self._carry_finishing()
         flushed = len(self.queue.stored_micro_batches())
         if flushed:
             logger.info("stage %d: epoch changed; dropping %d micro-batch(es) in flight", self.stage, flushed)
@@ -220,6 +235,24 @@ class StageHost:
         self.epoch = epoch
         self._next_feed = self._cursor
         self.feed()
+
+    def _carry_finishing(self) -> None:
+        """Keep this epoch's finishing leases pushable after it ends: their workers hold gradient
+        sums whose micro-batches the stage below may finish meanwhile (never to be fed again)."""
+        if self.epoch is None:
+            return
+        now = time.time()
+        finishing = [(lease.lease_id, lease.worker_id, lease.task.micro_batch)
+                     for lease in self.queue.live_leases(now) if self._finishes(lease.task)]  # fmt: skip
+        if finishing:
+            self.ledger.carry(self.epoch, finishing, now)
+            logger.info("stage %d: carrying %d finishing lease(s) past the end of epoch %s", self.stage,
+                        len(finishing), self.epoch)  # fmt: skip
+        self.server.metadata["gradient_ledger"] = self.ledger.to_metadata(now)
+
+    def _finishes(self, task: Task) -> bool:
+        """Whether a task's gradient goes into a push (its lease completes with that push)."""
+        return task.kind is TaskKind.BACKWARD or self.is_last
 
     def feed(self) -> None:
         """Stage 0: put new micro-batches while the pipeline has room."""
@@ -245,7 +278,7 @@ class StageHost:
 
     def _mark_finished(self, m: int) -> None:
         self.stats.micro_batches_finished += 1
-        if self.stage != 0:
+        if self.stage != 0 or m < self._cursor or m in self._finished:
             return
         self._finished.add(m)
         while self._cursor in self._finished:
@@ -253,9 +286,7 @@ class StageHost:
             self._cursor += 1
         if len(self._finished) > MAX_FINISHED_KEPT:  # far ahead of a stuck micro-batch: give up on it
             self._cursor = min(self._finished)
-        self.server.metadata = {
-            "data_cursor": str(self._cursor), "data_done": ",".join(map(str, sorted(self._finished))),
-        }  # fmt: skip
+        self.server.metadata.update(data_cursor=str(self._cursor), data_done=",".join(map(str, sorted(self._finished))))
 
     # --- requests ----------------------------------------------------------------------------
 
@@ -266,6 +297,8 @@ class StageHost:
             return self.info(), []
         if method == "checkpoint":
             return {"version": await self.checkpoint_now()}, []
+        if method == "push" and header.get("epoch") != self.epoch and self.ledger.carries(header.get("epoch")):
+            return await self._push(worker, header, blobs, carried=True)
         if header.get("epoch") != self.epoch or self.epoch is None:
             raise StageRequestError(f"stage {self.stage}: request for epoch {str(header.get('epoch'))[:20]}; "
                                     f"this host is at {self.epoch}; refresh the stage holders")  # fmt: skip
@@ -275,9 +308,7 @@ class StageHost:
             if method == "put":
                 return self._put(header, blobs)
             if method == "complete":
-                self.queue.complete(_text(header, "lease_id"), worker, time.time(),
-                                    weights_version=_integer(header, "weights_version", 0, None))  # fmt: skip
-                return {}, []
+                return self._complete(worker, header)
             if method == "fail":
                 for lease_id in _lease_ids(header):
                     if self.queue.holds(lease_id, worker, time.time()):
@@ -307,6 +338,8 @@ class StageHost:
         task = lease.task
         answer.update(lease_id=lease.lease_id, kind=task.kind.value, micro_batch=task.micro_batch,
                       weights_version=task.weights_version, upstream_version=stored.upstream_version)  # fmt: skip
+        if self._finishes(task) and self.ledger.was_applied(task.micro_batch):
+            answer["applied"] = True  # run it for its output; its gradient is in: complete, don't push
         blobs = [stored.frame]
         if task.kind is TaskKind.BACKWARD:
             assert isinstance(task.payload, StageInput)
@@ -318,6 +351,23 @@ class StageHost:
             answer["weights"] = version
             blobs.append(self._history[version])
         return answer, blobs
+
+    def _complete(self, worker: str, header: dict[str, Any]) -> Answer:
+        lease_id, now = _text(header, "lease_id"), time.time()
+        version = _integer(header, "weights_version", 0, None)
+        task = self.queue.lease_of(lease_id, worker, now).task
+        if not self._finishes(task):
+            self.queue.complete(lease_id, worker, now, weights_version=version)
+            return {}, []
+        if not self.ledger.was_applied(task.micro_batch):
+            raise StageRequestError(f"stage {self.stage}: task {task.task_id} finishes a micro-batch; it completes "
+                                    "with the push of its gradient, not on its own")  # fmt: skip
+        # A recompute of a micro-batch whose gradient is in (carried over an epoch change): it ran
+        # for its output only, and finishes the micro-batch here without a push.
+        self.queue.complete(lease_id, worker, now, finishes_micro_batch=True)
+        self.stats.already_applied += 1
+        self.feed()
+        return {}, []
 
     def _put(self, header: dict[str, Any], blobs: list[bytes]) -> Answer:
         kind = TaskKind(_choice(header, "kind", ("forward", "backward")))
@@ -352,7 +402,7 @@ class StageHost:
             raise
         return {"duplicate": False}, []
 
-    async def _push(self, worker: str, header: dict[str, Any], blobs: list[bytes]) -> Answer:
+    async def _push(self, worker: str, header: dict[str, Any], blobs: list[bytes], carried: bool = False) -> Answer:
         lease_ids = _lease_ids(header)
         base = _integer(header, "base_version", 0, None)
         losses = header.get("losses", [])
@@ -362,57 +412,98 @@ class StageHost:
             raise StageRequestError("losses must be finite non-negative numbers")
         if len(blobs) != 1:
             raise StageRequestError(f"a push carries one gradient blob, not {len(blobs)}")
-        now = time.time()
-        if not lease_ids or not all(self.queue.holds(lid, worker, now) for lid in lease_ids):
-            for lid in lease_ids:
-                if self.queue.holds(lid, worker, now):
-                    self.queue.fail(lid, worker, now)
-            self.stats.pushes_refused += 1
-            self.feed()
-            raise StageRequestError(f"stage {self.stage}: a lease of this push is over; gradient dropped, "
-                                    "its micro-batches are being recomputed")  # fmt: skip
-        for lid in lease_ids:  # hold them through the update
-            self.queue.renew(lid, worker, now)
+        phase = time.perf_counter()
+
+        def phase_done(name: str) -> None:  # where a push's time goes, for status
+            nonlocal phase
+            now = time.perf_counter()
+            self.push_phases.add(name, now - phase)
+            phase = now
+
         try:
-            phase = time.perf_counter()
-
-            def phase_done(name: str) -> None:  # where a push's time goes, for status
-                nonlocal phase
-                now = time.perf_counter()
-                self.push_phases.add(name, now - phase)
-                phase = now
-
+            if not carried:
+                self._held_micro_batches(worker, lease_ids)  # refused early, and held through the wait
             gradients = await asyncio.to_thread(deserialize_tensors, blobs[0], self.param_shapes, "gradient")
             phase_done("decode")
+            # Under the lock, so that a closing host's checkpoint has this push whole or not at all
+            # (and then its leases carried to the next host).
             async with self.server_lock:
                 phase_done("wait_for_lock")
-                self.server.validate(gradients, base, len(lease_ids))
-                await self._log(base, len(lease_ids), blobs[0])
+                if self.closed:
+                    raise StageRequestError(f"this peer does not host stage {self.stage} (any more); it closed "
+                                            "while the push waited; send it to the stage's next host")  # fmt: skip
+                # The epoch may have changed while the push waited: its leases are carried now.
+                carried = carried or header.get("epoch") != self.epoch
+                micro_batches = self._carried_micro_batches(worker, header, lease_ids) if carried else \
+                    self._held_micro_batches(worker, lease_ids)  # fmt: skip
+                self.server.validate(gradients, base, len(micro_batches))
+                await self._log(base, len(micro_batches), blobs[0])
                 phase_done("log_at_standby")
-                result = await asyncio.to_thread(self.server.push, gradients, base, len(lease_ids))
+                result = await asyncio.to_thread(self.server.push, gradients, base, len(micro_batches))
                 if result.stepped:
                     await self._remember_version()
                 phase_done("apply")
+                self._settle(worker, lease_ids if not carried else None, micro_batches, losses)
         except SwarmdError:  # a bad gradient, or one on weights this server never had: redo them
             now = time.time()
-            for lid in lease_ids:
+            for lid in [] if carried else lease_ids:
                 if self.queue.holds(lid, worker, now):
                     self.queue.fail(lid, worker, now)
             self.stats.pushes_refused += 1
             raise
-        now = time.time()
-        for i, lid in enumerate(lease_ids):
-            if not self.queue.holds(lid, worker, now):
-                # Re-queued while the push was applied (its worker was dropped meanwhile): the
-                # task is redone and its gradient applied once more. Counted, never lost.
-                self.stats.duplicates += 1
-                continue
-            task = self.queue.complete(lid, worker, now, finishes_micro_batch=True)
-            self._mark_finished(task.micro_batch)
-            if self.is_last:
-                self.losses.append((task.micro_batch, float(losses[i])))
         self.feed()
         return {"version": result.version, "accepted": result.accepted, "staleness": result.staleness}, []
+
+    def _settle(self, worker: str, lease_ids: list[str] | None, micro_batches: list[int], losses: list[Any]) -> None:
+        """After a push is applied: its leases complete (none for carried ones), its micro-batches
+        are finished here and in the ledger, and the last stage records their losses."""
+        now = time.time()
+        for i, m in enumerate(micro_batches):
+            if lease_ids is not None and self.queue.holds(lease_ids[i], worker, now):
+                self.queue.complete(lease_ids[i], worker, now, finishes_micro_batch=True)
+            elif lease_ids is not None:
+                # Re-queued while the push was applied (its worker was dropped meanwhile): the
+                # redo of the task is told its gradient is in, and completes without a push.
+                self.stats.duplicates += 1
+            self._mark_finished(m)
+            if self.is_last:
+                self.losses.append((m, float(losses[i])))
+        self.ledger.note_applied(micro_batches)
+        self.server.metadata["gradient_ledger"] = self.ledger.to_metadata(now)
+
+    def _held_micro_batches(self, worker: str, lease_ids: list[str]) -> list[int]:
+        """The micro-batches of a push of live leases, held through the update; a push with a
+        lease that is over, or one whose gradient is already in, is refused whole (redone)."""
+        now = time.time()
+        held = bool(lease_ids) and all(self.queue.holds(lid, worker, now) for lid in lease_ids)
+        micro_batches = [self.queue.lease_of(lid, worker, now).task.micro_batch for lid in lease_ids] if held else []
+        again = [m for m in micro_batches if self.ledger.was_applied(m)]
+        if held and not again:
+            for lid in lease_ids:
+                self.queue.renew(lid, worker, now)
+            return micro_batches
+        for lid in lease_ids:
+            if self.queue.holds(lid, worker, now):
+                self.queue.fail(lid, worker, now)  # redone at once: told, for those in `again`, not to push
+        self.feed()
+        if again:
+            raise StageRequestError(f"stage {self.stage}: micro-batch(es) {again[:8]} of this push are applied "
+                                    "already (carried past an epoch change); the rest are recomputed")  # fmt: skip
+        raise StageRequestError(f"stage {self.stage}: a lease of this push is over; gradient dropped, "
+                                "its micro-batches are being recomputed")  # fmt: skip
+
+    def _carried_micro_batches(self, worker: str, header: dict[str, Any], lease_ids: list[str]) -> list[int]:
+        """The micro-batches of a push of leases carried past an epoch change (once, by their worker)."""
+        micro_batches = self.ledger.take(str(header.get("epoch")), lease_ids, worker, time.time())
+        if micro_batches is None:
+            raise StageRequestError(f"stage {self.stage}: this push is for epoch {str(header.get('epoch'))[:20]} and "
+                                    "not every lease in it is carried past it; its gradient is dropped")  # fmt: skip
+        again = [m for m in micro_batches if self.ledger.was_applied(m)]
+        if again:  # too late: a recompute of them got in first. Applied once more rather than lose the rest
+            self.stats.applied_twice += len(again)
+            logger.info("stage %d: carried push applies micro-batch(es) %s a second time", self.stage, again[:8])
+        self.stats.carried_pushes += 1
+        return micro_batches
 
     async def _log(self, base: int, micro_batches: int, blob: bytes) -> None:
         """Committed means replicated: the standby logs the push before we apply it. Without a
@@ -462,8 +553,22 @@ class StageHost:
                 self._last_checkpoint = time.monotonic()
             return self.server.version
 
+    async def stop(self) -> Path | None:
+        """Stop serving (the stage changes hands, or the daemon stops): after the push being
+        applied, none more; then ``close``."""
+        async with self.server_lock:
+            self.closed = True
+            self._carry_finishing()  # here on the loop, where requests change the queue
+            return await asyncio.to_thread(self._flush_and_checkpoint)
+
     def close(self) -> Path | None:
-        """On stop: step on the gradients summed so far (none is lost), then checkpoint."""
+        """Step on the gradients summed so far (none is lost), then checkpoint, with the
+        finishing leases carried for the stage's next host (their workers push there)."""
+        self.closed = True
+        self._carry_finishing()
+        return self._flush_and_checkpoint()
+
+    def _flush_and_checkpoint(self) -> Path | None:
         self.server.flush()
         return self.server.checkpoint()
 

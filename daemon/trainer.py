@@ -39,7 +39,7 @@ from swarmd.peers.swarm_dht import SwarmDHT
 from swarmd.pipeline_worker import PipelineWorker, WorkerSettings
 from swarmd.relay import Router, speaker_of
 from swarmd.replication import LOG_METHOD, StageReplicator, standby_of
-from swarmd.stage_host import HostSettings, StageHost
+from swarmd.stage_host import MAX_LOSSES_KEPT, HostSettings, StageHost
 
 logger = logging.getLogger(__name__)
 
@@ -163,6 +163,7 @@ class Trainer:
         self._replicating: asyncio.Task[None] | None = None
         self._worker_task: asyncio.Task[None] | None = None
         self._worker_stop = asyncio.Event()
+        self._losses_before: deque[tuple[int, float]] = deque(maxlen=MAX_LOSSES_KEPT)
         self._rate: deque[tuple[float, int]] = deque(maxlen=30)  # (time, micro-batches finished at the last stage)
 
     # --- the round ----------------------------------------------------------------------------
@@ -303,7 +304,9 @@ class Trainer:
         host = self.hosts.pop(stage, None)
         if host is None:
             return
-        await asyncio.to_thread(host.close)
+        await host.stop()
+        if host.is_last:  # its losses stay in our status: the stage's record is split over its hosts
+            self._losses_before.extend(host.losses)
         logger.info("Stopped hosting stage %d at version %d", stage, host.server.version)
         await self._replicate([stage])
 
@@ -465,11 +468,13 @@ class Trainer:
             "loss": None, "tokens": None, "tokens_per_s": None, "losses": None,
         }  # fmt: skip
         last = self.hosts.get(self.stages - 1)
+        if self._losses_before or last is not None:  # while this daemon hosted the last stage
+            losses = [*self._losses_before, *(last.losses if last is not None else [])][-MAX_LOSSES_KEPT:]
+            answer["losses"] = [[m, round(loss, 4)] for m, loss in losses]
         if last is not None:  # the last stage's host sees every micro-batch finish, with its loss
             recent = [loss for _, loss in list(last.losses)[-16:]]
             answer["loss"] = round(sum(recent) / len(recent), 4) if recent else None
             answer["tokens"] = last.stats.micro_batches_finished * tokens_per_mb
-            answer["losses"] = [[m, round(loss, 4)] for m, loss in last.losses]
             if len(self._rate) >= 2 and self._rate[-1][0] > self._rate[0][0]:
                 (t0, n0), (t1, n1) = self._rate[0], self._rate[-1]
                 answer["tokens_per_s"] = round((n1 - n0) * tokens_per_mb / (t1 - t0), 1)

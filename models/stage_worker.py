@@ -103,8 +103,11 @@ class StageWorker:
         with torch.no_grad():
             return self.module(x)
 
-    def backward(self, x: torch.Tensor, grad_output: torch.Tensor, version: int) -> BackwardResult:
-        """A backward task: recompute the forward on ``version``, back-propagate ``grad_output``."""
+    def backward(
+        self, x: torch.Tensor, grad_output: torch.Tensor, version: int, *, accumulate: bool = True
+    ) -> BackwardResult:
+        """A backward task: recompute the forward on ``version``, back-propagate ``grad_output``.
+        ``accumulate=False`` runs it for the input gradient only (the parameter gradient is not summed)."""
         if self.module.is_last:
             raise ModelError("the last stage runs train_last(), which includes its backward")
         self._use(version)
@@ -113,9 +116,11 @@ class StageWorker:
         if output.shape != grad_output.shape:
             raise ModelError(f"output gradient has shape {tuple(grad_output.shape)}; output is {tuple(output.shape)}")
         output.backward(grad_output)
-        return self._collect(x_in, version, loss=None)
+        return self._collect(x_in, version, loss=None, accumulate=accumulate)
 
-    def train_last(self, x: torch.Tensor, labels: torch.Tensor, version: int) -> BackwardResult:
+    def train_last(
+        self, x: torch.Tensor, labels: torch.Tensor, version: int, *, accumulate: bool = True
+    ) -> BackwardResult:
         """The last stage's task: loss on ``labels`` (the micro-batch's token ids) and its backward."""
         if not self.module.is_last:
             raise ModelError(f"stage {self.module.stage} is not the last stage")
@@ -123,26 +128,30 @@ class StageWorker:
         x_in = self._input_for_grad(x)
         loss = self.module(x_in, labels=labels)
         loss.backward()
-        return self._collect(x_in, version, loss=float(loss.detach()))
+        return self._collect(x_in, version, loss=float(loss.detach()), accumulate=accumulate)
 
     def _input_for_grad(self, x: torch.Tensor) -> torch.Tensor:
         # Token ids (stage 0) take no gradient; hidden states do, for the previous stage.
         return x if self.module.is_first else x.detach().float().requires_grad_(True)
 
-    def _collect(self, x_in: torch.Tensor, version: int, loss: float | None) -> BackwardResult:
+    def _collect(self, x_in: torch.Tensor, version: int, loss: float | None, accumulate: bool) -> BackwardResult:
+        if accumulate:
+            self._add_to_sum(version)
+        self.module.zero_grad(set_to_none=True)
+        if self.module.is_first:
+            return BackwardResult(None, loss)
+        assert x_in.grad is not None, "hidden-state inputs require grad"
+        return BackwardResult(x_in.grad.detach(), loss)
+
+    def _add_to_sum(self, version: int) -> None:
         grads = {name: p.grad for name, p in self.module.named_parameters() if p.grad is not None}
         if self._sum is None:
             self._sum = {name: g.detach().clone() for name, g in grads.items()}
         else:
             for name, g in grads.items():
                 self._sum[name] += g
-        self.module.zero_grad(set_to_none=True)
         self._count += 1
         self._oldest = version if self._oldest is None else min(self._oldest, version)
-        if self.module.is_first:
-            return BackwardResult(None, loss)
-        assert x_in.grad is not None, "hidden-state inputs require grad"
-        return BackwardResult(x_in.grad.detach(), loss)
 
     # --- pushing ---------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@
 - ``lan``         LAN discovery with py-libp2p's mDNS and the hello protocol
 - ``tensor_wire`` tensors on the wire: fp16/bf16 frames checked against the plan
 - ``task_queue``  a stage's micro-batch task queue: leases, re-queues, bounded memory
+- ``gradient_ledger`` a stage's applied micro-batches, and finishing leases carried past an epoch change
 - ``stage_leases`` which peer serves which stage: signed leases and the claim-settling rule
 - ``stage_assignment`` who should host which stage: fair shares, the run's hosting epoch
 - ``stage_rpc``   data-path requests over hivemind P2P streams: framed, bounded, counted

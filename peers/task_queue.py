@@ -287,6 +287,16 @@ class TaskQueue:
         lease = self._leases.get(lease_id)
         return lease is not None and lease.worker_id == worker_id
 
+    def lease_of(self, lease_id: str, worker_id: str, now: float) -> Lease:
+        """The live lease ``lease_id`` of ``worker_id``; ``LeaseError`` if it is over or another's."""
+        return self._held(lease_id, worker_id, now)
+
+    def live_leases(self, now: float) -> list[Lease]:
+        """Every lease not over at ``now`` (expired ones are re-queued first)."""
+        _check_now(now)
+        self._sweep(now)
+        return list(self._leases.values())
+
     def renew(self, lease_id: str, worker_id: str, now: float) -> Lease:
         """Extend a live lease by its original length; only its holder may."""
         lease = self._held(lease_id, worker_id, now)
