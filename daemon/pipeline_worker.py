@@ -56,6 +56,10 @@ CARRIED_RETRY_S = 60.0
 """How long a sum from before an epoch change is offered to its stage's host (a new host must
 open first); the hosts carry the leases for ``max_lease_s``."""
 MAX_CARRIED_PUSHES = 16
+CARRIED_MAX_DELAY_S = 1.0
+"""Longest wait between offers of such a sum: sooner is better, a recompute may race it in."""
+FINAL_CARRIED_S = 8.0
+"""On stop, how long the last offers of such sums may take (within the trainer's stop timeout)."""
 STAGE_BACKOFF_S = 0.5
 FAILURE_BACKOFF_S, MAX_FAILURE_BACKOFF_S = 0.1, 2.0
 
@@ -79,7 +83,7 @@ UPSTREAM_DONE = "no stage input stored for micro-batch"
 """How a host refuses a gradient for a micro-batch it has finished (or never had in this epoch)."""
 
 
-MOVED_ON = ("this host is at", "does not host stage")
+MOVED_ON = ("this host is at", "does not host stage", "has no host right now")
 """How a host (or its daemon) refuses a request from an epoch that has ended."""
 
 
@@ -133,7 +137,7 @@ class _Held:
     since: float = 0.0
 
 
-@dataclass
+@dataclass(eq=False)
 class _CarriedPush:
     """A sum taken at an epoch change, offered to its stage's host until taken or too old."""
 
@@ -171,6 +175,7 @@ class PipelineWorker:
         self._backoff_until = [0.0] * s.stages
         self._current_epoch: str | None = None
         self._carried: list[_CarriedPush] = []
+        self._offering: asyncio.Task[None] | None = None  # offers them off the loop: a dead host can't stall it
         self._failures = 0  # tasks failed in a row
 
     # --- the loop ----------------------------------------------------------------------------
@@ -187,7 +192,8 @@ class PipelineWorker:
                 for worker in self._workers:
                     worker.forget_versions()
                 self._current_epoch = epoch
-            await self._push_carried()
+            if self._carried and (self._offering is None or self._offering.done()):
+                self._offering = asyncio.create_task(self._push_carried())
             if epoch is None:
                 await self._wait(stop, 0.2)
                 continue
@@ -204,7 +210,10 @@ class PipelineWorker:
             idle_s = min(idle_s * 2, IDLE_MAX_S)
         for s in range(self.settings.stages):
             await self._push(s)
-        await self._push_carried(final=True)
+        if self._offering is not None:
+            await asyncio.gather(self._offering, return_exceptions=True)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._push_carried(final=True), FINAL_CARRIED_S)
 
     async def release(self) -> None:
         """Hand back what is held: push sums, fail the rest (used on stop)."""
@@ -409,7 +418,7 @@ class PipelineWorker:
             answer, _ = await self._call(s, "push", header, [blob])
         except SwarmdError as e:
             if epoch_moved_on(e):  # the epoch ended under it: offered again, the hosts carry its leases
-                self._carried.append(_CarriedPush(s, header, blob, time.monotonic() + CARRIED_RETRY_S))
+                self._offer_later(_CarriedPush(s, header, blob, time.monotonic() + CARRIED_RETRY_S))
                 return
             self.stats.pushes_refused += 1
             logger.info("push of %d micro-batch(es) to stage %d refused: %s", len(header["lease_ids"]), s, e)
@@ -426,7 +435,10 @@ class PipelineWorker:
         for s in range(self.settings.stages):
             taken = await self._take_sum(s)
             if taken is not None:
-                self._carried.append(_CarriedPush(s, *taken, until=time.monotonic() + CARRIED_RETRY_S))
+                self._offer_later(_CarriedPush(s, *taken, until=time.monotonic() + CARRIED_RETRY_S))
+
+    def _offer_later(self, carried: _CarriedPush) -> None:
+        self._carried.append(carried)
         while len(self._carried) > MAX_CARRIED_PUSHES:
             self._drop_carried(self._carried.pop(0), "too many sums waiting")
 
@@ -438,16 +450,26 @@ class PipelineWorker:
             try:
                 answer, _ = await self._call(carried.stage, "push", carried.header, [carried.blob])
             except SwarmdError as e:
-                host_said_no = isinstance(e, StageRequestError) or "refused by" in str(e)
-                if final or (host_said_no and "does not host stage" not in str(e)) or now >= carried.until:
-                    self._carried.remove(carried)
-                    self._drop_carried(carried, str(e))
+                host_said_no = (isinstance(e, StageRequestError) or "refused by" in str(e)) and not any(
+                    phrase in str(e)
+                    for phrase in MOVED_ON[1:]  # ... unless the stage is changing hands
+                )
+                now = time.monotonic()
+                if final or host_said_no or now >= carried.until:
+                    self._discard_carried(carried, str(e))
                 else:
-                    carried.next_try, carried.delay = now + carried.delay, min(carried.delay * 2, 5.0)
+                    carried.next_try, carried.delay = now + carried.delay, min(carried.delay * 2, CARRIED_MAX_DELAY_S)
+                continue
+            if carried not in self._carried:  # dropped meanwhile (too many waiting)
                 continue
             self._carried.remove(carried)
             self.stats.carried_pushes += 1
             self._pushed(carried.stage, carried.header, answer)
+
+    def _discard_carried(self, carried: _CarriedPush, why: str) -> None:
+        if carried in self._carried:
+            self._carried.remove(carried)
+            self._drop_carried(carried, why)
 
     def _drop_carried(self, carried: _CarriedPush, why: str) -> None:
         self.stats.carried_dropped += 1

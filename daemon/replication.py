@@ -112,11 +112,11 @@ class StageReplicator:
         self.logged += 1
         return {}, []
 
-    def _store(self, stage: int, version: int, data: bytes) -> int:
+    def _store(self, stage: int, version: int, data: bytes, replace_equal: bool = False) -> int:
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         final = self.checkpoint_dir / stage_checkpoint_name(stage)
         current = checkpoint_version(final)
-        if current is not None and current >= version:
+        if current is not None and (current > version or current == version and not replace_equal):
             return current  # never replace a newer copy with an older one
         tmp = final.with_name(f".{final.name}.{os.getpid()}.incoming")
         try:
@@ -155,11 +155,14 @@ class StageReplicator:
             raise SwarmdError(f"unknown checkpoint op {str(op)[:20]!r}")
         return {"version": version}, [await asyncio.to_thread(path.read_bytes)]
 
-    async def fetch_newest(self, stage: int, candidates: list[str]) -> int | None:
+    async def fetch_newest(self, stage: int, candidates: list[str], previous: str | None = None) -> int | None:
         """Make our copy of ``stage`` the newest any of ``candidates`` holds; returns its version.
 
         Called before hosting a stage, so that a new host resumes where the last one stopped
-        (the previous holder and the standby are among the candidates)."""
+        (the previous holder and the standby are among the candidates). The ``previous``
+        holder's copy wins at an equal version too: written as it handed the stage over, it
+        has the leases it carried for the next host (``GradientLedger``), which a copy made
+        earlier at the same version lacks."""
         path = self.checkpoint_dir / stage_checkpoint_name(stage)
         own = await asyncio.to_thread(checkpoint_version, path)
         if self.p2p is None or not candidates:
@@ -172,13 +175,17 @@ class StageReplicator:
             return (version if type(version) is int else -1), peer
 
         found = await asyncio.gather(*(ask(p) for p in candidates), return_exceptions=True)
-        offers = sorted((v, p) for v, p in (f for f in found if isinstance(f, tuple)) if v > (own or 0))
-        for version, peer in reversed(offers):  # the newest first; the next if it fails
+        offers = sorted(
+            (v, p == previous, p)
+            for v, p in (f for f in found if isinstance(f, tuple))
+            if v > (own or 0) or (p == previous and v >= 0 and v == own)
+        )
+        for version, from_previous, peer in reversed(offers):  # the newest first; the next if it fails
             try:
                 answer, blobs = await call(self.p2p, peer, FETCH_METHOD, {**args, "op": "fetch"},
                                            timeout_s=PUSH_TIMEOUT_S)  # fmt: skip
                 if len(blobs) == 1 and answer.get("version") == version:
-                    stored = await asyncio.to_thread(self._store, stage, version, blobs[0])
+                    stored = await asyncio.to_thread(self._store, stage, version, blobs[0], from_previous)
                     logger.info("Fetched stage %d at version %d from %s", stage, stored, peer)
                     return stored
             except SwarmdError as e:

@@ -23,6 +23,8 @@ the micro-batches in flight, never data; finished ones are remembered and not fe
 Gradients summed for finishing leases of the old epoch are still pushed and applied, and a
 micro-batch is applied once per stage though it may be recomputed: the stage's
 ``GradientLedger`` carries those leases (to a successor host too) and remembers what it applied.
+One race remains, counted in ``applied_twice``: a carried push that arrives after a recompute
+of one of its micro-batches got in (its other micro-batches would be lost otherwise).
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ logger = logging.getLogger(__name__)
 MAX_LOSSES_KEPT = 8192
 MAX_FINISHED_KEPT = 4096
 MIN_CHECKPOINT_GAP_S = 5.0
+AWAIT_CARRIED_S = 10.0
+"""How long a recompute's push waits behind a gradient of the same micro-batch carried past an
+epoch change (refused and redone meanwhile): its worker offers it at once, and a new host
+opens within seconds. Later, both are applied rather than either lost (``applied_twice``)."""
 
 
 class StageRequestError(SwarmdError):
@@ -245,6 +251,7 @@ class StageHost:
         finishing = [(lease.lease_id, lease.worker_id, lease.task.micro_batch)
                      for lease in self.queue.live_leases(now) if self._finishes(lease.task)]  # fmt: skip
         if finishing:
+            logger.debug("stage %d: carried (lease, worker, micro-batch): %s", self.stage, finishing)
             self.ledger.carry(self.epoch, finishing, now)
             logger.info("stage %d: carrying %d finishing lease(s) past the end of epoch %s", self.stage,
                         len(finishing), self.epoch)  # fmt: skip
@@ -420,6 +427,9 @@ class StageHost:
             self.push_phases.add(name, now - phase)
             phase = now
 
+        if self.closed:
+            raise StageRequestError(f"this peer does not host stage {self.stage} (any more); it is closing; send "
+                                    "the push to the stage's next host")  # fmt: skip
         try:
             if not carried:
                 self._held_micro_batches(worker, lease_ids)  # refused early, and held through the wait
@@ -432,18 +442,24 @@ class StageHost:
                 if self.closed:
                     raise StageRequestError(f"this peer does not host stage {self.stage} (any more); it closed "
                                             "while the push waited; send it to the stage's next host")  # fmt: skip
+                self.server.validate(gradients, base, len(lease_ids))
                 # The epoch may have changed while the push waited: its leases are carried now.
                 carried = carried or header.get("epoch") != self.epoch
                 micro_batches = self._carried_micro_batches(worker, header, lease_ids) if carried else \
                     self._held_micro_batches(worker, lease_ids)  # fmt: skip
-                self.server.validate(gradients, base, len(micro_batches))
+                fresh = [not self.ledger.was_applied(m) for m in micro_batches]
+                epoch, queue = self.epoch, self.queue
                 await self._log(base, len(micro_batches), blobs[0])
                 phase_done("log_at_standby")
                 result = await asyncio.to_thread(self.server.push, gradients, base, len(micro_batches))
                 if result.stepped:
                     await self._remember_version()
                 phase_done("apply")
-                self._settle(worker, lease_ids if not carried else None, micro_batches, losses)
+                if not carried and self.queue is not queue and epoch is not None:
+                    # The epoch changed while this push was applied, and carried its leases: in now.
+                    self.ledger.take(epoch, lease_ids, worker, time.time())
+                    carried = True
+                self._settle(worker, None if carried else lease_ids, micro_batches, fresh, losses)
         except SwarmdError:  # a bad gradient, or one on weights this server never had: redo them
             now = time.time()
             for lid in [] if carried else lease_ids:
@@ -454,10 +470,14 @@ class StageHost:
         self.feed()
         return {"version": result.version, "accepted": result.accepted, "staleness": result.staleness}, []
 
-    def _settle(self, worker: str, lease_ids: list[str] | None, micro_batches: list[int], losses: list[Any]) -> None:
+    def _settle(
+        self, worker: str, lease_ids: list[str] | None, micro_batches: list[int], fresh: list[bool], losses: list[Any]
+    ) -> None:
         """After a push is applied: its leases complete (none for carried ones), its micro-batches
-        are finished here and in the ledger, and the last stage records their losses."""
+        are finished here (once) and in the ledger, and the last stage records their losses."""
         now = time.time()
+        logger.debug("stage %d: applied %s from %s (%s)", self.stage, micro_batches, worker,
+                     "carried" if lease_ids is None else lease_ids)  # fmt: skip
         for i, m in enumerate(micro_batches):
             if lease_ids is not None and self.queue.holds(lease_ids[i], worker, now):
                 self.queue.complete(lease_ids[i], worker, now, finishes_micro_batch=True)
@@ -465,6 +485,8 @@ class StageHost:
                 # Re-queued while the push was applied (its worker was dropped meanwhile): the
                 # redo of the task is told its gradient is in, and completes without a push.
                 self.stats.duplicates += 1
+            if not fresh[i]:
+                continue  # applied before (a carried push that lost the race with a recompute)
             self._mark_finished(m)
             if self.is_last:
                 self.losses.append((m, float(losses[i])))
@@ -477,7 +499,9 @@ class StageHost:
         now = time.time()
         held = bool(lease_ids) and all(self.queue.holds(lid, worker, now) for lid in lease_ids)
         micro_batches = [self.queue.lease_of(lid, worker, now).task.micro_batch for lid in lease_ids] if held else []
-        again = [m for m in micro_batches if self.ledger.was_applied(m)]
+        besides = (self.epoch, lease_ids)  # (a closing host carries the push's own leases too)
+        again = [m for m in micro_batches
+                 if self.ledger.was_applied(m) or self.ledger.awaits(m, now, AWAIT_CARRIED_S, besides)]  # fmt: skip
         if held and not again:
             for lid in lease_ids:
                 self.queue.renew(lid, worker, now)
@@ -488,7 +512,8 @@ class StageHost:
         self.feed()
         if again:
             raise StageRequestError(f"stage {self.stage}: micro-batch(es) {again[:8]} of this push are applied "
-                                    "already (carried past an epoch change); the rest are recomputed")  # fmt: skip
+                                    "already, or on their way (carried past an epoch change); the rest are "
+                                    "recomputed")  # fmt: skip
         raise StageRequestError(f"stage {self.stage}: a lease of this push is over; gradient dropped, "
                                 "its micro-batches are being recomputed")  # fmt: skip
 

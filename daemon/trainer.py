@@ -278,7 +278,7 @@ class Trainer:
         likeliest = sorted(self.members(), key=lambda m: (-self.roles.score_of(m["peer_id"]), -m["uptime_s"]))
         sources = [p for p in [self._last_holder[stage], *(m["peer_id"] for m in likeliest)] if p and p != self.own]
         candidates = list(dict.fromkeys(sources))[:MAX_CHECKPOINT_SOURCES]
-        await self.replicator.fetch_newest(stage, candidates)
+        await self.replicator.fetch_newest(stage, candidates, previous=self._last_holder[stage])
         s = self.spec.spec
         settings = HostSettings(
             run_id=self.spec.run_id, stage=stage, stages=self.stages, shape=s.model, seed=run_seed(self.spec.run_id),

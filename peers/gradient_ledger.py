@@ -14,7 +14,8 @@ over carries them on.
 Carrying must not apply a micro-batch twice: one that was in flight at the change may also be
 fed again and recomputed. The ledger remembers the micro-batches applied lately; a recomputed
 task of one of them runs only for its output (the stage below may still need it), and a push
-that would apply one again is refused.
+that would apply one again is refused. So is a recompute's push that would beat a carried one
+lately on its way (the host's choice of how long to wait).
 
 Pure bookkeeping: no network, no torch; time comes in as ``now``. What comes from a
 checkpoint (another peer's, possibly) is parsed with bounds and types checked.
@@ -78,6 +79,14 @@ class GradientLedger:
             del self._carried[k]
         return [c.micro_batch for c in found if c is not None]
 
+    def awaits(self, m: int, now: float, within_s: float, besides: tuple[str | None, list[str]] = (None, [])) -> bool:
+        """Whether a lease of micro-batch ``m`` (other than ``besides``: an epoch and lease IDs)
+        was carried less than ``within_s`` ago and is still pushable: its gradient is on its
+        way, and a recompute of it should not get in first."""
+        epoch, own = besides
+        return any(c.micro_batch == m and c.until - self.carry_s > now - within_s and c.until > now
+                   and not (e == epoch and lid in own) for (e, lid), c in self._carried.items())  # fmt: skip
+
     def carries(self, epoch: str | None) -> bool:
         """Whether any lease of ``epoch`` is carried (a push under it may be one of them)."""
         return epoch is not None and any(e == epoch for e, _ in self._carried)
@@ -130,6 +139,8 @@ def _parse(text: str) -> tuple[list[tuple[str, str, str, int]], list[int]]:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"not JSON ({e.msg})") from None
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
     if (
         not isinstance(data, dict)
         or not isinstance(data.get("carried"), list)

@@ -52,3 +52,57 @@ def test_a_holder_newer_than_the_trainers_scan_is_checked_in_the_dht_and_others_
     with pytest.raises(SwarmdError, match="does not hold stage 1"):
         log(replicator, "intruder", 3)
     assert replicator.refused == 1 and replicator.logged == 2
+
+
+def write_checkpoint(path: Path, version: int, metadata: dict[str, str]) -> bytes:
+    import torch
+
+    from swarmd.models.param_server import ServerConfig, StageParameterServer
+
+    server = StageParameterServer({"w": torch.zeros(3)}, ServerConfig(lr=1e-3), path)
+    server.version, server.metadata = version, metadata
+    server.checkpoint()
+    return path.read_bytes()
+
+
+def test_a_new_host_takes_the_previous_holders_copy_at_an_equal_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy written as the stage was handed over has the leases it carried for the next host;
+    a standby copy of the same version, made earlier, lacks them. Another peer's equal copy is
+    not fetched (it adds nothing), and a lower one never replaces ours."""
+    from swarmd import replication
+    from swarmd.models.param_server import stage_checkpoint_name
+
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    write_checkpoint(ours / stage_checkpoint_name(1), 7, {"gradient_ledger": "standby copy"})
+    offered = {
+        "previous": write_checkpoint(tmp_path / "previous.safetensors", 7, {"gradient_ledger": "handed over"}),
+        "other": write_checkpoint(tmp_path / "other.safetensors", 7, {"gradient_ledger": "other copy"}),
+        "older": write_checkpoint(tmp_path / "older.safetensors", 6, {"gradient_ledger": "older copy"}),
+    }
+    versions = {"previous": 7, "other": 7, "older": 6}
+    fetched: list[str] = []
+
+    async def call(p2p: object, peer: str, method: str, args: dict[str, Any], blobs: object = None,
+                   timeout_s: float = 0) -> tuple[dict[str, Any], list[bytes]]:  # fmt: skip
+        if args["op"] == "version":
+            return {"version": versions[peer]}, []
+        fetched.append(peer)
+        return {"version": versions[peer]}, [offered[peer]]
+
+    monkeypatch.setattr(replication, "call", call)
+    replicator = StageReplicator("r.x", 2, ours, LeaseScans({}))  # type: ignore[arg-type]
+    replicator.p2p = object()  # type: ignore[assignment]
+
+    def ledger() -> str:
+        from safetensors import safe_open
+
+        with safe_open(str(ours / stage_checkpoint_name(1)), "pt") as f:
+            return str((f.metadata() or {}).get("gradient_ledger"))
+
+    assert asyncio.run(replicator.fetch_newest(1, ["other", "older"], previous="gone")) == 7
+    assert fetched == [] and ledger() == "standby copy"
+    assert asyncio.run(replicator.fetch_newest(1, ["other", "previous", "older"], previous="previous")) == 7
+    assert fetched == ["previous"] and ledger() == "handed over"

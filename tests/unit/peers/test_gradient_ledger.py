@@ -78,6 +78,7 @@ def test_the_ledger_goes_to_the_next_host_in_the_checkpoint() -> None:
         json.dumps({"carried": [], "applied": ["3"]}),
         json.dumps({"carried": [], "applied": list(range(MAX_APPLIED_KEPT + 1))}),
         json.dumps({"carried": [], "applied": [1]}) + " " * (256 * 1024),
+        "[" * 100_000,  # nested past the parser's recursion limit
     ],
 )
 def test_a_malformed_ledger_in_a_checkpoint_is_ignored(text: str, caplog: pytest.LogCaptureFixture) -> None:
@@ -85,3 +86,15 @@ def test_a_malformed_ledger_in_a_checkpoint_is_ignored(text: str, caplog: pytest
     ledger.load_metadata(text, now=0.0)
     assert ledger.carried_count == 0 and not ledger.was_applied(1) and not ledger.was_applied(3)
     assert "ignoring the gradient ledger" in caplog.text
+
+
+def test_a_lately_carried_micro_batch_is_awaited_for_a_while() -> None:
+    ledger = GradientLedger(carry_s=30.0)
+    ledger.carry("e1", [("1.4", "w1", 7)], now=100.0)
+    assert ledger.awaits(7, now=105.0, within_s=10.0)
+    assert not ledger.awaits(8, now=105.0, within_s=10.0)
+    assert not ledger.awaits(7, now=105.0, within_s=10.0, besides=("e1", ["1.4"]))  # the push of it itself
+    assert ledger.awaits(7, now=105.0, within_s=10.0, besides=("e2", ["1.4"]))
+    assert not ledger.awaits(7, now=110.0, within_s=10.0)  # waited long enough: both get applied
+    assert ledger.take("e1", ["1.4"], "w1", now=101.0) == [7]
+    assert not ledger.awaits(7, now=102.0, within_s=10.0)  # arrived
