@@ -59,11 +59,6 @@ CHECKPOINT_EVERY = 10
 BATCHES_AHEAD = 1
 """Batches stage 0 starts beyond the one being summed: overlap at the price of staleness
 (0 measured 4x slower on one machine's 4 daemons; 1 costs ~0.1 nats at equal tokens early on)."""
-HAND_OVER_PROVISIONAL = False
-"""Whether a stage claimed before the first plan moves to the plan's server once the plan
-comes (``stage_assignment.decide``'s ``provisional``). Off: every extra hand-over meets a
-known loss (a last-stage gradient held by a worker is dropped when its stage changes hands;
-the four-daemon training test caught it losing four micro-batches). On again once that is fixed."""
 PUSH_EVERY = 2
 """Finished micro-batches a worker sums before it pushes (the servers sum pushes into batches)."""
 
@@ -217,7 +212,7 @@ class Trainer:
         preferred = [self._preferred(s, planned[s], members, live) for s in range(self.stages)]
         # A provisional stage the plan gives us is ours for good; one it gives another goes there.
         self._provisional = {s for s in self._provisional if s in self._claimed and planned[s] != self.own}
-        to_hand_over = {s for s in self._provisional if planned[s] is not None} if HAND_OVER_PROVISIONAL else set()
+        to_hand_over = {s for s in self._provisional if planned[s] is not None}
         decision = decide(self.own, holders, trainers, free_for, CLAIM_GRACE_S, preferred, to_hand_over)
         for s in decision.release:
             if s in to_hand_over and preferred[s] not in (None, self.own):
