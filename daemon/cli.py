@@ -302,6 +302,15 @@ def _fmt_training(t: dict[str, Any]) -> list[str]:
         done = f"tasks forward {tasks['forward']}, backward {tasks['backward']}, last {tasks['last']}"
         lines.append(f"worker    {done}; pushes {w['pushes']} ({w['pushes_refused']} refused); "
                      f"weight pulls {w['weight_pulls']}")  # fmt: skip
+        if w.get("carried_pushes") or w.get("carried_dropped") or w.get("output_only"):
+            sums = f"{w['carried_pushes']} sum(s) pushed after, {w['carried_dropped']} not taken"
+            lines.append(f"          across epoch changes: {sums}; {w['output_only']} task(s) run for output only")
+    for stage, host in sorted((t.get("hosts") or {}).items()):
+        h = host["host"]
+        if h.get("carried_pushes") or h.get("already_applied") or h.get("applied_twice"):
+            counts = (f"{h['carried_pushes']} carried push(es) applied, {h['already_applied']} recompute(s) not "
+                      f"pushed, {h['applied_twice']} applied twice")  # fmt: skip
+            lines.append(f"stage {stage}   across epoch changes: {counts}")
     return lines
 
 
