@@ -149,6 +149,7 @@ class Trainer:
         self._claimed: dict[int, float] = {}  # stage -> our claim time
         self._free_since: list[float | None] = [None] * self.stages
         self._last_holder: list[str | None] = [None] * self.stages
+        self._last_other_holder: list[str | None] = [None] * self.stages  # whose checkpoint a new host of ours wants
         self._provisional: set[int] = set()  # stages we claimed before a plan placed their server
         self._seen_members: set[str] = set()
         self._departed: dict[str, float] = {}  # peer -> when its heartbeat went: its leases are void
@@ -194,6 +195,8 @@ class Trainer:
         for s, lease in enumerate(holders):
             if lease is not None:
                 self._last_holder[s] = lease.peer_id
+                if lease.peer_id != self.own:
+                    self._last_other_holder[s] = lease.peer_id
                 self._free_since[s] = None
             elif self._free_since[s] is None:
                 self._free_since[s] = now
@@ -271,9 +274,10 @@ class Trainer:
     async def _open_host(self, stage: int) -> None:
         """Host ``stage``: resume from the newest checkpoint anyone offers, then serve it."""
         likeliest = sorted(self.members(), key=lambda m: (-self.roles.score_of(m["peer_id"]), -m["uptime_s"]))
-        sources = [p for p in [self._last_holder[stage], *(m["peer_id"] for m in likeliest)] if p and p != self.own]
+        previous = self._last_other_holder[stage]  # by the time we open, the last holder is us
+        sources = [p for p in [previous, *(m["peer_id"] for m in likeliest)] if p and p != self.own]
         candidates = list(dict.fromkeys(sources))[:MAX_CHECKPOINT_SOURCES]
-        await self.replicator.fetch_newest(stage, candidates, previous=self._last_holder[stage])
+        await self.replicator.fetch_newest(stage, candidates, previous=previous)
         s = self.spec.spec
         settings = HostSettings(
             run_id=self.spec.run_id, stage=stage, stages=self.stages, shape=s.model, seed=run_seed(self.spec.run_id),
