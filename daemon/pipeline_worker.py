@@ -45,7 +45,7 @@ from swarmd.peers.idle_polling import FLUSH_IDLE_S, IDLE_MAX_S, IDLE_MIN_S  # th
 from swarmd.peers.op_times import OpTimes
 from swarmd.peers.stage_rpc import Answer
 from swarmd.peers.tensor_wire import TensorSpec, decode_tensor, encode_tensor
-from swarmd.stage_host import StageRequestError, deserialize_tensors, serialize_tensors
+from swarmd.stage_host import PUSH_AGAIN, StageRequestError, deserialize_tensors, serialize_tensors
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +115,8 @@ class WorkerStats:
     already_there: int = 0
     """Results the next stage already held (an earlier try's answer was lost, or a copy won)."""
     carried_pushes: int = 0
-    """Sums from before an epoch change pushed after it (their leases carried by the hosts)."""
+    """Sums offered again and taken: from before an epoch change (their leases carried by the
+    hosts), or held back while a host waited for a carried gradient."""
     carried_dropped: int = 0
     """Such sums no host took (refused, or no host within ``CARRIED_RETRY_S``): recomputed or lost."""
     output_only: int = 0
@@ -417,7 +418,8 @@ class PipelineWorker:
         try:
             answer, _ = await self._call(s, "push", header, [blob])
         except SwarmdError as e:
-            if epoch_moved_on(e):  # the epoch ended under it: offered again, the hosts carry its leases
+            if epoch_moved_on(e) or PUSH_AGAIN in str(e):  # the epoch ended under it (the hosts carry its
+                # leases), or the host waits for a carried gradient of one of its micro-batches: offered again
                 self._offer_later(_CarriedPush(s, header, blob, time.monotonic() + CARRIED_RETRY_S))
                 return
             self.stats.pushes_refused += 1
@@ -450,9 +452,9 @@ class PipelineWorker:
             try:
                 answer, _ = await self._call(carried.stage, "push", carried.header, [carried.blob])
             except SwarmdError as e:
+                not_now = (*MOVED_ON[1:], PUSH_AGAIN)  # the stage is changing hands, or the host waits
                 host_said_no = (isinstance(e, StageRequestError) or "refused by" in str(e)) and not any(
-                    phrase in str(e)
-                    for phrase in MOVED_ON[1:]  # ... unless the stage is changing hands
+                    phrase in str(e) for phrase in not_now
                 )
                 now = time.monotonic()
                 if final or host_said_no or now >= carried.until:

@@ -60,12 +60,21 @@ MAX_FINISHED_KEPT = 4096
 MIN_CHECKPOINT_GAP_S = 5.0
 AWAIT_CARRIED_S = 10.0
 """How long a recompute's push waits behind a gradient of the same micro-batch carried past an
-epoch change (refused and redone meanwhile): its worker offers it at once, and a new host
-opens within seconds. Later, both are applied rather than either lost (``applied_twice``)."""
+epoch change (``PushMustWait``): that gradient's worker offers it at once, and a new host opens
+within seconds. Later, both are applied rather than either lost (``applied_twice``)."""
 
 
 class StageRequestError(SwarmdError):
     """A request to a stage host was refused: stale epoch, unknown lease, bad tensor, full queue."""
+
+
+PUSH_AGAIN = "push it again shortly"
+"""How a host asks for a push to be offered again (its leases stay held)."""
+
+
+class PushMustWait(StageRequestError):
+    """A push holds a micro-batch whose gradient, carried past an epoch change, is on its way:
+    refused for now, its leases kept; the worker offers it again (``PUSH_AGAIN``)."""
 
 
 @dataclass(frozen=True)
@@ -460,6 +469,8 @@ class StageHost:
                     self.ledger.take(epoch, lease_ids, worker, time.time())
                     carried = True
                 self._settle(worker, None if carried else lease_ids, micro_batches, fresh, losses)
+        except PushMustWait:
+            raise  # its leases stay held: offered again
         except SwarmdError:  # a bad gradient, or one on weights this server never had: redo them
             now = time.time()
             for lid in [] if carried else lease_ids:
@@ -500,11 +511,14 @@ class StageHost:
         held = bool(lease_ids) and all(self.queue.holds(lid, worker, now) for lid in lease_ids)
         micro_batches = [self.queue.lease_of(lid, worker, now).task.micro_batch for lid in lease_ids] if held else []
         besides = (self.epoch, lease_ids)  # (a closing host carries the push's own leases too)
-        again = [m for m in micro_batches
-                 if self.ledger.was_applied(m) or self.ledger.awaits(m, now, AWAIT_CARRIED_S, besides)]  # fmt: skip
+        again = [m for m in micro_batches if self.ledger.was_applied(m)]
+        waiting = [m for m in micro_batches if self.ledger.awaits(m, now, AWAIT_CARRIED_S, besides)]
         if held and not again:
             for lid in lease_ids:
                 self.queue.renew(lid, worker, now)
+            if waiting:  # don't race it in (then the carried push would apply it twice), and don't redo it
+                raise PushMustWait(f"stage {self.stage}: micro-batch(es) {waiting[:8]} of this push have a gradient "
+                                   f"carried past an epoch change on its way; {PUSH_AGAIN}")  # fmt: skip
             return micro_batches
         for lid in lease_ids:
             if self.queue.holds(lid, worker, now):
@@ -512,8 +526,7 @@ class StageHost:
         self.feed()
         if again:
             raise StageRequestError(f"stage {self.stage}: micro-batch(es) {again[:8]} of this push are applied "
-                                    "already, or on their way (carried past an epoch change); the rest are "
-                                    "recomputed")  # fmt: skip
+                                    "already (carried past an epoch change); the rest are recomputed")  # fmt: skip
         raise StageRequestError(f"stage {self.stage}: a lease of this push is over; gradient dropped, "
                                 "its micro-batches are being recomputed")  # fmt: skip
 

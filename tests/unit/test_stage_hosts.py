@@ -221,6 +221,48 @@ def test_epoch_changes_and_a_hand_over_lose_no_gradient_and_count_any_applied_tw
     assert summed[1] == len(applied_at_last) + twice[1]
 
 
+def test_a_push_waits_for_a_gradient_carried_past_an_epoch_change_and_its_redo_runs_for_output_only(
+    train: Dataset, tmp_path: Path
+) -> None:
+    """The last stage holds micro-batch 5's gradient on its way from before an epoch change; a
+    recompute of 5 is pushed first: it must wait (its lease kept), not race in. Once the carried
+    gradient is in, the recompute's push is refused and redone, and the redo is told to run for
+    its output only: 5 is applied once."""
+    import torch
+
+    from swarmd.peers.tensor_wire import encode_tensor
+    from swarmd.stage_host import PushMustWait, StageRequestError, serialize_tensors
+
+    settings = HostSettings(run_id="r", stage=1, stages=2, shape=SHAPE, seed=1, micro_batch=MICRO, lr=LR,
+                            weight_decay=0.0, max_staleness=4, accumulate=PER_UPDATE)  # fmt: skip
+    host = StageHost(settings, tmp_path, train)
+    host.set_epoch("e2")
+    frame = encode_tensor(torch.zeros(host.in_spec.shape))
+    gradient = serialize_tensors({name: torch.zeros(shape) for name, shape in host.param_shapes.items()})
+
+    async def run() -> None:
+        await host.handle("put", "w0", {"epoch": "e2", "kind": "forward", "micro_batch": 5}, [frame])
+        claim, _ = await host.handle("claim", "w1", {"epoch": "e2", "lease_s": 30.0}, [])
+        assert claim["micro_batch"] == 5 and "applied" not in claim
+        host.ledger.carry("e1", [("1.0", "w2", 5)], time.time())  # w2's sum of 5, on its way
+        push = {"epoch": "e2", "lease_ids": [claim["lease_id"]], "base_version": 0, "losses": [2.0]}
+        with pytest.raises(PushMustWait, match="push it again shortly"):
+            await host.handle("push", "w1", push, [gradient])
+        assert host.queue.holds(claim["lease_id"], "w1", time.time())
+        carried = {"epoch": "e1", "lease_ids": ["1.0"], "base_version": 0, "losses": [2.5]}
+        await host.handle("push", "w2", carried, [gradient])  # the carried gradient arrives
+        with pytest.raises(StageRequestError, match="applied already"):
+            await host.handle("push", "w1", push, [gradient])
+        redo, _ = await host.handle("claim", "w1", {"epoch": "e2", "lease_s": 30.0}, [])
+        assert redo["micro_batch"] == 5 and redo["applied"] is True
+        await host.handle("complete", "w1", {"epoch": "e2", "lease_id": redo["lease_id"], "weights_version": 0}, [])
+
+    asyncio.run(run())
+    assert list(host.losses) == [(5, 2.5)]
+    assert host.stats.carried_pushes == 1 and host.stats.already_applied == 1 and host.stats.applied_twice == 0
+    assert host.queue.counters().outstanding == 0
+
+
 def test_a_result_the_next_stage_already_has_or_no_longer_needs_is_recognised() -> None:
     """A worker must not fail (and so redo, forever) a task whose result the next stage refuses
     because it already holds it or is past that micro-batch: the phrases are the queue's own."""
