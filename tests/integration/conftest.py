@@ -63,6 +63,9 @@ def alive(pid: int) -> bool:
 def workdir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="swd-", dir="/tmp"))
     yield path
+    if os.environ.get("SWARMD_KEEP_TEST_DIRS"):  # to read the daemons' logs after a failure
+        print(f"kept {path}")
+        return
     shutil.rmtree(path, ignore_errors=True)
 
 

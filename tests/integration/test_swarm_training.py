@@ -214,6 +214,12 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
             for i, daemon in enumerate(daemons):  # why tasks were handed back, from each worker
                 failures = [line for line in daemon.log_tail(2000).splitlines() if "failed" in line or "WARN" in line]
                 print(f"d{i}:", *failures[-12:], sep="\n  ")
+                # ... and every change of hands, with what was carried across it and what was not
+                words = ("osting stage", "anding stage", "carr", "epoch change", "refused")
+                moves = [line for line in daemon.log_tail(20000).splitlines() if any(w in line for w in words)]
+                print(f"d{i} hand-overs:", *moves[-30:], sep="\n  ")
+                print(f"d{i} worker:", {k: v for k, v in (training(daemon).get("worker") or {}).items()
+                                        if k not in ("requests_by_op", "seconds", "host_versions")})  # fmt: skip
             raise
         for stage, (_, info) in hosts_of(daemons).items():
             q = info["queue"]
