@@ -475,7 +475,7 @@ class PipelineWorker:
 
     def _drop_carried(self, carried: _CarriedPush, why: str) -> None:
         self.stats.carried_dropped += 1
-        logger.info("sum of %d micro-batch(es) from before an epoch change not taken by stage %d: %s",
+        logger.info("sum of %d micro-batch(es) offered again (an epoch change, or a wait) not taken by stage %d: %s",
                     len(carried.header["lease_ids"]), carried.stage, why)  # fmt: skip
 
     async def _flush_old(self) -> None:
