@@ -14,8 +14,8 @@ over carries them on.
 Carrying must not apply a micro-batch twice: one that was in flight at the change may also be
 fed again and recomputed. The ledger remembers the micro-batches applied lately; a recomputed
 task of one of them runs only for its output (the stage below may still need it), and a push
-that would apply one again is refused. So is a recompute's push that would beat a carried one
-lately on its way (the host's choice of how long to wait).
+that would apply one again is refused. A recompute's push that would beat a carried one lately
+on its way waits for it instead (the host chooses how long).
 
 Pure bookkeeping: no network, no torch; time comes in as ``now``. What comes from a
 checkpoint (another peer's, possibly) is parsed with bounds and types checked.
