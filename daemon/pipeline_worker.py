@@ -83,7 +83,9 @@ UPSTREAM_DONE = "no stage input stored for micro-batch"
 """How a host refuses a gradient for a micro-batch it has finished (or never had in this epoch)."""
 
 
-MOVED_ON = ("this host is at", "does not host stage", "has no host right now")
+CHANGING_HANDS = ("does not host stage", "has no host right now")
+"""How a request is refused while its stage is between hosts: asked again, a new host may take it."""
+MOVED_ON = ("this host is at", *CHANGING_HANDS)
 """How a host (or its daemon) refuses a request from an epoch that has ended."""
 
 
@@ -452,7 +454,7 @@ class PipelineWorker:
             try:
                 answer, _ = await self._call(carried.stage, "push", carried.header, [carried.blob])
             except SwarmdError as e:
-                not_now = (*MOVED_ON[1:], PUSH_AGAIN)  # the stage is changing hands, or the host waits
+                not_now = (*CHANGING_HANDS, PUSH_AGAIN)  # the stage is changing hands, or the host waits
                 host_said_no = (isinstance(e, StageRequestError) or "refused by" in str(e)) and not any(
                     phrase in str(e) for phrase in not_now
                 )
