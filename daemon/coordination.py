@@ -31,7 +31,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from swarmd.peers.election import Candidate, Thresholds, elect_coordinator, elect_relays, eligible
+from swarmd.peers.election import (
+    Candidate,
+    Thresholds,
+    elect_coordinator,
+    elect_relays,
+    eligible,
+    relays_wanted,
+)  # fmt: skip
 from swarmd.peers.identity import Identity
 from swarmd.peers.links import (
     KIND as LINKS_KIND,
@@ -385,12 +392,6 @@ class Coordination:
                       "probes_sent": self.probes_sent, "probe_failures": self.probe_failures,
                       "probe_bytes_last_hour": self.budget.spent_last_hour(time.time())},
         }  # fmt: skip
-
-
-def relays_wanted(members: int) -> int:
-    """How many relays a swarm of ``members`` elects: none below three (a relay is a third
-    peer between two), then one per 16 members."""
-    return 0 if members < 3 else max(1, members // 16)
 
 
 def incumbent(plans: list[PlanRecord], live: set[str], now: float) -> str | None:

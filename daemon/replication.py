@@ -28,6 +28,7 @@ from swarmd.models.param_server import (
     read_checkpoint_weights,
     stage_checkpoint_name,
 )
+from swarmd.peers.election import elect_standby
 from swarmd.peers.op_times import OpTimes
 from swarmd.peers.stage_leases import resolve_holder
 from swarmd.peers.stage_rpc import Answer, call
@@ -237,12 +238,10 @@ class StageReplicator:
 def choose_standby(
     members: list[dict[str, Any]], own_peer_id: str, score: Callable[[str], float] = lambda p: 0.0
 ) -> str | None:
-    """The live member (other than us) likeliest to stay: the highest reliability as others
-    measured it, then the longest uptime, then the lowest peer ID."""
-    others = [m for m in members if m["peer_id"] != own_peer_id]
-    if not others:
-        return None
-    return str(min(others, key=lambda m: (-score(m["peer_id"]), -m["uptime_s"], m["peer_id"]))["peer_id"])
+    """The live member (other than us) likeliest to stay (``swarmd.peers.election.elect_standby``)."""
+    return elect_standby(
+        (str(m["peer_id"]), score(m["peer_id"]), float(m["uptime_s"])) for m in members if m["peer_id"] != own_peer_id
+    )
 
 
 def standby_of(

@@ -16,12 +16,18 @@ renewed; what is decided here is who *should* hold them:
   incumbent stays, or else the lowest peer ID: a swarm must still be planned.
 - **Relays**: incumbents that stay eligible keep their role; vacancies go first to eligible
   peers the planner would route through, then to the best eligible peers, up to the number
-  wanted; with nobody eligible, one peer serves anyway (``elect_relays``).
+  wanted (``relays_wanted``); with nobody eligible, one peer serves anyway (``elect_relays``).
+- **A stage's standby** (the peer its host logs every push at and checkpoints to): the peer
+  other than the host likeliest to stay, by reliability, then uptime, then the lowest peer ID
+  (``elect_standby``). Every host picks by the same order, so standbys fall on the same few
+  peers, as the reliable peers should carry the copies.
+
+The simulator (``swarmd.peers.simulator``) elects with these same functions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 
@@ -95,3 +101,17 @@ def elect_relays(
         return chosen
     live = [p for p in current if p in by_id]
     return live[:want] if live else ranked[:1]
+
+
+def relays_wanted(members: int) -> int:
+    """How many relays a swarm of ``members`` elects: none below three (a relay is a third
+    peer between two), then one per 16 members."""
+    return 0 if members < 3 else max(1, members // 16)
+
+
+def elect_standby(candidates: Iterable[tuple[str, float, float]]) -> str | None:
+    """The standby among ``(peer ID, reliability, uptime_s)`` of the peers other than the
+    host: the highest reliability as others measured it, then the longest uptime, then the
+    lowest peer ID. None when there is nobody."""
+    best = min(candidates, key=lambda c: (-c[1], -c[2], c[0]), default=None)
+    return None if best is None else best[0]

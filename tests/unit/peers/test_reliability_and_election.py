@@ -11,7 +11,15 @@ import pytest
 
 from swarmd.errors import RecordError
 from swarmd.peers import reliability as rel
-from swarmd.peers.election import Candidate, Thresholds, elect_coordinator, elect_relays, eligible
+from swarmd.peers.election import (
+    Candidate,
+    Thresholds,
+    elect_coordinator,
+    elect_relays,
+    elect_standby,
+    eligible,
+    relays_wanted,
+)
 from swarmd.peers.identity import Identity
 from swarmd.peers.records import sign_record
 from swarmd.peers.reliability import ObservationBook, Observations, parse_observations, score, swarm_reliability
@@ -155,6 +163,17 @@ def test_a_swarm_of_newcomers_still_gets_one_relay() -> None:
     newcomers = [Candidate("a", 0.02, 2e6), Candidate("b", 0.03, 5e6), Candidate("c", 0.01, 9e6)]
     assert elect_relays(newcomers, [], T, 2) == ["b"]  # nobody passes: the best-ranked serves alone
     assert elect_relays(newcomers, ["c", "gone"], T, 2) == ["c"]  # ... or the incumbents still live
+
+
+def test_one_relay_per_sixteen_members_from_three() -> None:
+    assert [relays_wanted(n) for n in (0, 2, 3, 31, 32, 1000)] == [0, 0, 1, 1, 2, 62]
+
+
+def test_the_standby_is_the_likeliest_to_stay_then_the_longest_up_then_the_lowest_id() -> None:
+    assert elect_standby([]) is None
+    assert elect_standby([("b", 0.9, 10.0), ("a", 0.8, 1e6)]) == "b"  # reliability first
+    assert elect_standby([("b", 0.9, 10.0), ("c", 0.9, 20.0)]) == "c"  # then uptime
+    assert elect_standby(iter([("c", 0.9, 20.0), ("b", 0.9, 20.0)])) == "b"  # then the ID; any iterable
 
 
 def test_hostile_books_and_records_are_refused(tmp_path: Path) -> None:
