@@ -51,6 +51,10 @@ def summary(result: SimResult, failure_free: SimResult) -> dict[str, Any]:
         "micro_batches_recomputed": result.micro_batches_recomputed,
         "stale_dropped": result.stale_dropped,
         "failovers": result.failovers,
+        "coordinator_changes": result.coordinator_changes,
+        "plans_lost": result.plans_lost,
+        "relays": result.relays,
+        "relayed_transfers": result.relayed_transfers,
         "recovery_median_s": _percentile(result.recovery_s, 0.5),
         "recovery_p90_s": _percentile(result.recovery_s, 0.9),
         "plans": {k: kinds.count(k) for k in ("full", "repair", "replan")},
@@ -107,6 +111,20 @@ def markdown(scenario: Scenario, settings: SimSettings, rows: list[dict[str, Any
         cells = [_op_cell(r["requests"], op) for op in ("claim", "put", "complete", "push")]
         cells += [_op_cell(r["push_phases"], op) for op in ("wait_for_lock", "log_at_standby")]
         lines.append(f"| {r['strategy']} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Elections: how often the coordinator changed; plans lost because their coordinator left while computing "
+        "them; the relays the last plan elected, and the transfers of the workers' requests that went through one "
+        "(the baselines send everything direct).",
+        "",
+        "| strategy | coordinator changes | plans lost | relays | transfers relayed |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['strategy']} | {_fmt(r['coordinator_changes'])} | {_fmt(r['plans_lost'])} | {_fmt(r['relays'])} "
+            f"| {_fmt(r['relayed_transfers'])} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -10,6 +10,9 @@
   on every change.
 - ``petals-greedy``: Petals' greedy block choice, redone on every change.
 
+Every strategy gets swarmd's task pool, parameter servers and elected coordinator; only
+swarmd and its ablations route requests through elected relays.
+
 The baselines need a shape: the run's stages, and as many pipelines as swarmd's first plan
 has, fewer when fewer devices are live. They take every live device as it comes; only swarmd
 may leave unreliable ones out.
@@ -65,7 +68,7 @@ def _baseline(name: str, build: Callable[[Scenario, Shape], Plan], shape: Shape)
             raise ValueError(f"{view.n} live devices cannot hold one pipeline of {shape.stages} stages")
         return build(view, Shape(shape.stages, pipelines))
 
-    return Strategy(name, full, None)
+    return Strategy(name, full, None, relays=False)
 
 
 def make_strategies(names: list[str], shape: Shape, time_budget_s: float = 0.5, seed: int = 0) -> list[Strategy]:

@@ -8,6 +8,17 @@ What is simulated, and with which code:
 - **Placement**: a strategy's full plan at the start; on every noticed change its mend (for
   swarmd the planner's ``repair``, the function the coordinator runs) or a full re-plan. The
   planner's measured runtime delays the new plan, and is reported.
+- **Elections** (``swarmd.peers.election``, the daemon's functions): the coordinator is
+  elected among the members (``elect_coordinator``), and only it plans, at its first round
+  (``coordinate_s``) after a change is noticed. A coordinator that left plans nothing until
+  its own departure is noticed and the next one elected; a plan whose coordinator leaves while
+  computing it is lost, and counted. Every plan's relays are elected as the daemon's
+  coordinator elects them (``elect_relays``, ``relays_wanted``), and each of a worker's
+  requests to a stage host goes through one when the daemon's rule says so
+  (``swarmd.peers.relay_route.choose_route``): store and forward, a flow on each hop. A
+  stage's standby is ``elect_standby``'s pick. A device's reliability is its availability in
+  the scenario, its connectivity the median of its links' bandwidths (the daemon measures
+  both).
 - **The task pool**: every stage has the daemon's queue (``swarmd.peers.task_queue.TaskQueue``)
   at its host, the stage's parameter server. Every tensor goes through a host, request by
   request as the daemon's worker sends them: a claim (one round trip; the stage input and
@@ -51,14 +62,24 @@ import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from swarmd.peers.churn import ChurnEvent, churn_schedule
+from swarmd.peers.election import (
+    Candidate,
+    Thresholds,
+    elect_coordinator,
+    elect_relays,
+    elect_standby,
+    eligible,
+    relays_wanted,
+)
 from swarmd.peers.idle_polling import flush_at, next_round
 from swarmd.peers.op_times import OpTimes
 from swarmd.peers.plan_cost import Plan, stage_flops_per_sequence
+from swarmd.peers.relay_route import Matrix, choose_route
 from swarmd.peers.scenario import Scenario, ScenarioError, Shape
 from swarmd.peers.shared_links import SharedLinks
 from swarmd.peers.task_queue import Lease, QueueFull, Task, TaskKind, TaskQueue, TaskQueueConfig, TaskQueueError
@@ -103,6 +124,14 @@ class SimSettings:
     """The delay a message waits behind another transfer between the same two peers: libp2p
     carries all their streams over one connection, whose send buffer is first come, first
     served (the calibration harness measures it on the data path)."""
+    coordinate_s: float = 10.0
+    """The coordinator's round: it plans at its first round after a change is noticed (the
+    daemon's coordination loop runs every two heartbeats, within 4-10 s: 10 s at the default
+    heartbeat). Each device's rounds have their own phase, drawn from the seed."""
+    thresholds: Thresholds = Thresholds()
+    """Who may coordinate and relay (the daemon's ``[roles]``, whose defaults these are)."""
+    data_via_relay: str = "auto"
+    """The workers' routing (the daemon's ``[swarm] data_via_relay``): auto, always or never."""
     max_events: int = 200_000_000
 
 
@@ -118,6 +147,9 @@ class Strategy:
     """Instead of ``mend``: mend the previous plan given the whole scenario and the live
     devices' indices, plans in the whole scenario's indices. Spares the scenario restricted to
     the live devices, a copy of both n x n matrices per change (1.6 GB at 10,000 devices)."""
+    relays: bool = True
+    """Whether relays are elected and requests go through them when faster (swarmd's data
+    path); the baselines' systems send everything direct."""
 
 
 @dataclass
@@ -155,6 +187,13 @@ class SimResult:
     events: int
     failovers: int
     shape: tuple[int, int]
+    coordinator_changes: int = 0
+    plans_lost: int = 0
+    """Plans whose coordinator left while computing them: the next coordinator plans again."""
+    relays: int = 0
+    """Relays elected by the last plan."""
+    relayed_transfers: int = 0
+    """Transfers of the workers' requests and their answers that went through a relay."""
     requests: dict[str, dict[str, float]] = field(default_factory=dict)
     """The workers' requests by operation: count and mean milliseconds (``swarmd status``'s
     ``requests_by_op``)."""
@@ -188,7 +227,7 @@ class _Stage:
 
 # event kinds
 (_CHURN, _NOTICE, _CLAIMED, _COMPUTED, _FORWARD_PUT, _BACKWARD_PUT, _PUT_ANSWERED, _FINISH, _LOGGED, _FREE,
- _STANDBY_READY, _PLAN_READY, _FLOW, _FLUSH, _POLL, _SEND) = range(16)  # fmt: skip
+ _STANDBY_READY, _PLAN_READY, _FLOW, _FLUSH, _POLL, _SEND, _PLAN_START, _HOP) = range(18)  # fmt: skip
 
 
 class Simulation:
@@ -242,8 +281,20 @@ class Simulation:
         self.weights: dict[tuple[int, int], list[int]] = {}  # (device, stage) -> versions held, oldest first
         self.live_ids: list[str] = []
         self.plan: Plan | None = None
-        self.planning = False
-        self.replan_wanted = False
+        self.plan_pending = False  # a plan waits for its coordinator's round
+        self.planning = False  # a plan is being computed
+        self.replan_wanted = False  # a change was noticed while planning, or with no coordinator up
+        # The elections' inputs, per device, fixed for the run (module doc).
+        self.ids = [d.id for d in scenario.devices]
+        self.index = {p: i for i, p in enumerate(self.ids)}
+        connectivity = median_rates(scenario.bandwidth_Bps)
+        self.candidates = [Candidate(p, float(a), float(c))
+                           for p, a, c in zip(self.ids, self.availability, connectivity, strict=True)]  # fmt: skip
+        self.round_phase = np.random.default_rng([settings.seed, 1]).uniform(0.0, settings.coordinate_s, scenario.n)
+        self.coordinator: int | None = None
+        self.relays: list[int] = []
+        self.matrix = Matrix(self.index, scenario.latency_s, scenario.bandwidth_Bps)
+        self._routes: dict[tuple[int, int, float], int | None] = {}  # (worker, host, bytes) -> relay
         self.stages: list[_Stage] = []
         self._handlers: dict[int, Callable[..., None]] | None = None
         self._events_run = 0
@@ -269,8 +320,9 @@ class Simulation:
                 _FORWARD_PUT: self._forward_put, _BACKWARD_PUT: self._backward_put, _PUT_ANSWERED: self._put_answered,
                 _FINISH: self._finish, _LOGGED: self._logged, _FREE: self._free, _STANDBY_READY: self._standby_ready,
                 _PLAN_READY: self._plan_ready, _FLOW: self._flow_due, _FLUSH: self._flush, _POLL: self._poll,
-                _SEND: self._send_now,
+                _SEND: self._send_now, _PLAN_START: self._plan_start, _HOP: self._hop,
             }  # fmt: skip
+            self._elect_coordinator()
             self._plan_now(0.0, initial=True)
         until = min(until, self.horizon)
         events, handlers = self.events, self._handlers
@@ -297,20 +349,40 @@ class Simulation:
         return [float(f) * self.sc.micro_batch for f in per_sequence]
 
     def _send(self, src: int, dst: int, nbytes: float, now: float, kind: int | None = None, args: tuple = (),
-              after: float = 0.0) -> None:  # fmt: skip
+              after: float = 0.0, via: int | None = None) -> None:  # fmt: skip
         """``nbytes`` leave ``src`` for ``dst`` at ``now`` as a flow sharing the links; once
         its last byte is through and the latency has passed (and ``after`` more seconds, an
-        answer's way back), event ``kind`` fires with ``args``."""
+        answer's way back), event ``kind`` fires with ``args``. Through relay ``via``: a flow
+        to it, and once all of it is there (the relay stores and forwards a message) a flow on."""
         if src == dst or nbytes <= 0:
             if kind is not None:
                 self._at(now + after, kind, args)
             return
         self.sent[src] += nbytes
+        if via is not None and via not in (src, dst):
+            self.counts["relayed_transfers"] += 1
+            self.received[via] += nbytes
+            self.links.start(now, src, via, nbytes, (_HOP, (src, via, dst, nbytes, kind, args, after),
+                                                     self._one_way(src, via, nbytes)))  # fmt: skip
+            return
         self.received[dst] += nbytes
         self.links.start(now, src, dst, nbytes, (kind, args, self._one_way(src, dst, nbytes) + after))
 
-    def _send_now(self, now: float, src: int, dst: int, nbytes: float, kind: int, args: tuple) -> None:
-        self._send(src, dst, nbytes, now, kind, args)
+    def _hop(self, now: float, src: int, relay: int, dst: int, nbytes: float, kind: int | None, args: tuple,
+             after: float) -> None:  # fmt: skip
+        """A relayed message is all at the relay: it goes on to its peer. A relay that left
+        meanwhile never forwards it; the sender finds the relay unreachable and sends it
+        again on the direct path (the daemon's ``Router``), if it is still there itself."""
+        if self.up[relay]:
+            self.sent[relay] += nbytes
+            self._send(relay, dst, nbytes, now, kind, args, after)
+        elif self.up[src]:
+            self.counts["relay_gone"] += 1
+            self._send(src, dst, nbytes, now, kind, args, after)
+
+    def _send_now(self, now: float, src: int, dst: int, nbytes: float, kind: int, args: tuple,
+                  via: int | None = None) -> None:  # fmt: skip
+        self._send(src, dst, nbytes, now, kind, args, via=via)
 
     def _flow_due(self, now: float, fid: int, serial: int) -> None:
         payload = self.links.due(now, fid, serial)
@@ -362,20 +434,71 @@ class Simulation:
             self._start(now)
         else:
             self.planning = True
-            self._at(now + runtime, _PLAN_READY, (global_plan, live))
+            c = self.coordinator
+            assert c is not None  # a plan is started only by a coordinator (``_want_plan``)
+            self._at(now + runtime, _PLAN_READY, (global_plan, live, c, int(self.epoch[c])))
 
-    def _plan_ready(self, now: float, global_plan: Plan, live: list[int]) -> None:
+    def _plan_ready(self, now: float, global_plan: Plan, live: list[int], by: int, epoch: int) -> None:
         self.planning = False
-        self._apply(global_plan, live, now)
+        if self.epoch[by] != epoch:
+            # Its coordinator left while computing it: nobody publishes it. The next coordinator
+            # plans once that departure is noticed (``_notice`` elects it).
+            self.counts["plans_lost"] += 1
+            self.replan_wanted = True
+        else:
+            self._apply(global_plan, live, now)
         if self.replan_wanted:
-            self.replan_wanted = False
-            self._plan_now(now)
+            self._want_plan(now)
 
     def _want_plan(self, now: float) -> None:
+        """A change was noticed: the coordinator plans at its next round, if it is there. One
+        that left but is still a member (its departure not yet noticed) plans nothing; nor
+        does anyone else, until the departure is noticed and the next coordinator elected."""
+        if self.plan_pending:
+            return  # the round to come sees this change too
         if self.planning:
             self.replan_wanted = True
-        elif len(self._live()) >= len(self.stages or [0]):
+            return
+        c = self.coordinator
+        if c is None or not self.up[c]:
+            self.replan_wanted = True
+            return
+        if len(self._live()) < len(self.stages or [0]):
+            return
+        self.replan_wanted = False
+        self.plan_pending = True
+        self._at(self._next_round(c, now), _PLAN_START, (c, int(self.epoch[c])))
+
+    def _next_round(self, c: int, now: float) -> float:
+        """The first of coordinator ``c``'s rounds at or after ``now``."""
+        period = self.s.coordinate_s
+        if period <= 0:
+            return now
+        phase = float(self.round_phase[c])
+        return phase + math.ceil(max(0.0, now - phase) / period) * period
+
+    def _plan_start(self, now: float, c: int, epoch: int) -> None:
+        self.plan_pending = False
+        if self.coordinator == c and self.epoch[c] == epoch and self.up[c]:
             self._plan_now(now)
+        else:  # it left, or was replaced, before its round: whoever coordinates now plans
+            self.replan_wanted = True
+            self._want_plan(now)
+
+    def _elect_coordinator(self) -> None:
+        """The coordinator among the members (``elect_coordinator``). That function keeps an
+        eligible incumbent whoever else is there, so the candidates are listed only when the
+        incumbent left or fell below the thresholds (a list of every member at each change
+        would cost more than the rest of the run at 10,000 devices)."""
+        current = self.coordinator if self.coordinator is not None and self.member[self.coordinator] else None
+        if current is not None and eligible(self.candidates[current], self.s.thresholds, incumbent=True):
+            return
+        chosen = elect_coordinator([self.candidates[d] for d in self._live()],
+                                   None if current is None else self.ids[current], self.s.thresholds)  # fmt: skip
+        elected = None if chosen is None else self.index[chosen]
+        if self.coordinator is not None and elected != self.coordinator:
+            self.counts["coordinator_changes"] += 1
+        self.coordinator = elected
 
     def _apply(self, global_plan: Plan, live: list[int], now: float) -> None:
         """Follow a new plan: its cells become the workers; the plan's indices, local to
@@ -388,6 +511,19 @@ class Simulation:
             relays=tuple(local[d] for d in global_plan.relays),
         )
         self.live_ids = [self.sc.devices[i].id for i in live]
+        # The relays, as the daemon's coordinator elects them for its plan: the incumbents
+        # still members first, then the planner's choices, then the best others.
+        incumbents = [self.ids[r] for r in self.relays if self.member[r]]
+        preferred = [self.ids[r] for r in global_plan.relays]
+        wanted = relays_wanted(len(live)) if self.strategy.relays else 0
+        chosen = elect_relays([self.candidates[d] for d in live], incumbents, self.s.thresholds, wanted,
+                              preferred=preferred)  # fmt: skip
+        relays = [self.index[p] for p in chosen]
+        if relays != self.relays:
+            self.relays = relays
+            self._routes.clear()
+        self.plan = replace(self.plan, relays=tuple(local[d] for d in relays))
+        global_plan = replace(global_plan, relays=tuple(relays))
         self.global_plan = global_plan
         self.flops = self._stage_flops(global_plan.layers_per_stage)
         if not self.stages:
@@ -418,20 +554,18 @@ class Simulation:
         return [row[s] for row in self.global_plan.pipelines]
 
     def _new_standby(self, s: int, now: float) -> None:
-        """The daemon's standby (``swarmd.replication.choose_standby``): the member other than
-        the host likeliest to stay, by reliability (here the scenario's availability), then the
-        longest membership, then the lowest ID. It gets a copy of the stage's checkpoint; until
-        that lands, pushes apply unreplicated. Every host picks by the same order, so the
-        stages' standbys fall on the same few peers, as they do in a real swarm."""
+        """The daemon's standby (``elect_standby``): the member other than the host likeliest
+        to stay, by reliability (here the scenario's availability), then the longest
+        membership, then the lowest ID. It gets a copy of the stage's checkpoint; until that
+        lands, pushes apply unreplicated. Every host picks by the same order, so the stages'
+        standbys fall on the same few peers, as they do in a real swarm."""
         stage = self.stages[s]
-        candidates = self.member.copy()
-        candidates[stage.host] = False
-        if not candidates.any():
+        chosen = elect_standby((self.ids[d], float(self.availability[d]), now - float(self.member_since[d]))
+                               for d in np.flatnonzero(self.member).tolist() if d != stage.host)  # fmt: skip
+        if chosen is None:
             stage.standby, stage.standby_ready = None, False
             return
-        ids = np.flatnonzero(candidates)
-        order = np.lexsort((ids, self.member_since[ids], -self.availability[ids]))  # last key first
-        best = int(ids[order[0]])
+        best = self.index[chosen]
         stage.standby, stage.standby_ready = best, False
         self._send(stage.host, best, self.checkpoint_bytes, now, _STANDBY_READY,
                    (s, best, int(self.epoch[best]), int(self.epoch[stage.host])))  # fmt: skip
@@ -447,6 +581,8 @@ class Simulation:
 
     def _churn(self, now: float, device: int, up: bool) -> None:
         self.up[device] = up
+        if device in self.relays:
+            self._routes.clear()  # routes avoid relays that are down
         if up:
             self.counts["returns"] += 1
             self._at(now + self.s.join_s, _NOTICE, (device, True, int(self.epoch[device])))
@@ -466,6 +602,7 @@ class Simulation:
             return  # it changed again before anyone noticed
         self.member[device] = up
         self.member_since[device] = now
+        self._elect_coordinator()
         if not up:
             self.worker_stage.pop(device, None)
             for stage in self.stages:
@@ -554,7 +691,8 @@ class Simulation:
     def _round_s(self, d: int) -> float:
         """How long a round of claims that finds nothing takes the worker: one round trip to
         every stage's host (the daemon's worker asks them all in turn)."""
-        return sum(self._rtt(d, stage.host) for stage in self.stages if self.up[stage.host])
+        return sum(self._rtt(d, stage.host, self._route(d, stage.host, 0.0)) for stage in self.stages
+                   if self.up[stage.host])  # fmt: skip
 
     def _fruitless(self, d: int, home: int, now: float) -> None:
         """A round of claims found nothing: the worker is idle, as the daemon's is. It waits to
@@ -573,7 +711,7 @@ class Simulation:
         if rounds > 0:
             for stage in self.stages:
                 if self.up[stage.host]:
-                    self.requests.add("claim", self._rtt(d, stage.host), rounds)
+                    self.requests.add("claim", self._rtt(d, stage.host, self._route(d, stage.host, 0.0)), rounds)
 
     def _flush(self, now: float, d: int, since: float) -> None:
         """Still idle in the same spell: push a stage's gradient sum (the next round pushes the
@@ -617,14 +755,40 @@ class Simulation:
                 return s, lease
         return None
 
-    def _rtt(self, a: int, b: int) -> float:
+    def _rtt(self, a: int, b: int, via: int | None = None) -> float:
         """A request's way there and its answer's way back, without their bytes."""
-        return 0.0 if a == b else self._one_way(a, b) + self._one_way(b, a) + self.s.request_overhead_s
+        return 0.0 if a == b else self._back(a, b, via) + self._back(b, a, via) - self._overheads(via)
 
-    def _back(self, a: int, b: int) -> float:
+    def _back(self, a: int, b: int, via: int | None = None) -> float:
         """An answer's way from ``a`` back to ``b`` (a request to ``a`` just landed), with
-        the stack's own cost of the request (each request takes one such way)."""
-        return 0.0 if a == b else self._one_way(a, b) + self.s.request_overhead_s
+        the stack's own cost of the request (each request takes one such way; a relayed one is
+        two requests, the relay's own to the peer the second)."""
+        if a == b:
+            return 0.0
+        if via is None or via in (a, b):
+            return self._one_way(a, b) + self.s.request_overhead_s
+        return self._one_way(a, via) + self._one_way(via, b) + self._overheads(via)
+
+    def _overheads(self, via: int | None) -> float:
+        return self.s.request_overhead_s * (1 if via is None else 2)
+
+    def _route(self, d: int, host: int, nbytes: float) -> int | None:
+        """The relay worker ``d``'s request of ``nbytes`` to ``host`` goes through, or None
+        for the direct path: the daemon's rule (``choose_route``) on the scenario's matrix,
+        among the plan's relays that are up. (The daemon tries a relay that left unnoticed
+        and falls back to the direct path when it is unreachable; that failed dial is not
+        simulated.) Cached per worker, host and size until the relays change."""
+        if d == host or not self.relays or self.s.data_via_relay == "never":
+            return None
+        key = (d, host, nbytes)
+        if key not in self._routes:
+            if len(self._routes) >= 1 << 20:  # bounded: a few sizes per worker and host
+                self._routes.clear()
+            relays = [self.ids[r] for r in self.relays if self.up[r]]
+            chosen = choose_route(self.ids[d], self.ids[host], relays, self.matrix, nbytes, direct_blocked=False,
+                                  mode=self.s.data_via_relay)  # fmt: skip
+            self._routes[key] = None if chosen is None else self.index[chosen]
+        return self._routes[key]
 
     def _one_way(self, a: int, b: int, nbytes: float = 0.0) -> float:
         """The latency from ``a`` to ``b`` of a message of ``nbytes``, plus the standing queue of
@@ -684,8 +848,9 @@ class Simulation:
             flops += self.flops[s] / 3.0  # the forward is recomputed on the task's weights
         token = (d, job, self.generation, s, lease, version)
         # The answer leaves once the claim has reached the host (a flow starts at its event).
-        self._at(now + self._back(d, stage.host), _SEND,
-                 (stage.host, d, nbytes, _CLAIMED, (token, now, flops / self.tflops[d])))  # fmt: skip
+        via = self._route(d, stage.host, 0.0)
+        self._at(now + self._back(d, stage.host, via), _SEND,
+                 (stage.host, d, nbytes, _CLAIMED, (token, now, flops / self.tflops[d]), via))  # fmt: skip
 
     def _claimed(self, now: float, token: tuple, asked: float, compute_s: float) -> None:
         """The claim's answer is in: the worker computes."""
@@ -707,7 +872,8 @@ class Simulation:
         token = (d, job, generation, s, lease, version)
         if lease.task.kind is TaskKind.FORWARD and s < self.shape.stages - 1:
             nxt = self.stages[s + 1].host
-            self._send(d, nxt, self.act_bytes, now, _FORWARD_PUT, (token, nxt, now))
+            self._send(d, nxt, self.act_bytes, now, _FORWARD_PUT, (token, nxt, now),
+                       via=self._route(d, nxt, self.act_bytes))  # fmt: skip
             return
         held = self.held.setdefault((d, s), [])
         if not held:
@@ -715,7 +881,8 @@ class Simulation:
         held.append(token)
         if s > 0:
             prev = self.stages[s - 1].host
-            self._send(d, prev, self.act_bytes, now, _BACKWARD_PUT, (token, prev, now))
+            self._send(d, prev, self.act_bytes, now, _BACKWARD_PUT, (token, prev, now),
+                       via=self._route(d, prev, self.act_bytes))  # fmt: skip
         else:
             self._put_answered(now, d, job, s)
 
@@ -723,8 +890,9 @@ class Simulation:
         """A forward's output reached the next stage's host: the task lands there, the answer
         goes back, and the worker completes its lease (a second request)."""
         d, job, s = token[0], token[1], token[3]
-        answered = now + self._back(nxt, d)
-        complete = self._rtt(d, self.stages[s].host)
+        answered = now + self._back(nxt, d, self._route(d, nxt, self.act_bytes))
+        host = self.stages[s].host
+        complete = self._rtt(d, host, self._route(d, host, 0.0))
         self.requests.add("put", answered - sent)
         self.requests.add("complete", complete)
         self._at(answered + complete, _FREE, (d, job))
@@ -733,7 +901,7 @@ class Simulation:
     def _backward_put(self, now: float, token: tuple, prev: int, sent: float) -> None:
         """A finishing task's input gradient reached the previous stage's host."""
         d, job, s = token[0], token[1], token[3]
-        answered = now + self._back(prev, d)
+        answered = now + self._back(prev, d, self._route(d, prev, self.act_bytes))
         self.requests.add("put", answered - sent)
         self._at(answered, _PUT_ANSWERED, (d, job, s))
         self._put_back(now, *token)
@@ -751,7 +919,9 @@ class Simulation:
     def _push(self, d: int, s: int, now: float) -> None:
         """The worker's gradient sum goes to the stage's server with the leases it covers."""
         tokens = self.held.pop((d, s), [])
-        self._send(d, self.stages[s].host, self.weights_bytes, now, _FINISH, (d, self.job[d], s, tokens, now))
+        host = self.stages[s].host
+        self._send(d, host, self.weights_bytes, now, _FINISH, (d, self.job[d], s, tokens, now),
+                   via=self._route(d, host, self.weights_bytes))  # fmt: skip
 
     def _current(self, d: int, generation: int, s: int, lease: Lease, now: float) -> bool:
         """Whether the worker's result still counts: the queues were not rebuilt, and it still
@@ -858,8 +1028,9 @@ class Simulation:
         if s == 0:
             self._feed(now)
         if self.job.get(d) == job:
-            self.requests.add("push", now + self._back(stage.host, d) - pushed_at)
-            self._at(now + self._back(stage.host, d), _FREE, (d, job))
+            answered = now + self._back(stage.host, d, self._route(d, stage.host, self.weights_bytes))
+            self.requests.add("push", answered - pushed_at)
+            self._at(answered, _FREE, (d, job))
         self._serve(s, now)
 
     def _free(self, now: float, d: int, job: int) -> None:
@@ -882,6 +1053,8 @@ class Simulation:
             departures=self.counts["departures"], returns=self.counts["returns"], plan_events=self.plan_events,
             recovery_s=recovery_times(self.timeline, self.s.bucket_s, self.departure_times),
             wall_s=wall_s, events=events, failovers=self.counts["failovers"],
+            coordinator_changes=self.counts["coordinator_changes"], plans_lost=self.counts["plans_lost"],
+            relays=len(self.relays), relayed_transfers=self.counts["relayed_transfers"],
             shape=(self.shape.stages, self.shape.data_parallel),
             requests=self.requests.status(), push_phases=self.push_phases.status(),
         )  # fmt: skip
@@ -898,6 +1071,22 @@ def interface_rates(bandwidth_Bps: np.ndarray, block: int = 1024) -> tuple[np.nd
         up[a : a + len(rows)] = rows.max(axis=1)
         np.maximum(down, rows.max(axis=0), out=down)
     return np.maximum(up, 1e-9), np.maximum(down, 1e-9)
+
+
+def median_rates(bandwidth_Bps: np.ndarray, block: int = 1024) -> np.ndarray:
+    """Each device's connectivity as the daemon's coordinator figures it: the median of its
+    links' bandwidths to the others (the diagonal left out), a block of rows at a time. Over
+    all the scenario's devices, not just those up: the median barely moves as a few come and go."""
+    n = bandwidth_Bps.shape[0]
+    out = np.zeros(n)
+    if n < 2:
+        return out
+    off_diagonal = ~np.eye(min(block, n), n, dtype=bool)
+    for a in range(0, n, block):
+        rows = np.array(bandwidth_Bps[a : a + block], dtype=float)
+        mask = np.roll(off_diagonal[: len(rows)], a, axis=1)
+        out[a : a + len(rows)] = np.median(rows[mask].reshape(len(rows), n - 1), axis=1)
+    return out
 
 
 def recovery_times(timeline: Sequence[int], bucket_s: float, departures: Sequence[float],

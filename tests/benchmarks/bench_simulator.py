@@ -47,6 +47,8 @@ def main() -> None:
               f"{result.departures} departures, {result.failovers} failovers, {len(repairs)} repairs "
               f"(median {statistics.median(repairs) * 1e3 if repairs else 0:.1f} ms, "
               f"max {max(repairs, default=0) * 1e3:.0f} ms)")  # fmt: skip
+        print(f"  elections: {result.coordinator_changes} coordinator changes, {result.plans_lost} plans lost with "
+              f"their coordinator, {result.relays} relays, {result.relayed_transfers:,} transfers relayed")  # fmt: skip
 
 
 if __name__ == "__main__":

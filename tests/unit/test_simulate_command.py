@@ -36,6 +36,7 @@ def test_simulate_writes_a_report_numbers_and_plots(
     printed = capsys.readouterr().out
     assert "| swarmd |" in printed and "| petals-greedy |" in printed
     assert "| strategy | claim | put | complete | push |" in printed  # where the time goes
+    assert "| strategy | coordinator changes | plans lost | relays | transfers relayed |" in printed
     assert (out / "report.md").read_text() in printed
     data = json.loads((out / "results.json").read_text())
     assert [r["strategy"] for r in data["rows"]] == ["swarmd", "petals-greedy"]
@@ -43,6 +44,8 @@ def test_simulate_writes_a_report_numbers_and_plots(
         assert row["updates_lost"] == 0 and row["tokens_per_s"] > 0 and row["failure_free_tokens_per_s"] > 0
         assert run["plan_events"][0]["kind"] == "full" and len(run["timeline"]) >= 30
         assert row["requests"]["claim"]["n"] > 0 and row["push_phases"]["wait_for_lock"]["n"] > 0
+    # Twelve members elect no relay beyond the first (one per sixteen), and only swarmd elects.
+    assert [row["relays"] for row in data["rows"]] == [1, 0]
     for name in ("tokens_per_s.png", "staleness.png", "plan_runtimes.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
