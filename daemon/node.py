@@ -77,6 +77,11 @@ def _paced(heartbeat_s: float, floor_s: float, ceiling_s: float) -> float:
     return min(ceiling_s, max(floor_s, 2 * heartbeat_s))
 
 
+def coordination_round_s(heartbeat_s: float) -> float:
+    """How often a daemon runs its coordination round (elects, and plans when it coordinates)."""
+    return _paced(heartbeat_s, 4.0, COORDINATE_S)
+
+
 class Node:
     def __init__(self, config: Config, run_id: str) -> None:
         self.config = config
@@ -187,7 +192,7 @@ class Node:
         self._spawn("probes", lambda: PROBE_ROUND_S, self.coordination.probe)
         self._spawn("measurements", lambda: _paced(hb.interval_s, 5.0, PUBLISH_MEASUREMENTS_S),
                     self.coordination.publish)  # fmt: skip
-        self._spawn("coordination", lambda: _paced(hb.interval_s, 4.0, COORDINATE_S), self.coordination.coordinate)
+        self._spawn("coordination", lambda: coordination_round_s(hb.interval_s), self.coordination.coordinate)
         if self.config.compute.train:
             await self._start_trainer()
         if cfg.mdns:

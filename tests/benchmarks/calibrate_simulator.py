@@ -54,6 +54,7 @@ from swarmd.local_swarm import LocalDaemon, create_run, wait_for
 from swarmd.models.build import build_model
 from swarmd.models.presets import DEFAULT_RUN
 from swarmd.models.shape import ModelShape
+from swarmd.node import coordination_round_s
 from swarmd.peers.churn import ChurnEvent
 from swarmd.peers.plan_cost import stage_flops_per_sequence
 from swarmd.peers.scenario import Scenario, Shape, parse_scenario
@@ -72,8 +73,9 @@ SIM_WINDOWS = 24
 simulated window alone would carry the phase of its start. Their figures are averaged."""
 WARMUP_S = 20.0
 WARMUP_STEP_S = 2.0
-HEARTBEAT = ["--heartbeat-interval", "1", "--heartbeat-ttl", "6"]
+HEARTBEAT_INTERVAL_S = 1.0
 HEARTBEAT_TTL_S = 6.0
+HEARTBEAT = ["--heartbeat-interval", f"{HEARTBEAT_INTERVAL_S:g}", "--heartbeat-ttl", f"{HEARTBEAT_TTL_S:g}"]
 LEASE_S = 30.0  # the daemon's worker lease (``PipelineWorker``'s ``lease_s``)
 
 COMPUTE_PROBE = r"""
@@ -82,6 +84,7 @@ torch.set_num_threads(1)
 from swarmd.models.build import build_model
 from swarmd.models.presets import DEFAULT_RUN
 from swarmd.models.shape import ModelShape
+from swarmd.node import coordination_round_s
 shape = ModelShape.from_dict(DEFAULT_RUN["model"])
 model = build_model(shape, 0)
 x = torch.randint(0, shape.vocab, (DEFAULT_RUN["batch"]["micro_batch"], shape.seq_len))
@@ -291,15 +294,21 @@ def measure_tflops(processes: int, seconds: float) -> tuple[float, list[float]]:
     return flops / statistics.median(per_step) / 1e12, per_step
 
 
-def calibration_scenario(tflops: float, devices: int, rate_Bps: float, access_latency_s: float) -> Scenario:
+def calibration_scenario(tflops: float, rates_Bps: list[float], access_latency_s: list[float],
+                         efficiency: float) -> Scenario:  # fmt: skip
+    """The emulated swarm as a scenario: a link runs at the slower of its ends' shaped rates
+    times ``efficiency`` (the data path's goodput over the shaped rate, measured on one link),
+    and takes the sum of its ends' access latencies."""
     shape, run = model_shape(), DEFAULT_RUN
     params = sum(p.numel() for p in build_model(shape, 0).parameters())
-    n = devices
+    n = len(rates_Bps)
     return parse_scenario({
         "name": "calibration",
         "devices": [{"id": f"d{i}", "tflops": tflops, "memory_gib": 8} for i in range(n)],
-        "latency_s": [[0.0 if i == j else 2 * access_latency_s for j in range(n)] for i in range(n)],
-        "bandwidth_Bps": [[None if i == j else rate_Bps for j in range(n)] for i in range(n)],
+        "latency_s": [[0.0 if i == j else access_latency_s[i] + access_latency_s[j] for j in range(n)]
+                      for i in range(n)],
+        "bandwidth_Bps": [[None if i == j else efficiency * min(rates_Bps[i], rates_Bps[j]) for j in range(n)]
+                          for i in range(n)],
         # Activations travel as float16 (the wire's dtype), weights and gradients as float32.
         "model": {"layers": shape.layers, "hidden": shape.hidden, "seq_len": shape.seq_len, "vocab": shape.vocab,
                   "params": float(params), "dtype_bytes": 2},
@@ -531,8 +540,16 @@ def real_run(net: EmulatedNetwork, workdir: Path, seconds: float, kill_at: float
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--devices", type=int, default=4)
-    parser.add_argument("--rate-mbps", type=float, default=40.0, help="each device's upload and download")
-    parser.add_argument("--access-latency-ms", type=float, default=10.0, help="one way; a link is two of these")
+    parser.add_argument(
+        "--rate-mbps",
+        default="40",
+        help="each device's upload and download: one figure for all, or one per device (40,40,20,10)",
+    )
+    parser.add_argument(
+        "--access-latency-ms",
+        default="10",
+        help="one way; a link is the sum of its ends': one figure for all, or one per device",
+    )
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--kill-at", type=float, default=60.0)
     parser.add_argument("--warmup-updates", type=int, default=5)
@@ -544,22 +561,28 @@ def main() -> int:
     if os.geteuid() != 0:
         print("calibrate_simulator: needs root, to make network namespaces and shape their links", file=sys.stderr)
         return 2
-    rate_Bps, latency_s = args.rate_mbps * 1e6 / 8, args.access_latency_ms / 1000
+    try:
+        rates_Bps = [v * 1e6 / 8 for v in per_device(args.rate_mbps, args.devices, "--rate-mbps")]
+        latency_s = [v / 1000 for v in per_device(args.access_latency_ms, args.devices, "--access-latency-ms")]
+    except ValueError as e:
+        print(f"calibrate_simulator: {e}", file=sys.stderr)
+        return 2
+    rate_Bps = min(rates_Bps[0], rates_Bps[1])  # the link the data path is measured on
     args.out.mkdir(parents=True, exist_ok=True)
 
     tflops, per_step = measure_tflops(args.devices, 10.0)
     print(f"compute: {args.devices} processes at once, {statistics.median(per_step) * 1e3:.0f} ms per micro-batch "
           f"(forward and backward) each: {tflops * 1e3:.2f} GFLOPS per device", flush=True)  # fmt: skip
     workdir = Path(tempfile.mkdtemp(prefix="swd-cal-", dir="/tmp"))
-    net = EmulatedNetwork(f"swc{os.getpid()}", [rate_Bps] * args.devices, [rate_Bps] * args.devices,
-                          [latency_s] * args.devices, workdir)  # fmt: skip
+    net = EmulatedNetwork(f"swc{os.getpid()}", rates_Bps, rates_Bps, latency_s, workdir)
     # SIGTERM (a timeout, a CI runner) must unwind through the finally blocks too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         with net:
             goodput, standing_queue_s = measure_link(net, int(rate_Bps * 4))
             data_path = measure_data_path(net, int(rate_Bps * 4))
-            print(f"links: {rate_Bps / 1e6:.2f} MB/s shaped; one TCP stream gets {goodput / 1e6:.2f} MB/s and keeps "
+            print(f"links: d0 to d1 {rate_Bps / 1e6:.2f} MB/s shaped; one TCP stream gets {goodput / 1e6:.2f} MB/s "
+                  "and keeps "
                   f"{standing_queue_s * 1e3:.0f} ms queued in the shaper; the daemons' data path gets "
                   f"{data_path.goodput_Bps / 1e6:.2f} MB/s, a small request takes {data_path.idle_rtt_s * 1e3:.0f} ms "
                   f"there and waits {data_path.connection_queue_s * 1e3:.0f} ms more behind a transfer on its "
@@ -574,8 +597,22 @@ def main() -> int:
         print(f"calibrate_simulator: namespaces left behind: {left}", file=sys.stderr)
         return 1
 
-    compare(args, calibration_scenario(tflops, args.devices, data_path.goodput_Bps, latency_s), tflops, real)
+    scenario = calibration_scenario(tflops, rates_Bps, latency_s, data_path.goodput_Bps / rate_Bps)
+    compare(args, scenario, tflops, real)
     return 0
+
+
+def per_device(value: str, devices: int, name: str) -> list[float]:
+    """A figure for every device: one for all (``40``), or one each (``40,40,20,10``)."""
+    try:
+        figures = [float(v) for v in str(value).split(",")]
+    except ValueError:
+        raise ValueError(f"{name} {value!r} is not a number or a comma-separated list of numbers") from None
+    if len(figures) == 1:
+        figures *= devices
+    if len(figures) != devices or min(figures) <= 0:
+        raise ValueError(f"{name} {value!r}: give one positive figure, or one for each of the {devices} devices")
+    return figures
 
 
 def compare(args: argparse.Namespace, scenario: Scenario, tflops: float, real: dict) -> None:
@@ -594,7 +631,9 @@ def compare(args: argparse.Namespace, scenario: Scenario, tflops: float, real: d
                                                   - data_path.get("idle_rtt_s", 0.0)
                                                   - 2 * real.get("standing_queue_s", 0.0)),
                            request_overhead_s=max(0.0, data_path.get("idle_rtt_s", 0.0)
-                                                  - 2 * float(scenario.latency_s[0, 1])))  # fmt: skip
+                                                  - 2 * float(scenario.latency_s[0, 1])),
+                           # the daemons' coordination rounds at their heartbeat, and no relays
+                           coordinate_s=coordination_round_s(HEARTBEAT_INTERVAL_S), data_via_relay="never")  # fmt: skip
     tokens = DEFAULT_RUN["batch"]["micro_batch"] * model_shape().seq_len
     windows = [
         simulate_window(scenario, strategy, settings, WARMUP_S + k * WARMUP_STEP_S, args, victim)
@@ -663,13 +702,17 @@ def op_mean(parts: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, flo
 def simulate_again(args: argparse.Namespace) -> int:
     """The simulated side only, against a real run recorded before (for work on the simulator)."""
     recorded = json.loads(args.real_from.read_text())
-    for key in ("devices", "rate_mbps", "access_latency_ms", "seconds", "kill_at"):
+    for key in ("devices", "seconds", "kill_at"):
         setattr(args, key, float(recorded["args"][key]) if key != "devices" else int(recorded["args"][key]))
+    args.rate_mbps, args.access_latency_ms = recorded["args"]["rate_mbps"], recorded["args"]["access_latency_ms"]
     args.out.mkdir(parents=True, exist_ok=True)
+    rates_Bps = [v * 1e6 / 8 for v in per_device(args.rate_mbps, args.devices, "rate_mbps")]
+    latency_s = [v / 1000 for v in per_device(args.access_latency_ms, args.devices, "access_latency_ms")]
     # Runs recorded before the data path was measured have only one TCP stream's goodput.
     data_path = recorded["real"].get("data_path") or {}
-    rate_Bps = data_path.get("goodput_Bps") or recorded["real"].get("goodput_Bps", args.rate_mbps * 1e6 / 8)
-    scenario = calibration_scenario(recorded["tflops"], args.devices, rate_Bps, args.access_latency_ms / 1000)
+    shaped = min(rates_Bps[0], rates_Bps[1])
+    goodput = data_path.get("goodput_Bps") or recorded["real"].get("goodput_Bps", shaped)
+    scenario = calibration_scenario(recorded["tflops"], rates_Bps, latency_s, goodput / shaped)
     compare(args, scenario, recorded["tflops"], recorded["real"])
     return 0
 
@@ -747,8 +790,8 @@ def report(args: argparse.Namespace, sides: dict[str, Side], tflops: float, real
             ("tokens/s after recovery", r.after_kill, s.after_kill),
             ("recovery after the kill, s", r.recovery_s, s.recovery_s)]  # fmt: skip
     lines = [
-        f"# Calibration: {args.devices} daemons, {args.rate_mbps:g} Mbit/s up and down each, "
-        f"{2 * args.access_latency_ms:g} ms one way between two, {args.seconds:g} s with a kill at {args.kill_at:g} s",
+        f"# Calibration: {args.devices} daemons, {args.rate_mbps} Mbit/s up and down each, "
+        f"{args.access_latency_ms} ms one way to the switch each, {args.seconds:g} s with a kill at {args.kill_at:g} s",
         "",
         f"Devices measured at {tflops * 1e3:.2f} GFLOPS each ({args.devices} processes at once, one thread each).",
         "",

@@ -9,6 +9,10 @@ from pathlib import Path
 import pytest
 
 from swarmd.cli import main
+from swarmd.config import HeartbeatConfig, RolesConfig, SwarmConfig
+from swarmd.node import coordination_round_s
+from swarmd.peers.election import Thresholds
+from swarmd.peers.simulator import SimSettings
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -65,3 +69,15 @@ def test_user_errors_are_one_line(
     assert main(["simulate", "--scenario", str(scenario_file), "--out", str(tmp_path / "x"), *args]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+def test_the_simulators_defaults_are_the_daemons() -> None:
+    """The simulated coordinator's round and election thresholds follow the daemon's defaults."""
+    settings = SimSettings()
+    roles = RolesConfig()
+    assert settings.coordinate_s == coordination_round_s(HeartbeatConfig().interval_s)
+    assert settings.thresholds == Thresholds(
+        min_reliability=roles.min_reliability, min_relay_reliability=roles.min_relay_reliability,
+        min_connectivity_Bps=roles.min_connectivity_Bps, hysteresis=roles.hysteresis,
+    )  # fmt: skip
+    assert settings.data_via_relay == SwarmConfig().data_via_relay
