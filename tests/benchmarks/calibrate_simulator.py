@@ -289,7 +289,7 @@ def measure_tflops(processes: int, seconds: float) -> tuple[float, list[float]]:
              for _ in range(processes)]  # fmt: skip
     per_step = [float(p.communicate(timeout=seconds + 120)[0].strip()) for p in procs]
     whole_model = np.array([float(model_shape().layers)])
-    flops = float(stage_flops_per_sequence(calibration_scenario(1.0, 2, 1e6, 0.0), whole_model).sum())
+    flops = float(stage_flops_per_sequence(calibration_scenario(1.0, [1e6, 1e6], [0.0, 0.0], 1.0), whole_model).sum())
     flops *= DEFAULT_RUN["batch"]["micro_batch"]
     return flops / statistics.median(per_step) / 1e12, per_step
 
