@@ -26,7 +26,7 @@ from swarmd.coordination import PROBE_METHOD, PROBE_REQUEST_LIMIT, Coordination
 from swarmd.device import describe_device, measure_throughput_gflops, resolve_device
 from swarmd.errors import JoinError, RecordError, SwarmdError
 from swarmd.lan_process import LanDiscoveryProcess
-from swarmd.peers.election import Thresholds
+from swarmd.peers.election import Thresholds, coordination_round_s
 from swarmd.peers.heartbeat import MAX_ADDRS, Device, Heartbeat, parse_heartbeat
 from swarmd.peers.identity import Identity, load_or_create_identity, write_p2pd_identity
 from swarmd.peers.links import ProbeBudget
@@ -69,17 +69,11 @@ TRAINER_TICK_S = 1.0
 PROBE_ROUND_S = 5.0
 MEMBERSHIP_SCAN_S = 5.0
 PUBLISH_MEASUREMENTS_S = 15.0
-COORDINATE_S = 10.0
 
 
 def _paced(heartbeat_s: float, floor_s: float, ceiling_s: float) -> float:
     """Two heartbeats, within [floor_s, ceiling_s]."""
     return min(ceiling_s, max(floor_s, 2 * heartbeat_s))
-
-
-def coordination_round_s(heartbeat_s: float) -> float:
-    """How often a daemon runs its coordination round (elects, and plans when it coordinates)."""
-    return _paced(heartbeat_s, 4.0, COORDINATE_S)
 
 
 class Node:

@@ -30,6 +30,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+COORDINATION_ROUND_S = (4.0, 10.0)
+"""The shortest and the longest round of coordination (``coordination_round_s``)."""
+
+
+def coordination_round_s(heartbeat_s: float) -> float:
+    """How often a daemon runs its round of coordination (elects, and plans when it is the
+    coordinator): two heartbeats, within ``COORDINATION_ROUND_S``. Elections read the
+    heartbeats: a round between two of them would find nothing new."""
+    floor, ceiling = COORDINATION_ROUND_S
+    return min(ceiling, max(floor, 2 * heartbeat_s))
+
 
 @dataclass(frozen=True)
 class Thresholds:

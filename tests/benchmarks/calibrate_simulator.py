@@ -54,8 +54,8 @@ from swarmd.local_swarm import LocalDaemon, create_run, wait_for
 from swarmd.models.build import build_model
 from swarmd.models.presets import DEFAULT_RUN
 from swarmd.models.shape import ModelShape
-from swarmd.node import coordination_round_s
 from swarmd.peers.churn import ChurnEvent
+from swarmd.peers.election import coordination_round_s
 from swarmd.peers.plan_cost import stage_flops_per_sequence
 from swarmd.peers.scenario import Scenario, Shape, parse_scenario
 from swarmd.peers.sim_strategies import make_strategies
@@ -84,7 +84,7 @@ torch.set_num_threads(1)
 from swarmd.models.build import build_model
 from swarmd.models.presets import DEFAULT_RUN
 from swarmd.models.shape import ModelShape
-from swarmd.node import coordination_round_s
+from swarmd.peers.election import coordination_round_s
 shape = ModelShape.from_dict(DEFAULT_RUN["model"])
 model = build_model(shape, 0)
 x = torch.randint(0, shape.vocab, (DEFAULT_RUN["batch"]["micro_batch"], shape.seq_len))

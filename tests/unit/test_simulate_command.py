@@ -10,8 +10,7 @@ import pytest
 
 from swarmd.cli import main
 from swarmd.config import HeartbeatConfig, RolesConfig, SwarmConfig
-from swarmd.node import coordination_round_s
-from swarmd.peers.election import Thresholds
+from swarmd.peers.election import Thresholds, coordination_round_s
 from swarmd.peers.simulator import SimSettings
 
 pytestmark = pytest.mark.timeout(300)
