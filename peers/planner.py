@@ -21,7 +21,8 @@ scheduler"), each step cheap enough to plan 1,000 devices in seconds:
    then anywhere while time is left; between rounds each boundary is re-matched (bottleneck
    matching) and the stage order improved by swapping stages.
 5. **Roles.** Each stage's parameter server is the member that is most reliable (measured
-   availability) and, among those that pass the threshold, cheapest to exchange with; relays
+   availability) and, among those that pass the threshold, cheapest to exchange with and to
+   carry the stage's tensors through (the task pool is at the server); relays
    are reliable devices through which a pipeline link is faster than direct.
 
 Each awareness can be switched off alone (``Awareness``): the planner then sees a uniform
@@ -355,11 +356,14 @@ class GridCost:
         return churn_s(self.view, grid, base, servers, self.rates)
 
     def servers(self, grid: np.ndarray, min_availability: float) -> np.ndarray:
-        return np.array([self.server_of(grid[:, s], min_availability) for s in range(grid.shape[1])], dtype=int)
+        return np.array([self.server_of(grid, s, min_availability) for s in range(grid.shape[1])], dtype=int)
 
-    def server_of(self, members: np.ndarray, min_availability: float) -> int:
-        """The most dependable member: availability first (those past the threshold count as
-        equal), then the cheapest to exchange the stage's weights with the others."""
+    def server_of(self, grid: np.ndarray, s: int, min_availability: float) -> int:
+        """Stage ``s``'s most dependable member: availability first (those past the threshold
+        count as equal), then the cheapest to exchange the stage's weights with the others and
+        to carry the stage's tensors (``carried``)."""
+        members = grid[:, s]
+        members = members[members >= 0]
         avail = self.availability[members]
         eligible = avail >= min_availability
         if not eligible.any():
@@ -368,9 +372,27 @@ class GridCost:
             self.view.latency_s[np.ix_(members, members)]
             + self.weights_bytes / self.view.bandwidth_Bps[np.ix_(members, members)]
         )
-        exchange = sub.sum(axis=0) + sub.sum(axis=1)
+        exchange = sub.sum(axis=0) + sub.sum(axis=1) + self.carried(grid, s, members)
         exchange[~eligible] = np.inf
         return int(members[int(np.argmin(exchange))])
+
+    def carried(self, grid: np.ndarray, s: int, members: np.ndarray) -> np.ndarray:
+        """What each of ``members`` would spend per iteration carrying stage ``s``'s tensors as
+        its host: the daemon's data path takes every tensor through the host of the stage it
+        goes to (the task pool is there), so each pipeline's activation from the stage before
+        and gradient from the stage after come into the host and go out to the pipeline's
+        worker of this stage. In a group of two the weights' exchange costs the same either
+        way; this is what keeps the stage off the member with the slower link."""
+
+        def present(column: np.ndarray) -> np.ndarray:
+            return column[column >= 0]  # a repair's grid may still have holes
+
+        total = np.zeros(len(members))
+        into = [present(grid[:, t]) for t in (s - 1, s + 1) if 0 <= t < grid.shape[1]]
+        for senders in into:
+            total += self.act.block(senders, members).sum(axis=0)
+        total += len(into) * self.act.block(members, present(grid[:, s])).sum(axis=1)
+        return total
 
     def shortlist(self, grid: np.ndarray, cell: tuple[int, int], spare: list[int]) -> list[int]:
         """The spares worth costing in ``cell``: all of them on a grid under ``SHORTLIST_CELLS``
@@ -977,7 +999,7 @@ def repair(
         layers, _ = cost.split_layers(grid)
     min_avail = settings.min_availability if settings.awareness.reliability else 0.0
     servers = [
-        old if old in grid[:, s] else cost.server_of(grid[:, s], min_avail)
+        old if old in grid[:, s] else cost.server_of(grid, s, min_avail)
         for s, old in enumerate(index.get(previous_ids[d], -1) for d in previous.parameter_servers)
     ]
     result = Plan(

@@ -248,3 +248,21 @@ def test_a_repair_among_the_live_devices_of_the_whole_scenario_is_the_repair_of_
     assert within.plan.parameter_servers == tuple(int(live[d]) for d in alone.plan.parameter_servers)
     assert within.plan.layers_per_stage == alone.plan.layers_per_stage and within.changed == alone.changed
     assert within.plan.meta["prediction"] == alone.plan.meta["prediction"]
+
+
+def test_a_stage_is_served_by_the_member_with_the_faster_link_even_in_a_group_of_two() -> None:
+    # Four equal devices, access links 40, 40, 20 and 10 Mbit/s: a link runs at its slower end.
+    # In a group of two the weights' exchange costs the same whichever serves, but every tensor
+    # of the stage passes through its server, so it must not be the slow member.
+    rates = np.array([40, 40, 20, 10]) * 1e6 / 8
+    raw = synthetic_scenario_dict(4, regions=1, seed=3, parallelism={"stages": 2, "data_parallel": 2})
+    raw["bandwidth_Bps"] = np.minimum(rates[:, None], rates[None, :]).tolist()
+    raw["latency_s"] = np.full((4, 4), 0.02).tolist()
+    for d in raw["devices"]:
+        d["tflops"], d["memory_gib"] = 1.0, 80
+        d.pop("mean_uptime_h", None), d.pop("mean_downtime_h", None)
+    sc = parse_scenario(raw)
+    p = plan(sc, FAST)
+    check_valid(sc, p, Shape(2, 2))
+    for group, server in zip(p.stage_groups(), p.parameter_servers, strict=True):
+        assert server == min(group, key=lambda d: (-rates[d], d))
