@@ -32,7 +32,7 @@ from swarmd.peers.identity import Identity
 from swarmd.peers.op_times import OpTimes
 from swarmd.peers.run_spec import SignedRunSpec, run_seed
 from swarmd.peers.stage_assignment import Trainer as TrainingPeer
-from swarmd.peers.stage_assignment import decide, epoch_of
+from swarmd.peers.stage_assignment import decide, epoch_of, follows_plan
 from swarmd.peers.stage_leases import StageLease, resolve_holder
 from swarmd.peers.stage_rpc import Answer, call
 from swarmd.peers.swarm_dht import SwarmDHT
@@ -151,6 +151,8 @@ class Trainer:
         self._last_holder: list[str | None] = [None] * self.stages
         self._last_other_holder: list[str | None] = [None] * self.stages  # whose checkpoint a new host of ours wants
         self._provisional: set[int] = set()  # stages we claimed before a plan placed their server
+        self._planned: list[str | None] = [None] * self.stages  # each stage's server in the plan in force
+        self._planned_since = [0.0] * self.stages  # since when the plan has named it
         self._seen_members: set[str] = set()
         self._departed: dict[str, float] = {}  # peer -> when its heartbeat went: its leases are void
         self._pushed: dict[int, int] = {}
@@ -212,10 +214,17 @@ class Trainer:
                                      self.roles.may_host(self.own, self.own in holding)))  # fmt: skip
         free_for = [0.0 if since is None else now - since for since in self._free_since]
         planned = [self.roles.planned_server(s) for s in range(self.stages)]
+        for s, server in enumerate(planned):
+            if server != self._planned[s]:
+                self._planned[s], self._planned_since[s] = server, now
         preferred = [self._preferred(s, planned[s], members, live) for s in range(self.stages)]
-        # A provisional stage the plan gives us is ours for good; one it gives another goes there.
+        # A provisional stage the plan gives us is ours; one it gives another goes there, and so,
+        # once the plan has settled, does any stage we hold that it gives another.
         self._provisional = {s for s in self._provisional if s in self._claimed and planned[s] != self.own}
-        to_hand_over = {s for s in self._provisional if planned[s] is not None}
+        to_hand_over = {s for s in self._provisional if planned[s] is not None} | {
+            s for s, since in self._claimed.items()
+            if follows_plan(self.own, planned[s], now - self._planned_since[s], now - since)
+        }  # fmt: skip
         decision = decide(self.own, holders, trainers, free_for, CLAIM_GRACE_S, preferred, to_hand_over)
         for s in decision.release:
             if s in to_hand_over and preferred[s] not in (None, self.own):

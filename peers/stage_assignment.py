@@ -11,9 +11,15 @@ go, by a rule every peer evaluates on the same snapshot (live leases, live train
 - Only trainers that pass the election's thresholds host (``Trainer.eligible``: measured
   reliability and connectivity, with hysteresis for incumbents), unless none does.
 - A stage claimed before the swarm had a plan is provisional: once the plan names its
-  parameter server, and that peer is an eligible trainer with room, the holder hands it over
-  (once: the planner put the server where the stage's traffic is cheapest; a stage claimed
-  under a plan stays put, as the simulator assumes).
+  parameter server, and that peer is an eligible trainer with room, the holder hands it over.
+- A stage held by another peer than the plan's parameter server goes there too, once the plan
+  has named that server for ``HAND_OVER_SETTLED_S`` and the holder has held the stage for
+  ``HAND_OVER_HELD_S`` (``follows_plan``): the planner put the server where the stage's
+  traffic is cheapest (every tensor of the stage passes through its host), a first plan made
+  before the links were measured may have named the holder, and a failover leaves the stage
+  at the old host's standby. The two waits keep a stage from following a plan that is about
+  to change, or from moving again soon after it moved; a hand-over costs the work in flight
+  (re-queued) and the new host's fetch of the checkpoint, no gradient.
 - A free stage goes first to its preferred peer (the standby that holds its replica when its
   holder left, so that it takes over; else the plan's parameter server), else to the
   eligible trainer that hosts fewest stages, ties to the highest
@@ -34,6 +40,21 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from swarmd.peers.stage_leases import StageLease
+
+HAND_OVER_SETTLED_S = 20.0
+"""How long the plan must have named a stage's server before the holder hands the stage there."""
+HAND_OVER_HELD_S = 60.0
+"""How long a holder keeps a stage before it hands it to the plan's server."""
+
+
+def follows_plan(holder: str, planned: str | None, planned_for_s: float, held_for_s: float) -> bool:
+    """Whether ``holder`` should hand its stage to ``planned``, the server the plan names, which
+    it has named for ``planned_for_s`` while the holder has held the stage ``held_for_s``
+    (module doc; ``decide`` then hands it over when that peer has room)."""
+    return (
+        planned is not None and planned != holder
+        and planned_for_s >= HAND_OVER_SETTLED_S and held_for_s >= HAND_OVER_HELD_S
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -74,10 +95,10 @@ def decide(
 
     Only eligible trainers host, unless none is (a swarm of newcomers must still train). An
     ineligible holder hands a stage over, one per round, while an eligible trainer has room.
-    ``provisional``: stages ``own`` claimed before any plan placed the parameter servers; each
-    goes to its preferred peer (the plan's) as soon as that peer is an eligible trainer with
-    room, or holds a stage the plan gives ``own`` (a swap), once: what is claimed under a plan
-    stays put."""
+    ``provisional``: stages ``own`` should hand to their preferred peer (the plan's server):
+    those claimed before any plan placed the parameter servers, and those ``follows_plan``
+    says should follow it. Each goes there as soon as that peer is an eligible trainer with
+    room, or holds a stage the plan gives ``own`` (a swap)."""
     everyone = {t.peer_id: t for t in trainers}
     everyone.setdefault(own, Trainer(own, 0.0))
     hosts = {p: t for p, t in everyone.items() if t.eligible} or everyone

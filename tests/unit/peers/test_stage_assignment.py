@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from swarmd.peers.stage_assignment import Trainer, decide, epoch_of, fair_share
+from swarmd.peers.stage_assignment import (
+    HAND_OVER_HELD_S,
+    HAND_OVER_SETTLED_S,
+    Trainer,
+    decide,
+    epoch_of,
+    fair_share,
+    follows_plan,
+)
 from swarmd.peers.stage_leases import StageLease
 
 T0 = 1_700_000_000.0
@@ -112,8 +120,17 @@ def test_a_stage_claimed_before_the_plan_goes_to_the_planned_server_once_it_has_
     assert decide("d", after, trainers, [0, 0], 10, planned, provisional={1}).release == (1,)
     assert decide("b", after, trainers, [0, 0], 10, planned).claim == (0,)
     assert decide("a", [None, None], trainers, [0, 0], 10, planned).claim == (1,)
-    # a stage claimed under a plan stays where it is, whatever a later plan says
+    # a stage claimed under a plan stays where it is until the trainer finds it should follow
+    # the plan (``follows_plan``) and passes it as provisional
     assert decide("d", holders, trainers, [0, 0], 10, planned).release == ()
+
+
+def test_a_held_stage_follows_the_plans_server_once_the_plan_settled_and_it_was_held_a_while() -> None:
+    settled, held = HAND_OVER_SETTLED_S, HAND_OVER_HELD_S
+    assert follows_plan("a", "b", settled, held)
+    assert not follows_plan("a", "b", settled - 1, held)  # the plan may still change
+    assert not follows_plan("a", "b", settled, held - 1)  # it moved here a moment ago
+    assert not follows_plan("a", "a", settled, held) and not follows_plan("a", None, settled, held)
 
 
 def test_over_its_share_a_peer_first_hands_over_a_stage_the_plan_gives_another() -> None:
