@@ -55,6 +55,7 @@ def summary(result: SimResult, failure_free: SimResult) -> dict[str, Any]:
         "plans_lost": result.plans_lost,
         "relays": result.relays,
         "relayed_transfers": result.relayed_transfers,
+        "hand_overs": result.hand_overs,
         "recovery_median_s": _percentile(result.recovery_s, 0.5),
         "recovery_p90_s": _percentile(result.recovery_s, 0.9),
         "plans": {k: kinds.count(k) for k in ("full", "repair", "replan")},
@@ -113,17 +114,17 @@ def markdown(scenario: Scenario, settings: SimSettings, rows: list[dict[str, Any
         lines.append(f"| {r['strategy']} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        "Elections: how often the coordinator changed; plans lost because their coordinator left while computing "
-        "them; the relays the last plan elected, and the transfers of the workers' requests that went through one "
-        "(the baselines send everything direct).",
+        "Elections and hosting: how often the coordinator changed; plans lost because their coordinator left while "
+        "computing them; the relays the last plan elected, and the transfers of the workers' requests that went "
+        "through one (the baselines send everything direct); stages handed to the server a plan named.",
         "",
-        "| strategy | coordinator changes | plans lost | relays | transfers relayed |",
-        "|---|---:|---:|---:|---:|",
+        "| strategy | coordinator changes | plans lost | relays | transfers relayed | hand-overs |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['strategy']} | {_fmt(r['coordinator_changes'])} | {_fmt(r['plans_lost'])} | {_fmt(r['relays'])} "
-            f"| {_fmt(r['relayed_transfers'])} |"
+            f"| {_fmt(r['relayed_transfers'])} | {_fmt(r['hand_overs'])} |"
         )
     return "\n".join(lines) + "\n"
 

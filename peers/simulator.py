@@ -82,6 +82,7 @@ from swarmd.peers.plan_cost import Plan, stage_flops_per_sequence
 from swarmd.peers.relay_route import Matrix, choose_route
 from swarmd.peers.scenario import Scenario, ScenarioError, Shape
 from swarmd.peers.shared_links import SharedLinks
+from swarmd.peers.stage_assignment import HAND_OVER_HELD_S, HAND_OVER_SETTLED_S, fair_share, follows_plan
 from swarmd.peers.task_queue import Lease, QueueFull, Task, TaskKind, TaskQueue, TaskQueueConfig, TaskQueueError
 
 QUEUE_CAPACITY_BYTES = 1 << 62
@@ -194,6 +195,8 @@ class SimResult:
     """Relays elected by the last plan."""
     relayed_transfers: int = 0
     """Transfers of the workers' requests and their answers that went through a relay."""
+    hand_overs: int = 0
+    """Stages handed to the server a plan named (``swarmd.peers.stage_assignment.follows_plan``)."""
     requests: dict[str, dict[str, float]] = field(default_factory=dict)
     """The workers' requests by operation: count and mean milliseconds (``swarmd status``'s
     ``requests_by_op``)."""
@@ -222,12 +225,15 @@ class _Stage:
     time, in order (the daemon's ``server_lock``)."""
     serving: bool = False
     serial: int = 0
+    hosted_since: float = 0.0
+    opening: bool = False
+    """A new host fetches the stage's checkpoint from the last one: no claims until it is in."""
     """Bumped when the stage's queues are rebuilt: the server's events from before lapse."""
 
 
 # event kinds
 (_CHURN, _NOTICE, _CLAIMED, _COMPUTED, _FORWARD_PUT, _BACKWARD_PUT, _PUT_ANSWERED, _FINISH, _LOGGED, _FREE,
- _STANDBY_READY, _PLAN_READY, _FLOW, _FLUSH, _POLL, _SEND, _PLAN_START, _HOP) = range(18)  # fmt: skip
+ _STANDBY_READY, _PLAN_READY, _FLOW, _FLUSH, _POLL, _SEND, _PLAN_START, _HOP, _FOLLOW, _OPENED) = range(20)  # fmt: skip
 
 
 class Simulation:
@@ -291,6 +297,7 @@ class Simulation:
         self.candidates = [Candidate(p, float(a), float(c))
                            for p, a, c in zip(self.ids, self.availability, connectivity, strict=True)]  # fmt: skip
         self.round_phase = np.random.default_rng([settings.seed, 1]).uniform(0.0, settings.coordinate_s, scenario.n)
+        self.may_host = np.array([eligible(c, settings.thresholds, incumbent=False) for c in self.candidates])
         self.coordinator: int | None = None
         self.relays: list[int] = []
         self.matrix = Matrix(self.index, scenario.latency_s, scenario.bandwidth_Bps)
@@ -320,7 +327,8 @@ class Simulation:
                 _FORWARD_PUT: self._forward_put, _BACKWARD_PUT: self._backward_put, _PUT_ANSWERED: self._put_answered,
                 _FINISH: self._finish, _LOGGED: self._logged, _FREE: self._free, _STANDBY_READY: self._standby_ready,
                 _PLAN_READY: self._plan_ready, _FLOW: self._flow_due, _FLUSH: self._flush, _POLL: self._poll,
-                _SEND: self._send_now, _PLAN_START: self._plan_start, _HOP: self._hop,
+                _SEND: self._send_now, _PLAN_START: self._plan_start, _HOP: self._hop, _FOLLOW: self._follow,
+                _OPENED: self._opened,
             }  # fmt: skip
             self._elect_coordinator()
             self._plan_now(0.0, initial=True)
@@ -538,6 +546,57 @@ class Simulation:
         for s, stage in enumerate(self.stages):
             if stage.standby is None or not self.member[stage.standby]:
                 self._new_standby(s, now)
+        for s, server in enumerate(global_plan.parameter_servers):
+            if server != self.planned[s]:
+                self.planned[s], self.planned_since[s] = server, now
+            if server != self.stages[s].host:
+                due = max(self.planned_since[s] + HAND_OVER_SETTLED_S, self.stages[s].hosted_since + HAND_OVER_HELD_S)
+                self._at(max(now, due), _FOLLOW, (s,))
+
+    def _follow(self, now: float, s: int) -> None:
+        """The daemon's rule for a stage held elsewhere than at the plan's server
+        (``follows_plan``, then ``decide``'s: the server is an eligible member with room): the
+        stage is handed over. A plan that changed since has scheduled its own look."""
+        stage = self.stages[s]
+        server = self.planned[s]
+        if server is None or stage.opening or not self.up[stage.host]:
+            return
+        if not follows_plan(self.ids[stage.host], self.ids[server], now - self.planned_since[s],
+                            now - stage.hosted_since):  # fmt: skip
+            return
+        hosts = self.member & self.may_host
+        if not hosts.any():
+            hosts = self.member  # nobody passes the thresholds: everyone may host
+        share = fair_share(len(self.stages), int(hosts.sum()))
+        if not (self.up[server] and hosts[server]) or sum(st.host == server for st in self.stages) >= share:
+            return
+        self._hand_over(s, server, now)
+
+    def _hand_over(self, s: int, new: int, now: float) -> None:
+        """The stage goes to ``new``, which fetches the checkpoint from the host it leaves; the
+        hosting epoch changes, so the work in flight is redone from stage 0 (as at a failover,
+        but nothing is lost: the old host's copy is the newest)."""
+        stage = self.stages[s]
+        old = stage.host
+        self.counts["hand_overs"] += 1
+        stage.replicas[old] = stage.version
+        stage.replicas.pop(new, None)
+        stage.host, stage.hosted_since, stage.opening = new, now, True
+        if stage.standby == new:
+            stage.standby, stage.standby_ready = None, False
+        self._reset_in_flight(now)
+        self._send(old, new, self.checkpoint_bytes, now, _OPENED, (s, new, int(self.epoch[new])))
+
+    def _opened(self, now: float, s: int, host: int, epoch: int) -> None:
+        """The new host has the checkpoint: it serves (with a standby of its own), and the idle
+        workers find its work."""
+        stage = self.stages[s]
+        if stage.host != host or self.epoch[host] != epoch or not stage.opening:
+            return
+        stage.opening = False
+        if stage.standby is None or not self.member[stage.standby]:
+            self._new_standby(s, now)
+        self._wake(s, now)
 
     def _start(self, now: float) -> None:
         grid = self.global_plan.pipelines
@@ -547,6 +606,8 @@ class Simulation:
                                      max_micro_batches=min(65536, self.per_update * (2 + self.s.batches_ahead)),
                                      max_lease_s=max(self.s.lease_s, 1.0))  # fmt: skip
             self.stages.append(_Stage(TaskQueue(config), self.global_plan.parameter_servers[s], None))
+        self.planned: list[int | None] = list(self.global_plan.parameter_servers)  # each stage's server in the plan
+        self.planned_since = [now] * self.shape.stages  # since when the plan has named it
         self._apply(self.global_plan, self._live(), now)
         self._feed(now)
 
@@ -633,6 +694,7 @@ class Simulation:
             restored = 0
         self.counts["updates_lost"] += stage.version - restored
         stage.version, stage.host, stage.pending = restored, successor, 0
+        stage.hosted_since, stage.opening = now, False
         stage.replicas.pop(successor, None)
         stage.standby, stage.standby_ready = None, False
         self._new_standby(s, now)
@@ -748,8 +810,8 @@ class Simulation:
                         key=lambda t: (-self.stages[t].queue.ready_count(), -t))  # fmt: skip
         for s in [home, *others]:
             stage = self.stages[s]
-            if not self.up[stage.host]:
-                continue  # its host is gone; the failover (once noticed) starts it again
+            if not self.up[stage.host] or stage.opening:
+                continue  # its host is gone (the failover, once noticed, starts it again) or opening
             lease = stage.queue.claim(str(d), now, self.s.lease_s)
             if lease is not None:
                 return s, lease
@@ -1055,6 +1117,7 @@ class Simulation:
             wall_s=wall_s, events=events, failovers=self.counts["failovers"],
             coordinator_changes=self.counts["coordinator_changes"], plans_lost=self.counts["plans_lost"],
             relays=len(self.relays), relayed_transfers=self.counts["relayed_transfers"],
+            hand_overs=self.counts["hand_overs"],
             shape=(self.shape.stages, self.shape.data_parallel),
             requests=self.requests.status(), push_phases=self.push_phases.status(),
         )  # fmt: skip

@@ -48,7 +48,8 @@ def main() -> None:
               f"(median {statistics.median(repairs) * 1e3 if repairs else 0:.1f} ms, "
               f"max {max(repairs, default=0) * 1e3:.0f} ms)")  # fmt: skip
         print(f"  elections: {result.coordinator_changes} coordinator changes, {result.plans_lost} plans lost with "
-              f"their coordinator, {result.relays} relays, {result.relayed_transfers:,} transfers relayed")  # fmt: skip
+              f"their coordinator, {result.relays} relays, {result.relayed_transfers:,} transfers relayed, "
+              f"{result.hand_overs} stages handed to a plan's server")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -352,22 +352,23 @@ def hosts_of(daemons: list[LocalDaemon]) -> dict[int, tuple[int, dict[str, Any]]
     return found
 
 
+def newest_plan(statuses: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    """The newest plan any daemon follows, as its status shows it."""
+    plans = [p for st in statuses if (p := (st.get("swarm") or {}).get("plan"))]
+    return max(plans, key=lambda p: p["version"]) if plans else None
+
+
 def hosted_as_planned(daemons: list[LocalDaemon]) -> bool:
-    """Whether every stage is hosted by a device that the newest plan any daemon follows puts
-    at that stage (its parameter server, or another of its workers): the host's own worker
-    then works the stage it serves, as in the simulation. A later plan may name another server
-    for a stage already hosted within its group; the daemons leave such a stage where it is."""
-    statuses = {i: d.status() or {} for i, d in enumerate(daemons) if d.proc is not None and d.proc.poll() is None}
-    plans = [p for st in statuses.values() if (p := (st.get("swarm") or {}).get("plan"))]
-    if not plans:
+    """Whether every stage is hosted by the server the newest plan names for it, as in the
+    simulation (the daemons hand a stage there once the plan has settled)."""
+    statuses = [d.status() or {} for d in daemons if d.proc is not None and d.proc.poll() is None]
+    plan = newest_plan(statuses)
+    if plan is None:
         return False
-    grid = max(plans, key=lambda p: p["version"])["grid"]
-    hosting: dict[int, str | None] = {}
-    for st in statuses.values():
-        for stage in (st.get("training") or {}).get("hosts") or {}:
-            hosting[int(stage)] = st.get("peer_id")
-    stages = len(grid[0]) if grid else 0
-    return stages > 0 and all(hosting.get(s) in {row[s] for row in grid} for s in range(stages))
+    hosting = {int(stage): st.get("peer_id")
+               for st in statuses for stage in (st.get("training") or {}).get("hosts") or {}}  # fmt: skip
+    servers = plan["parameter_servers"]
+    return bool(servers) and all(hosting.get(s) == server for s, server in enumerate(servers))
 
 
 def roles_of(daemons: list[LocalDaemon]) -> dict[str, Any]:
@@ -381,7 +382,9 @@ def roles_of(daemons: list[LocalDaemon]) -> dict[str, Any]:
         for stage in training.get("hosting") or []:
             hosts[stage], standbys[stage] = i, index.get(training.get("standby"))
     scores = (((statuses.get(0) or {}).get("swarm") or {}).get("reliability")) or {}
-    return {"hosts": hosts, "standbys": standbys, "scores": {index[p]: v for p, v in scores.items() if p in index}}
+    plan = newest_plan(statuses.values()) or {}
+    return {"hosts": hosts, "standbys": standbys, "scores": {index[p]: v for p, v in scores.items() if p in index},
+            "planned_servers": [index.get(p) for p in plan.get("parameter_servers") or []]}  # fmt: skip
 
 
 def log_phases_of(daemon: LocalDaemon) -> dict[str, Any]:
@@ -448,14 +451,14 @@ def real_run(net: EmulatedNetwork, workdir: Path, seconds: float, kill_at: float
             daemon.start(addrs)
         for daemon in daemons:
             daemon.wait_running()
-        print("daemons running; waiting for each stage to be hosted within its planned group, and the first updates",
+        print("daemons running; waiting for each stage to be hosted by the plan's server, and the first updates",
               flush=True)  # fmt: skip
-        # Stages claimed before the first plan move to the plan's servers once: the window
-        # starts after that, in the swarm as it stays.
+        # Stages move to the plan's servers once the plan has settled: the window starts
+        # after that, in the swarm as it stays.
         try:
-            wait_for(lambda: hosted_as_planned(daemons), 240, "each stage hosted within its planned group")
+            wait_for(lambda: hosted_as_planned(daemons), 240, "each stage hosted by the plan's server")
         except TimeoutError:  # the planned servers cannot host, or hosting did not follow the plan
-            print("the stages are not hosted within their planned groups after 240 s; measuring anyway", flush=True)
+            print("the stages are not hosted by the plan's servers after 240 s; measuring anyway", flush=True)
         wait_for(lambda: min((info["version"] for _, info in hosts_of(daemons).values()), default=0)
                  >= warmup_updates, 300, f"{warmup_updates} updates")  # fmt: skip
         samples: list[tuple[float, int, int]] = []  # (t, stage-0 host, its micro_batches_finished)
@@ -770,7 +773,9 @@ def roles_line(real: dict[str, Any], simulated: dict[str, Any]) -> str:
                          for s, h in sorted(roles["hosts"].items(), key=lambda kv: int(kv[0])))  # fmt: skip
 
     scores = sorted(real["start"]["scores"].items(), key=lambda kv: int(kv[0]))
-    return (f"Hosts: real {where(real['start'])} at the start, {where(real['end'])} at the end; simulated "
+    servers = real["start"].get("planned_servers")
+    named = f" (the real plan's servers: {', '.join(f'd{i}' for i in servers)})" if servers else ""
+    return (f"Hosts: real {where(real['start'])} at the start{named}, {where(real['end'])} at the end; simulated "
             f"{where(simulated)}. Reliability as measured: {', '.join(f'd{i} {v}' for i, v in scores)}.")  # fmt: skip
 
 

@@ -39,7 +39,7 @@ def test_simulate_writes_a_report_numbers_and_plots(
     printed = capsys.readouterr().out
     assert "| swarmd |" in printed and "| petals-greedy |" in printed
     assert "| strategy | claim | put | complete | push |" in printed  # where the time goes
-    assert "| strategy | coordinator changes | plans lost | relays | transfers relayed |" in printed
+    assert "| strategy | coordinator changes | plans lost | relays | transfers relayed | hand-overs |" in printed
     assert (out / "report.md").read_text() in printed
     data = json.loads((out / "results.json").read_text())
     assert [r["strategy"] for r in data["rows"]] == ["swarmd", "petals-greedy"]

@@ -262,3 +262,18 @@ def test_a_message_at_a_relay_that_left_goes_again_on_the_direct_path() -> None:
     # 10 ms to the relay and 1 ms latency; then 10 ms and 1 ms again, straight to d1.
     assert arrivals == [(pytest.approx(0.022), ("landed",))]
     assert sim.counts["relay_gone"] == 1 and sim.received[1] == pytest.approx(1e6)
+
+
+def test_a_stage_left_off_the_plans_server_by_a_failover_follows_the_plan_and_loses_nothing() -> None:
+    # d0 (stage 0's host) leaves: its standby d1, which hosts stage 1 too, takes stage 0 over.
+    # The repair names d1 and d2 the servers; once that plan has stood HAND_OVER_SETTLED_S,
+    # d1 hands stage 1 to d2, which fetches its checkpoint.
+    sim = Simulation(scenario(6), FIXED, SimSettings(hours=0.5, detect_s=30.0),
+                     (np.ones(6, dtype=bool), [ChurnEvent(600.0, 0, False)]))  # fmt: skip
+    r = sim.run()
+    assert r.failovers == 1 and r.hand_overs == 1 and r.updates_lost == 0
+    assert [st.host for st in sim.stages] == [1, 2] and not any(st.opening for st in sim.stages)
+    repaired = r.plan_events[1].at_s
+    assert sim.stages[1].hosted_since == pytest.approx(repaired + 20.0)
+    bucket = int(sim.stages[1].hosted_since // 60) + 1
+    assert sum(r.timeline[bucket:]) > 0  # training goes on at the new host
