@@ -121,10 +121,11 @@ class SimSettings:
     """What a request between two peers costs beyond its latency and bytes: opening a stream,
     framing, the event loops at both ends (the calibration harness measures it on an idle
     connection). A request to the peer's own host is a function call and costs none."""
-    connection_queue_s: float = 0.0
-    """The delay a message waits behind another transfer between the same two peers: libp2p
-    carries all their streams over one connection, whose send buffer is first come, first
-    served (the calibration harness measures it on the data path)."""
+    connection_queue_bytes: float = 0.0
+    """The bytes of another transfer between the same two peers that a message waits behind:
+    libp2p carries all their streams over one connection, whose send buffer (a window of
+    bytes) is first come, first served. The wait is that many bytes at the link's rate, longer
+    on a slower link (the calibration harness measures it on the data path)."""
     coordinate_s: float = 10.0
     """The coordinator's round: it plans at its first round after a change is noticed (the
     daemon's coordination loop runs every two heartbeats, within 4-10 s: 10 s at the default
@@ -857,14 +858,14 @@ class Simulation:
         each end's interface that is busy with other flows (a bulk TCP flow keeps its
         bottleneck's buffer full, and every packet behind it waits that long:
         ``SimSettings.standing_queue_s``), plus the wait behind a transfer already in flight from
-        ``a`` to ``b`` on their shared connection (``SimSettings.connection_queue_s``). That
+        ``a`` to ``b`` on their shared connection (``SimSettings.connection_queue_bytes``). That
         connection's buffer is first come, first served, where the shared links split the rate
-        evenly: a message that would take longer than the buffer to send loses as much by the
-        even split as it would by waiting, so it waits only for the difference."""
+        evenly: a message larger than the buffer loses as much by the even split as it would by
+        waiting, so it waits only for the difference."""
         queued = (a in self.links.sending) + (b in self.links.receiving)
         behind = 0.0
-        if self.s.connection_queue_s and self.links.carrying(a, b):
-            behind = max(0.0, self.s.connection_queue_s - nbytes / float(self.sc.bandwidth_Bps[a, b]))
+        if self.s.connection_queue_bytes and self.links.carrying(a, b):
+            behind = max(0.0, self.s.connection_queue_bytes - nbytes) / float(self.sc.bandwidth_Bps[a, b])
         return float(self.sc.latency_s[a, b]) + queued * self.s.standing_queue_s + behind
 
     def _idle(self, d: int, now: float) -> None:

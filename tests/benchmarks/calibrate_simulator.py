@@ -56,10 +56,10 @@ from swarmd.models.presets import DEFAULT_RUN
 from swarmd.models.shape import ModelShape
 from swarmd.peers.churn import ChurnEvent
 from swarmd.peers.election import coordination_round_s
-from swarmd.peers.plan_cost import stage_flops_per_sequence
+from swarmd.peers.plan_cost import Plan, stage_flops_per_sequence
 from swarmd.peers.scenario import Scenario, Shape, parse_scenario
 from swarmd.peers.sim_strategies import make_strategies
-from swarmd.peers.simulator import SimSettings, Simulation, recovery_times
+from swarmd.peers.simulator import SimSettings, Simulation, Strategy, recovery_times
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the namespaces' helpers
 from tests.integration.netns import EmulatedNetwork  # noqa: E402
@@ -215,13 +215,13 @@ class DataPath:
     @property
     def connection_queue_s(self) -> float:
         """How long a message waits behind a transfer on the same connection (the
-        simulator's ``connection_queue_s``)."""
+        simulator takes it as bytes, at the link's rate: ``connection_queue_bytes``)."""
         return max(0.0, self.loaded_rtt_s - self.idle_rtt_s)
 
 
-def measure_data_path(net: EmulatedNetwork, nbytes: int) -> DataPath:
-    """The data path from device 0 to device 1 (``DATA_PATH_CLIENT``)."""
-    server = subprocess.Popen([*net.prefix_for(1), sys.executable, "-c", DATA_PATH_SERVER, net.ip(1)],
+def measure_data_path(net: EmulatedNetwork, nbytes: int, src: int = 0, dst: int = 1) -> DataPath:
+    """The data path from device ``src`` to device ``dst`` (``DATA_PATH_CLIENT``)."""
+    server = subprocess.Popen([*net.prefix_for(dst), sys.executable, "-c", DATA_PATH_SERVER, net.ip(dst)],
                               stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
         assert server.stdout is not None
@@ -229,7 +229,7 @@ def measure_data_path(net: EmulatedNetwork, nbytes: int) -> DataPath:
         if "/p2p/" not in maddr:
             raise RuntimeError(f"the data path's server did not start: {maddr!r}")
         client = subprocess.run(
-            [*net.prefix_for(0), sys.executable, "-c", DATA_PATH_CLIENT, net.ip(0), maddr, str(nbytes)],
+            [*net.prefix_for(src), sys.executable, "-c", DATA_PATH_CLIENT, net.ip(src), maddr, str(nbytes)],
             check=True, timeout=300, capture_output=True, text=True,
         )  # fmt: skip
         return DataPath(**json.loads(client.stdout.strip().splitlines()[-1]))
@@ -295,10 +295,12 @@ def measure_tflops(processes: int, seconds: float) -> tuple[float, list[float]]:
 
 
 def calibration_scenario(tflops: float, rates_Bps: list[float], access_latency_s: list[float],
-                         efficiency: float) -> Scenario:  # fmt: skip
+                         efficiency: float | list[float]) -> Scenario:  # fmt: skip
     """The emulated swarm as a scenario: a link runs at the slower of its ends' shaped rates
-    times ``efficiency`` (the data path's goodput over the shaped rate, measured on one link),
-    and takes the sum of its ends' access latencies."""
+    times their ``efficiency`` (the data path's goodput over the shaped rate, measured per
+    device or once for all), and takes the sum of its ends' access latencies."""
+    e = efficiency if isinstance(efficiency, list) else [efficiency] * len(rates_Bps)
+    goodput = [rate * factor for rate, factor in zip(rates_Bps, e, strict=True)]
     shape, run = model_shape(), DEFAULT_RUN
     params = sum(p.numel() for p in build_model(shape, 0).parameters())
     n = len(rates_Bps)
@@ -307,8 +309,7 @@ def calibration_scenario(tflops: float, rates_Bps: list[float], access_latency_s
         "devices": [{"id": f"d{i}", "tflops": tflops, "memory_gib": 8} for i in range(n)],
         "latency_s": [[0.0 if i == j else access_latency_s[i] + access_latency_s[j] for j in range(n)]
                       for i in range(n)],
-        "bandwidth_Bps": [[None if i == j else efficiency * min(rates_Bps[i], rates_Bps[j]) for j in range(n)]
-                          for i in range(n)],
+        "bandwidth_Bps": [[None if i == j else min(goodput[i], goodput[j]) for j in range(n)] for i in range(n)],
         # Activations travel as float16 (the wire's dtype), weights and gradients as float32.
         "model": {"layers": shape.layers, "hidden": shape.hidden, "seq_len": shape.seq_len, "vocab": shape.vocab,
                   "params": float(params), "dtype_bytes": 2},
@@ -369,6 +370,18 @@ def hosted_as_planned(daemons: list[LocalDaemon]) -> bool:
                for st in statuses for stage in (st.get("training") or {}).get("hosts") or {}}  # fmt: skip
     servers = plan["parameter_servers"]
     return bool(servers) and all(hosting.get(s) == server for s, server in enumerate(servers))
+
+
+def plan_of(daemons: list[LocalDaemon]) -> dict[str, Any] | None:
+    """The newest plan any daemon follows, by daemon index: the placement the simulation takes."""
+    statuses = {i: d.status() or {} for i, d in enumerate(daemons) if d.proc is not None and d.proc.poll() is None}
+    plan = newest_plan(statuses.values())
+    index = {st.get("peer_id"): i for i, st in statuses.items()}
+    if plan is None or not all(p in index for row in plan["grid"] for p in row):
+        return None
+    return {"pipelines": [[index[p] for p in row] for row in plan["grid"]],
+            "layers_per_stage": plan["layers_per_stage"],
+            "parameter_servers": [index[p] for p in plan["parameter_servers"]]}  # fmt: skip
 
 
 def roles_of(daemons: list[LocalDaemon]) -> dict[str, Any]:
@@ -466,6 +479,7 @@ def real_run(net: EmulatedNetwork, workdir: Path, seconds: float, kill_at: float
         at_start = [training_of(d) for d in daemons]  # the window's requests are the counters' growth
         hosts_at_start = hosts_of(daemons)
         roles_at_start = roles_of(daemons)
+        plan_at_start = plan_of(daemons)
         logs_at_start = [log_phases_of(d) for d in daemons]
         cpu_at_start = cpu_times()
         started = time.monotonic()
@@ -528,6 +542,7 @@ def real_run(net: EmulatedNetwork, workdir: Path, seconds: float, kill_at: float
             "work_in_window": work_in_window,
             "cpu_busy": cpu_busy,
             "roles": roles,
+            "plan": plan_at_start,
             "standby_log_in_window": standby_log_in_window,
             "sent_MB": [(b[0] - a[0]) / 1e6 for a, b in zip(bytes_at_start, bytes_at_end, strict=True)],
             "received_MB": [(b[1] - a[1]) / 1e6 for a, b in zip(bytes_at_start, bytes_at_end, strict=True)],
@@ -590,9 +605,11 @@ def main() -> int:
                   f"{data_path.goodput_Bps / 1e6:.2f} MB/s, a small request takes {data_path.idle_rtt_s * 1e3:.0f} ms "
                   f"there and waits {data_path.connection_queue_s * 1e3:.0f} ms more behind a transfer on its "
                   "connection; the simulation takes the data path's goodput and both queues", flush=True)  # fmt: skip
+            efficiency = data_path_efficiency(net, rates_Bps, latency_s, data_path)
             real = real_run(net, workdir, args.seconds, args.kill_at, args.warmup_updates)
             real["goodput_Bps"], real["standing_queue_s"] = goodput, standing_queue_s
             real["data_path"] = asdict(data_path)
+            real["efficiency"] = efficiency
     finally:
         left = net.leftovers()
         subprocess.run(["rm", "-rf", str(workdir)], check=False)
@@ -600,9 +617,27 @@ def main() -> int:
         print(f"calibrate_simulator: namespaces left behind: {left}", file=sys.stderr)
         return 1
 
-    scenario = calibration_scenario(tflops, rates_Bps, latency_s, data_path.goodput_Bps / rate_Bps)
+    scenario = calibration_scenario(tflops, rates_Bps, latency_s, efficiency)
     compare(args, scenario, tflops, real)
     return 0
+
+
+def data_path_efficiency(net: EmulatedNetwork, rates_Bps: list[float], latency_s: list[float],
+                         first: DataPath) -> list[float]:  # fmt: skip
+    """Each device's data-path goodput over its shaped rate: measured from one device of each
+    kind (rate and latency) to device 0 (device 1 for device 0's own kind, ``first``). A slower
+    link with a longer round trip need not get the same share of its rate."""
+    kinds: dict[tuple[float, float], float] = {(rates_Bps[0], latency_s[0]): first.goodput_Bps
+                                                / min(rates_Bps[0], rates_Bps[1])}  # fmt: skip
+    for i in range(1, net.n):
+        kind = (rates_Bps[i], latency_s[i])
+        if kind not in kinds:
+            shaped = min(rates_Bps[i], rates_Bps[0])
+            measured = measure_data_path(net, int(shaped * 4), src=i, dst=0)
+            kinds[kind] = measured.goodput_Bps / shaped
+            print(f"links: d{i} to d0 {shaped / 1e6:.2f} MB/s shaped; the data path gets "
+                  f"{measured.goodput_Bps / 1e6:.2f} MB/s", flush=True)  # fmt: skip
+    return [kinds[(rate, latency)] for rate, latency in zip(rates_Bps, latency_s, strict=True)]
 
 
 def per_device(value: str, devices: int, name: str) -> list[float]:
@@ -619,20 +654,35 @@ def per_device(value: str, devices: int, name: str) -> list[float]:
 
 
 def compare(args: argparse.Namespace, scenario: Scenario, tflops: float, real: dict) -> None:
-    """Simulate the scenario for as long, with a worker that hosts nothing leaving at the kill:
-    ``SIM_WINDOWS`` windows, each after its own warm-up, averaged."""
+    """Simulate the scenario for as long, with the worker killed in the real run leaving at the
+    kill: ``SIM_WINDOWS`` windows, each after its own warm-up, averaged. The simulation starts
+    from the placement the real daemons followed (their coordinator planned on the links it
+    measured, which can differ from the emulated ones), and repairs it with swarmd's planner;
+    it is also run from its own plan of the emulated links, and both are reported."""
     shape = Shape(DEFAULT_RUN["stages"], max(1, args.devices // DEFAULT_RUN["stages"]))
-    (strategy,) = make_strategies(["swarmd"], shape, 0.5, 0)
-    plan = strategy.full_plan(scenario)
-    victim = max(set(range(args.devices)) - set(plan.parameter_servers))
+    (own,) = make_strategies(["swarmd"], shape, 0.5, 0)
+    own_plan = own.full_plan(scenario)
+    recorded = real.get("plan")
+    if recorded:
+        real_plan = Plan(pipelines=tuple(tuple(row) for row in recorded["pipelines"]),
+                         layers_per_stage=tuple(recorded["layers_per_stage"]),
+                         parameter_servers=tuple(recorded["parameter_servers"]))  # fmt: skip
+        strategy = Strategy("swarmd on the real plan", lambda view: real_plan, own.mend, own.mend_live)
+    else:  # a run recorded before the plan was kept
+        real_plan, strategy = own_plan, own
+    victim = real.get("victim")
+    if victim is None:
+        victim = max(set(range(args.devices)) - set(real_plan.parameter_servers))
     data_path = real.get("data_path") or {}
     settings = SimSettings(churn=False, detect_s=HEARTBEAT_TTL_S, join_s=5.0, lease_s=LEASE_S, bucket_s=BUCKET_S,
                            standing_queue_s=real.get("standing_queue_s", 0.0),
                            # beside a transfer on its connection a request also met both ends'
                            # standing queues, which the simulation adds on its own
-                           connection_queue_s=max(0.0, data_path.get("loaded_rtt_s", 0.0)
-                                                  - data_path.get("idle_rtt_s", 0.0)
-                                                  - 2 * real.get("standing_queue_s", 0.0)),
+                           # (a window of bytes: longer on a slower link)
+                           connection_queue_bytes=max(0.0, data_path.get("loaded_rtt_s", 0.0)
+                                                      - data_path.get("idle_rtt_s", 0.0)
+                                                      - 2 * real.get("standing_queue_s", 0.0))
+                           * float(scenario.bandwidth_Bps[0, 1]),
                            request_overhead_s=max(0.0, data_path.get("idle_rtt_s", 0.0)
                                                   - 2 * float(scenario.latency_s[0, 1])),
                            # the daemons' coordination rounds at their heartbeat, and no relays
@@ -644,7 +694,18 @@ def compare(args: argparse.Namespace, scenario: Scenario, tflops: float, real: d
     ]
     simulated = [summarize(timeline, args.kill_at, tokens) for timeline, _ in windows]
     sides = {"real": summarize(real["timeline"], args.kill_at, tokens), "simulated": mean_side(simulated)}
+    if recorded:
+        own_windows = [
+            summarize(simulate_window(scenario, own, settings, WARMUP_S + k * WARMUP_STEP_S, args, victim)[0],
+                      args.kill_at, tokens)
+            for k in range(SIM_WINDOWS)
+        ]  # fmt: skip
+        sides["simulated on its own plan"] = mean_side(own_windows)
     detail = {
+        "plans": {
+            "real": recorded,
+            "own": {"pipelines": own_plan.pipelines, "parameter_servers": own_plan.parameter_servers},
+        },  # fmt: skip
         "windows": [asdict(side) for side in simulated],
         "sent_MB": np.mean([d["sent_MB"] for _, d in windows], axis=0).round(1).tolist(),
         "received_MB": np.mean([d["received_MB"] for _, d in windows], axis=0).round(1).tolist(),
@@ -653,7 +714,7 @@ def compare(args: argparse.Namespace, scenario: Scenario, tflops: float, real: d
         "work": {key: statistics.mean(d["work"][key] for _, d in windows) for key in WORK_COUNTS},
         "roles": windows[0][1]["roles"],
         "standing_queue_s": settings.standing_queue_s,
-        "connection_queue_s": settings.connection_queue_s,
+        "connection_queue_bytes": settings.connection_queue_bytes,
         "request_overhead_s": settings.request_overhead_s,
     }
     report(args, sides, tflops, real, detail)
@@ -715,7 +776,8 @@ def simulate_again(args: argparse.Namespace) -> int:
     data_path = recorded["real"].get("data_path") or {}
     shaped = min(rates_Bps[0], rates_Bps[1])
     goodput = data_path.get("goodput_Bps") or recorded["real"].get("goodput_Bps", shaped)
-    scenario = calibration_scenario(recorded["tflops"], rates_Bps, latency_s, goodput / shaped)
+    efficiency = recorded["real"].get("efficiency") or goodput / shaped
+    scenario = calibration_scenario(recorded["tflops"], rates_Bps, latency_s, efficiency)
     compare(args, scenario, recorded["tflops"], recorded["real"])
     return 0
 
@@ -756,7 +818,8 @@ def links_lines(real: dict[str, Any], simulated: dict[str, Any]) -> list[str]:
         f"{real['standing_queue_s'] * 1e3:.0f} ms queued in the shaper; the daemons' data path gets "
         f"{dp.goodput_Bps / 1e6:.2f} MB/s (the simulated links' rate), a small request takes "
         f"{dp.idle_rtt_s * 1e3:.0f} ms on an idle connection and {dp.loaded_rtt_s * 1e3:.0f} ms beside a transfer "
-        f"on the same one (simulated: {simulated['connection_queue_s'] * 1e3:.0f} ms more).",
+        f"on the same one (simulated: {simulated['connection_queue_bytes'] / 1e3:.0f} kB more, "
+        f"{simulated['connection_queue_bytes'] / dp.goodput_Bps * 1e3:.0f} ms at that rate).",
         "",
     ]
 
@@ -777,6 +840,15 @@ def roles_line(real: dict[str, Any], simulated: dict[str, Any]) -> str:
     named = f" (the real plan's servers: {', '.join(f'd{i}' for i in servers)})" if servers else ""
     return (f"Hosts: real {where(real['start'])} at the start{named}, {where(real['end'])} at the end; simulated "
             f"{where(simulated)}. Reliability as measured: {', '.join(f'd{i} {v}' for i, v in scores)}.")  # fmt: skip
+
+
+def describe_plan(plan: dict[str, Any]) -> str:
+    """A plan's stage groups and servers, by daemon index."""
+    pipelines, servers = plan["pipelines"], plan["parameter_servers"]
+    return "; ".join(
+        f"stage {s} on {', '.join(f'd{row[s]}' for row in pipelines)} served by d{server}"
+        for s, server in enumerate(servers)
+    )
 
 
 def report(args: argparse.Namespace, sides: dict[str, Side], tflops: float, real: dict,
@@ -809,6 +881,19 @@ def report(args: argparse.Namespace, sides: dict[str, Side], tflops: float, real
         "|---|---:|---:|---:|",
         *(f"| {name} | {fmt(a)} | {fmt(b)} | {ratio(a, b)} |" for name, a, b in rows),
     ]
+    plans = simulated.get("plans") or {}
+    if plans.get("real"):
+        lines += ["", "The simulation starts from the plan the real daemons followed: stage groups "
+                  + describe_plan(plans["real"]) + "."]  # fmt: skip
+    own = sides.get("simulated on its own plan")
+    if own is not None:
+        lines += [
+            "",
+            "From its own plan of the emulated links instead (" + describe_plan(plans["own"]) + "), the simulation "
+            f"makes {own.tokens_per_s:,.1f} tokens/s over the window ({ratio(r.tokens_per_s, own.tokens_per_s)} of "
+            f"real), {own.before_kill:,.1f} before the kill and {own.after_kill:,.1f} after: what the real swarm "
+            "would gain, or lose, had its coordinator measured the links as they are.",
+        ]
     if "sent_MB" in real:  # what crossed each device's link: where the time went
         lines += ["", "| MB over the window | " + " | ".join(f"d{i}" for i in range(args.devices)) + " |",
                   "|---|" + "---:|" * args.devices]  # fmt: skip

@@ -180,7 +180,7 @@ def test_a_request_between_two_peers_pays_the_stacks_overhead_once_and_one_to_it
 
 
 def test_a_message_waits_behind_a_transfer_between_the_same_two_peers_and_only_that() -> None:
-    settings = SimSettings(hours=0.1, connection_queue_s=0.04)
+    settings = SimSettings(hours=0.1, connection_queue_bytes=4e6)  # 40 ms at the links' 1e8 B/s
     sim = Simulation(scenario(4), FIXED, settings, (np.ones(4, dtype=bool), []))
     sim._send(0, 1, 1e8, 0.0)  # a bulk flow from d0 to d1 on their connection
     assert sim._one_way(0, 1) == pytest.approx(0.041)  # queued behind it
