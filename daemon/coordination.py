@@ -357,6 +357,15 @@ class Coordination:
         sc = snap.scenario
         return Matrix({p: i for i, p in enumerate(sc.ids)}, sc.latency_s, sc.bandwidth_Bps)
 
+    def link_Bps(self, a: str, b: str) -> float:
+        """The bandwidth from ``a`` to ``b`` in the live matrix (measured, or filled from the
+        others where a pair was not), 0.0 where either is not in it."""
+        matrix = self._matrix
+        if matrix is None or a == b:
+            return 0.0
+        i, j = matrix.index.get(a), matrix.index.get(b)
+        return 0.0 if i is None or j is None else float(matrix.bandwidth_Bps[i, j])
+
     def score_of(self, peer: str) -> float:
         """The peer's reliability as others observed it, to one decimal: what orders peers for
         roles (standby, a free stage, checkpoint sources). Finer differences are measurement

@@ -227,7 +227,8 @@ class Node:
         router = Router(own, coordination.relays, coordination.matrix, mode=self.config.swarm.data_via_relay)
         self.trainer = Trainer(
             self.spec, self.identity, self.dht, run_checkpoint_dir(self.state_dir, self.run_id), self.replicator,
-            members, standby=lambda: choose_standby(members(), own, coordination.score_of), roles=coordination,
+            members, standby=lambda: choose_standby(members(), own, coordination.score_of, coordination.link_Bps),
+            roles=coordination,
             router=router, own_uptime=lambda: time.time() - self.started_at,
         )  # fmt: skip
         trainer = self.trainer

@@ -236,20 +236,23 @@ class StageReplicator:
 
 
 def choose_standby(
-    members: list[dict[str, Any]], own_peer_id: str, score: Callable[[str], float] = lambda p: 0.0
-) -> str | None:
-    """The live member (other than us) likeliest to stay (``swarmd.peers.election.elect_standby``)."""
+    members: list[dict[str, Any]], own_peer_id: str, score: Callable[[str], float] = lambda p: 0.0,
+    link_Bps: Callable[[str, str], float] = lambda a, b: 0.0,
+) -> str | None:  # fmt: skip
+    """The live member (other than us) likeliest to stay, on the best link from us among the
+    equally reliable (``swarmd.peers.election.elect_standby``)."""
     return elect_standby(
-        (str(m["peer_id"]), score(m["peer_id"]), float(m["uptime_s"])) for m in members if m["peer_id"] != own_peer_id
-    )
+        (str(m["peer_id"]), score(m["peer_id"]), float(m["uptime_s"]), link_Bps(own_peer_id, m["peer_id"]))
+        for m in members if m["peer_id"] != own_peer_id
+    )  # fmt: skip
 
 
 def standby_of(
     members: list[dict[str, Any]], own_peer_id: str, holder: str, score: Callable[[str], float],
-    own_uptime_s: float = 0.0,
+    own_uptime_s: float = 0.0, link_Bps: Callable[[str, str], float] = lambda a, b: 0.0,
 ) -> str | None:  # fmt: skip
     """The standby that ``holder`` picks by ``choose_standby``, as any other peer computes it:
     among the members seen from here plus ourselves (our own member list leaves us out; our
     uptime is the one our heartbeats tell the others)."""
     everyone = [*members, {"peer_id": own_peer_id, "uptime_s": own_uptime_s}]
-    return choose_standby([m for m in everyone if m["peer_id"] != holder], holder, score)
+    return choose_standby([m for m in everyone if m["peer_id"] != holder], holder, score, link_Bps)

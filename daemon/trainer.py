@@ -86,6 +86,9 @@ class RoleView(Protocol):
     def is_relay(self, peer: str) -> bool:
         """Whether the plan in force names the peer a relay (it may speak for others)."""
 
+    def link_Bps(self, a: str, b: str) -> float:
+        """The measured bandwidth from ``a`` to ``b`` (0.0: not known)."""
+
 
 class Unmeasured:
     """Before anything is measured: nobody is preferred, everyone may host, no plan."""
@@ -104,6 +107,9 @@ class Unmeasured:
 
     def is_relay(self, peer: str) -> bool:
         return False
+
+    def link_Bps(self, a: str, b: str) -> float:
+        return 0.0
 
 
 class Trainer:
@@ -265,7 +271,7 @@ class Trainer:
         or of one that handed it over with no plan in force), else the plan's parameter server."""
         last = self._last_holder[stage]
         if last is not None and (planned is None or (last != self.own and last not in live)):
-            return standby_of(members, self.own, last, self.roles.score_of, self.own_uptime())
+            return standby_of(members, self.own, last, self.roles.score_of, self.own_uptime(), self.roles.link_Bps)
         return planned
 
     def _load_dataset(self) -> Dataset:

@@ -617,12 +617,14 @@ class Simulation:
 
     def _new_standby(self, s: int, now: float) -> None:
         """The daemon's standby (``elect_standby``): the member other than the host likeliest
-        to stay, by reliability (here the scenario's availability), then the longest
-        membership, then the lowest ID. It gets a copy of the stage's checkpoint; until that
+        to stay, by reliability (here the scenario's availability), then the fastest link from
+        the host, then the longest membership, then the lowest ID. It gets a copy of the stage's checkpoint; until that
         lands, pushes apply unreplicated. Every host picks by the same order, so the stages'
         standbys fall on the same few peers, as they do in a real swarm."""
         stage = self.stages[s]
-        chosen = elect_standby((self.ids[d], float(self.availability[d]), now - float(self.member_since[d]))
+        # Reliability to one decimal, as the daemon's coordinator rounds it.
+        chosen = elect_standby((self.ids[d], round(float(self.availability[d]), 1), now - float(self.member_since[d]),
+                                float(self.sc.bandwidth_Bps[stage.host, d]))
                                for d in np.flatnonzero(self.member).tolist() if d != stage.host)  # fmt: skip
         if chosen is None:
             stage.standby, stage.standby_ready = None, False

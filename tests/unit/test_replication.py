@@ -11,7 +11,7 @@ import pytest
 
 from swarmd.errors import SwarmdError
 from swarmd.peers.stage_leases import StageLease
-from swarmd.replication import StageReplicator
+from swarmd.replication import StageReplicator, choose_standby, standby_of
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -106,3 +106,15 @@ def test_a_new_host_takes_the_previous_holders_copy_at_an_equal_version(
     assert fetched == [] and ledger() == "standby copy"
     assert asyncio.run(replicator.fetch_newest(1, ["other", "previous", "older"], previous="previous")) == 7
     assert fetched == ["previous"] and ledger() == "handed over"
+
+
+def test_the_standby_is_on_the_best_link_from_the_host_among_the_equally_reliable() -> None:
+    members = [{"peer_id": p, "uptime_s": up} for p, up in (("a", 10.0), ("b", 500.0), ("c", 100.0), ("d", 50.0))]
+    links = {("a", "b"): 1e6, ("a", "c"): 5e6, ("a", "d"): 5e6}
+    scores = {"b": 0.9, "c": 0.9, "d": 0.8}
+    pick = choose_standby(members, "a", lambda p: scores.get(p, 0.0), lambda x, y: links.get((x, y), 0.0))
+    assert pick == "c"  # b is as reliable but on a slower link; d is on as fast a link but less reliable
+    assert choose_standby(members, "a", lambda p: scores.get(p, 0.0)) == "b"  # links unknown: the longest up
+    # any peer computes the holder's pick the same way, with the holder's links
+    assert standby_of(members[1:], "a", "b", lambda p: 0.9 if p in "cd" else 0.0, 10.0,
+                      lambda x, y: 9e6 if (x, y) == ("b", "d") else 1e6) == "d"  # fmt: skip

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def scenario(n: int = 4, slow: tuple[int, int] | None = None, churn: bool = False,
-             bw: np.ndarray | None = None) -> Scenario:  # fmt: skip
+             bw: np.ndarray | None = None, uptime_h: list[float] | None = None) -> Scenario:  # fmt: skip
     bw = np.full((n, n), 1e8) if bw is None else bw
     if slow is not None:
         bw[slow] = 10.0
@@ -41,6 +41,7 @@ def scenario(n: int = 4, slow: tuple[int, int] | None = None, churn: bool = Fals
             "tflops": 0.002,
             "memory_gib": 16,
             **({"mean_uptime_h": 2.0 + i, "mean_downtime_h": 0.5} if churn else {}),
+            **({"mean_uptime_h": uptime_h[i], "mean_downtime_h": 0.5} if uptime_h else {}),
         }  # fmt: skip
         for i in range(n)
     ]
@@ -112,9 +113,10 @@ def test_a_host_that_dies_with_its_standby_following_loses_no_update() -> None:
 
 def test_a_host_that_dies_before_any_copy_landed_loses_its_updates_and_they_are_counted() -> None:
     # The link from stage 0's host (d0) to its standby carries 10 B/s: the copy never lands. The
-    # standby is d1, as the daemon picks it: all are equally reliable and members as long, so
-    # the lowest ID other than the host's.
-    r = run(scenario(slow=(0, 1)), 0.75, [ChurnEvent(1200.0, 0, False)], detect_s=30.0, lease_s=120.0)
+    # standby is d1, as the daemon picks it: the most reliable (available 98% of the time, the
+    # others 80%) before the best linked.
+    sc = scenario(slow=(0, 1), uptime_h=[2.0, 20.0, 2.0, 2.0])
+    r = run(sc, 0.75, [ChurnEvent(1200.0, 0, False)], detect_s=30.0, lease_s=120.0)
     assert r.failovers == 1 and r.updates_lost > 0
 
 
@@ -150,14 +152,25 @@ def test_a_senders_flows_share_its_uplink_and_arrive_after_the_latency() -> None
 
 
 def test_every_host_picks_the_standby_the_daemon_would_the_likeliest_to_stay() -> None:
-    # Uptimes 2, 3, 4, 5 h with the same downtime: d3 is the most available, then d2.
-    sim = Simulation(scenario(4, churn=True), FIXED, SimSettings(hours=0.01), (np.ones(4, dtype=bool), []))
+    # Available 80%, 80%, 91% and 98% of the time (to one decimal, as the daemon rounds the
+    # reliability it measures: 0.8, 0.8, 0.9, 1.0): d3 first, then d2.
+    sc = scenario(4, uptime_h=[2.0, 2.0, 5.0, 20.0])
+    sim = Simulation(sc, FIXED, SimSettings(hours=0.01), (np.ones(4, dtype=bool), []))
     sim.run()
     assert [st.host for st in sim.stages] == [0, 1]
     assert [st.standby for st in sim.stages] == [3, 3]  # both stages' logs go to the same peer
     sim._churn(100.0, 3, False)  # after the run's 36 s
     sim._notice(110.0, 3, False, int(sim.epoch[3]))
     assert [st.standby for st in sim.stages] == [2, 2]
+
+
+def test_among_equally_reliable_peers_the_standby_is_the_one_on_the_fastest_link_from_the_host() -> None:
+    # The host logs every push at its standby: d3's links are four times faster than d2's.
+    bw = np.full((4, 4), 1e8)
+    bw[:, 3] = 4e8
+    sim = Simulation(scenario(4, bw=bw), FIXED, SimSettings(hours=0.01), (np.ones(4, dtype=bool), []))
+    sim.run()
+    assert [st.standby for st in sim.stages] == [3, 3]
 
 
 def test_a_busy_interface_adds_its_standing_queue_to_every_message_through_it() -> None:
