@@ -34,8 +34,9 @@ What is simulated, and with which code:
   interfaces (a device sends at most at its fastest link's rate in all, its uplink, and
   receives likewise, its downlink), and concurrent flows get max-min fair shares of them,
   re-divided as flows start and end, as TCP flows share a volunteer's access link.
-- **Workers** claim from their planned stage first and, when it has nothing ready, from any
-  other stage with work (the daemon's ``PipelineWorker`` does the same); they keep the last
+- **Workers** are every member, as in the daemon: the plan's cells on their stage, the
+  members it leaves out on a stage by their rank. Each claims from its stage first and, when
+  it has nothing ready, from any other stage with work (the daemon's ``PipelineWorker``); they keep the last
   ``keep_versions`` weights versions of each stage they worked on and pull only what they
   lack.
 - **Parameter servers** apply pushes asynchronously; a push whose forward used weights more
@@ -539,6 +540,7 @@ class Simulation:
             return
         previous = self.worker_stage
         self.worker_stage = {d: s for row in global_plan.pipelines for s, d in enumerate(row) if self.up[d]}
+        self._home_the_unplanned(live)
         for d, s in list(self.worker_stage.items()):
             # An idle worker kept on its stage is already waiting for work: asking again would
             # find none (at 1,000 devices, re-asking every idle worker made most of the time).
@@ -553,6 +555,20 @@ class Simulation:
             if server != self.stages[s].host:
                 due = max(self.planned_since[s] + HAND_OVER_SETTLED_S, self.stages[s].hosted_since + HAND_OVER_HELD_S)
                 self._at(max(now, due), _FOLLOW, (s,))
+
+    def _home_the_unplanned(self, live: list[int]) -> None:
+        """Members the plan leaves out work too, as the daemon's do (``Trainer._home``): a host
+        on the stage it hosts, the others by their rank (peer ID) among the members that host
+        nothing, spread over the stages."""
+        spare = [d for d in live if self.up[d] and d not in self.worker_stage]
+        if not spare:
+            return
+        hosted: dict[int, int] = {}
+        for s, stage in enumerate(self.stages):
+            hosted.setdefault(stage.host, s)
+        rank = {d: i for i, d in enumerate(sorted((d for d in live if d not in hosted), key=self.ids.__getitem__))}
+        for d in spare:
+            self.worker_stage[d] = hosted[d] if d in hosted else rank[d] % len(self.stages)
 
     def _follow(self, now: float, s: int) -> None:
         """The daemon's rule for a stage held elsewhere than at the plan's server

@@ -241,8 +241,8 @@ def test_a_plan_whose_coordinator_leaves_while_computing_it_is_lost_and_the_next
 
 
 def test_a_request_goes_through_a_relay_when_the_daemons_rule_says_it_is_faster() -> None:
-    # Pipelines (d0, d1) and (d2, d3); d4 works on nothing and has the best links, so it is
-    # elected the relay (one for five members). d3's links to the hosts are slow: its requests
+    # Pipelines (d0, d1) and (d2, d3); d4, outside the plan (it works all the same, as the
+    # daemon's members do), has the best links, so it is elected the relay (one for five). d3's links to the hosts are slow: its requests
     # go through d4, which makes them faster and the run quicker than without relays.
     bw = np.full((5, 5), 1e8)
     bw[3, :2] = bw[:2, 3] = 1e5
@@ -290,3 +290,14 @@ def test_a_stage_left_off_the_plans_server_by_a_failover_follows_the_plan_and_lo
     assert sim.stages[1].hosted_since == pytest.approx(repaired + 20.0)
     bucket = int(sim.stages[1].hosted_since // 60) + 1
     assert sum(r.timeline[bucket:]) > 0  # training goes on at the new host
+
+
+def test_members_the_plan_leaves_out_work_too_spread_over_the_stages_by_rank() -> None:
+    # Six devices, one pipeline planned (d0, d1, the hosts): d2..d5 host nothing and are left out
+    # of the plan; the daemon's rule homes them by rank among those, over the two stages.
+    one = Strategy("one pipeline", lambda view: Plan(pipelines=((0, 1),), layers_per_stage=(2, 2),
+                                                     parameter_servers=(0, 1)))  # fmt: skip
+    sim = Simulation(scenario(6), one, SimSettings(hours=0.05), (np.ones(6, dtype=bool), []))
+    r = sim.run()
+    assert sim.worker_stage == {0: 0, 1: 1, 2: 0, 3: 1, 4: 0, 5: 1}
+    assert all(sim.sent[d] > 0 for d in range(6)) and r.tokens > 0
