@@ -304,6 +304,10 @@ class Simulation:
         self.relays: list[int] = []
         self.matrix = Matrix(self.index, scenario.latency_s, scenario.bandwidth_Bps)
         self._routes: dict[tuple[int, int, float], int | None] = {}  # (worker, host, bytes) -> relay
+        self.standby_preference: dict[int, list[int]] = {}
+        """Stage -> devices to take as its standby first, in order, when members and not its
+        host: the calibration sets the standbys the real daemons chose, to compare the data
+        path on the same placement. Empty: ``elect_standby`` alone decides."""
         self.stages: list[_Stage] = []
         self._handlers: dict[int, Callable[..., None]] | None = None
         self._events_run = 0
@@ -638,6 +642,12 @@ class Simulation:
         lands, pushes apply unreplicated. Every host picks by the same order, so the stages'
         standbys fall on the same few peers, as they do in a real swarm."""
         stage = self.stages[s]
+        preferred = [d for d in self.standby_preference.get(s, ()) if self.member[d] and d != stage.host]
+        if preferred:
+            stage.standby, stage.standby_ready = preferred[0], False
+            self._send(stage.host, preferred[0], self.checkpoint_bytes, now, _STANDBY_READY,
+                       (s, preferred[0], int(self.epoch[preferred[0]]), int(self.epoch[stage.host])))  # fmt: skip
+            return
         # Reliability to one decimal, as the daemon's coordinator rounds it.
         chosen = elect_standby((self.ids[d], round(float(self.availability[d]), 1), now - float(self.member_since[d]),
                                 float(self.sc.bandwidth_Bps[stage.host, d]))

@@ -688,8 +688,9 @@ def compare(args: argparse.Namespace, scenario: Scenario, tflops: float, real: d
                            # the daemons' coordination rounds at their heartbeat, and no relays
                            coordinate_s=coordination_round_s(HEARTBEAT_INTERVAL_S), data_via_relay="never")  # fmt: skip
     tokens = DEFAULT_RUN["batch"]["micro_batch"] * model_shape().seq_len
+    standbys = real_standbys(real) if recorded else {}
     windows = [
-        simulate_window(scenario, strategy, settings, WARMUP_S + k * WARMUP_STEP_S, args, victim)
+        simulate_window(scenario, strategy, settings, WARMUP_S + k * WARMUP_STEP_S, args, victim, standbys)
         for k in range(SIM_WINDOWS)
     ]
     simulated = [summarize(timeline, args.kill_at, tokens) for timeline, _ in windows]
@@ -720,8 +721,22 @@ def compare(args: argparse.Namespace, scenario: Scenario, tflops: float, real: d
     report(args, sides, tflops, real, detail)
 
 
+def real_standbys(real: dict[str, Any]) -> dict[int, list[int]]:
+    """Each stage's standbys in the real run, at the window's start and then at its end: the
+    simulation on the real placement takes them (the daemons chose them on the links they
+    measured, which can differ from the emulated ones)."""
+    roles = real.get("roles") or {}
+    out: dict[int, list[int]] = {}
+    for moment in ("start", "end"):
+        for stage, standby in ((roles.get(moment) or {}).get("standbys") or {}).items():
+            if standby is not None and int(standby) not in out.setdefault(int(stage), []):
+                out[int(stage)].append(int(standby))
+    return out
+
+
 def simulate_window(scenario: Scenario, strategy: Any, settings: SimSettings, warm_s: float,
-                    args: argparse.Namespace, victim: int) -> tuple[list[int], dict[str, Any]]:  # fmt: skip
+                    args: argparse.Namespace, victim: int,
+                    standbys: dict[int, list[int]] | None = None) -> tuple[list[int], dict[str, Any]]:  # fmt: skip
     """A window of ``args.seconds`` after ``warm_s`` of simulated training (the real window
     starts in a swarm that has trained a while, too), with ``victim`` leaving ``args.kill_at``
     into it: the window's timeline, and the bytes and requests in it (the counters as they
@@ -729,6 +744,7 @@ def simulate_window(scenario: Scenario, strategy: Any, settings: SimSettings, wa
     churn = [ChurnEvent(warm_s + args.kill_at, victim, False)]
     sim = Simulation(scenario, strategy, replace(settings, hours=(warm_s + args.seconds) / 3600),
                      (np.ones(args.devices, dtype=bool), churn))  # fmt: skip
+    sim.standby_preference = standbys or {}
     sim.advance(warm_s)
     sent, received, counts = sim.sent.copy(), sim.received.copy(), dict(sim.counts)
     requests, push_phases = sim.requests.status(), sim.push_phases.status()
@@ -884,7 +900,8 @@ def report(args: argparse.Namespace, sides: dict[str, Side], tflops: float, real
     plans = simulated.get("plans") or {}
     if plans.get("real"):
         lines += ["", "The simulation starts from the plan the real daemons followed: stage groups "
-                  + describe_plan(plans["real"]) + "."]  # fmt: skip
+                  + describe_plan(plans["real"]) + "; and takes the standbys they chose (at the start, "
+                  "then at the end)."]  # fmt: skip
     own = sides.get("simulated on its own plan")
     if own is not None:
         lines += [

@@ -242,8 +242,9 @@ def test_a_plan_whose_coordinator_leaves_while_computing_it_is_lost_and_the_next
 
 def test_a_request_goes_through_a_relay_when_the_daemons_rule_says_it_is_faster() -> None:
     # Pipelines (d0, d1) and (d2, d3); d4, outside the plan (it works all the same, as the
-    # daemon's members do), has the best links, so it is elected the relay (one for five). d3's links to the hosts are slow: its requests
-    # go through d4, which makes them faster and the run quicker than without relays.
+    # daemon's members do), has the best links, so it is elected the relay (one for five).
+    # d3's links to the hosts are slow: its requests go through d4, which makes them faster
+    # and the run quicker than without relays.
     bw = np.full((5, 5), 1e8)
     bw[3, :2] = bw[:2, 3] = 1e5
     bw[4, :] = bw[:, 4] = 1e9
