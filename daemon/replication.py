@@ -1,7 +1,8 @@
 """Stage checkpoints copied to a standby peer, so that a holder's departure loses no update.
 
 The peer that trains a run's stages sends each new stage checkpoint (weights, AdamW moments,
-version) to a standby: the live member with the longest uptime, the one most likely to stay.
+version) to a standby: the live member most likely to stay, on a fast link from the holder
+(``swarmd.peers.election.elect_standby``).
 It does so whenever its servers checkpoint and once more when it stops, before it releases
 the stages. Whoever claims the stages next resumes from the newest copy it holds.
 

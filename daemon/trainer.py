@@ -9,7 +9,7 @@ other peers: a daemon alone hosts and works every stage; as daemons join, hostin
 everyone works; as they leave, the rest take the stages back.
 
 Hosted stages checkpoint every ``checkpoint_every`` updates and on stop, and the checkpoints
-are copied to a standby (the member with the longest uptime). Stopping hands everything back:
+are copied to a standby (``swarmd.peers.election.elect_standby``). Stopping hands everything back:
 the worker pushes what it holds, each host checkpoints, the copies go out, and the leases are
 released at once so that the next host resumes without waiting for them to expire.
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -31,8 +32,8 @@ from swarmd.models.param_server import checkpoint_log_seq, stage_checkpoint_name
 from swarmd.peers.identity import Identity
 from swarmd.peers.op_times import OpTimes
 from swarmd.peers.run_spec import SignedRunSpec, run_seed
+from swarmd.peers.stage_assignment import HAND_OVER_AGAIN_S, decide, epoch_of, follows_plan
 from swarmd.peers.stage_assignment import Trainer as TrainingPeer
-from swarmd.peers.stage_assignment import decide, epoch_of, follows_plan
 from swarmd.peers.stage_leases import StageLease, resolve_holder
 from swarmd.peers.stage_rpc import Answer, call
 from swarmd.peers.swarm_dht import SwarmDHT
@@ -159,6 +160,7 @@ class Trainer:
         self._provisional: set[int] = set()  # stages we claimed before a plan placed their server
         self._planned: list[str | None] = [None] * self.stages  # each stage's server in the plan in force
         self._planned_since = [0.0] * self.stages  # since when the plan has named it
+        self._handed: dict[tuple[int, str], float] = {}  # (stage, peer) -> when we last handed it there
         self._seen_members: set[str] = set()
         self._departed: dict[str, float] = {}  # peer -> when its heartbeat went: its leases are void
         self._pushed: dict[int, int] = {}
@@ -229,12 +231,15 @@ class Trainer:
         self._provisional = {s for s in self._provisional if s in self._claimed and planned[s] != self.own}
         to_hand_over = {s for s in self._provisional if planned[s] is not None} | {
             s for s, since in self._claimed.items()
-            if follows_plan(self.own, planned[s], now - self._planned_since[s], now - since)
+            if follows_plan(self.own, planned[s], now - self._planned_since[s], now - since,
+                            now - self._handed.get((s, planned[s] or ""), -math.inf))
         }  # fmt: skip
         decision = decide(self.own, holders, trainers, free_for, CLAIM_GRACE_S, preferred, to_hand_over)
         for s in decision.release:
             if s in to_hand_over and preferred[s] not in (None, self.own):
                 logger.info("Handing stage %d over to %s, its parameter server in the plan", s, preferred[s])
+                self._handed[(s, str(preferred[s]))] = now
+                self._handed = {k: t for k, t in self._handed.items() if now - t < HAND_OVER_AGAIN_S}
             else:
                 logger.info("Handing stage %d over: %d training peers now share %d stages", s, len(trainers),
                             self.stages)  # fmt: skip

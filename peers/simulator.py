@@ -227,10 +227,12 @@ class _Stage:
     time, in order (the daemon's ``server_lock``)."""
     serving: bool = False
     serial: int = 0
+    """Bumped when the stage's queues are rebuilt: the server's events from before lapse."""
     hosted_since: float = 0.0
     opening: bool = False
     """A new host fetches the stage's checkpoint from the last one: no claims until it is in."""
-    """Bumped when the stage's queues are rebuilt: the server's events from before lapse."""
+    opened_from: int | None = None
+    """The host a new host fetches the checkpoint from."""
 
 
 # event kinds
@@ -388,7 +390,6 @@ class Simulation:
         meanwhile never forwards it; the sender finds the relay unreachable and sends it
         again on the direct path (the daemon's ``Router``), if it is still there itself."""
         if self.up[relay]:
-            self.sent[relay] += nbytes
             self._send(relay, dst, nbytes, now, kind, args, after)
         elif self.up[src]:
             self.counts["relay_gone"] += 1
@@ -543,8 +544,7 @@ class Simulation:
         if not self.stages:
             return
         previous = self.worker_stage
-        self.worker_stage = {d: s for row in global_plan.pipelines for s, d in enumerate(row) if self.up[d]}
-        self._home_the_unplanned(live)
+        self.worker_stage = self._homes(live)
         for d, s in list(self.worker_stage.items()):
             # An idle worker kept on its stage is already waiting for work: asking again would
             # find none (at 1,000 devices, re-asking every idle worker made most of the time).
@@ -560,19 +560,21 @@ class Simulation:
                 due = max(self.planned_since[s] + HAND_OVER_SETTLED_S, self.stages[s].hosted_since + HAND_OVER_HELD_S)
                 self._at(max(now, due), _FOLLOW, (s,))
 
-    def _home_the_unplanned(self, live: list[int]) -> None:
-        """Members the plan leaves out work too, as the daemon's do (``Trainer._home``): a host
-        on the stage it hosts, the others by their rank (peer ID) among the members that host
-        nothing, spread over the stages."""
-        spare = [d for d in live if self.up[d] and d not in self.worker_stage]
-        if not spare:
-            return
+    def _homes(self, live: list[int]) -> dict[int, int]:
+        """Each live member's stage, as the daemon's worker prefers it (``Trainer._home``): a
+        host the stage it hosts, else the plan's stage for it, else by its rank (peer ID) among
+        the members that host nothing, spread over the stages: every member works."""
         hosted: dict[int, int] = {}
         for s, stage in enumerate(self.stages):
             hosted.setdefault(stage.host, s)
-        rank = {d: i for i, d in enumerate(sorted((d for d in live if d not in hosted), key=self.ids.__getitem__))}
-        for d in spare:
-            self.worker_stage[d] = hosted[d] if d in hosted else rank[d] % len(self.stages)
+        homes = {d: s for row in self.global_plan.pipelines for s, d in enumerate(row) if self.up[d]}
+        homes.update((d, s) for d, s in hosted.items() if self.up[d])
+        spare = [d for d in live if self.up[d] and d not in homes]
+        if spare:
+            ranked = sorted((d for d in live if d not in hosted), key=self.ids.__getitem__)
+            rank = {d: i for i, d in enumerate(ranked)}
+            homes.update((d, rank[d] % len(self.stages)) for d in spare)
+        return homes
 
     def _follow(self, now: float, s: int) -> None:
         """The daemon's rule for a stage held elsewhere than at the plan's server
@@ -580,16 +582,21 @@ class Simulation:
         stage is handed over. A plan that changed since has scheduled its own look."""
         stage = self.stages[s]
         server = self.planned[s]
-        if server is None or stage.opening or not self.up[stage.host]:
+        if server is None or server == stage.host:
             return
-        if not follows_plan(self.ids[stage.host], self.ids[server], now - self.planned_since[s],
-                            now - stage.hosted_since):  # fmt: skip
+        # Not yet, or not now: the daemon's holder looks again every round; here, again later.
+        again = max(now + HAND_OVER_SETTLED_S, stage.hosted_since + HAND_OVER_HELD_S)
+        if stage.opening or not self.up[stage.host] or not follows_plan(
+            self.ids[stage.host], self.ids[server], now - self.planned_since[s], now - stage.hosted_since
+        ):  # fmt: skip
+            self._at(again, _FOLLOW, (s,))
             return
         hosts = self.member & self.may_host
         if not hosts.any():
             hosts = self.member  # nobody passes the thresholds: everyone may host
         share = fair_share(len(self.stages), int(hosts.sum()))
         if not (self.up[server] and hosts[server]) or sum(st.host == server for st in self.stages) >= share:
+            self._at(again, _FOLLOW, (s,))
             return
         self._hand_over(s, server, now)
 
@@ -602,22 +609,30 @@ class Simulation:
         self.counts["hand_overs"] += 1
         stage.replicas[old] = stage.version
         stage.replicas.pop(new, None)
-        stage.host, stage.hosted_since, stage.opening = new, now, True
-        if stage.standby == new:
-            stage.standby, stage.standby_ready = None, False
+        stage.host, stage.hosted_since, stage.opening, stage.opened_from = new, now, True, old
+        # The new host elects its own standby once it is open (``_opened``) and sends it a copy.
+        stage.standby, stage.standby_ready = None, False
+        self.worker_stage = self._homes(self._live())
         self._reset_in_flight(now)
         self._send(old, new, self.checkpoint_bytes, now, _OPENED, (s, new, int(self.epoch[new])))
 
     def _opened(self, now: float, s: int, host: int, epoch: int) -> None:
         """The new host has the checkpoint: it serves (with a standby of its own), and the idle
-        workers find its work."""
+        workers find its work. One that left and came back meanwhile (unnoticed) fetches it
+        again, from the old host if that is still there, else from nowhere (it has a copy)."""
         stage = self.stages[s]
-        if stage.host != host or self.epoch[host] != epoch or not stage.opening:
+        if stage.host != host or not stage.opening:
+            return
+        if self.epoch[host] != epoch:
+            if self.up[host]:
+                source = stage.opened_from if stage.opened_from is not None and self.up[stage.opened_from] else host
+                self._send(source, host, self.checkpoint_bytes, now, _OPENED, (s, host, int(self.epoch[host])))
             return
         stage.opening = False
         if stage.standby is None or not self.member[stage.standby]:
             self._new_standby(s, now)
-        self._wake(s, now)
+        for _ in range(max(1, stage.queue.ready_count())):  # every idle worker its work can keep busy
+            self._wake(s, now)
 
     def _start(self, now: float) -> None:
         grid = self.global_plan.pipelines
@@ -644,26 +659,27 @@ class Simulation:
         stage = self.stages[s]
         preferred = [d for d in self.standby_preference.get(s, ()) if self.member[d] and d != stage.host]
         if preferred:
-            stage.standby, stage.standby_ready = preferred[0], False
-            self._send(stage.host, preferred[0], self.checkpoint_bytes, now, _STANDBY_READY,
-                       (s, preferred[0], int(self.epoch[preferred[0]]), int(self.epoch[stage.host])))  # fmt: skip
-            return
-        # Reliability to one decimal, as the daemon's coordinator rounds it.
-        chosen = elect_standby((self.ids[d], round(float(self.availability[d]), 1), now - float(self.member_since[d]),
-                                float(self.sc.bandwidth_Bps[stage.host, d]))
-                               for d in np.flatnonzero(self.member).tolist() if d != stage.host)  # fmt: skip
-        if chosen is None:
-            stage.standby, stage.standby_ready = None, False
-            return
-        best = self.index[chosen]
+            best = preferred[0]
+        else:
+            # Reliability to one decimal, as the daemon's coordinator rounds it.
+            chosen = elect_standby((self.ids[d], round(float(self.availability[d]), 1),
+                                    now - float(self.member_since[d]), float(self.sc.bandwidth_Bps[stage.host, d]))
+                                   for d in np.flatnonzero(self.member).tolist() if d != stage.host)  # fmt: skip
+            if chosen is None:
+                stage.standby, stage.standby_ready = None, False
+                return
+            best = self.index[chosen]
         stage.standby, stage.standby_ready = best, False
         self._send(stage.host, best, self.checkpoint_bytes, now, _STANDBY_READY,
-                   (s, best, int(self.epoch[best]), int(self.epoch[stage.host])))  # fmt: skip
+                   (s, best, int(self.epoch[best]), stage.host, int(self.epoch[stage.host])))  # fmt: skip
 
-    def _standby_ready(self, now: float, s: int, standby: int, standby_epoch: int, host_epoch: int) -> None:
-        """The checkpoint copy landed (with the log since it was sent): the standby follows."""
+    def _standby_ready(self, now: float, s: int, standby: int, standby_epoch: int, host: int,
+                       host_epoch: int) -> None:  # fmt: skip
+        """The checkpoint copy landed (with the log since it was sent): the standby follows,
+        if the host that sent it still hosts the stage."""
         stage = self.stages[s]
-        if stage.standby == standby and self.epoch[standby] == standby_epoch and self.epoch[stage.host] == host_epoch:
+        if (stage.standby == standby and stage.host == host and self.epoch[standby] == standby_epoch
+                and self.epoch[host] == host_epoch):  # fmt: skip
             stage.standby_ready = True
             stage.replicas[standby] = stage.version
 
@@ -727,6 +743,7 @@ class Simulation:
         stage.replicas.pop(successor, None)
         stage.standby, stage.standby_ready = None, False
         self._new_standby(s, now)
+        self.worker_stage = self._homes(self._live())
         self._reset_in_flight(now)
 
     def _reset_in_flight(self, now: float) -> None:

@@ -45,15 +45,22 @@ HAND_OVER_SETTLED_S = 20.0
 """How long the plan must have named a stage's server before the holder hands the stage there."""
 HAND_OVER_HELD_S = 60.0
 """How long a holder keeps a stage before it hands it to the plan's server."""
+HAND_OVER_AGAIN_S = 600.0
+"""How long a holder waits before it hands a stage to the same peer again: one whose plan
+differs from the holder's need not claim it, and the holder may take it back after the grace;
+without this wait the two would pass it to and fro, each time redoing the work in flight."""
 
 
-def follows_plan(holder: str, planned: str | None, planned_for_s: float, held_for_s: float) -> bool:
+def follows_plan(holder: str, planned: str | None, planned_for_s: float, held_for_s: float,
+                 since_handed_to_it_s: float = math.inf) -> bool:  # fmt: skip
     """Whether ``holder`` should hand its stage to ``planned``, the server the plan names, which
-    it has named for ``planned_for_s`` while the holder has held the stage ``held_for_s``
-    (module doc; ``decide`` then hands it over when that peer has room)."""
+    it has named for ``planned_for_s`` while the holder has held the stage ``held_for_s`` and
+    last handed it to that peer ``since_handed_to_it_s`` ago (module doc; ``decide`` then hands
+    it over when that peer has room)."""
     return (
         planned is not None and planned != holder
         and planned_for_s >= HAND_OVER_SETTLED_S and held_for_s >= HAND_OVER_HELD_S
+        and since_handed_to_it_s >= HAND_OVER_AGAIN_S
     )  # fmt: skip
 
 

@@ -84,7 +84,6 @@ torch.set_num_threads(1)
 from swarmd.models.build import build_model
 from swarmd.models.presets import DEFAULT_RUN
 from swarmd.models.shape import ModelShape
-from swarmd.peers.election import coordination_round_s
 shape = ModelShape.from_dict(DEFAULT_RUN["model"])
 model = build_model(shape, 0)
 x = torch.randint(0, shape.vocab, (DEFAULT_RUN["batch"]["micro_batch"], shape.seq_len))

@@ -302,3 +302,17 @@ def test_members_the_plan_leaves_out_work_too_spread_over_the_stages_by_rank() -
     r = sim.run()
     assert sim.worker_stage == {0: 0, 1: 1, 2: 0, 3: 1, 4: 0, 5: 1}
     assert all(sim.sent[d] > 0 for d in range(6)) and r.tokens > 0
+
+
+def test_a_new_host_that_restarts_while_it_opens_the_stage_fetches_it_again_and_serves() -> None:
+    # As above, d1 hands stage 1 to d2 at the repair's time plus 20 s; d2 restarts a second later,
+    # before anyone could notice: its fetch is void, it fetches again, and the stage serves.
+    sim = Simulation(scenario(6), FIXED, SimSettings(hours=0.5, detect_s=30.0, coordinate_s=0.0),
+                     (np.ones(6, dtype=bool), [ChurnEvent(600.0, 0, False)]))  # fmt: skip
+    sim.advance(650.01)  # the repair at 630, the hand-over at 650; the checkpoint takes ~60 ms
+    assert sim.stages[1].host == 2 and sim.stages[1].opening
+    sim._churn(650.02, 2, False)
+    sim._churn(650.03, 2, True)
+    r = sim.run()
+    assert sim.stages[1].host == 2 and not sim.stages[1].opening and r.updates_lost == 0
+    assert sum(r.timeline[12:]) > 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from swarmd.peers.stage_assignment import (
+    HAND_OVER_AGAIN_S,
     HAND_OVER_HELD_S,
     HAND_OVER_SETTLED_S,
     Trainer,
@@ -131,6 +132,9 @@ def test_a_held_stage_follows_the_plans_server_once_the_plan_settled_and_it_was_
     assert not follows_plan("a", "b", settled - 1, held)  # the plan may still change
     assert not follows_plan("a", "b", settled, held - 1)  # it moved here a moment ago
     assert not follows_plan("a", "a", settled, held) and not follows_plan("a", None, settled, held)
+    # it handed the stage to that very peer a while ago, and that peer's plan had it decline
+    assert not follows_plan("a", "b", settled, held, HAND_OVER_AGAIN_S - 1)
+    assert follows_plan("a", "b", settled, held, HAND_OVER_AGAIN_S)
 
 
 def test_over_its_share_a_peer_first_hands_over_a_stage_the_plan_gives_another() -> None:
