@@ -338,9 +338,19 @@ class Trainer:
             return False  # it failed just now: do not stall every push on it until it is dropped
         args = {"run_id": self.spec.run_id, "stage": stage, "seq": seq, "meta": meta,
                 "lineage": repr(self._claimed.get(stage))}  # fmt: skip
+        started = time.monotonic()
         try:
             await call(p2p, standby, LOG_METHOD, args, [blob], timeout_s=LOG_TIMEOUT_S)
-        except SwarmdError:
+        except SwarmdError as e:
+            # A quick failure is a stream that broke (a reset connection): one more try, at once.
+            # A slow one is a standby that is slow or gone: retrying would hold the push longer.
+            if time.monotonic() - started < LOG_TIMEOUT_S / 2:
+                logger.debug("Logging a push of stage %d at %s failed (%s); trying again", stage, standby, e)
+                try:
+                    await call(p2p, standby, LOG_METHOD, args, [blob], timeout_s=LOG_TIMEOUT_S)
+                    return True
+                except SwarmdError:
+                    pass
             self._log_paused_until[standby] = time.monotonic() + LOG_PAUSE_S
             raise
         return True

@@ -114,8 +114,11 @@ def pair(workdir: Path, make_run: Callable[..., str]) -> Iterator[tuple[str, Loc
 def test_a_killed_stage_host_is_replaced_with_no_update_lost(pair: tuple[str, LocalDaemon, LocalDaemon]) -> None:
     run_id, d0, d1 = pair
     # Each hosts one stage (which one follows the plan): d1's is the one killed with it.
-    wait_for(lambda: len(hosted(d1)) == 1 and max(hosted(d1).values()) >= 25 and len(hosted(d0)) == 1, 120,
-             "d1 to host a stage through 25 updates, d0 the other")  # fmt: skip
+    def one_each() -> bool:  # each daemon's status read once: hosting can change between reads
+        h1, h0 = hosted(d1), hosted(d0)
+        return len(h1) == 1 and max(h1.values()) >= 25 and len(h0) == 1
+
+    wait_for(one_each, 120, "d1 to host a stage through 25 updates, d0 the other")
     ((s, _),) = hosted(d1).items()
     # d1 copies each checkpoint (every 10 updates) to its standby, d0, and logs every push
     # there before applying it.
