@@ -62,7 +62,7 @@ import logging
 import math
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -865,20 +865,23 @@ class Simulation:
 
     def _rtt(self, a: int, b: int, via: int | None = None) -> float:
         """A request's way there and its answer's way back, without their bytes."""
-        return 0.0 if a == b else self._back(a, b, via) + self._back(b, a, via) - self._overheads(via)
+        return 0.0 if a == b else self._way(a, b, via) + self._way(b, a, via) + self._overheads(a, b, via)
 
     def _back(self, a: int, b: int, via: int | None = None) -> float:
         """An answer's way from ``a`` back to ``b`` (a request to ``a`` just landed), with
-        the stack's own cost of the request (each request takes one such way; a relayed one is
-        two requests, the relay's own to the peer the second)."""
-        if a == b:
-            return 0.0
-        if via is None or via in (a, b):
-            return self._one_way(a, b) + self.s.request_overhead_s
-        return self._one_way(a, via) + self._one_way(via, b) + self._overheads(via)
+        the stack's own cost of the request (``_overheads``)."""
+        return 0.0 if a == b else self._way(a, b, via) + self._overheads(a, b, via)
 
-    def _overheads(self, via: int | None) -> float:
-        return self.s.request_overhead_s * (1 if via is None else 2)
+    def _way(self, a: int, b: int, via: int | None) -> float:
+        """The latency from ``a`` to ``b``, through relay ``via`` if it is a third peer."""
+        if via is None or via in (a, b):
+            return self._one_way(a, b)
+        return self._one_way(a, via) + self._one_way(via, b)
+
+    def _overheads(self, a: int, b: int, via: int | None) -> float:
+        """The stack's cost of a request: once, or twice when relayed (the relay's own
+        request to the peer is the second)."""
+        return self.s.request_overhead_s * (1 if via is None or via in (a, b) else 2)
 
     def _route(self, d: int, host: int, nbytes: float) -> int | None:
         """The relay worker ``d``'s request of ``nbytes`` to ``host`` goes through, or None
@@ -1174,12 +1177,19 @@ def interface_rates(bandwidth_Bps: np.ndarray, block: int = 1024) -> tuple[np.nd
     diagonal ignored), computed a block of rows at a time so no n x n copy is made."""
     n = bandwidth_Bps.shape[0]
     up, down = np.zeros(n), np.zeros(n)
-    for a in range(0, n, block):
-        rows = np.array(bandwidth_Bps[a : a + block], dtype=float)
-        rows[np.arange(len(rows)), np.arange(a, a + len(rows))] = 0.0
+    for a, rows, diagonal in _row_blocks(bandwidth_Bps, block):
+        rows[diagonal] = 0.0
         up[a : a + len(rows)] = rows.max(axis=1)
         np.maximum(down, rows.max(axis=0), out=down)
     return np.maximum(up, 1e-9), np.maximum(down, 1e-9)
+
+
+def _row_blocks(matrix: np.ndarray, block: int) -> Iterator[tuple[int, np.ndarray, tuple[np.ndarray, np.ndarray]]]:
+    """The matrix a block of rows at a time (so no n x n copy is made): each block's first
+    row, a float copy of its rows, and the index of the diagonal's cells in that copy."""
+    for a in range(0, matrix.shape[0], block):
+        rows = np.array(matrix[a : a + block], dtype=float)
+        yield a, rows, (np.arange(len(rows)), np.arange(a, a + len(rows)))
 
 
 def median_rates(bandwidth_Bps: np.ndarray, block: int = 1024) -> np.ndarray:
@@ -1190,10 +1200,9 @@ def median_rates(bandwidth_Bps: np.ndarray, block: int = 1024) -> np.ndarray:
     out = np.zeros(n)
     if n < 2:
         return out
-    off_diagonal = ~np.eye(min(block, n), n, dtype=bool)
-    for a in range(0, n, block):
-        rows = np.array(bandwidth_Bps[a : a + block], dtype=float)
-        mask = np.roll(off_diagonal[: len(rows)], a, axis=1)
+    for a, rows, diagonal in _row_blocks(bandwidth_Bps, block):
+        mask = np.ones(rows.shape, dtype=bool)
+        mask[diagonal] = False
         out[a : a + len(rows)] = np.median(rows[mask].reshape(len(rows), n - 1), axis=1)
     return out
 

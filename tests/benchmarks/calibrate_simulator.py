@@ -13,7 +13,7 @@
    P2P streams, swarmd's framing, the shim) a bulk request's goodput and how much longer a
    small request takes beside it on the same connection. The scenario's links get the data
    path's goodput, the simulation both delays. The daemons train the default run; once every
-   stage is hosted by a device the plan puts at that stage (``hosted_as_planned``), stage 0's
+   stage is hosted by the server the daemons' plan names (``hosted_as_planned``), stage 0's
    finished micro-batches are sampled for ``--seconds``, and at ``--kill-at`` one worker that
    hosts nothing is killed (SIGKILL). The workers' requests, tasks and weight pulls, and the
    hosts' push phases, are counted over the window.
@@ -358,10 +358,15 @@ def newest_plan(statuses: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
     return max(plans, key=lambda p: p["version"]) if plans else None
 
 
+def statuses_of(daemons: list[LocalDaemon]) -> dict[int, dict[str, Any]]:
+    """The status of each daemon still running, by daemon index (one request each)."""
+    return {i: d.status() or {} for i, d in enumerate(daemons) if d.proc is not None and d.proc.poll() is None}
+
+
 def hosted_as_planned(daemons: list[LocalDaemon]) -> bool:
     """Whether every stage is hosted by the server the newest plan names for it, as in the
     simulation (the daemons hand a stage there once the plan has settled)."""
-    statuses = [d.status() or {} for d in daemons if d.proc is not None and d.proc.poll() is None]
+    statuses = statuses_of(daemons).values()
     plan = newest_plan(statuses)
     if plan is None:
         return False
@@ -371,9 +376,8 @@ def hosted_as_planned(daemons: list[LocalDaemon]) -> bool:
     return bool(servers) and all(hosting.get(s) == server for s, server in enumerate(servers))
 
 
-def plan_of(daemons: list[LocalDaemon]) -> dict[str, Any] | None:
+def plan_of(statuses: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
     """The newest plan any daemon follows, by daemon index: the placement the simulation takes."""
-    statuses = {i: d.status() or {} for i, d in enumerate(daemons) if d.proc is not None and d.proc.poll() is None}
     plan = newest_plan(statuses.values())
     index = {st.get("peer_id"): i for i, st in statuses.items()}
     if plan is None or not all(p in index for row in plan["grid"] for p in row):
@@ -383,10 +387,9 @@ def plan_of(daemons: list[LocalDaemon]) -> dict[str, Any] | None:
             "parameter_servers": [index[p] for p in plan["parameter_servers"]]}  # fmt: skip
 
 
-def roles_of(daemons: list[LocalDaemon]) -> dict[str, Any]:
+def roles_of(statuses: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """Who hosts each stage, its standby (where its pushes are logged), and each daemon's
     reliability score as the others measured it (as daemon 0 sees them), by daemon index."""
-    statuses = {i: d.status() or {} for i, d in enumerate(daemons) if d.proc is not None and d.proc.poll() is None}
     index = {st.get("peer_id"): i for i, st in statuses.items()}
     hosts, standbys = {}, {}
     for i, st in statuses.items():
@@ -477,8 +480,8 @@ def real_run(net: EmulatedNetwork, workdir: Path, seconds: float, kill_at: float
         bytes_at_start = [net.interface_bytes(i) for i in range(net.n)]
         at_start = [training_of(d) for d in daemons]  # the window's requests are the counters' growth
         hosts_at_start = hosts_of(daemons)
-        roles_at_start = roles_of(daemons)
-        plan_at_start = plan_of(daemons)
+        statuses = statuses_of(daemons)
+        roles_at_start, plan_at_start = roles_of(statuses), plan_of(statuses)
         logs_at_start = [log_phases_of(d) for d in daemons]
         cpu_at_start = cpu_times()
         started = time.monotonic()
@@ -499,7 +502,7 @@ def real_run(net: EmulatedNetwork, workdir: Path, seconds: float, kill_at: float
             time.sleep(SAMPLE_S)  # sync-ok: the sampling interval of a measurement
         bytes_at_end = [net.interface_bytes(i) for i in range(net.n)]
         cpu_busy = busy_fraction(cpu_at_start, cpu_times())
-        roles = {"start": roles_at_start, "end": roles_of(daemons)}
+        roles = {"start": roles_at_start, "end": roles_of(statuses_of(daemons))}
         standby_log_in_window = op_sums(
             op_delta(log_phases_of(d), start) for d, start in zip(daemons, logs_at_start, strict=True)
         )

@@ -113,6 +113,7 @@ def pair(workdir: Path, make_run: Callable[..., str]) -> Iterator[tuple[str, Loc
 
 def test_a_killed_stage_host_is_replaced_with_no_update_lost(pair: tuple[str, LocalDaemon, LocalDaemon]) -> None:
     run_id, d0, d1 = pair
+
     # Each hosts one stage (which one follows the plan): d1's is the one killed with it.
     def one_each() -> bool:  # each daemon's status read once: hosting can change between reads
         h1, h0 = hosted(d1), hosted(d0)
