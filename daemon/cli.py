@@ -27,7 +27,7 @@ from typing import Any
 
 from swarmd import __version__
 from swarmd.errors import SwarmdError
-from swarmd.peers.relay_route import MODES as RELAY_MODES
+from swarmd.peers.wire.routing import MODES as RELAY_MODES
 
 logger = logging.getLogger("swarmd")
 
@@ -139,7 +139,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return cmd_run_create(args, config)
     if args.spec:
         raise ConfigError("--spec goes with 'swarmd run create'; to join a run give --run-id")
-    from swarmd.peers.emulated_delay import configured_delays
+    from swarmd.peers.wire.emulated_delay import configured_delays
 
     configured_delays()  # a calibration harness's delay file that is wrong stops us here, in one line
     sw = config.swarm
@@ -400,7 +400,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from swarmd.peers.sim_strategies import NAMES
+    from swarmd.peers.sim.strategies import NAMES
     from swarmd.simulate_command import run_simulate
 
     if not args.time_budget >= 0:

@@ -14,7 +14,7 @@ from typing import Any
 
 from swarmd.errors import ConfigError
 from swarmd.peers.heartbeat import MAX_TTL_S
-from swarmd.peers.relay_route import MODES as RELAY_MODES
+from swarmd.peers.wire.routing import MODES as RELAY_MODES
 
 DEFAULT_STATE_DIR = "~/.local/state/swarmd"
 LOG_LEVELS = ("debug", "info", "warning", "error")

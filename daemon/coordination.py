@@ -13,7 +13,7 @@ Four periodic jobs of the node (``swarmd.node``) run through this object:
   from what *others* observed, elect the coordinator (``swarmd.peers.election``, sticky), and
   read the plan it published. The coordinator itself builds the live scenario
   (``swarmd.peers.swarm_snapshot``) and plans from it: a full plan the first time, a repair
-  when members joined or left (``swarmd.peers.planner.repair``), and publishes it signed with
+  when members joined or left (``swarmd.peers.planning.planner.repair``), and publishes it signed with
   the next version.
 
 Planning runs in a worker thread (it is pure numpy work of up to ``PLAN_BUDGET_S``).
@@ -51,11 +51,11 @@ from swarmd.peers.links import (
     bandwidth_from_transfer,
     make_record,
 )
-from swarmd.peers.plan_cost import Plan
 from swarmd.peers.plan_record import KIND as PLAN_KIND
 from swarmd.peers.plan_record import PlanRecord
-from swarmd.peers.planner import PlanError, PlannerSettings, plan, repair
-from swarmd.peers.relay_route import Matrix
+from swarmd.peers.planning.plan_cost import Plan
+from swarmd.peers.planning.planner import PlanError, PlannerSettings, plan, repair
+from swarmd.peers.planning.scenario import ScenarioError
 from swarmd.peers.reliability import (
     KIND as OBSERVATIONS_KIND,
 )
@@ -66,9 +66,9 @@ from swarmd.peers.reliability import (
     swarm_reliability,
 )
 from swarmd.peers.run_spec import SignedRunSpec
-from swarmd.peers.scenario import ScenarioError
-from swarmd.peers.stage_rpc import RpcError, Unreachable, call
 from swarmd.peers.swarm_snapshot import Member, Snapshot, build_snapshot, model_for_scenario
+from swarmd.peers.wire.routing import Matrix
+from swarmd.peers.wire.rpc import RpcError, Unreachable, call
 
 logger = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from swarmd.models.param_server import ServerConfig, StageParameterServer, stage
 from swarmd.models.stage_worker import StageWorker
 from swarmd.models.stages import StageModule, split_layers, stage_input_spec, stage_output_spec
 from swarmd.peers.task_queue import Lease, Task, TaskKind, TaskQueue, TaskQueueConfig
-from swarmd.peers.tensor_wire import TensorSpec, decode_tensor, encode_tensor
+from swarmd.peers.wire.tensors import TensorSpec, decode_tensor, encode_tensor
 
 logger = logging.getLogger(__name__)
 

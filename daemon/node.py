@@ -32,8 +32,8 @@ from swarmd.peers.identity import Identity, load_or_create_identity, write_p2pd_
 from swarmd.peers.links import ProbeBudget
 from swarmd.peers.membership import Membership
 from swarmd.peers.run_spec import SignedRunSpec, check_run_id
-from swarmd.peers.stage_rpc import Answer, RpcServer
 from swarmd.peers.swarm_dht import SPEC_TTL_S, BootstrapError, SwarmDHT
+from swarmd.peers.wire.rpc import Answer, RpcServer
 from swarmd.relay import RELAY_METHOD, RelayService, Router
 from swarmd.replication import FETCH_METHOD, HOLDER_CACHE_S, LOG_METHOD, StageReplicator, choose_standby
 from swarmd.replication import METHOD as REPLICATE_METHOD

@@ -43,8 +43,8 @@ from swarmd.models.stage_worker import StageWorker
 from swarmd.models.stages import StageModule, split_layers, stage_input_spec, stage_output_spec
 from swarmd.peers.idle_polling import FLUSH_IDLE_S, IDLE_MAX_S, IDLE_MIN_S  # the simulator's schedule too
 from swarmd.peers.op_times import OpTimes
-from swarmd.peers.stage_rpc import Answer
-from swarmd.peers.tensor_wire import TensorSpec, decode_tensor, encode_tensor
+from swarmd.peers.wire.rpc import Answer
+from swarmd.peers.wire.tensors import TensorSpec, decode_tensor, encode_tensor
 from swarmd.stage_host import PUSH_AGAIN, StageRequestError, deserialize_tensors, serialize_tensors
 
 logger = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """``swarmd plan``: a scenario file in, a plan out (FORMAT.md's formats, both ways).
 
-The planner is the one the daemon's coordinator runs (``swarmd.peers.planner``); here it reads
+The planner is the one the daemon's coordinator runs (``swarmd.peers.planning.planner``); here it reads
 its snapshot from a file instead of the live measurements. ``--json`` prints exactly the plan
 object of FORMAT.md; without it, a table a person reads.
 """
@@ -11,9 +11,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from swarmd.peers.plan_cost import Plan, predict, reference_cost, reference_lower_bound
-from swarmd.peers.planner import Awareness, PlannerSettings, plan
-from swarmd.peers.scenario import Scenario, load_scenario
+from swarmd.peers.planning.plan_cost import Plan, predict, reference_cost, reference_lower_bound
+from swarmd.peers.planning.planner import Awareness, PlannerSettings, plan
+from swarmd.peers.planning.scenario import Scenario, load_scenario
 
 
 def plan_json(scenario: Scenario, result: Plan) -> dict[str, Any]:

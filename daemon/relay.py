@@ -13,7 +13,7 @@ Sizes are bounded by the RPC server's message limit; at most ``MAX_FORWARDS`` fo
 once, so relaying cannot starve the relay's own serving.
 
 **Routing** (``Router``). Every request of our worker to a stage host goes direct, unless
-``swarmd.peers.relay_route.choose_route`` picks a relay: the direct path failed to open
+``swarmd.peers.wire.routing.choose_route`` picks a relay: the direct path failed to open
 (remembered with back-off), the measured relay path is clearly faster, or the operator set
 ``[swarm] data_via_relay = "always"``. A relayed request whose relay cannot be reached falls
 back to the direct path, and a direct one that cannot open falls over to a relay.
@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from swarmd.errors import SwarmdError
-from swarmd.peers.relay_route import DirectPaths, Matrix, choose_route
-from swarmd.peers.stage_rpc import DEFAULT_TIMEOUT_S, Answer, Unreachable, call
+from swarmd.peers.wire.routing import DirectPaths, Matrix, choose_route
+from swarmd.peers.wire.rpc import DEFAULT_TIMEOUT_S, Answer, Unreachable, call
 
 RELAY_METHOD = "relay"
 FORWARDABLE = frozenset({"stage"})

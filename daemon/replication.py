@@ -32,7 +32,7 @@ from swarmd.models.param_server import (
 from swarmd.peers.election import elect_standby
 from swarmd.peers.op_times import OpTimes
 from swarmd.peers.stage_leases import resolve_holder
-from swarmd.peers.stage_rpc import Answer, call
+from swarmd.peers.wire.rpc import Answer, call
 from swarmd.push_log import PushLog, check_meta
 
 if TYPE_CHECKING:  # hivemind loads only where the DHT runs (it cannot share a process with py-libp2p)

@@ -1,6 +1,6 @@
 """``swarmd simulate``: a scenario played out over hours, strategy against strategy.
 
-Every strategy (``swarmd.peers.sim_strategies``) meets the same churn on the same seed; each is
+Every strategy (``swarmd.peers.sim.strategies``) meets the same churn on the same seed; each is
 also run without churn for ``FAILURE_FREE_HOURS`` at most (its steady state), which gives the
 failure-free figure its throughput is held against. The report is a markdown table on stdout
 and in ``OUT/report.md``, the numbers in ``OUT/results.json``, and PNG plots (matplotlib, the
@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from swarmd.errors import SwarmdError
-from swarmd.peers.churn import churn_schedule
-from swarmd.peers.planner import PlannerSettings, plan
-from swarmd.peers.scenario import Scenario, load_scenario
-from swarmd.peers.sim_strategies import NAMES, make_strategies
-from swarmd.peers.simulator import SimResult, SimSettings, simulate
+from swarmd.peers.planning.planner import PlannerSettings, plan
+from swarmd.peers.planning.scenario import Scenario, load_scenario
+from swarmd.peers.sim.churn import churn_schedule
+from swarmd.peers.sim.simulator import SimResult, SimSettings, simulate
+from swarmd.peers.sim.strategies import NAMES, make_strategies
 
 FAILURE_FREE_HOURS = 2.0
 """The failure-free run of a strategy stops here: without churn its throughput is steady."""

@@ -2,7 +2,7 @@
 
 Workers anywhere in the swarm (this peer's own included) talk to it in requests: ``claim`` a
 task, ``put`` a result for this stage, ``complete`` or ``fail`` a lease, ``push`` gradients,
-pull ``weights``. Requests arrive already parsed (``swarmd.peers.stage_rpc``); everything in
+pull ``weights``. Requests arrive already parsed (``swarmd.peers.wire.rpc``); everything in
 them is checked here against the plan before use (task kinds, micro-batch indices, tensor
 shapes and dtypes, gradient names and shapes), and a bad one is refused with a reason.
 
@@ -49,9 +49,9 @@ from swarmd.models.param_server import ServerConfig, StageParameterServer, stage
 from swarmd.models.stages import StageModule, split_layers, stage_input_spec, stage_output_spec
 from swarmd.peers.gradient_ledger import GradientLedger
 from swarmd.peers.op_times import OpTimes
-from swarmd.peers.stage_rpc import Answer
 from swarmd.peers.task_queue import Task, TaskKind, TaskQueue, TaskQueueConfig, TaskQueueError
-from swarmd.peers.tensor_wire import TensorSpec, WireError, decode_tensor, encode_tensor
+from swarmd.peers.wire.rpc import Answer
+from swarmd.peers.wire.tensors import TensorSpec, WireError, decode_tensor, encode_tensor
 
 logger = logging.getLogger(__name__)
 

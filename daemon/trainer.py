@@ -35,8 +35,8 @@ from swarmd.peers.run_spec import SignedRunSpec, run_seed
 from swarmd.peers.stage_assignment import HAND_OVER_AGAIN_S, decide, epoch_of, follows_plan
 from swarmd.peers.stage_assignment import Trainer as TrainingPeer
 from swarmd.peers.stage_leases import StageLease, resolve_holder
-from swarmd.peers.stage_rpc import Answer, call
 from swarmd.peers.swarm_dht import SwarmDHT
+from swarmd.peers.wire.rpc import Answer, call
 from swarmd.pipeline_worker import PipelineWorker, WorkerSettings
 from swarmd.relay import Router, speaker_of
 from swarmd.replication import LOG_METHOD, StageReplicator, standby_of

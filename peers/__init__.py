@@ -7,12 +7,13 @@
 - ``swarm_dht``   one run's records in the hivemind DHT, behind typed keys and a validator
 - ``membership``  the swarm as this peer sees it: live heartbeats and round-trip times
 - ``lan``         LAN discovery with py-libp2p's mDNS and the hello protocol
-- ``tensor_wire`` tensors on the wire: fp16/bf16 frames checked against the plan
 - ``task_queue``  a stage's micro-batch task queue: leases, re-queues, bounded memory
 - ``gradient_ledger`` a stage's applied micro-batches, and finishing leases carried past an epoch change
 - ``stage_leases`` which peer serves which stage: signed leases and the claim-settling rule
 - ``stage_assignment`` who should host which stage: fair shares, the run's hosting epoch
-- ``stage_rpc``   data-path requests over hivemind P2P streams: framed, bounded, counted
+- ``wire/``       the data path's requests, tensor frames and routing through relays
+- ``planning/``   scenarios, the cost model, the planner and its baselines
+- ``sim/``        the discrete-event simulator
 
 Nothing here imports the daemon's modules (only ``swarmd.errors``): decisions and protocols
 know no process or CLI. ``lan`` (py-libp2p) and ``swarm_dht`` (hivemind) must not be imported

@@ -22,7 +22,7 @@ renewed; what is decided here is who *should* hold them:
   (the host waits for every push's log there), then uptime, then the lowest peer ID
   (``elect_standby``).
 
-The simulator (``swarmd.peers.simulator``) elects with these same functions.
+The simulator (``swarmd.peers.sim.simulator``) elects with these same functions.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from swarmd.peers.links import LinksRecord
-from swarmd.peers.scenario import Scenario, parse_scenario
+from swarmd.peers.planning.scenario import Scenario, parse_scenario
 
 DEFAULT_LATENCY_S = 0.01
 DEFAULT_BANDWIDTH_BPS = 12.5e6

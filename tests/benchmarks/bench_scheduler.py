@@ -4,7 +4,7 @@
 
 For each ``*.json`` scenario in FOLDER (default: ../shared/scenarios beside the repository):
 swarmd's planner (and its three ablations: blind to the network, to devices, to reliability)
-and the four baselines of ``swarmd.peers.baselines`` each plan it; a table gives each plan's
+and the four baselines of ``swarmd.peers.planning.baselines`` each plan it; a table gives each plan's
 reference cost (FORMAT.md's yardstick), its iteration time under swarmd's own model, the
 scheduler's runtime (best of ``--repeats``) and two lower bounds: on the reference cost for
 that shape, and on the iteration time (every device computing with no idle time, plus the
@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from swarmd.charts import grouped_bars
-from swarmd.peers.baselines import BASELINES
-from swarmd.peers.plan_cost import Plan, compute_lower_bound_s, predict, reference_cost, reference_lower_bound
-from swarmd.peers.planner import Awareness, PlannerSettings, plan, repair
-from swarmd.peers.scenario import Scenario, Shape, load_scenario
-from swarmd.peers.scenario_gen import synthetic_scenario
+from swarmd.peers.planning.baselines import BASELINES
+from swarmd.peers.planning.plan_cost import Plan, compute_lower_bound_s, predict, reference_cost, reference_lower_bound
+from swarmd.peers.planning.planner import Awareness, PlannerSettings, plan, repair
+from swarmd.peers.planning.scenario import Scenario, Shape, load_scenario
+from swarmd.peers.planning.scenario_gen import synthetic_scenario
 
 Scheduler = Callable[[Scenario, Shape], Plan]
 

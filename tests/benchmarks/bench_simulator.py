@@ -2,7 +2,7 @@
 
     .venv/bin/python tests/benchmarks/bench_simulator.py --devices 1000 --hours 24
 
-A synthetic scenario (``swarmd.peers.scenario_gen``, three regions, devices that come and go)
+A synthetic scenario (``swarmd.peers.planning.scenario_gen``, three regions, devices that come and go)
 of the given size, simulated with swarmd's strategy; prints the setup (building the scenario
 and the first plan, which fixes the run's stages), the wall time of the simulation, the events,
 the peak resident memory, and the run's figures.
@@ -15,10 +15,10 @@ import resource
 import statistics
 import time
 
-from swarmd.peers.planner import PlannerSettings, plan
-from swarmd.peers.scenario_gen import synthetic_scenario
-from swarmd.peers.sim_strategies import make_strategies
-from swarmd.peers.simulator import SimSettings, simulate
+from swarmd.peers.planning.planner import PlannerSettings, plan
+from swarmd.peers.planning.scenario_gen import synthetic_scenario
+from swarmd.peers.sim.simulator import SimSettings, simulate
+from swarmd.peers.sim.strategies import make_strategies
 
 
 def main() -> None:

@@ -7,7 +7,7 @@
    model at once; their rate becomes each device's ``tflops`` (the scenario's unit).
 2. **The real swarm.** One network namespace per daemon on a bridge; ``tc tbf`` shapes each
    device's upload and download, and the data path's latency shim
-   (``swarmd.peers.emulated_delay``; no ``netem`` here) adds the one-way latency. Measured
+   (``swarmd.peers.wire.emulated_delay``; no ``netem`` here) adds the one-way latency. Measured
    first: one TCP stream's goodput and the standing queue it keeps in the shaper's buffer (the
    delay it adds to other connections' packets); and on the daemons' own data path (hivemind
    P2P streams, swarmd's framing, the shim) a bulk request's goodput and how much longer a
@@ -18,7 +18,7 @@
    hosts nothing is killed (SIGKILL). The workers' requests, tasks and weight pulls, and the
    hosts' push phases, are counted over the window.
 3. **The simulated swarm.** The same devices, links and model as a scenario file, simulated
-   by ``swarmd.peers.simulator`` with swarmd's planner, the same number of seconds, and the
+   by ``swarmd.peers.sim.simulator`` with swarmd's planner, the same number of seconds, and the
    same worker leaving at the same moment. The real window starts in a swarm that has
    trained a while, so the simulation runs ``SIM_WINDOWS`` windows, each after its own
    warm-up, and averages them.
@@ -54,12 +54,12 @@ from swarmd.local_swarm import LocalDaemon, create_run, wait_for
 from swarmd.models.build import build_model
 from swarmd.models.presets import DEFAULT_RUN
 from swarmd.models.shape import ModelShape
-from swarmd.peers.churn import ChurnEvent
 from swarmd.peers.election import coordination_round_s
-from swarmd.peers.plan_cost import Plan, stage_flops_per_sequence
-from swarmd.peers.scenario import Scenario, Shape, parse_scenario
-from swarmd.peers.sim_strategies import make_strategies
-from swarmd.peers.simulator import SimSettings, Simulation, Strategy, recovery_times
+from swarmd.peers.planning.plan_cost import Plan, stage_flops_per_sequence
+from swarmd.peers.planning.scenario import Scenario, Shape, parse_scenario
+from swarmd.peers.sim.churn import ChurnEvent
+from swarmd.peers.sim.simulator import SimSettings, Simulation, Strategy, recovery_times
+from swarmd.peers.sim.strategies import make_strategies
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the namespaces' helpers
 from tests.integration.netns import EmulatedNetwork  # noqa: E402
@@ -151,7 +151,7 @@ print(json.dumps({"idle_s": idle, "loaded_s": loaded}))
 DATA_PATH_SERVER = r"""
 import asyncio, sys
 from hivemind.p2p import P2P
-from swarmd.peers.stage_rpc import RpcServer
+from swarmd.peers.wire.rpc import RpcServer
 async def sink(peer, header, blobs):
     return {"bytes": sum(len(b) for b in blobs)}, []
 async def main():
@@ -165,7 +165,7 @@ asyncio.run(main())
 DATA_PATH_CLIENT = r"""
 import asyncio, json, statistics, sys, time
 from hivemind.p2p import P2P
-from swarmd.peers.stage_rpc import call
+from swarmd.peers.wire.rpc import call
 async def main():
     ip, maddr, nbytes = sys.argv[1], sys.argv[2], int(sys.argv[3])
     p2p = await P2P.create(host_maddrs=[f"/ip4/{ip}/tcp/0"], initial_peers=[maddr], nat_port_map=False,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmd.peers.emulated_delay import ENV_VAR
+from swarmd.peers.wire.emulated_delay import ENV_VAR
 
 
 def run_ip(*args: str) -> None:
@@ -53,7 +53,7 @@ class EmulatedNetwork:
     ``10.<net>.0.<i+1>/24`` on a veth pair whose two ends are each shaped with ``tc tbf``:
     the device's end at its upload rate, the hub's end at its download rate. The one-way
     latency between two devices is the sum of theirs (``access_latency_s``), applied by the
-    data path's shim (``swarmd.peers.emulated_delay``) from the file ``delay_file(i)`` names,
+    data path's shim (``swarmd.peers.wire.emulated_delay``) from the file ``delay_file(i)`` names,
     because this kernel has no ``netem``. ``close`` kills every process still inside the
     namespaces and deletes them (with them every link); it runs on any exit of the ``with``.
     """

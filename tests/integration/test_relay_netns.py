@@ -35,7 +35,7 @@ STEP_TIMEOUT_S = 60.0
 HELPER = r"""
 import asyncio, json, signal, sys
 from hivemind.p2p import P2P
-from swarmd.peers.stage_rpc import RpcError, RpcServer, call
+from swarmd.peers.wire.rpc import RpcError, RpcServer, call
 from swarmd.relay import RELAY_METHOD, RelayService, Router, speaker_of
 
 role, share = sys.argv[1], sys.argv[2:]

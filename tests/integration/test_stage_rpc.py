@@ -20,8 +20,8 @@ import asyncio, json, struct
 import torch
 from hivemind.p2p import P2P
 from swarmd.errors import SwarmdError
-from swarmd.peers.stage_rpc import PROTOCOL, RpcError, RpcServer, call
-from swarmd.peers.tensor_wire import TensorSpec, decode_tensor, encode_tensor
+from swarmd.peers.wire.rpc import PROTOCOL, RpcError, RpcServer, call
+from swarmd.peers.wire.tensors import TensorSpec, decode_tensor, encode_tensor
 
 SPEC = TensorSpec((2, 8, 16), floating=True)
 

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 PLANT = r"""
 import asyncio, sys
 from hivemind.p2p import P2P
-from swarmd.peers.stage_rpc import RpcError, call
+from swarmd.peers.wire.rpc import RpcError, call
 
 async def main(addr, run_id):
     p2p = await P2P.create(initial_peers=[addr], host_maddrs=["/ip4/127.0.0.1/tcp/0"], nat_port_map=False,

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from swarmd.cli import main
-from swarmd.peers.scenario import load_scenario
-from swarmd.peers.scenario_gen import synthetic_scenario_dict
+from swarmd.peers.planning.scenario import load_scenario
+from swarmd.peers.planning.scenario_gen import synthetic_scenario_dict
 
 pytestmark = pytest.mark.timeout(120)
 

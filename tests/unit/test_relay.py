@@ -11,7 +11,7 @@ import pytest
 
 from swarmd import relay as relay_module
 from swarmd.errors import SwarmdError
-from swarmd.peers.stage_rpc import RpcError, Unreachable
+from swarmd.peers.wire.rpc import RpcError, Unreachable
 from swarmd.relay import RELAY_METHOD, RelayService, Router, speaker_of
 
 pytestmark = pytest.mark.timeout(30)

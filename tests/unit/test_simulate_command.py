@@ -11,7 +11,7 @@ import pytest
 from swarmd.cli import main
 from swarmd.config import HeartbeatConfig, RolesConfig, SwarmConfig
 from swarmd.peers.election import Thresholds, coordination_round_s
-from swarmd.peers.simulator import SimSettings
+from swarmd.peers.sim.simulator import SimSettings
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -22,7 +22,7 @@ SCENARIO = Path(__file__).resolve().parents[2] / ".." / "shared" / "scenarios" /
 def scenario_file(tmp_path: Path) -> Path:
     if SCENARIO.exists():
         return SCENARIO
-    from swarmd.peers.scenario_gen import synthetic_scenario_dict
+    from swarmd.peers.planning.scenario_gen import synthetic_scenario_dict
 
     path = tmp_path / "synthetic-12.json"
     path.write_text(json.dumps(synthetic_scenario_dict(12, churn=True, seed=2)))

@@ -230,7 +230,7 @@ def test_a_push_waits_for_a_gradient_carried_past_an_epoch_change_and_its_redo_r
     its output only: 5 is applied once."""
     import torch
 
-    from swarmd.peers.tensor_wire import encode_tensor
+    from swarmd.peers.wire.tensors import encode_tensor
     from swarmd.stage_host import PushMustWait, StageRequestError, serialize_tensors
 
     settings = HostSettings(run_id="r", stage=1, stages=2, shape=SHAPE, seed=1, micro_batch=MICRO, lr=LR,

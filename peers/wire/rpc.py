@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swarmd.errors import SwarmdError
-from swarmd.peers.emulated_delay import one_way_delay_s
+from swarmd.peers.wire.emulated_delay import one_way_delay_s
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class RpcError(SwarmdError):
 
 class Unreachable(RpcError):
     """No stream to the peer could be opened: it is gone, or cannot be reached from here
-    (a relay may still reach it, ``swarmd.peers.relay_route``)."""
+    (a relay may still reach it, ``swarmd.peers.wire.routing``)."""
 
 
 class ProtocolViolation(RpcError):

@@ -1,4 +1,4 @@
-"""peers/baselines.py: the four baseline schedulers, on synthetic scenarios built here."""
+"""peers/planning/baselines.py: the four baseline schedulers, on synthetic scenarios built here."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from swarmd.peers import baselines
-from swarmd.peers.baselines import (
+from swarmd.peers.planning import baselines
+from swarmd.peers.planning.baselines import (
     BASELINES,
     draw_matching,
     dtfm_evolutionary,
@@ -16,9 +16,9 @@ from swarmd.peers.baselines import (
     random_best,
     swarm_wiring,
 )
-from swarmd.peers.open_path import EXACT_ORDER_MAX_STAGES, best_stage_order
-from swarmd.peers.plan_cost import Plan, bottleneck_matching, even_layers, reference_cost
-from swarmd.peers.scenario import Scenario, Shape, parse_scenario
+from swarmd.peers.planning.open_path import EXACT_ORDER_MAX_STAGES, best_stage_order
+from swarmd.peers.planning.plan_cost import Plan, bottleneck_matching, even_layers, reference_cost
+from swarmd.peers.planning.scenario import Scenario, Shape, parse_scenario
 
 pytestmark = pytest.mark.timeout(120)
 

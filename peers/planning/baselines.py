@@ -41,8 +41,8 @@ from collections.abc import Callable
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from swarmd.peers.open_path import best_stage_order
-from swarmd.peers.plan_cost import (
+from swarmd.peers.planning.open_path import best_stage_order
+from swarmd.peers.planning.plan_cost import (
     Plan,
     bottleneck_matching,
     device_tflops,
@@ -50,7 +50,7 @@ from swarmd.peers.plan_cost import (
     micro_batches_per_pipeline,
     stage_flops_per_sequence,
 )
-from swarmd.peers.scenario import Scenario, Shape
+from swarmd.peers.planning.scenario import Scenario, Shape
 
 RANDOM_CHUNK = 256
 """Placements ``random_best`` draws and scores at once. Every chunk is drawn whole and cut, so

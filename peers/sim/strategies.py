@@ -3,7 +3,7 @@
 - ``swarmd``: the planner's full plan at the start, then ``repair`` on every noticed join or
   departure (what the coordinator does), the run's stage count fixed.
 - ``swarmd/no-network``, ``/no-devices``, ``/no-reliability``: the same, blind to one concern
-  (``swarmd.peers.planner.Awareness``): the ablation a reader asks for first.
+  (``swarmd.peers.planning.planner.Awareness``): the ablation a reader asks for first.
 - ``dtfm-static``: DT-FM's evolutionary search for a plan, redone from scratch on every change
   (a static offline plan has nothing else to do when its devices change).
 - ``swarm-wiring``: SWARM's throughput-proportional stochastic wiring, redrawn and rebalanced
@@ -24,11 +24,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from swarmd.peers.baselines import dtfm_evolutionary, petals_greedy, swarm_wiring
-from swarmd.peers.plan_cost import Plan
-from swarmd.peers.planner import Awareness, PlannerSettings, plan, repair
-from swarmd.peers.scenario import Scenario, Shape
-from swarmd.peers.simulator import Strategy
+from swarmd.peers.planning.baselines import dtfm_evolutionary, petals_greedy, swarm_wiring
+from swarmd.peers.planning.plan_cost import Plan
+from swarmd.peers.planning.planner import Awareness, PlannerSettings, plan, repair
+from swarmd.peers.planning.scenario import Scenario, Shape
+from swarmd.peers.sim.simulator import Strategy
 
 NAMES = (
     "swarmd", "swarmd/no-network", "swarmd/no-devices", "swarmd/no-reliability",

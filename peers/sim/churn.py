@@ -8,7 +8,7 @@ its availability, as if the process had been running for long. A device without
 which still costs the swarm its departure.
 
 The schedule is drawn once from the seed, before the simulation: every strategy compared on
-one seed meets exactly the same departures and returns (``swarmd.peers.simulator``).
+one seed meets exactly the same departures and returns (``swarmd.peers.sim.simulator``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from swarmd.peers.scenario import Scenario
+from swarmd.peers.planning.scenario import Scenario
 
 MIN_GAP_S = 1.0
 """The shortest down gap drawn: a departure and return at the same instant would be no event."""

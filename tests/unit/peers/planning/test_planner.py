@@ -1,4 +1,4 @@
-"""peers/planner.py and peers/plan_cost.py: placements one can work out by hand, and the search's invariants."""
+"""The planner and its cost model (peers/planning): placements one can work out by hand, and the search's invariants."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from swarmd.peers.plan_cost import (
+from swarmd.peers.planning.plan_cost import (
     Plan,
     bottleneck_matching,
     predict,
     reference_cost,
     reference_lower_bound,
 )
-from swarmd.peers.planner import Awareness, PlanError, PlannerSettings, path_order, plan, planning_view, repair
-from swarmd.peers.scenario import Scenario, Shape, parse_scenario
-from swarmd.peers.scenario_gen import synthetic_scenario, synthetic_scenario_dict
+from swarmd.peers.planning.planner import Awareness, PlanError, PlannerSettings, path_order, plan, planning_view, repair
+from swarmd.peers.planning.scenario import Scenario, Shape, parse_scenario
+from swarmd.peers.planning.scenario_gen import synthetic_scenario, synthetic_scenario_dict
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -13,7 +13,7 @@ scheduler"), each step cheap enough to plan 1,000 devices in seconds:
    then ordered along the cheapest path of bottleneck matchings, the coarsened graph) and
    *pipelines first* (each pipeline's devices close for the activations; inside a pipeline,
    devices ordered by speed so that a stage's group is of like devices). Whichever costs less
-   under the own model (``swarmd.peers.plan_cost``) is kept.
+   under the own model (``swarmd.peers.planning.plan_cost``) is kept.
 3. **Layers** split by each stage group's slowest device, within its memory.
 4. **Local search** on the own model: swaps of two cells, or of a cell and an unused device,
    aimed first at the cells that make the cost (the worst member of the worst data-parallel
@@ -44,8 +44,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from swarmd.peers.open_path import best_stage_order
-from swarmd.peers.plan_cost import (
+from swarmd.peers.planning.open_path import best_stage_order
+from swarmd.peers.planning.plan_cost import (
     Plan,
     bottleneck_matching,
     churn_s,
@@ -55,7 +55,7 @@ from swarmd.peers.plan_cost import (
     max_layers,
     predict,
 )
-from swarmd.peers.scenario import Scenario, ScenarioError, Shape
+from swarmd.peers.planning.scenario import Scenario, ScenarioError, Shape
 
 INFEASIBLE_PENALTY_S = 1e9
 """Added per layer that does not fit in memory, so that the search walks toward plans that fit."""
@@ -256,7 +256,7 @@ class GroupBlocks:
 
 
 class GridCost:
-    """The own model of ``swarmd.peers.plan_cost`` for one shape, with what a swap needs cached.
+    """The own model of ``swarmd.peers.planning.plan_cost`` for one shape, with what a swap needs cached.
 
     ``cost(grid)`` is the predicted iteration time (plus a penalty for layers that do not fit);
     its pieces are the same as ``predict``'s, computed over arrays prepared once per shape.
@@ -488,7 +488,7 @@ def balanced_clusters(d: np.ndarray, candidates: np.ndarray, k: int, size: int) 
 
 def path_order(cost: np.ndarray) -> list[int]:
     """An open path through every node minimising the summed ``cost[a][b]`` of its steps
-    (``swarmd.peers.open_path``)."""
+    (``swarmd.peers.planning.open_path``)."""
     if len(cost) == 0:
         return []
     return list(best_stage_order(cost)[0])

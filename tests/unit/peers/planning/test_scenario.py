@@ -1,4 +1,4 @@
-"""peers/scenario.py: scenario files are checked once, and every refusal names its field."""
+"""peers/planning/scenario.py: scenario files are checked once, and every refusal names its field."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from swarmd.peers.scenario import ScenarioError, Shape, load_scenario, parse_scenario
-from swarmd.peers.scenario_gen import synthetic_scenario_dict
+from swarmd.peers.planning.scenario import ScenarioError, Shape, load_scenario, parse_scenario
+from swarmd.peers.planning.scenario_gen import synthetic_scenario_dict
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -42,7 +42,7 @@ def test_costs_follow_from_the_model_when_not_given() -> None:
 
 
 def test_the_shipped_examples_parse(tmp_path: Path) -> None:
-    shared = Path(__file__).resolve().parents[4] / "shared" / "scenarios"
+    shared = Path(__file__).resolve().parents[5] / "shared" / "scenarios"
     files = sorted(shared.glob("*.json")) if shared.is_dir() else []
     if not files:  # only the development checkout has ../shared; CI checks the synthetic ones
         path = tmp_path / "s.json"

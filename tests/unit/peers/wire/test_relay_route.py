@@ -1,4 +1,4 @@
-"""peers/relay_route.py: when a request goes through a relay, and how failed direct paths are
+"""peers/wire/routing.py: when a request goes through a relay, and how failed direct paths are
 remembered."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from swarmd.peers.relay_route import BLOCKED_FIRST_S, BLOCKED_MAX_S, RELAY_GAIN, DirectPaths, Matrix, choose_route
+from swarmd.peers.wire.routing import BLOCKED_FIRST_S, BLOCKED_MAX_S, RELAY_GAIN, DirectPaths, Matrix, choose_route
 
 pytestmark = pytest.mark.timeout(30)
 

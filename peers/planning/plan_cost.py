@@ -37,7 +37,7 @@ from scipy.optimize import linear_sum_assignment
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_bipartite_matching
 
-from swarmd.peers.scenario import Scenario, Shape
+from swarmd.peers.planning.scenario import Scenario, Shape
 
 OPTIMIZER_BYTES_PER_PARAM = 16
 """What holding a stage costs in memory per parameter on a worker: fp32 weights and gradient

@@ -1,4 +1,4 @@
-"""peers/churn.py and peers/simulator.py: the churn drawn from a scenario, and a simulated run
+"""peers/sim/churn.py and peers/sim/simulator.py: the churn drawn from a scenario, and a simulated run
 on hand-made plans and hand-made departures, where the right outcome is known."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from swarmd.peers.churn import ChurnEvent, churn_schedule, expected_departures
-from swarmd.peers.plan_cost import Plan
-from swarmd.peers.scenario import Scenario, parse_scenario
-from swarmd.peers.simulator import (
+from swarmd.peers.planning.plan_cost import Plan
+from swarmd.peers.planning.scenario import Scenario, parse_scenario
+from swarmd.peers.sim.churn import ChurnEvent, churn_schedule, expected_departures
+from swarmd.peers.sim.simulator import (
     _FLOW,
     _FREE,
     _HOP,
@@ -228,7 +228,7 @@ def test_a_plan_whose_coordinator_leaves_while_computing_it_is_lost_and_the_next
 ) -> None:
     # Planning takes 25 s here: every reading of the planner's clock is 25 s after the last.
     clock = iter(range(0, 10**6, 25))
-    monkeypatch.setattr("swarmd.peers.simulator.time.perf_counter", lambda: float(next(clock)))
+    monkeypatch.setattr("swarmd.peers.sim.simulator.time.perf_counter", lambda: float(next(clock)))
     events = [ChurnEvent(590.0, 2, False), ChurnEvent(630.0, 5, False)]
     sim = Simulation(scenario(6, churn=True), FIXED, SimSettings(hours=0.5, detect_s=30.0, coordinate_s=0.0),
                      (np.ones(6, dtype=bool), events))  # fmt: skip

@@ -1,6 +1,6 @@
 """A swarm on paper: devices, the network between them, the model and the batch.
 
-The scheduler (``swarmd.peers.planner``), its baselines, ``swarmd plan`` and the simulator all
+The scheduler (``swarmd.peers.planning.planner``), its baselines, ``swarmd plan`` and the simulator all
 read this one type. A scenario comes from a file in the format of ``scenarios/FORMAT.md`` or,
 in a running daemon, from the live measurements (probes and reliability records); either way
 it is checked here once, so that nothing downstream meets a NaN, a zero bandwidth or an
@@ -251,7 +251,7 @@ def _matrix(raw: Any, key: str, n: int, *, positive: bool) -> np.ndarray:
 
 def _array_matrix(raw: np.ndarray, key: str, n: int, *, positive: bool) -> np.ndarray:
     """The rules of ``_matrix`` checked over a whole array at once, for scenarios built in
-    memory (``swarmd.peers.scenario_gen``): at 10,000 devices a matrix as lists is 100 million
+    memory (``swarmd.peers.planning.scenario_gen``): at 10,000 devices a matrix as lists is 100 million
     Python floats, minutes to check one by one and gigabytes to hold. A float64 array is
     adopted as it is, not copied (its diagonal is overwritten), for the same reason."""
     if raw.shape != (n, n):

@@ -1,4 +1,4 @@
-"""peers/tensor_wire.py: frames round-trip, and every malformed or unexpected frame is refused."""
+"""peers/wire/tensors.py: frames round-trip, and every malformed or unexpected frame is refused."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import struct
 import pytest
 import torch
 
-from swarmd.peers.tensor_wire import MAGIC, TensorSpec, WireError, decode_tensor, encode_tensor
+from swarmd.peers.wire.tensors import MAGIC, TensorSpec, WireError, decode_tensor, encode_tensor
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -9,8 +9,8 @@ import pytest
 from multiaddr import Multiaddr
 
 from swarmd.errors import SwarmdError
-from swarmd.peers import emulated_delay
-from swarmd.peers.emulated_delay import ENV_VAR, configured_delays, one_way_delay_s, parse_delays
+from swarmd.peers.wire import emulated_delay
+from swarmd.peers.wire.emulated_delay import ENV_VAR, configured_delays, one_way_delay_s, parse_delays
 
 pytestmark = pytest.mark.timeout(10)
 

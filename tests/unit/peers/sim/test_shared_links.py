@@ -7,7 +7,7 @@ import heapq
 import numpy as np
 import pytest
 
-from swarmd.peers.shared_links import SharedLinks, max_min_rates
+from swarmd.peers.sim.shared_links import SharedLinks, max_min_rates
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from swarmd.peers.scenario import Scenario, parse_scenario
+from swarmd.peers.planning.scenario import Scenario, parse_scenario
 
 GPUS = ((15.0, 12), (20.0, 16), (35.0, 16), (65.0, 24), (80.0, 32), (120.0, 32), (230.0, 80))
 """(dense TFLOPS, memory GiB) of the device kinds volunteers bring, slow and common first."""

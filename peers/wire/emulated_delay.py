@@ -6,7 +6,7 @@ latency here instead. It is off unless the environment names a file in ``ENV_VAR
 object from a remote peer's IPv4 address to the one-way latency towards it, in seconds. A
 request to such a peer waits that long before it is written and again once its answer is
 read (the way back), so a round trip costs twice the one-way figure, as on a real link.
-Only the data path (``swarmd.peers.stage_rpc.call``) is delayed; the DHT is not.
+Only the data path (``swarmd.peers.wire.rpc.call``) is delayed; the DHT is not.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 What is simulated, and with which code:
 
-- **Churn**: devices leave and return as ``swarmd.peers.churn`` draws them from the scenario's
+- **Churn**: devices leave and return as ``swarmd.peers.sim.churn`` draws them from the scenario's
   ``mean_uptime_h`` / ``mean_downtime_h``; the same schedule for every strategy on one seed.
   A departure is noticed ``detect_s`` later (the heartbeat TTL), a return ``join_s`` later.
 - **Placement**: a strategy's full plan at the start; on every noticed change its mend (for
@@ -15,7 +15,7 @@ What is simulated, and with which code:
   computing it is lost, and counted. Every plan's relays are elected as the daemon's
   coordinator elects them (``elect_relays``, ``relays_wanted``), and each of a worker's
   requests to a stage host goes through one when the daemon's rule says so
-  (``swarmd.peers.relay_route.choose_route``): store and forward, a flow on each hop. A
+  (``swarmd.peers.wire.routing.choose_route``): store and forward, a flow on each hop. A
   stage's standby is ``elect_standby``'s pick. A device's reliability is its availability in
   the scenario, its connectivity the median of its links' bandwidths (the daemon measures
   both).
@@ -30,7 +30,7 @@ What is simulated, and with which code:
 - **Compute** per micro-batch from the stage's layers and the device's TFLOPS (a forward one
   third of ``layer_flops_per_sequence``, a backward the rest plus the recomputed forward).
 - **Transfers**: latency plus bytes over bandwidth, with links shared by concurrent flows
-  (``swarmd.peers.shared_links``): each flow crosses its path and both ends' network
+  (``swarmd.peers.sim.shared_links``): each flow crosses its path and both ends' network
   interfaces (a device sends at most at its fastest link's rate in all, its uplink, and
   receives likewise, its downlink), and concurrent flows get max-min fair shares of them,
   re-divided as flows start and end, as TCP flows share a volunteer's access link.
@@ -67,7 +67,6 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from swarmd.peers.churn import ChurnEvent, churn_schedule
 from swarmd.peers.election import (
     Candidate,
     Thresholds,
@@ -79,12 +78,13 @@ from swarmd.peers.election import (
 )
 from swarmd.peers.idle_polling import flush_at, next_round
 from swarmd.peers.op_times import OpTimes
-from swarmd.peers.plan_cost import Plan, stage_flops_per_sequence
-from swarmd.peers.relay_route import Matrix, choose_route
-from swarmd.peers.scenario import Scenario, ScenarioError, Shape
-from swarmd.peers.shared_links import SharedLinks
+from swarmd.peers.planning.plan_cost import Plan, stage_flops_per_sequence
+from swarmd.peers.planning.scenario import Scenario, ScenarioError, Shape
+from swarmd.peers.sim.churn import ChurnEvent, churn_schedule
+from swarmd.peers.sim.shared_links import SharedLinks
 from swarmd.peers.stage_assignment import HAND_OVER_HELD_S, HAND_OVER_SETTLED_S, fair_share, follows_plan
 from swarmd.peers.task_queue import Lease, QueueFull, Task, TaskKind, TaskQueue, TaskQueueConfig, TaskQueueError
+from swarmd.peers.wire.routing import Matrix, choose_route
 
 QUEUE_CAPACITY_BYTES = 1 << 62
 """Queues never refuse a put here: the feeder bounds what is in flight (as stage 0 does)."""
