@@ -1,0 +1,57 @@
+"""The exchange schedule's rules (peers/taskpool/exchange.py), worked out by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from swarmd.peers.taskpool.exchange import (
+    ExchangeSettings,
+    shard_range,
+    shard_sizes,
+    share_seconds,
+    staleness_weight,
+    step_micro_batches,
+)
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def test_shards_cover_the_stage_exactly_once_and_differ_by_at_most_one() -> None:
+    for elements, shards in [(10, 1), (10, 3), (1001, 7), (7, 7)]:
+        ranges = [shard_range(elements, shards, k) for k in range(shards)]
+        assert ranges[0][0] == 0 and ranges[-1][1] == elements
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+        sizes = shard_sizes(elements, shards)
+        assert max(sizes) - min(sizes) <= 1 and sum(sizes) == elements
+    with pytest.raises(ValueError, match="non-empty"):
+        shard_range(3, 4, 0)
+
+
+def test_gradients_count_in_full_within_the_bound_and_pseudo_gradients_fade() -> None:
+    grad = ExchangeSettings(batch_micro_batches=8, share_micro_batches=4, max_staleness=2)
+    assert [staleness_weight(t, grad) for t in range(4)] == [1.0, 1.0, 1.0, 0.0]
+    local = ExchangeSettings(batch_micro_batches=8, share_micro_batches=4, local_steps=10, max_staleness=3)
+    assert staleness_weight(0, local) == 1.0
+    assert staleness_weight(3, local) == pytest.approx(0.5)
+    assert staleness_weight(4, local) == 0.0
+    assert step_micro_batches(grad) == 8 and step_micro_batches(local) == 80
+    with pytest.raises(ValueError, match="from the future"):
+        staleness_weight(-1, grad)
+
+
+def test_one_stage_share_is_its_compute_and_a_pipeline_adds_fill_and_bottleneck() -> None:
+    assert share_seconds([1.0], [2.0], [], 5) == pytest.approx(15.0)
+    # Two stages, 1 s forward and 2 s backward each, 0.5 s per activation: the first
+    # micro-batch crosses everything (7 s), each other adds the slowest stage (3 s).
+    assert share_seconds([1.0, 1.0], [2.0, 2.0], [0.5], 4) == pytest.approx(7.0 + 3 * 3.0)
+    # A slow link is the bottleneck.
+    assert share_seconds([1.0, 1.0], [2.0, 2.0], [5.0], 3) == pytest.approx(16.0 + 2 * 16.0 / 3)
+
+
+def test_settings_name_the_bad_value() -> None:
+    with pytest.raises(ValueError, match="local_steps = 0"):
+        ExchangeSettings(batch_micro_batches=1, share_micro_batches=1, local_steps=0)
+    assert ExchangeSettings(batch_micro_batches=4, share_micro_batches=2, local_steps=3).round_micro_batches == 6
+    assert math.isclose(ExchangeSettings(batch_micro_batches=1, share_micro_batches=1).outer_lr, 0.7)

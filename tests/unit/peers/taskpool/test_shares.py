@@ -1,0 +1,47 @@
+"""The share ledger (peers/taskpool/shares.py): nothing issued is lost, nothing is skipped."""
+
+from __future__ import annotations
+
+import pytest
+
+from swarmd.peers.taskpool.shares import LedgerError, ShareLedger
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def test_shares_are_contiguous_and_an_abandoned_one_comes_back_first_with_its_id() -> None:
+    ledger = ShareLedger(share_micro_batches=4, lease_s=60)
+    a, b = ledger.issue("p0", 0.0, limit=4), ledger.issue("p1", 0.0, limit=4)
+    assert (a.first, b.first) == (0, 4) and list(b.micro_batches) == [4, 5, 6, 7]
+    assert ledger.abandon([a.share_id], "p1") == []  # not its share
+    assert ledger.abandon([a.share_id], "p0") == [a.share_id]
+    again = ledger.issue("p1", 1.0, limit=4)
+    assert again == a and ledger.counters.reissued == 1
+    assert ledger.issue("p1", 1.0, limit=4).first == 8
+    assert ledger.done_below() == 0
+    assert ledger.complete([a.share_id, b.share_id]) == [a.share_id, b.share_id]
+    assert ledger.done_below() == 8
+
+
+def test_a_lapsed_lease_returns_its_share_and_renewal_keeps_it() -> None:
+    ledger = ShareLedger(share_micro_batches=2, lease_s=10)
+    a = ledger.issue("p0", 0.0, limit=2)
+    b = ledger.issue("p0", 0.0, limit=2)
+    with pytest.raises(LedgerError, match="limit is 2"):
+        ledger.issue("p0", 0.0, limit=2)
+    assert ledger.renew([a.share_id], "p0", 8.0) == [a.share_id]
+    assert ledger.expire(12.0) == [b]
+    assert ledger.expire(17.0) == [] and ledger.expire(18.0) == [a]
+    assert ledger.waiting == 2
+
+
+def test_a_checkpointed_ledger_issues_its_open_shares_again_and_never_skips() -> None:
+    ledger = ShareLedger(share_micro_batches=3, lease_s=10)
+    shares = [ledger.issue("p", 0.0, limit=10) for _ in range(4)]
+    ledger.complete([shares[0].share_id, shares[2].share_id])
+    restored = ShareLedger.from_metadata(ledger.to_metadata(), 3, 10)
+    assert restored.cursor == 12 and restored.waiting == 2
+    assert [restored.issue("q", 0.0, 10) for _ in range(3)] == [shares[1], shares[3], restored.open_shares()[2][0]]
+    assert restored.open_shares()[2][0].first == 12
+    with pytest.raises(LedgerError, match="corrupt"):
+        ShareLedger.from_metadata('{"cursor": 3, "next_id": 1, "again": [[0, 0, 9]]}', 3, 10)
