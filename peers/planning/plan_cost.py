@@ -1,7 +1,10 @@
 """What a plan costs: the reference yardstick of FORMAT.md and swarmd's own model of its runtime.
 
 A plan puts ``S`` stages times ``N`` pipelines of devices on a grid (``pipelines[p][s]``), cuts
-the model's layers over the stages, and names each stage's parameter server and the relays.
+the model's layers over the stages, and names each stage's parameter server, the ``K_s``
+servers of its shards, the relays, the spares, and the exchange schedule it was planned for:
+``local_steps`` (H) shares of ``share_micro_batches`` (k) per round (``docs/data-path.md``).
+The predicted throughput of that data path is ``swarmd.peers.planning.throughput``'s.
 
 **Reference cost** (``reference_cost``), the yardstick every scheduler is judged by, exactly as
 ``scenarios/FORMAT.md`` defines it: the data-parallel cost (the worst device's exchange with
@@ -30,7 +33,8 @@ minimise it and be judged fairly on the yardstick.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
@@ -38,6 +42,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_bipartite_matching
 
 from swarmd.peers.planning.scenario import Scenario, Shape
+from swarmd.peers.taskpool.exchange import MAX_LOCAL_STEPS
 
 OPTIMIZER_BYTES_PER_PARAM = 16
 """What holding a stage costs in memory per parameter on a worker: fp32 weights and gradient
@@ -49,16 +54,56 @@ bytes: what a transformer block keeps for its backward (Korthikanti et al.'s 34s
 without the attention term, which micro-batches of long sequences make worse)."""
 
 
+ROLES = ("cell", "shard_server", "relay", "spare")
+"""What the plan gives a device: a cell of the grid, a shard of a stage's parameters, relaying,
+or standing by to take a cell whose holder lapses (``Plan.roles``)."""
+
+
 @dataclass(frozen=True)
 class Plan:
     pipelines: tuple[tuple[int, ...], ...]
     """pipelines[p][s]: the device (its index in the scenario) that runs stage s in pipeline p."""
     layers_per_stage: tuple[int, ...]
     parameter_servers: tuple[int, ...]
-    """The device that coordinates each stage's (sharded) parameter server: holds the stage's
-    lease, checkpoints it and keeps its push log; the other members serve their shards."""
+    """The device that coordinates each stage's sharded parameter server: it serves shard 0,
+    and stage 0's also keeps the share ledger (``docs/data-path.md``)."""
     relays: tuple[int, ...] = ()
     meta: dict[str, object] = field(default_factory=dict, compare=False)
+    shard_servers: tuple[tuple[int, ...], ...] = field(default=(), kw_only=True)
+    """shard_servers[s][k]: the device serving shard k of stage s's parameters (``K_s`` of them,
+    ``exchange.shard_range``); shard_servers[s][0] is parameter_servers[s]. Empty: one shard per
+    stage, at its parameter server."""
+    local_steps: int = field(default=1, kw_only=True)
+    """H: shares a pipeline trains on between two contributions (1: gradients; more: DiLoCo
+    pseudo-gradients)."""
+    share_micro_batches: int = field(default=0, kw_only=True)
+    """k: micro-batches in one share, flush to flush. 0: not chosen by a planner, the run's
+    batch split over the pipelines (``micro_batches_per_share``)."""
+    spares: tuple[int, ...] = field(default=(), kw_only=True)
+    """Devices outside the grid that the plan gives a role: shard servers, relays, and spares
+    that take a lapsed cell (in the order they should be asked)."""
+
+    def __post_init__(self) -> None:
+        stages = len(self.layers_per_stage)
+        if len(self.parameter_servers) != stages:
+            raise ValueError(f"{len(self.parameter_servers)} parameter servers for {stages} stages: need one per stage")
+        if not self.shard_servers:
+            object.__setattr__(self, "shard_servers", tuple((ps,) for ps in self.parameter_servers))
+        if len(self.shard_servers) != stages:
+            raise ValueError(f"shard servers for {len(self.shard_servers)} stages, the plan has {stages}")
+        for s, (servers, ps) in enumerate(zip(self.shard_servers, self.parameter_servers, strict=True)):
+            if not servers or servers[0] != ps or len(set(servers)) != len(servers):
+                raise ValueError(
+                    f"shard_servers[{s}] = {list(servers)}: must start with the stage's parameter server {ps} "
+                    "and name each device once"
+                )
+        if not 1 <= self.local_steps <= MAX_LOCAL_STEPS:
+            raise ValueError(f"local_steps = {self.local_steps} must be in [1, {MAX_LOCAL_STEPS}]")
+        if self.share_micro_batches < 0:
+            raise ValueError(f"share_micro_batches = {self.share_micro_batches} must be >= 1 (or 0: from the batch)")
+        placed = set(self.devices())
+        if placed & set(self.spares):
+            raise ValueError(f"spares {sorted(placed & set(self.spares))} also hold a cell of the grid")
 
     @property
     def shape(self) -> Shape:
@@ -73,13 +118,53 @@ class Plan:
     def devices(self) -> list[int]:
         return [d for row in self.pipelines for d in row]
 
+    def micro_batches_per_share(self, scenario: Scenario) -> int:
+        """k as the plan sets it, or (0) the run's batch over the pipelines."""
+        return self.share_micro_batches or micro_batches_per_pipeline(scenario, self.shape)
+
+    def roles(self) -> dict[int, list[str]]:
+        """Every device the plan names, with what it does there (``ROLES``, in that order)."""
+        out: dict[int, list[str]] = {}
+        for d in self.devices():
+            out.setdefault(d, []).append("cell")
+        for d in dict.fromkeys(d for servers in self.shard_servers for d in servers):
+            out.setdefault(d, []).append("shard_server")
+        for d in self.relays:
+            out.setdefault(d, []).append("relay")
+        for d in self.spares:
+            if d not in out:
+                out[d] = ["spare"]
+        return out
+
+    def remapped(self, to: Sequence[int]) -> Plan:
+        """The same plan with every device index ``d`` replaced by ``to[d]`` (between a
+        scenario's indices and those of a restriction of it, as the simulator needs)."""
+
+        def row(devices: Iterable[int]) -> tuple[int, ...]:
+            return tuple(int(to[d]) for d in devices)
+
+        return replace(
+            self,
+            pipelines=tuple(row(r) for r in self.pipelines),
+            parameter_servers=row(self.parameter_servers),
+            relays=row(self.relays),
+            shard_servers=tuple(row(r) for r in self.shard_servers),
+            spares=row(self.spares),
+        )
+
     def to_json(self, scenario: Scenario) -> dict[str, object]:
+        """FORMAT.md's plan fields, then the data path's (``docs/data-path.md``)."""
         ids = scenario.ids
         return {
             "pipelines": [[ids[d] for d in row] for row in self.pipelines],
             "layers_per_stage": list(self.layers_per_stage),
             "parameter_servers": [ids[d] for d in self.parameter_servers],
             "relays": [ids[d] for d in self.relays],
+            "shard_servers": [[ids[d] for d in servers] for servers in self.shard_servers],
+            "local_steps": self.local_steps,
+            "share_micro_batches": self.micro_batches_per_share(scenario),
+            "spares": [ids[d] for d in self.spares],
+            "roles": {ids[d]: roles for d, roles in self.roles().items()},
         }
 
 
