@@ -22,6 +22,9 @@ MAX_PLAN_BYTES = 256 * 1024
 MAX_PLAN_DEVICES = 2048
 MAX_TTL_S = 900.0
 MAX_STAGES = 1024
+MAX_SHARDS = 4096
+MAX_LOCAL_STEPS = 1000
+MAX_SHARE = 1 << 20
 
 
 KINDS = ("full", "repair", "relays")
@@ -45,6 +48,15 @@ class PlanRecord:
     parameter_servers: list[int]
     relays: list[int] = field(default_factory=list)
     predicted: dict[str, float] = field(default_factory=dict)
+    shard_servers: list[list[int]] = field(default_factory=list)
+    """shard_servers[s]: the devices holding stage s's parameter shards, in shard order (empty:
+    one shard each, at ``parameter_servers[s]``)."""
+    local_steps: int = 1
+    """H: shares per round (``swarmd.peers.taskpool.exchange``)."""
+    share_micro_batches: int = 0
+    """k: micro-batches per share (0: the run's batch over the pipelines)."""
+    spares: list[int] = field(default_factory=list)
+    """Devices outside the grid the plan gives a role (a server, a relay, a spare for a cell)."""
 
     def stage_of(self, peer_id: str) -> int | None:
         """The stage the plan gives ``peer_id`` (None: the plan leaves it out)."""
@@ -68,6 +80,8 @@ class PlanRecord:
             "expires_at": self.expires_at, "version": self.version, "kind": self.kind, "devices": self.devices,
             "pipelines": self.pipelines, "layers_per_stage": self.layers_per_stage,
             "parameter_servers": self.parameter_servers, "relays": self.relays, "predicted": self.predicted,
+            "shard_servers": self.shard_servers, "local_steps": self.local_steps,
+            "share_micro_batches": self.share_micro_batches, "spares": self.spares,
         }  # fmt: skip
         return sign_record(identity, KIND, body)
 
@@ -88,7 +102,8 @@ def parse_plan(raw: object, *, run_id: str | None, now: float | None, peer_id: s
     f = Fields(record.body, KIND)
     f.only({
         "run_id", "peer_id", "issued_at", "expires_at", "version", "kind", "devices", "pipelines",
-        "layers_per_stage", "parameter_servers", "relays", "predicted",
+        "layers_per_stage", "parameter_servers", "relays", "predicted", "shard_servers", "local_steps",
+        "share_micro_batches", "spares",
     })  # fmt: skip
     claimed, found_run = check_subject(f, record.signer, KIND, run_id=run_id, peer_id=peer_id)
     # An expired plan is still read (now=None for the clock): the newest one stands until replaced.
@@ -119,6 +134,10 @@ def parse_plan(raw: object, *, run_id: str | None, now: float | None, peer_id: s
     if len(servers) != stages:
         raise RecordError(f"plan of {claimed}: {len(servers)} parameter servers for {stages} stages")
     relays = _index_list(record.body.get("relays"), "relays", n, MAX_PLAN_DEVICES)
+    shard_servers = _shard_servers(record.body.get("shard_servers", []), servers, n, claimed)
+    spares = _index_list(record.body.get("spares", []), "spares", n, MAX_PLAN_DEVICES)
+    local_steps = f.integer("local_steps", 1, MAX_LOCAL_STEPS) if "local_steps" in record.body else 1
+    share = f.integer("share_micro_batches", 0, MAX_SHARE) if "share_micro_batches" in record.body else 0
     predicted_raw = record.body.get("predicted")
     if not isinstance(predicted_raw, dict) or len(predicted_raw) > 16:
         raise RecordError(f"plan of {claimed}: predicted must be an object of at most 16 figures")
@@ -132,4 +151,19 @@ def parse_plan(raw: object, *, run_id: str | None, now: float | None, peer_id: s
         run_id=found_run, peer_id=claimed, issued_at=issued_at, expires_at=expires_at,
         version=f.integer("version", 0, 2**53), kind=kind, devices=devices, pipelines=pipelines,
         layers_per_stage=layers, parameter_servers=servers, relays=relays, predicted=predicted,
+        shard_servers=shard_servers, local_steps=local_steps, share_micro_batches=share, spares=spares,
     )  # fmt: skip
+
+
+def _shard_servers(value: object, servers: list[int], n: int, claimed: str) -> list[list[int]]:
+    """Per stage, its shards' servers (none given: one shard each, at the stage's server)."""
+    if value == []:
+        return []
+    if not isinstance(value, list) or len(value) != len(servers):
+        raise RecordError(f"plan of {claimed}: shard_servers must list the servers of each of {len(servers)} stages")
+    out = [_index_list(row, "a stage's shard servers", n, MAX_SHARDS) for row in value]
+    for s, row in enumerate(out):
+        if not row or row[0] != servers[s] or len(set(row)) != len(row):
+            raise RecordError(f"plan of {claimed}: stage {s}'s shard servers {row[:8]} must start with its "
+                              f"parameter server {servers[s]} and name no device twice")  # fmt: skip
+    return out

@@ -3,6 +3,10 @@
 
 - ``exchange``  shares, rounds, shards, staleness and when a server steps: the exchange schedule
 - ``shares``    the ledger of shares: data issued, renewed, completed, issued again
+- ``lease``     what every lease is: a signed, expiring, renewable claim by one peer
+- ``cells``     cell leases, the pool's rule (live members, the assignment, spares), pipeline epochs
+- ``servers``   shard leases, take-over by the named standby, the versions the swarm has seen
+- ``assignment`` who should hold each cell and shard: the plan's, or the provisional rule
 
 Pure rules over snapshots: the daemon, the planner's cost model and the simulator call the same
 functions.

@@ -90,6 +90,8 @@ def test_plan_record_round_trip_and_lookups() -> None:
     assert parsed == plan
     assert parsed.stage_of(C.peer_id) == 1 and parsed.stage_of(B.peer_id) is None
     assert parsed.server_of(1) == C.peer_id
+    sharded = plan_of(shard_servers=[[0, 1], [2]], local_steps=20, share_micro_batches=8, spares=[1])
+    assert parse_plan(sharded.sign(A), run_id=RUN, now=T0) == sharded
 
 
 @pytest.mark.parametrize(
@@ -97,6 +99,10 @@ def test_plan_record_round_trip_and_lookups() -> None:
     [
         ({"pipelines": [[0, 2], [1]]}, "every pipeline"),
         ({"pipelines": [[0, 0]]}, "places a device twice"),
+        ({"shard_servers": [[1, 0], [2]]}, "must start with its parameter server"),
+        ({"shard_servers": [[0, 0], [2]]}, "no device twice"),
+        ({"shard_servers": [[0]]}, "each of 2 stages"),
+        ({"local_steps": 0}, "outside"),
         ({"pipelines": [[0, 7]]}, "not an index"),
         ({"parameter_servers": [0]}, "parameter servers for 2 stages"),
         ({"layers_per_stage": [3, 0]}, "at least one layer"),

@@ -1,0 +1,139 @@
+"""peers/taskpool/cells.py, servers.py and assignment.py: leases count only from live members
+where the assignment allows them, spares take open cells, standbys take shards over."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from swarmd.errors import RecordError
+from swarmd.peers.identity import Identity
+from swarmd.peers.records import sign_record
+from swarmd.peers.run_spec import derive_run_id
+from swarmd.peers.taskpool.assignment import PROVISIONAL, provisional
+from swarmd.peers.taskpool.cells import (
+    CellLease,
+    open_cells,
+    parse_cell_lease,
+    pipeline_epoch,
+    resolve_cells,
+    spare_for,
+    spares,
+)
+from swarmd.peers.taskpool.servers import (
+    KIND as SHARD_KIND,
+)
+from swarmd.peers.taskpool.servers import (
+    MAX_UNSEEN_STEPS,
+    SeenVersions,
+    ShardLease,
+    encode_proof,
+    parse_shard_lease,
+    resolve_shards,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+T0 = 1_800_000_000.0
+A, B, C, D = (Identity.generate() for _ in range(4))
+RUN = derive_run_id("pool", A.public_key)
+
+
+def cell(who: Identity, p: int = 0, s: int = 0, claimed_at: float = T0, **kw: object) -> CellLease:
+    fields: dict[str, object] = dict(run_id=RUN, pipeline=p, stage=s, peer_id=who.peer_id, claimed_at=claimed_at,
+                                     issued_at=T0, expires_at=T0 + 30)  # fmt: skip
+    fields.update(kw)
+    return CellLease(**fields)  # type: ignore[arg-type]
+
+
+def shard(who: Identity, s: int = 0, k: int = 0, shards: int = 1, **kw: object) -> ShardLease:
+    fields: dict[str, object] = dict(run_id=RUN, stage=s, shard=k, shards=shards, peer_id=who.peer_id,
+                                     claimed_at=T0, issued_at=T0, expires_at=T0 + 30, version=5)  # fmt: skip
+    fields.update(kw)
+    return ShardLease(**fields)  # type: ignore[arg-type]
+
+
+def test_cell_lease_round_trip_and_impostor() -> None:
+    original = cell(A, p=3, s=1)
+    assert parse_cell_lease(original.sign(A), run_id=RUN, now=T0, peer_id=A.peer_id) == original
+    with pytest.raises(RecordError, match="signed by"):
+        parse_cell_lease(sign_record(A, "cell-lease", dataclasses.asdict(cell(B))), run_id=RUN, now=T0)
+
+
+def test_a_lease_counts_only_from_a_live_member_where_the_assignment_allows_it() -> None:
+    named = {(0, 0): A.peer_id, (0, 1): B.peer_id}
+    live = {A.peer_id, B.peer_id, C.peer_id}
+    leases = [cell(A), cell(C, s=1, claimed_at=T0 - 100), cell(B, s=1), cell(D, s=0, claimed_at=T0 - 999)]
+    holders = resolve_cells(leases, named, live, T0)
+    # A and B are named; C (a spare) may not take a cell whose named peer is live; D is no member.
+    assert {c: h.peer_id for c, h in holders.items()} == {(0, 0): A.peer_id, (0, 1): B.peer_id}
+    # B leaves: its cell is open, and the spare C takes it; D, with no heartbeat, still cannot.
+    live = {A.peer_id, C.peer_id}
+    holders = resolve_cells([cell(A), cell(C, s=1), cell(D, s=1, claimed_at=T0 - 999)], named, live, T0)
+    assert holders[(0, 1)].peer_id == C.peer_id
+    assert open_cells(named, live) == [(0, 1)] and spares(named, live) == [C.peer_id]
+
+
+def test_a_spare_keeps_one_open_cell_and_the_draw_gives_each_cell_its_own_spare() -> None:
+    named = {(0, 0): A.peer_id, (1, 0): B.peer_id}
+    live = {C.peer_id, D.peer_id}
+    holders = resolve_cells([cell(C, p=0, claimed_at=T0 - 2), cell(C, p=1, claimed_at=T0 - 1)], named, live, T0)
+    assert [h.cell for h in holders.values()] == [(0, 0)]
+    draw = spare_for([(0, 0), (1, 0)], [C.peer_id, D.peer_id])
+    assert sorted(draw.values()) == sorted([C.peer_id, D.peer_id])
+    assert spare_for([(0, 0), (1, 0)], [D.peer_id, C.peer_id]) == draw  # the same for every reader
+
+
+def test_the_epoch_names_every_holder_in_order() -> None:
+    assert pipeline_epoch(0, [A.peer_id, None]) is None
+    assert pipeline_epoch(0, [A.peer_id, B.peer_id]) != pipeline_epoch(0, [B.peer_id, A.peer_id])
+    assert pipeline_epoch(0, [A.peer_id, B.peer_id]) != pipeline_epoch(1, [A.peer_id, B.peer_id])
+
+
+def test_only_the_named_standby_takes_a_shard_over_with_the_holders_signed_word() -> None:
+    named, counts = {(0, 0): A.peer_id}, {0: 1}
+    holder = shard(A, standby=B.peer_id)
+    raw = holder.sign(A)
+    take = shard(B, claimed_at=T0 + 5, issued_at=T0 + 5, expires_at=T0 + 35, proof=encode_proof(raw))
+    assert parse_shard_lease(take.sign(B), run_id=RUN, now=T0 + 5) == take
+    # C claims with A's lease as proof, but A named B: refused when read.
+    forged = shard(C, claimed_at=T0 + 5, issued_at=T0 + 5, expires_at=T0 + 35, proof=encode_proof(raw))
+    with pytest.raises(RecordError, match="does not name it"):
+        parse_shard_lease(forged.sign(C), run_id=RUN, now=T0 + 5)
+    # While A lives, B's take-over does not count; once A is gone it does.
+    assert resolve_shards([holder, take], named, counts, {A.peer_id, B.peer_id}, T0 + 6)[(0, 0)].peer_id == A.peer_id
+    assert resolve_shards([take], named, counts, {B.peer_id}, T0 + 6)[(0, 0)].peer_id == B.peer_id
+    # A lease from another sharding of the stage is void, and so is one from a non-member.
+    assert resolve_shards([shard(A, shards=2)], named, counts, {A.peer_id}, T0) == {}
+    assert resolve_shards([holder], named, counts, {B.peer_id}, T0) == {}
+
+
+def test_a_proof_must_be_fresh_and_for_this_shard() -> None:
+    old = shard(A, standby=B.peer_id, issued_at=T0 - 5000, claimed_at=T0 - 5000, expires_at=T0 - 4990)
+    stale = shard(B, claimed_at=T0, proof=encode_proof(old.sign(A)))
+    with pytest.raises(RecordError, match="just before"):
+        parse_shard_lease(stale.sign(B), run_id=RUN, now=T0)
+    other = shard(A, k=1, shards=2, standby=B.peer_id)
+    with pytest.raises(RecordError, match="another shard"):
+        parse_shard_lease(shard(B, proof=encode_proof(other.sign(A))).sign(B), run_id=RUN, now=T0)
+    with pytest.raises(RecordError, match="outside"):
+        parse_shard_lease(sign_record(A, SHARD_KIND, {**dataclasses.asdict(shard(A)), "shard": 1}), run_id=RUN,
+                          now=T0)  # fmt: skip
+
+
+def test_a_replica_far_past_what_rightful_holders_showed_is_not_believed() -> None:
+    seen = SeenVersions()
+    seen.note({(0, 0): shard(A, version=40)})
+    assert seen.admits((0, 0), 40 + MAX_UNSEEN_STEPS) and not seen.admits((0, 0), 10**6)
+    assert not seen.admits((1, 0), MAX_UNSEEN_STEPS + 1)
+
+
+def test_provisional_assignment_spreads_members_and_one_holds_everything_alone() -> None:
+    alone = provisional(["x"], stages=3, batch_micro_batches=8)
+    assert alone.version == PROVISIONAL and alone.cells == (("x", "x", "x"),) and alone.servers == (("x",),) * 3
+    four = provisional(["d", "c", "b", "a"], stages=2, batch_micro_batches=8)
+    assert four.cells == (("a", "b"), ("c", "d")) and four.share_micro_batches == 4
+    assert four.servers == (("a",), ("b",)) and four.cells_of("c") == [(1, 0)]
+    three = provisional(["a", "b", "c"], stages=2, batch_micro_batches=8)
+    assert three.cells == (("a", "b"),)  # c is a spare
