@@ -44,6 +44,11 @@ from swarmd.peers.reliability import parse_observations
 from swarmd.peers.run_spec import SignedRunSpec, open_run_spec, verify_run_spec
 from swarmd.peers.stage_leases import KIND as LEASE_KIND
 from swarmd.peers.stage_leases import StageLease, parse_lease
+from swarmd.peers.taskpool.cells import KIND as CELL_KIND
+from swarmd.peers.taskpool.cells import CellLease, parse_cell_lease
+from swarmd.peers.taskpool.lease import Lease
+from swarmd.peers.taskpool.servers import KIND as SHARD_KIND
+from swarmd.peers.taskpool.servers import ShardLease, parse_shard_lease
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +70,14 @@ def stage_key(run_id: str, stage: int) -> str:
     return f"swarmd/{run_id}/stage/{stage}"
 
 
+def cells_key(run_id: str, pipeline: int) -> str:
+    return f"swarmd/{run_id}/cells/{pipeline}"
+
+
+def shards_key(run_id: str, stage: int) -> str:
+    return f"swarmd/{run_id}/shards/{stage}"
+
+
 def links_key(run_id: str) -> str:
     return f"swarmd/{run_id}/links"
 
@@ -84,6 +97,13 @@ PER_PEER_KINDS: dict[str, tuple[Callable[..., Any], Callable[[str], str]]] = {
     LINKS_KIND: (parse_links, links_key),
     PLAN_KIND: (parse_plan, plan_key),
     OBSERVATIONS_KIND: (parse_observations, observations_key),
+}
+
+# The task pool's leases, one per holder (its peer ID the subkey) under one key per pipeline or
+# stage: kind -> (parser, the key a lease's own content implies).
+LEASE_KINDS: dict[str, tuple[Callable[..., Any], Callable[[Any], str]]] = {
+    CELL_KIND: (parse_cell_lease, lambda lease: cells_key(lease.run_id, lease.pipeline)),
+    SHARD_KIND: (parse_shard_lease, lambda lease: shards_key(lease.run_id, lease.stage)),
 }
 
 _PLAIN_VALUE = MSGPackSerializer.dumps(None)  # hivemind's subkey for a value without subkeys
@@ -123,6 +143,10 @@ class SwarmRecordValidator(RecordValidatorBase):
                 parser, key_of = PER_PEER_KINDS[kind]
                 found = parser(value, run_id=None, now=None, peer_id=subkey)
                 return record.key == _dht_id(key_of(found.run_id)) and record.expiration_time <= found.expires_at
+            if kind in LEASE_KINDS:
+                parser, lease_key = LEASE_KINDS[kind]
+                found = parser(value, run_id=None, now=None, peer_id=subkey)
+                return record.key == _dht_id(lease_key(found)) and record.expiration_time <= found.expires_at
             if kind == LEASE_KIND:
                 lease = parse_lease(value, run_id=None, now=None, peer_id=subkey)
                 return (
@@ -294,6 +318,35 @@ class SwarmDHT:
                 continue
             if lease.stage == stage:
                 leases.append(lease)
+        return leases
+
+    async def publish_pool_lease(self, lease: Lease, raw: bytes) -> bool:
+        """Store this peer's cell or shard lease under the key its content implies."""
+        _, lease_key = LEASE_KINDS[lease.KIND]
+        return bool(await self.dht.store(lease_key(lease), raw, lease.expires_at, subkey=lease.peer_id,
+                                         return_future=True))  # fmt: skip
+
+    async def scan_cells(self, pipeline: int, now: float) -> list[CellLease]:
+        """Every verified lease of ``pipeline``'s cells (live or not: the caller resolves)."""
+        found = await self._scan_pool(CELL_KIND, cells_key(self.run_id, pipeline), now)
+        return [lease for lease, _ in found if lease.pipeline == pipeline]
+
+    async def scan_shards(self, stage: int, now: float) -> list[tuple[ShardLease, bytes]]:
+        """Every verified lease of ``stage``'s shards, with its signed bytes (a take-over's proof)."""
+        found = await self._scan_pool(SHARD_KIND, shards_key(self.run_id, stage), now)
+        return [(lease, raw) for lease, raw in found if lease.stage == stage]
+
+    async def _scan_pool(self, kind: str, key: str, now: float) -> list[tuple[Any, bytes]]:
+        found = await self.dht.get(key, latest=True, return_future=True)
+        if found is None or not isinstance(found.value, dict):
+            return []
+        parser, _ = LEASE_KINDS[kind]
+        leases = []
+        for subkey, item in found.value.items():
+            try:
+                leases.append((parser(item.value, run_id=self.run_id, now=now, peer_id=subkey), item.value))
+            except RecordError as e:
+                logger.debug("Dropped a %s record: %s", kind, e)
         return leases
 
     async def publish_peer_record(self, kind: str, peer_id: str, raw: bytes, expires_at: float) -> bool:

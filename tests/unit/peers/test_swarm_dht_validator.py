@@ -323,3 +323,25 @@ def test_links_and_plan_records_under_their_own_keys_only(validate: Validator, r
     assert validate(run_id, key=f"swarmd/{run_id}/plan", value=raw, subkey=member.peer_id, expiration=now + 60)
     assert not validate(run_id, key=f"swarmd/{run_id}/plan", value=raw, subkey=member.peer_id, expiration=now + 600)
     assert not validate(run_id, key=f"swarmd/{run_id}/links", value=raw, subkey=member.peer_id, expiration=now + 60)
+
+
+def test_pool_leases_under_their_own_pipeline_or_stage_key_only(
+    validate: Validator, run_id: str, member: Identity
+) -> None:
+    from swarmd.peers.taskpool.cells import CellLease
+    from swarmd.peers.taskpool.servers import ShardLease
+
+    now = time.time()
+    cell = CellLease(run_id=run_id, pipeline=2, stage=1, peer_id=member.peer_id, claimed_at=now, issued_at=now,
+                     expires_at=now + 30)  # fmt: skip
+    shard = ShardLease(run_id=run_id, stage=1, shard=0, shards=2, peer_id=member.peer_id, claimed_at=now,
+                       issued_at=now, expires_at=now + 30, version=7)  # fmt: skip
+    for lease, right, wrong in [(cell, "cells/2", "cells/1"), (shard, "shards/1", "shards/0")]:
+        raw = lease.sign(member)
+        ok = dict(value=raw, subkey=member.peer_id, expiration=lease.expires_at)
+        assert validate(run_id, key=f"swarmd/{run_id}/{right}", **ok)
+        assert not validate(run_id, key=f"swarmd/{run_id}/{wrong}", **ok)
+        assert not validate(run_id, key=f"swarmd/{run_id}/{right}", value=raw, subkey="someone-else",
+                            expiration=lease.expires_at)  # fmt: skip
+        assert not validate(run_id, key=f"swarmd/{run_id}/{right}", value=raw, subkey=member.peer_id,
+                            expiration=lease.expires_at + 60)  # fmt: skip
