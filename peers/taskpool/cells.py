@@ -137,3 +137,19 @@ def pipeline_epoch(pipeline: int, holders: list[str | None]) -> str | None:
         return None
     text = f"{pipeline}:" + ",".join(h for h in holders if h is not None)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def cells_to_hold(me: str, named: Mapping[Cell, str], holders: Mapping[Cell, CellLease], live: set[str]) -> list[Cell]:
+    """The cells ``me`` should claim or keep: those the assignment names it for; a spare keeps
+    the open cell it already holds, else claims the one ``spare_for`` draws for it among the
+    open cells no spare holds yet."""
+    mine = sorted(cell for cell, peer in named.items() if peer == me)
+    if mine:
+        return mine
+    taken = {cell: lease.peer_id for cell, lease in holders.items() if named[cell] not in live}
+    held = sorted(cell for cell, peer in taken.items() if peer == me)
+    if held:
+        return held[:1]
+    free = [cell for cell in open_cells(named, live) if cell not in taken]
+    draw = spare_for(free, [p for p in spares(named, live) if p not in taken.values()])
+    return sorted(cell for cell, peer in draw.items() if peer == me)

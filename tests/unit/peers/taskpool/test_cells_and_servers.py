@@ -137,3 +137,19 @@ def test_provisional_assignment_spreads_members_and_one_holds_everything_alone()
     assert four.servers == (("a",), ("b",)) and four.cells_of("c") == [(1, 0)]
     three = provisional(["a", "b", "c"], stages=2, batch_micro_batches=8)
     assert three.cells == (("a", "b"),)  # c is a spare
+
+
+def test_a_peer_holds_what_it_is_named_for_and_a_spare_keeps_the_open_cell_it_took() -> None:
+    from swarmd.peers.taskpool.cells import cells_to_hold
+
+    named = {(0, 0): A.peer_id, (0, 1): B.peer_id, (1, 0): A.peer_id}
+    assert cells_to_hold(A.peer_id, named, {}, {A.peer_id, B.peer_id}) == [(0, 0), (1, 0)]
+    live = {A.peer_id, C.peer_id, D.peer_id}  # B left: (0, 1) is open, C and D are spares
+    drawn = [cells_to_hold(x.peer_id, named, {}, live) for x in (C, D)]
+    assert sorted(map(len, drawn)) == [0, 1]
+    taker = C if drawn[0] else D
+    other = D if taker is C else C
+    # Once the other spare holds it, the draw does not move it back.
+    holders = {(0, 1): cell(other, s=1)}
+    assert cells_to_hold(other.peer_id, named, holders, live) == [(0, 1)]
+    assert cells_to_hold(taker.peer_id, named, holders, live) == []
