@@ -1,6 +1,10 @@
 """What travels between peers on the data path, and how (``swarmd.peers.wire``).
 
+- ``errors``         refusal codes and their typed exceptions; transport failures
+- ``protocol``       requests and answers as frozen dataclasses, checked against their annotations
+- ``messages``       every request and answer of the data path (``docs/data-path.md``), relaying, probes
 - ``rpc``            framed requests over hivemind P2P streams: bounded, with deadlines, counted
+- ``sizes``          the bytes of every message, as the planner and the simulator charge them
 - ``tensors``        tensor frames checked against the plan before use
 - ``routing``        which way a request goes: direct, or through an elected relay
 - ``emulated_delay`` a test-only latency shim for the calibration harness (this kernel has no netem)
