@@ -14,4 +14,5 @@ DEFAULT_RUN: dict[str, Any] = {
     "batch": {"sequences": 16, "micro_batch": 4},
     "optimizer": {"name": "adamw", "lr": 0.001, "weight_decay": 0.01, "max_staleness": 4},
     "stages": 2,
+    "exchange": {"local_steps": 1, "outer_lr": 0.7, "outer_momentum": 0.9},
 }

@@ -65,6 +65,12 @@ class RunSpec:
     max_staleness: int
     """How many updates a micro-batch's weights may lag behind the parameter server's."""
     stages: int
+    local_steps: int = 1
+    """H: 1 contributes gradients every share (the servers step AdamW); more runs that many inner
+    optimizer steps per round on every pipeline and contributes pseudo-gradients (DiLoCo);
+    0 leaves H to the planner (``docs/data-path.md``)."""
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
 
     def to_body(self) -> dict[str, Any]:
         return {
@@ -80,13 +86,16 @@ class RunSpec:
                 "max_staleness": self.max_staleness,
             },
             "stages": self.stages,
+            "exchange": {
+                "local_steps": self.local_steps, "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum,
+            },
         }  # fmt: skip
 
 
 def parse_spec_body(body: dict[str, Any]) -> RunSpec:
     """Check a spec's schema and ranges; raises RecordError naming the field."""
     f = Fields(body, "run spec")
-    f.only({"name", "model", "data", "batch", "optimizer", "stages"})
+    f.only({"name", "model", "data", "batch", "optimizer", "stages", "exchange"})
     name = f.string("name", 40)
     if not _NAME.fullmatch(name):
         raise RecordError(f"run spec: name {name!r} must be 1-40 characters of a-z, 0-9 and '-'")
@@ -119,11 +128,17 @@ def parse_spec_body(body: dict[str, Any]) -> RunSpec:
     stages = f.integer("stages", 1, 1024)
     if stages > model.layers:
         raise RecordError(f"run spec: stages {stages} exceeds model.layers {model.layers}")
+    exchange = {"local_steps": 1, "outer_lr": 0.7, "outer_momentum": 0.9}
+    if "exchange" in body:  # specs signed before local steps existed have none
+        x = f.object("exchange")
+        x.only(set(exchange))
+        exchange = {"local_steps": x.integer("local_steps", 0, 1000), "outer_lr": x.number("outer_lr", 1e-6, 10.0),
+                    "outer_momentum": x.number("outer_momentum", 0.0, 0.999)}  # fmt: skip
     return RunSpec(
         name=name, model=model, corpus=d.string("corpus", 1024), batch_sequences=sequences,
         micro_batch=micro_batch, optimizer=optimizer, lr=o.number("lr", 0.0, 10.0),
         weight_decay=o.number("weight_decay", 0.0, 10.0), max_staleness=o.integer("max_staleness", 0, 1000),
-        stages=stages,
+        stages=stages, **exchange,  # type: ignore[arg-type]
     )  # fmt: skip
 
 

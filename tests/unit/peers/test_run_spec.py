@@ -324,3 +324,15 @@ def test_run_id_pk_is_the_creators(creator: Identity) -> None:
     signed = sign_run_spec(creator, parse_spec_body(copy.deepcopy(DEFAULT_RUN)))
     envelope = json.loads(signed.raw)
     assert base64.b64decode(envelope["pk"]) == creator.public_key
+
+
+def test_exchange_section_is_optional_and_checked() -> None:
+    body = copy.deepcopy(DEFAULT_RUN)
+    del body["exchange"]
+    assert parse_spec_body(body).local_steps == 1  # a spec signed before local steps existed
+    body["exchange"] = {"local_steps": 50, "outer_lr": 0.7, "outer_momentum": 0.9}
+    spec = parse_spec_body(body)
+    assert (spec.local_steps, spec.outer_lr) == (50, 0.7)
+    body["exchange"]["local_steps"] = 5000
+    with pytest.raises(RecordError, match="local_steps"):
+        parse_spec_body(body)
