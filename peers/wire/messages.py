@@ -106,9 +106,23 @@ class _CellTensor(Request[Ack]):
     epoch: str = bound(min_len=1, max_len=MAX_EPOCH_CHARS)
     """The pipeline's epoch (a digest of its holders): a cell refuses another epoch's (EPOCH)."""
     share_id: int = _index()
+    share_first: int = _index()
+    """The share's first micro-batch: a cell learns a share from its first message."""
+    share_count: int = bound(min_value=1, max_value=MAX_MICRO_BATCHES)
+    round_end: bool
+    """Whether this share ends its round: after it, every cell contributes."""
     micro_batch: int = _index()
     version: int = _index(-1)
     """The sender's weights version, for status."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.share_first <= self.micro_batch < self.share_first + self.share_count:
+            raise SchemaError(
+                f"{type(self).__name__}.micro_batch",
+                self.micro_batch,
+                f"must lie in its share [{self.share_first}, {self.share_first + self.share_count})",
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -268,6 +282,8 @@ class LedgerComplete(Request[Completed]):
     METHOD = "ledger.complete"
     RELAYABLE = True
 
+    pipeline: int = _pipeline()
+
     share_ids: list[int] = _share_ids()
 
 
@@ -278,6 +294,7 @@ class LedgerAbandon(Request[Ack]):
     METHOD = "ledger.abandon"
     RELAYABLE = True
 
+    pipeline: int = _pipeline()
     share_ids: list[int] = _share_ids()
 
 
