@@ -180,20 +180,29 @@ class Contribute(Request[Contributed]):
 @dataclass(frozen=True, kw_only=True)
 class _Versioned(Answer):
     """An answer of kind ``none`` (no blob), ``SINGLE`` (one blob, at ``version``) or ``LISTED``
-    (one blob per version in ``versions``, in order)."""
+    (one blob per entry of ``versions``, in order). ``versions`` names the version each blob
+    leads to: empty for none, empty or ``[version]`` for ``SINGLE``, increasing up to
+    ``version`` for ``LISTED``."""
 
     BLOBS = (0, MAX_BLOBS)
     SINGLE: ClassVar[str]
     LISTED: ClassVar[str]
 
+    version: int = _index(-1)
     kind: str = bound(max_len=16)
     versions: list[int] = _versions()
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if (self.kind == self.LISTED) != bool(self.versions):
-            rule = f"must name the version of each blob when kind is {self.LISTED}, and only then"
-            raise SchemaError(f"{type(self).__name__}.versions", self.versions, rule)
+        v = self.versions
+        if self.kind == self.LISTED:
+            ok = bool(v) and all(a < b for a, b in zip(v, v[1:], strict=False)) and v[-1] <= self.version
+        else:
+            ok = not v or (self.kind == self.SINGLE and v == [self.version])
+        if not ok:
+            rule = (f"must name the version each blob leads to: increasing up to version = {self.version} for "
+                    f"{self.LISTED}, [] or [version] for {self.SINGLE}, [] for none")  # fmt: skip
+            raise SchemaError(f"{type(self).__name__}.versions", v, rule)
 
     def expected_blobs(self) -> int:
         return {"none": 0, self.SINGLE: 1}.get(self.kind, len(self.versions))
@@ -212,7 +221,8 @@ class Pulled(_Versioned):
     kind: str = bound(choices=PULL_KINDS)
     committed: list[int] = _share_ids(_distinct)
     """Those of the cell's pending share IDs that are committed at this shard."""
-    unknown: list[int] = _share_ids(_distinct)
+    unknown: list[int] = bound(max_items=MAX_SHARE_IDS, min_value=0, max_value=MAX_INDEX, check=_distinct,
+                               default_factory=list)  # fmt: skip
     """Those this shard never saw (to send again, to this holder)."""
 
     def __post_init__(self) -> None:

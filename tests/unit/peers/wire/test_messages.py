@@ -46,8 +46,8 @@ def largest(cls: type[Message], **overrides: Any) -> Any:
 ADJUST: dict[str, dict[str, Any]] = {
     "Contribute": {"shard": m.MAX_SHARDS - 1},
     "Pull": {"shard": m.MAX_SHARDS - 1},
-    "Pulled": {"kind": "deltas", "unknown": []},
-    "Fetched": {"kind": "log"},
+    "Pulled": {"kind": "deltas", "unknown": [], "versions": list(range(m.MAX_INDEX - 63, m.MAX_INDEX + 1))},
+    "Fetched": {"kind": "log", "versions": list(range(m.MAX_INDEX - 63, m.MAX_INDEX + 1))},
     "CellForward": {"epoch": "e" * m.MAX_EPOCH_CHARS},
     "CellBackward": {"epoch": "e" * m.MAX_EPOCH_CHARS},
     "Forward": {"to": "p" * m.MAX_PEER_ID_CHARS},
@@ -129,14 +129,22 @@ def test_a_pulls_blobs_follow_its_kind() -> None:
     assert deltas.expected_blobs() == 2
     with pytest.raises(SchemaError, match="Pulled blobs = 1: must be exactly 2"):
         m.Pulled.decode(deltas.encode([b"a", b"b"])[0], [b"a"])
-    with pytest.raises(SchemaError, match="Pulled.versions = .*when kind is deltas"):
-        m.Pulled(version=9, kind="full", versions=[9], committed=[], unknown=[])
-    with pytest.raises(SchemaError, match="Pulled.versions = .*when kind is deltas"):
-        m.Pulled(version=9, kind="deltas", versions=[], committed=[], unknown=[])
+    assert m.Pulled(version=9, kind="full", versions=[9], committed=[]).expected_blobs() == 1
+    for kind, versions in (("full", [8]), ("deltas", []), ("deltas", [9, 8]), ("deltas", [9, 10]), ("none", [9])):
+        with pytest.raises(SchemaError, match="Pulled.versions = .*: must name the version each blob leads to"):
+            m.Pulled(version=9, kind=kind, versions=versions, committed=[], unknown=[])
     with pytest.raises(SchemaError, match="at most 4096 IDs"):
         m.Pulled(version=9, kind="none", versions=[], committed=list(range(3000)), unknown=list(range(3000, 6000)))
     assert m.Fetched(version=4, kind="log", versions=[3, 4]).expected_blobs() == 2
     assert m.Fetched(version=-1, kind="none", versions=[]).expected_blobs() == 0
+
+
+def test_a_cell_message_names_a_micro_batch_of_its_share() -> None:
+    fields: dict[str, Any] = {"run_id": RUN, "pipeline": 2, "stage": 1, "epoch": "e", "share_id": 7, "share_first": 56,
+                              "share_count": 8, "round_end": False, "version": 3}  # fmt: skip
+    assert m.CellBackward(**fields, micro_batch=63).micro_batch == 63
+    with pytest.raises(SchemaError, match=r"CellForward.micro_batch = 64: must lie in its share \[56, 64\)"):
+        m.CellForward(**fields, micro_batch=64)
 
 
 def test_an_issued_share_is_three_integers() -> None:
