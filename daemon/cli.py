@@ -101,8 +101,6 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--out", type=Path, metavar="DIR", help="where the report and plots go (default simulate-NAME)")
     sim.add_argument("--time-budget", type=float, default=0.5, metavar="S",
                      help="the planner's local search time per full plan (default 0.5)")  # fmt: skip
-    sim.add_argument("--push-every", type=int, default=2, metavar="N",
-                     help="micro-batches a worker sums before it pushes (default 2, as the daemon does)")  # fmt: skip
     sim.add_argument("--debug", action="store_true")
     return parser
 
@@ -408,7 +406,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     names = [n.strip() for n in args.strategies.split(",") if n.strip()] if args.strategies else list(NAMES)
     out = args.out or Path(f"simulate-{args.scenario.stem}")
     return run_simulate(args.scenario, hours=args.hours, seed=args.seed, strategies=names, out=out,
-                        time_budget_s=args.time_budget, push_every=args.push_every)  # fmt: skip
+                        time_budget_s=args.time_budget)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,14 +21,17 @@ from swarmd.errors import SwarmdError
 from swarmd.peers.planning.planner import PlannerSettings, plan
 from swarmd.peers.planning.scenario import Scenario, load_scenario
 from swarmd.peers.sim.churn import churn_schedule
-from swarmd.peers.sim.simulator import SimResult, SimSettings, simulate
+from swarmd.peers.sim.results import SimResult, single_device
+from swarmd.peers.sim.simulator import SimSettings, simulate
 from swarmd.peers.sim.strategies import NAMES, make_strategies
 
 FAILURE_FREE_HOURS = 2.0
 """The failure-free run of a strategy stops here: without churn its throughput is steady."""
 SMOOTH_BUCKETS = 10
 MAX_HOURS = 24.0 * 30
-MAX_PUSH_EVERY = 1 << 16
+PHASES = ("share", "share_compute", "round", "contribution", "pull", "commit_lag", "weights",
+          "wait_cells", "wait_ledger", "wait_backpressure")  # fmt: skip
+"""Where the time goes, in the report's order (``SimResult.phases``)."""
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -41,21 +44,26 @@ def _percentile(values: list[float], q: float) -> float | None:
 def summary(result: SimResult, failure_free: SimResult) -> dict[str, Any]:
     kinds = [e.kind for e in result.plan_events]
     runtimes = [e.runtime_s for e in result.plan_events if not e.kind.startswith("failed")]
+    bound = result.compute_bound_tokens_per_s
     return {
         "strategy": result.strategy,
         "tokens_per_s": round(result.tokens_per_s, 1),
         "failure_free_tokens_per_s": round(failure_free.tokens_per_s, 1),
         "kept": round(result.tokens_per_s / failure_free.tokens_per_s, 3) if failure_free.tokens_per_s else None,
+        "compute_bound_tokens_per_s": round(bound, 1),
+        "of_compute_bound": round(result.tokens_per_s / bound, 5) if bound else None,
         "updates": result.updates,
         "updates_lost": result.updates_lost,
-        "micro_batches_recomputed": result.micro_batches_recomputed,
+        "shares_recomputed": result.shares_recomputed,
+        "contributions_lost": result.contributions_lost,
         "stale_dropped": result.stale_dropped,
+        "duplicates": result.duplicates,
         "failovers": result.failovers,
+        "spare_claims": result.spare_claims,
         "coordinator_changes": result.coordinator_changes,
         "plans_lost": result.plans_lost,
         "relays": result.relays,
         "relayed_transfers": result.relayed_transfers,
-        "hand_overs": result.hand_overs,
         "recovery_median_s": _percentile(result.recovery_s, 0.5),
         "recovery_p90_s": _percentile(result.recovery_s, 0.9),
         "plans": {k: kinds.count(k) for k in ("full", "repair", "replan")},
@@ -63,8 +71,12 @@ def summary(result: SimResult, failure_free: SimResult) -> dict[str, Any]:
         "plan_runtime_median_ms": round(statistics.median(runtimes) * 1e3, 2) if runtimes else None,
         "plan_runtime_max_ms": round(max(runtimes) * 1e3, 2) if runtimes else None,
         "shape": list(result.shape),
-        "requests": result.requests,
-        "push_phases": result.push_phases,
+        "shards": list(result.shards),
+        "local_steps": result.local_steps,
+        "share_micro_batches": result.share_micro_batches,
+        "phases": result.phases,
+        "bytes_sent_max": max(result.sent_bytes, default=0.0),
+        "bytes_received_max": max(result.received_bytes, default=0.0),
         "wall_s": round(result.wall_s, 1),
         "events": result.events,
     }
@@ -79,59 +91,69 @@ def _fmt(value: Any, digits: int = 0) -> str:
 
 
 def markdown(scenario: Scenario, settings: SimSettings, rows: list[dict[str, Any]], churn: tuple[int, int]) -> str:
+    alone = single_device(scenario)
+    alone_text = (
+        f"the fastest device that holds the model alone ({alone.device}) trains {alone.tokens_per_s:,.0f} tokens/s"
+        if alone.tokens_per_s is not None
+        else f"no device holds the model alone (it needs {alone.needed_gib:.1f} GiB with its optimizer state)"
+    )
     lines = [
         f"# swarmd simulate: {scenario.name}",
         "",
         f"{scenario.n} devices, {settings.hours:g} simulated hours, seed {settings.seed}: {churn[0]} departures and "
         f"{churn[1]} returns, the same for every strategy. Failure-free: the same strategy without churn "
-        f"(at most {FAILURE_FREE_HOURS:g} h).",
+        f"(at most {FAILURE_FREE_HOURS:g} h). Trained tokens/s: the micro-batches of the contributions applied in "
+        f"committed updates; {alone_text}.",
         "",
-        "| strategy | tokens/s | failure-free | kept | updates | lost | recomputed | stale dropped | failovers "
-        "| recovery median / p90 s | plans full/repair/replan | plan runtime median / max ms | wall s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| strategy | tokens/s | failure-free | kept | of compute bound | shape S x N, K, H, k | updates | lost "
+        "| shares recomputed | contributions lost | stale dropped | failovers | recovery median / p90 s "
+        "| plans full/repair/replan | plan runtime median / max ms | wall s |",
+        "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         plans = r["plans"]
+        shape = f"{r['shape'][0]} x {r['shape'][1]}, K {'/'.join(map(str, r['shards']))}, H {r['local_steps']}, " \
+                f"k {r['share_micro_batches']}"  # fmt: skip
         lines.append(
             f"| {r['strategy']} | {_fmt(r['tokens_per_s'])} | {_fmt(r['failure_free_tokens_per_s'])} "
-            f"| {_fmt(r['kept'], 2)} | {_fmt(r['updates'])} | {_fmt(r['updates_lost'])} "
-            f"| {_fmt(r['micro_batches_recomputed'])} | {_fmt(r['stale_dropped'])} | {_fmt(r['failovers'])} "
+            f"| {_fmt(r['kept'], 2)} | {_fmt(r['of_compute_bound'], 4)} | {shape} | {_fmt(r['updates'])} "
+            f"| {_fmt(r['updates_lost'])} | {_fmt(r['shares_recomputed'])} | {_fmt(r['contributions_lost'])} "
+            f"| {_fmt(r['stale_dropped'])} | {_fmt(r['failovers'])} "
             f"| {_fmt(r['recovery_median_s'])} / {_fmt(r['recovery_p90_s'])} "
             f"| {plans['full']}/{plans['repair']}/{plans['replan']} "
             f"| {_fmt(r['plan_runtime_median_ms'], 1)} / {_fmt(r['plan_runtime_max_ms'], 1)} | {_fmt(r['wall_s'], 1)} |"
         )
     lines += [
         "",
-        "Where the time goes: each request's mean time in ms (and count), at the workers that sent it; a push's wait "
-        "for the server and its log at the standby, at the servers.",
+        "Where the time goes: mean seconds (and count) of a share (and its compute alone), a pipeline's round, a "
+        "contribution's way to its shard, a pull, a step's wait for its standby (commit lag), a new cell's weights, "
+        "and the pipelines' waits for a cell, for the ledger and for their last contribution (backpressure).",
         "",
-        "| strategy | claim | put | complete | push | wait for the server | log at the standby |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| strategy | " + " | ".join(p.replace("_", " ") for p in PHASES) + " |",
+        "|---|" + "---:|" * len(PHASES),
     ]
     for r in rows:
-        cells = [_op_cell(r["requests"], op) for op in ("claim", "put", "complete", "push")]
-        cells += [_op_cell(r["push_phases"], op) for op in ("wait_for_lock", "log_at_standby")]
-        lines.append(f"| {r['strategy']} | " + " | ".join(cells) + " |")
+        lines.append(f"| {r['strategy']} | " + " | ".join(_phase_cell(r["phases"], p) for p in PHASES) + " |")
     lines += [
         "",
-        "Elections and hosting: how often the coordinator changed; plans lost because their coordinator left while "
-        "computing them; the relays the last plan elected, and the transfers of the workers' requests that went "
-        "through one (the baselines send everything direct); stages handed to the server a plan named.",
+        "Elections and faults: how often the coordinator changed; plans lost because their coordinator left while "
+        "computing them; the relays the last plan elected and the transfers that went through one (the baselines "
+        "send everything direct); cells spares took before a repair; recomputes acknowledged and not applied twice.",
         "",
-        "| strategy | coordinator changes | plans lost | relays | transfers relayed | hand-overs |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| strategy | coordinator changes | plans lost | relays | transfers relayed | spare claims | duplicates |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['strategy']} | {_fmt(r['coordinator_changes'])} | {_fmt(r['plans_lost'])} | {_fmt(r['relays'])} "
-            f"| {_fmt(r['relayed_transfers'])} | {_fmt(r['hand_overs'])} |"
+            f"| {_fmt(r['relayed_transfers'])} | {_fmt(r['spare_claims'])} | {_fmt(r['duplicates'])} |"
         )
     return "\n".join(lines) + "\n"
 
 
-def _op_cell(by_op: dict[str, dict[str, float]], op: str) -> str:
-    figures = by_op.get(op)
-    return f"{figures['mean_ms']:,.0f} ({figures['n']:,})" if figures else "-"
+def _phase_cell(phases: dict[str, dict[str, float]], name: str) -> str:
+    figures = phases.get(name)
+    return f"{figures['mean_ms'] / 1e3:,.1f} ({figures['n']:,})" if figures else "-"
 
 
 def plot(results: list[SimResult], out: Path) -> list[Path]:
@@ -160,7 +182,7 @@ def plot(results: list[SimResult], out: Path) -> list[Path]:
         total = sum(r.staleness.values()) or 1
         xs = sorted(r.staleness)
         ax.bar([x + k * width for x in xs], [r.staleness[x] / total for x in xs], width=width, label=r.strategy)
-    ax.set(xlabel="staleness (versions behind)", ylabel="share of applied pushes", title="Staleness")
+    ax.set(xlabel="staleness (versions behind)", ylabel="share of applied contributions", title="Staleness")
     ax.legend(fontsize=8)
     written.append(_save(fig, out / "staleness.png"))
     fig, ax = plt.subplots(figsize=(10, 4))
@@ -192,17 +214,14 @@ def run_simulate(
     strategies: list[str],
     out: Path,
     time_budget_s: float,
-    push_every: int = 2,
 ) -> int:
     if not 0 < hours <= MAX_HOURS:
         raise SwarmdError(f"--hours {hours:g} is out of range: give more than 0 and at most {MAX_HOURS:g}")
     unknown = [n for n in strategies if n not in NAMES]
     if unknown:
         raise SwarmdError(f"unknown strategy {', '.join(unknown)}; choose from {', '.join(NAMES)}")
-    if not 1 <= push_every <= MAX_PUSH_EVERY:
-        raise SwarmdError(f"--push-every {push_every} is out of range: give 1 to {MAX_PUSH_EVERY}")
     scenario = load_scenario(scenario_path)
-    settings = SimSettings(hours=hours, seed=seed, push_every=push_every)
+    settings = SimSettings(hours=hours, seed=seed)
     # The run's shape: swarmd's plan for the whole scenario (the stage count stays fixed).
     shape = plan(scenario, PlannerSettings(time_budget_s=time_budget_s, seed=seed)).shape
     up0, churn = churn_schedule(scenario, hours * 3600.0, seed)

@@ -111,6 +111,24 @@ class SharedLinks:
         if left > 1e-9 * float(self.size[slot]) and left / rate > 1e-9 * max(now, 1.0):
             self._reschedule(slot, now + left / rate)
             return None
+        payload = self.payload[slot]
+        self._remove(now, slot)
+        return payload
+
+    def cancel(self, now: float, slot: int) -> None:
+        """The flow stops part way (an end left the swarm): its bytes stop and ``due`` will
+        never return its payload; the others' rates are re-divided."""
+        if slot not in self.sending.get(int(self.src[slot]), _NONE):
+            raise ValueError(f"flow slot {slot} is not in flight")
+        self._advance_clock(now)
+        self._remove(now, slot)
+
+    def flows_of(self, device: int) -> list[int]:
+        """The slots of the flows ``device`` sends or receives."""
+        return sorted(self.sending.get(device, _NONE) | self.receiving.get(device, _NONE))
+
+    def _remove(self, now: float, slot: int) -> None:
+        rate = float(self.rate[slot])
         src, dst = int(self.src[slot]), int(self.dst[slot])
         for index, key in ((self.sending, src), (self.receiving, dst)):
             members = index[key]
@@ -123,11 +141,11 @@ class SharedLinks:
             self.pairs[src, dst] -= 1
         self.up_load[src] = max(0.0, self.up_load[src] - rate)
         self.down_load[dst] = max(0.0, self.down_load[dst] - rate)
-        payload, self.payload[slot] = self.payload[slot], None
+        self.payload[slot] = None
         self.serial[slot] = 0
+        self.eta[slot] = np.inf
         self.free.append(slot)
         self._share(now, src, dst)
-        return payload
 
     def _advance_clock(self, now: float) -> None:
         """Flows are advanced to ``now``: a start or an end in the past would undo bytes sent."""

@@ -10,8 +10,10 @@
   on every change.
 - ``petals-greedy``: Petals' greedy block choice, redone on every change.
 
-Every strategy gets swarmd's task pool, parameter servers and elected coordinator; only
-swarmd and its ablations route requests through elected relays.
+Every strategy gets swarmd's data path (cells, the share ledger, sharded parameter servers
+with their standbys) and elected coordinator; only swarmd and its ablations send messages
+through elected relays. A baseline's plan names one shard per stage, at its parameter server,
+H = 1 and k = the batch over the pipelines.
 
 The baselines need a shape: the run's stages, and as many pipelines as swarmd's first plan
 has, fewer when fewer devices are live. They take every live device as it comes; only swarmd

@@ -1,6 +1,6 @@
 """How long the simulator takes at scale, and how much memory it holds (figures, no assertions).
 
-    .venv/bin/python tests/benchmarks/bench_simulator.py --devices 1000 --hours 24
+    .venv/bin/python tests/benchmarks/bench_simulator.py --devices 1000 --hours 2
 
 A synthetic scenario (``swarmd.peers.planning.scenario_gen``, three regions, devices that come and go)
 of the given size, simulated with swarmd's strategy; prints the setup (building the scenario
@@ -24,7 +24,7 @@ from swarmd.peers.sim.strategies import make_strategies
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--devices", type=int, nargs="+", default=[1000])
-    parser.add_argument("--hours", type=float, default=24.0)
+    parser.add_argument("--hours", type=float, default=2.0)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     for n in args.devices:
@@ -42,14 +42,17 @@ def main() -> None:
               f"first plan {plan_s:.1f} s), simulated in {result.wall_s:.0f} s (its own first plan "
               f"{result.plan_events[0].runtime_s:.1f} s), {result.events:,} events, "
               f"peak RSS {rss_mib:.0f} MiB")  # fmt: skip
-        print(f"  shape {result.shape}, {result.tokens_per_s:,.0f} tokens/s, {result.updates} updates, "
-              f"{result.updates_lost} lost, {result.micro_batches_recomputed} micro-batches recomputed, "
-              f"{result.departures} departures, {result.failovers} failovers, {len(repairs)} repairs "
+        print(f"  shape {result.shape[0]} x {result.shape[1]}, K {result.shards}, H {result.local_steps}, "
+              f"k {result.share_micro_batches}: {result.tokens_per_s:,.0f} trained tokens/s "
+              f"({result.tokens_per_s / result.compute_bound_tokens_per_s:.2%} of the compute bound), "
+              f"{result.updates} updates, {result.updates_lost} lost, {result.shares_recomputed} shares recomputed, "
+              f"{result.stale_dropped} contributions stale, {result.departures} departures, "
+              f"{result.failovers} failovers, {len(repairs)} repairs "
               f"(median {statistics.median(repairs) * 1e3 if repairs else 0:.1f} ms, "
               f"max {max(repairs, default=0) * 1e3:.0f} ms)")  # fmt: skip
         print(f"  elections: {result.coordinator_changes} coordinator changes, {result.plans_lost} plans lost with "
               f"their coordinator, {result.relays} relays, {result.relayed_transfers:,} transfers relayed, "
-              f"{result.hand_overs} stages handed to a plan's server")  # fmt: skip
+              f"{result.spare_claims} cells taken by spares")  # fmt: skip
 
 
 if __name__ == "__main__":

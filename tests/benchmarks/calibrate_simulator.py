@@ -58,7 +58,8 @@ from swarmd.peers.election import coordination_round_s
 from swarmd.peers.planning.plan_cost import Plan, stage_flops_per_sequence
 from swarmd.peers.planning.scenario import Scenario, Shape, parse_scenario
 from swarmd.peers.sim.churn import ChurnEvent
-from swarmd.peers.sim.simulator import SimSettings, Simulation, Strategy, recovery_times
+from swarmd.peers.sim.results import recovery_times
+from swarmd.peers.sim.simulator import SimSettings, Simulation, Strategy
 from swarmd.peers.sim.strategies import make_strategies
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the namespaces' helpers

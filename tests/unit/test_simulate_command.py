@@ -38,15 +38,17 @@ def test_simulate_writes_a_report_numbers_and_plots(
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "| swarmd |" in printed and "| petals-greedy |" in printed
-    assert "| strategy | claim | put | complete | push |" in printed  # where the time goes
-    assert "| strategy | coordinator changes | plans lost | relays | transfers relayed | hand-overs |" in printed
+    assert "| strategy | share | share compute | round | contribution | pull | commit lag |" in printed
+    assert "| strategy | coordinator changes | plans lost | relays | transfers relayed | spare claims |" in printed
     assert (out / "report.md").read_text() in printed
     data = json.loads((out / "results.json").read_text())
     assert [r["strategy"] for r in data["rows"]] == ["swarmd", "petals-greedy"]
     for row, run in zip(data["rows"], data["runs"], strict=True):
         assert row["updates_lost"] == 0 and row["tokens_per_s"] > 0 and row["failure_free_tokens_per_s"] > 0
+        assert 0 < row["of_compute_bound"] < 1
         assert run["plan_events"][0]["kind"] == "full" and len(run["timeline"]) >= 30
-        assert row["requests"]["claim"]["n"] > 0 and row["push_phases"]["wait_for_lock"]["n"] > 0
+        assert row["phases"]["share"]["n"] > 0 and row["phases"]["contribution"]["n"] > 0
+        assert len(run["sent_bytes"]) == data["devices"]
     # Twelve members elect no relay beyond the first (one per sixteen), and only swarmd elects.
     assert [row["relays"] for row in data["rows"]] == [1, 0]
     for name in ("tokens_per_s.png", "staleness.png", "plan_runtimes.png"):
@@ -59,7 +61,6 @@ def test_simulate_writes_a_report_numbers_and_plots(
         (["--hours", "0"], "--hours 0 is out of range"),
         (["--hours", "1", "--strategies", "swarmd,magic"], "unknown strategy magic"),
         (["--hours", "1", "--time-budget", "-1"], "--time-budget -1"),
-        (["--hours", "1", "--push-every", "0"], "--push-every 0 is out of range"),
     ],
 )
 def test_user_errors_are_one_line(

@@ -139,3 +139,14 @@ def test_a_flow_cannot_start_before_the_last_flow_event() -> None:
     links.start(5.0, 0, 1, 10.0, None)
     with pytest.raises(ValueError, match="before the last one"):
         links.start(4.0, 0, 2, 10.0, None)
+
+
+def test_a_cancelled_flow_stops_and_its_share_goes_to_the_others() -> None:
+    clock = Clock(np.full((3, 3), 100.0), np.full(3, 100.0), np.full(3, 100.0))
+    clock.links.start(0.0, 0, 1, 100.0, "kept")
+    cut = clock.links.start(0.0, 0, 2, 100.0, "cut")
+    assert clock.links.flows_of(0) == sorted([cut, *clock.links.sending[0] - {cut}])
+    clock.links.cancel(1.0, cut)  # each has 50 B left at 50 B/s
+    assert clock.run() == {"kept": pytest.approx(1.5)}
+    with pytest.raises(ValueError, match="not in flight"):
+        clock.links.cancel(2.0, cut)

@@ -1,0 +1,257 @@
+"""The simulator's engine: one event queue, and every message as a flow on the shared links.
+
+- ``at(t, handler, *args)`` runs ``handler(t, *args)`` at simulated time ``t``. Events live in
+  a heap of (time, sequence, handler, args): ties run in the order they were set, so a run
+  is deterministic for its seed.
+- ``send``: one message of ``nbytes`` from ``src`` to ``dst``, as a flow on the shared links
+  (``swarmd.peers.sim.shared_links``), then the path's latency, then its handler. Through a
+  relay it is stored and forwarded: a flow to the relay, and once all of it is there a flow
+  on. A relay that left meanwhile never forwards it, and the sender sends it again on the
+  direct path (the daemon's ``Router`` falls back to it when the relay is unreachable).
+- ``stream``: the messages of one share across one pipeline boundary, as one flow. Through a
+  relay both hops carry it at once: each message is forwarded as soon as it is in, so the
+  slower hop sets the pace.
+- ``cut``: a departed device's flows stop, and their handlers never run.
+- ``route``: the relay a message takes, by the daemon's rule (``choose_route``).
+
+A message's latency: the path's one-way latency, the stack's cost of a request
+(``request_overhead_s``), the standing queue of each busy interface it crosses
+(``standing_queue_s``), and the wait behind another transfer between the same two peers on
+their one connection (``connection_queue_bytes``), as the calibration measures them.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from swarmd.peers.sim.shared_links import SharedLinks
+from swarmd.peers.wire.routing import Matrix, choose_route
+
+Handler = Callable[..., None]
+MAX_ROUTES = 1 << 20
+"""Routes cached at most (a few sizes per pair of peers that talk); the cache is then cleared."""
+
+
+@dataclass(frozen=True)
+class Overheads:
+    request_overhead_s: float = 0.0
+    """What a message between two peers costs beyond its latency and bytes: opening a stream,
+    framing, the event loops at both ends (the calibration measures it on an idle connection)."""
+    standing_queue_s: float = 0.0
+    """The delay a busy interface's buffer adds to every packet through it (bufferbloat)."""
+    connection_queue_bytes: float = 0.0
+    """The bytes of another transfer between the same two peers that a message waits behind:
+    libp2p carries all their streams over one connection whose send buffer is first come,
+    first served."""
+
+
+class Engine:
+    def __init__(self, latency_s: np.ndarray, bandwidth_Bps: np.ndarray, ids: Sequence[str], up: np.ndarray,
+                 overheads: Overheads, relay_mode: str) -> None:  # fmt: skip
+        """``up``: the devices that are up now, the simulation's own array (read here)."""
+        self.latency_s, self.bandwidth_Bps = latency_s, bandwidth_Bps
+        self.ids, self.up, self.overheads, self.relay_mode = list(ids), up, overheads, relay_mode
+        self.index = {p: i for i, p in enumerate(self.ids)}
+        self.matrix = Matrix(self.index, latency_s, bandwidth_Bps)
+        n = len(self.ids)
+        self.uplink, self.downlink = interface_rates(bandwidth_Bps)
+        self.links = SharedLinks(bandwidth_Bps, self.uplink, self.downlink, self._flow_event)
+        self.sent, self.received = np.zeros(n), np.zeros(n)
+        self.counts: Counter[str] = Counter()
+        self.relays: list[int] = []
+        self._routes: dict[tuple[int, int, float], int | None] = {}
+        self._events: list[tuple[float, int, Handler, tuple[Any, ...]]] = []
+        self._seq = itertools.count()
+        self.events_run = 0
+        self.now = 0.0
+
+    # --- events -----------------------------------------------------------------------------
+
+    def at(self, t: float, handler: Handler, *args: Any) -> None:
+        heapq.heappush(self._events, (t, next(self._seq), handler, args))
+
+    def run_until(self, until: float, max_events: int) -> None:
+        events = self._events
+        while events and self.events_run < max_events and events[0][0] <= until:
+            t, _, handler, args = heapq.heappop(events)
+            self.now = t
+            handler(t, *args)
+            self.events_run += 1
+
+    def _flow_event(self, t: float, slot: int, serial: int) -> None:
+        self.at(t, self._flow_due, slot, serial)
+
+    def _flow_due(self, now: float, slot: int, serial: int) -> None:
+        payload = self.links.due(now, slot, serial)
+        if payload is None:
+            return
+        msg, hop, delay = payload
+        msg.slots.remove(slot)
+        if hop == _FIRST_HOP:  # all of it is at the relay: on to its peer
+            assert msg.via is not None
+            self._flow(now, msg, msg.via, msg.dst, _LAST_HOP)
+            return
+        msg.parts -= 1
+        if msg.parts == 0:
+            self.at(now + delay + msg.after, msg.then, *msg.args)
+
+    # --- messages ---------------------------------------------------------------------------
+
+    def send(self, now: float, src: int, dst: int, nbytes: float, then: Handler | None = None, args: tuple = (),
+             via: int | None = None, after: float = 0.0) -> None:  # fmt: skip
+        """``nbytes`` leave ``src`` for ``dst`` at ``now``; once the last byte is through and
+        the latency has passed (and ``after`` more seconds), ``then(t, *args)`` runs. Between
+        two ends of which one is down nothing is sent and nothing runs: the sender finds out
+        by other means (the peer's lease lapses)."""
+        self._message(now, src, dst, nbytes, then or _nothing, args, via, after, stream=False)
+
+    def stream(self, now: float, src: int, dst: int, nbytes: float, then: Handler, args: tuple,
+               via: int | None = None) -> None:  # fmt: skip
+        """Bulk bytes of many messages; through ``via`` both hops at once (module doc)."""
+        self._message(now, src, dst, nbytes, then, args, via, 0.0, stream=True)
+
+    def _message(self, now: float, src: int, dst: int, nbytes: float, then: Handler, args: tuple,
+                 via: int | None, after: float, *, stream: bool) -> None:  # fmt: skip
+        if src == dst or nbytes <= 0:
+            self.at(now + after, then, *args)
+            return
+        if not (self.up[src] and self.up[dst]):
+            return
+        if via in (src, dst):
+            via = None
+        msg = _Message(src, dst, nbytes, then, args, after, via, stream)
+        if via is None:
+            self._flow(now, msg, src, dst, _DIRECT)
+            return
+        self.counts["relayed_transfers"] += 1
+        if stream:
+            msg.parts = 2
+            self._flow(now, msg, src, via, _STREAM_HOP)
+            self._flow(now, msg, via, dst, _STREAM_HOP)
+        else:
+            self._flow(now, msg, src, via, _FIRST_HOP)
+
+    def _flow(self, now: float, msg: _Message, a: int, b: int, hop: int) -> None:
+        self.sent[a] += msg.nbytes
+        self.received[b] += msg.nbytes
+        msg.slots.append(self.links.start(now, a, b, msg.nbytes, (msg, hop, self.one_way(a, b, msg.nbytes))))
+
+    def cut(self, now: float, device: int) -> None:
+        """``device`` left: the flows it sends or receives stop where they are. A message it
+        was relaying goes again from its sender on the direct path (the daemon's ``Router``
+        falls back to it when the relay is unreachable); any other dies with its end."""
+        messages = list(dict.fromkeys(self.links.payload[slot][0] for slot in self.links.flows_of(device)))
+        for msg in messages:
+            for slot in msg.slots:
+                self.links.cancel(now, slot)
+            msg.slots.clear()
+        for msg in messages:  # after every cancel: a resend may reuse a freed slot
+            if msg.via == device and self.up[msg.src] and self.up[msg.dst]:
+                self.counts["relay_gone"] += 1
+                self._message(now, msg.src, msg.dst, msg.nbytes, msg.then, msg.args, None, msg.after,
+                              stream=msg.stream)  # fmt: skip
+
+    # --- paths ------------------------------------------------------------------------------
+
+    def set_relays(self, relays: list[int]) -> None:
+        if relays != self.relays:
+            self.relays = relays
+            self._routes.clear()
+
+    def relay_changed(self) -> None:
+        """A relay left or came back: routes avoid relays that are down."""
+        self._routes.clear()
+
+    def route(self, a: int, b: int, nbytes: float) -> int | None:
+        """The relay a message of ``nbytes`` from ``a`` to ``b`` goes through, or None for the
+        direct path: the daemon's rule on the scenario's matrix among the relays that are up.
+        (The daemon tries a relay that left unnoticed and falls back to the direct path; that
+        failed dial is not simulated.) Cached per pair and size until the relays change."""
+        if a == b or not self.relays or self.relay_mode == "never":
+            return None
+        key = (a, b, nbytes)
+        if key not in self._routes:
+            if len(self._routes) >= MAX_ROUTES:
+                self._routes.clear()
+            relays = [self.ids[r] for r in self.relays if self.up[r]]
+            chosen = choose_route(self.ids[a], self.ids[b], relays, self.matrix, nbytes, direct_blocked=False,
+                                  mode=self.relay_mode)  # fmt: skip
+            self._routes[key] = None if chosen is None else self.index[chosen]
+        return self._routes[key]
+
+    def path_rate(self, a: int, b: int, via: int | None) -> float:
+        """The rate a path runs at on its own: the slower hop through a relay."""
+        if via is None or via in (a, b):
+            return float(self.bandwidth_Bps[a, b])
+        return float(min(self.bandwidth_Bps[a, via], self.bandwidth_Bps[via, b]))
+
+    def way(self, a: int, b: int, via: int | None = None) -> float:
+        """The latency from ``a`` to ``b``, through relay ``via`` if it is a third peer, with
+        the stack's cost of each request on the way."""
+        if a == b:
+            return 0.0
+        if via is None or via in (a, b):
+            return self.one_way(a, b) + self.overheads.request_overhead_s
+        return self.one_way(a, via) + self.one_way(via, b) + 2 * self.overheads.request_overhead_s
+
+    def rtt(self, a: int, b: int, via: int | None = None) -> float:
+        """A request's way there and its answer's way back, without their bytes."""
+        return self.way(a, b, via) + self.way(b, a, via)
+
+    def one_way(self, a: int, b: int, nbytes: float = 0.0) -> float:
+        """The latency from ``a`` to ``b`` of a message of ``nbytes``, plus the standing queue
+        of each end's interface that is busy with other flows (a bulk TCP flow keeps its
+        bottleneck's buffer full), plus the wait behind a transfer already in flight from ``a``
+        to ``b`` on their connection. That buffer is first come, first served, where the shared
+        links split the rate evenly: a message larger than it loses as much by the even split
+        as it would by waiting, so it waits only for the difference."""
+        o = self.overheads
+        queued = (a in self.links.sending) + (b in self.links.receiving)
+        behind = 0.0
+        if o.connection_queue_bytes and self.links.carrying(a, b):
+            behind = max(0.0, o.connection_queue_bytes - nbytes) / float(self.bandwidth_Bps[a, b])
+        return float(self.latency_s[a, b]) + queued * o.standing_queue_s + behind
+
+
+_DIRECT, _FIRST_HOP, _LAST_HOP, _STREAM_HOP = range(4)
+
+
+@dataclass(eq=False)
+class _Message:
+    """One message (or one share's stream across a boundary) and the flows that carry it."""
+
+    src: int
+    dst: int
+    nbytes: float
+    then: Handler
+    args: tuple[Any, ...]
+    after: float
+    via: int | None
+    stream: bool
+    parts: int = 1
+    """Flows still to finish before ``then`` runs (a stream through a relay has two)."""
+    slots: list[int] = field(default_factory=list)
+
+
+def _nothing(now: float) -> None:
+    """The handler of a message whose arrival nobody waits for (a checkpoint copy's bytes)."""
+
+
+def interface_rates(bandwidth_Bps: np.ndarray, block: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+    """Each device's uplink and downlink rate: its fastest outgoing and incoming link (the
+    diagonal ignored), computed a block of rows at a time so no n x n copy is made."""
+    n = bandwidth_Bps.shape[0]
+    up, down = np.zeros(n), np.zeros(n)
+    for a in range(0, n, block):
+        rows = np.array(bandwidth_Bps[a : a + block], dtype=float)
+        rows[np.arange(len(rows)), np.arange(a, a + len(rows))] = 0.0
+        up[a : a + len(rows)] = rows.max(axis=1)
+        np.maximum(down, rows.max(axis=0), out=down)
+    return np.maximum(up, 1e-9), np.maximum(down, 1e-9)
