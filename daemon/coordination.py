@@ -67,14 +67,13 @@ from swarmd.peers.reliability import (
 )
 from swarmd.peers.run_spec import SignedRunSpec
 from swarmd.peers.swarm_snapshot import Member, Snapshot, build_snapshot, model_for_scenario
+from swarmd.peers.wire.errors import RpcError, TooLarge, Unreachable
+from swarmd.peers.wire.messages import Probe, Probed
 from swarmd.peers.wire.routing import Matrix
-from swarmd.peers.wire.rpc import RpcError, Unreachable, call
+from swarmd.peers.wire.rpc import call
 
 logger = logging.getLogger(__name__)
 
-PROBE_METHOD = "probe"
-PROBE_REQUEST_LIMIT = MAX_PROBE_BYTES + 4096
-"""The RPC server refuses a larger probe request while reading it (the blob plus framing)."""
 RECORD_TTL_S = 120.0
 PLAN_TTL_S = 300.0
 PLAN_BUDGET_S = 0.5
@@ -124,15 +123,13 @@ class Coordination:
 
     # --- probes ------------------------------------------------------------------------------
 
-    async def handle_probe(
-        self, sender: str, header: dict[str, Any], blobs: list[bytes]
-    ) -> tuple[dict[str, Any], list[bytes]]:
+    async def handle_probe(self, sender: str, request: Probe, blobs: list[bytes]) -> tuple[Probed, list[bytes]]:
         """Answer a peer's bandwidth probe: its bytes are counted and dropped (the RPC server
-        already refuses one over ``PROBE_REQUEST_LIMIT`` while reading it; this is the last check)."""
-        size = sum(len(b) for b in blobs)
+        already refuses one over ``Probe.MAX_BYTES`` while reading it; this is the last check)."""
+        size = len(blobs[0])
         if size > MAX_PROBE_BYTES:
-            raise RpcError(f"probe of {size} bytes is over the {MAX_PROBE_BYTES}-byte limit")
-        return {"bytes": size}, []
+            raise TooLarge(f"probe of {size} bytes is over the {MAX_PROBE_BYTES}-byte limit")
+        return Probed(bytes=size), []
 
     async def probe(self) -> None:
         now = time.time()
@@ -151,7 +148,7 @@ class Coordination:
         if size:
             started = time.perf_counter()
             try:
-                await call(self.p2p, peer, PROBE_METHOD, {}, [bytes(size)], timeout_s=PROBE_TIMEOUT_S)
+                await call(self.p2p, peer, Probe(run_id=self.run_id), [bytes(size)], timeout_s=PROBE_TIMEOUT_S)
                 self.budget.charge(time.time(), size)
                 self.probes_sent += 1
                 bandwidth = bandwidth_from_transfer(size, time.perf_counter() - started, rtt or est.rtt_s)

@@ -16,13 +16,14 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from swarmd import __version__, service
 from swarmd.children import LivenessPipe
 from swarmd.config import Config
 from swarmd.control import SOCKET_FILENAME, ControlServer
-from swarmd.coordination import PROBE_METHOD, PROBE_REQUEST_LIMIT, Coordination
+from swarmd.coordination import Coordination
 from swarmd.device import describe_device, measure_throughput_gflops, resolve_device
 from swarmd.errors import JoinError, RecordError, SwarmdError
 from swarmd.lan_process import LanDiscoveryProcess
@@ -33,8 +34,9 @@ from swarmd.peers.links import ProbeBudget
 from swarmd.peers.membership import Membership
 from swarmd.peers.run_spec import SignedRunSpec, check_run_id
 from swarmd.peers.swarm_dht import SPEC_TTL_S, BootstrapError, SwarmDHT
+from swarmd.peers.wire.messages import Forward, Probe
 from swarmd.peers.wire.rpc import Answer, RpcServer
-from swarmd.relay import RELAY_METHOD, RelayService, Router
+from swarmd.relay import RelayService, Router
 from swarmd.replication import FETCH_METHOD, HOLDER_CACHE_S, LOG_METHOD, StageReplicator, choose_standby
 from swarmd.replication import METHOD as REPLICATE_METHOD
 from swarmd.state_dir import (
@@ -294,14 +296,15 @@ class Node:
         self._p2p = await self._dht_call(self.dht.replicate_p2p())
         coordination = self.coordination
         self.relay = RelayService(coordination.own, coordination.is_relay, lambda peer: peer in coordination.members)
-        self.rpc = RpcServer({
-            REPLICATE_METHOD: self.replicator.handle,
-            FETCH_METHOD: self.replicator.serve_checkpoint,
-            LOG_METHOD: self.replicator.handle_log,
-            STAGE_METHOD: self._serve_stage,
-            PROBE_METHOD: self.coordination.handle_probe,
-            RELAY_METHOD: self.relay.handle,
-        }, method_limits={PROBE_METHOD: PROBE_REQUEST_LIMIT})  # fmt: skip
+        # The server believes a relayed request only from a relay of the plan in force.
+        self.rpc = RpcServer(run_id=self.run_id, is_relay=coordination.is_relay)
+        self.rpc.register(Probe, coordination.handle_probe)
+        self.rpc.register(Forward, self.relay.handle)
+        # Transition: the old training modules' untyped methods, until the training package replaces them.
+        self.rpc.register_untyped(REPLICATE_METHOD, self.replicator.handle)
+        self.rpc.register_untyped(FETCH_METHOD, self.replicator.serve_checkpoint)
+        self.rpc.register_untyped(LOG_METHOD, self.replicator.handle_log)
+        self.rpc.register_untyped(STAGE_METHOD, self._serve_stage, relayable=True)
         await self.rpc.attach(self._p2p)
         self.replicator.p2p = self._p2p
         self.coordination.p2p = self._p2p
@@ -585,10 +588,7 @@ class Node:
             "standby_copies": {"received": self.replicator.received, "refused": self.replicator.refused,
                                "logged": self.replicator.logged, "log_phases": self.replicator.log_phases.status()}
             if self.replicator is not None else None,
-            "rpc": None if self.rpc is None else {
-                "requests": self.rpc.counters.requests, "refused": self.rpc.counters.refused,
-                "handler_errors": self.rpc.counters.handler_errors,
-            },
+            "rpc": None if self.rpc is None else asdict(self.rpc.counters),
         }  # fmt: skip
 
     async def gather_checkpoints(self, request: dict[str, Any]) -> dict[str, Any]:

@@ -1,43 +1,58 @@
 """Relaying on the data path: forwarding for others when elected, routing our own requests.
 
-**Forwarding** (``RelayService``, the ``relay`` RPC method). A relay is elected by the
+**Forwarding** (``RelayService``, the ``Forward`` request). A relay is elected by the
 coordinator and named in the plan (``swarmd.peers.election.elect_relays``). A peer asks it to
-pass one request on: ``{"to": <peer>, "inner": "stage", ...}`` with its blobs. The relay
-checks that it is a relay of the plan in force, that the target is a live member other than
-the two of them, and that the inner method is one it forwards. It then sends the request on
-with ``on_behalf_of`` set to the asker (whom libp2p authenticated) and returns the answer as
-it came. The target believes ``on_behalf_of`` only from a relay of its own view of the plan
-(``swarmd.trainer.Trainer.serve``). A relay can therefore speak for the peers it serves:
-relays are elected among the reliable, like parameter servers, who already hold the weights.
-Sizes are bounded by the RPC server's message limit; at most ``MAX_FORWARDS`` forwards run at
-once, so relaying cannot starve the relay's own serving.
+pass one request on: ``Forward(to, header)`` with the inner request's header (JSON) and its
+blobs. The relay checks that it is a relay of the plan in force, that the target is a live
+member other than the two of them, and that the inner request is one relays carry
+(``Request.RELAYABLE``: the data path's tensors and task records) and fits its schema, so that
+garbage stops here. It sends it on as ``Relayed(on_behalf_of=asker)`` (the asker is whom
+libp2p authenticated) and returns the target's answer as it came, ok or refused, in a
+``Forwarded``. The target's RPC server believes ``on_behalf_of`` only from a relay of its own
+view of the plan (``swarmd.peers.wire.rpc``). A relay can therefore speak for the peers it
+serves: relays are elected among the reliable, like parameter servers, who already hold the
+weights. At most ``MAX_FORWARDS`` forwards run at once, so relaying cannot starve the relay's
+own serving.
 
-**Routing** (``Router``). Every request of our worker to a stage host goes direct, unless
+**Routing** (``Router``). Every request of ours to another cell or a shard goes direct, unless
 ``swarmd.peers.wire.routing.choose_route`` picks a relay: the direct path failed to open
 (remembered with back-off), the measured relay path is clearly faster, or the operator set
 ``[swarm] data_via_relay = "always"``. A relayed request whose relay cannot be reached falls
-back to the direct path, and a direct one that cannot open falls over to a relay.
+back to the direct path, and a direct one that cannot open falls over to a relay. Either way
+the caller gets the target's typed answer, or the target's refusal as its own exception (a
+refusal by the relay itself names the relay).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar, overload
 
-from swarmd.errors import SwarmdError
+from swarmd.peers.wire import rpc
+from swarmd.peers.wire.errors import (
+    BadRequest,
+    Busy,
+    NotMember,
+    NotRelay,
+    ProtocolViolation,
+    RpcError,
+    TooLarge,
+    Unavailable,
+    Unreachable,
+)
+from swarmd.peers.wire.messages import MAX_FORWARDED_CHARS, Forward, Forwarded, Relayed
+from swarmd.peers.wire.protocol import Answer, Request, request_type
 from swarmd.peers.wire.routing import DirectPaths, Matrix, choose_route
-from swarmd.peers.wire.rpc import DEFAULT_TIMEOUT_S, Answer, Unreachable, call
 
-RELAY_METHOD = "relay"
-FORWARDABLE = frozenset({"stage"})
-"""Inner methods a relay passes on: the worker's requests to stage hosts. Replication, probes
-and control traffic go direct: a relay must not distort what a probe measures."""
+A = TypeVar("A", bound=Answer)
+
+UNTYPED_FORWARDABLE = frozenset({"stage"})
+"""Transition: the old training modules' untyped stage requests, relayed until they go."""
 MAX_FORWARDS = 16
-MAX_PEER_ID_CHARS = 128
-RELAY_FIELDS = ("method", "to", "inner")
 
 
 @dataclass
@@ -46,7 +61,7 @@ class RelayCounters:
     forwarded_bytes: int = 0
     refused: int = 0
     failed: int = 0
-    """Forwards the target did not answer, or refused (its refusal goes back to the asker)."""
+    """Forwards the target did not answer (a refusal of the target's goes back as it came)."""
 
 
 @dataclass
@@ -58,73 +73,80 @@ class RouteCounters:
     relay_unreachable: int = 0
 
 
-def _peer_field(header: dict[str, Any], name: str) -> str:
-    value = header.get(name)
-    if not isinstance(value, str) or not 0 < len(value) <= MAX_PEER_ID_CHARS:
-        raise SwarmdError(f"relay request: {name} must be a peer ID of at most {MAX_PEER_ID_CHARS} characters")
+def _json_object(text: str, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise BadRequest(f"{what} is not JSON") from None
+    if not isinstance(value, dict):
+        raise BadRequest(f"{what} must be a JSON object")
     return value
 
 
 def speaker_of(sender: str, header: dict[str, Any], is_relay: Callable[[str], bool]) -> str:
-    """For whom a request speaks: ``sender`` (authenticated by libp2p), or the peer a relay of
-    the plan in force names in ``on_behalf_of``; anyone else naming one is refused."""
-    proxied = header.get("on_behalf_of")
-    if proxied is None:
-        return sender
-    if not is_relay(sender):
-        raise SwarmdError(f"{sender} is not a relay of the plan in force; it may not speak for another peer")
-    if not isinstance(proxied, str) or not 0 < len(proxied) <= MAX_PEER_ID_CHARS:
-        raise SwarmdError(f"on_behalf_of must be a peer ID of at most {MAX_PEER_ID_CHARS} characters")
-    return proxied
+    """Transition (``swarmd.trainer``): the RPC server unwraps relayed requests and hands the
+    handler the peer a relay speaks for, so a header naming ``on_behalf_of`` itself is refused."""
+    if "on_behalf_of" in header:
+        raise NotRelay("on_behalf_of is for relays to set, through the RPC server; send the request as it is")
+    return sender
 
 
 class RelayService:
     def __init__(
         self, own: str, is_relay: Callable[[str], bool], is_member: Callable[[str], bool],
-        timeout_s: float = DEFAULT_TIMEOUT_S, max_forwards: int = MAX_FORWARDS,
+        timeout_s: float = rpc.DEFAULT_TIMEOUT_S, max_forwards: int = MAX_FORWARDS,
     ) -> None:  # fmt: skip
         self.own, self.is_relay, self.is_member, self.timeout_s = own, is_relay, is_member, timeout_s
         self.p2p: Any = None  # set once the data path is up
         self.counters = RelayCounters()
         self._slots = asyncio.Semaphore(max_forwards)
+        self.max_forwards = max_forwards
 
-    async def handle(self, sender: str, header: dict[str, Any], blobs: list[bytes]) -> Answer:
+    async def handle(self, sender: str, request: Forward, blobs: list[bytes]) -> tuple[Forwarded, list[bytes]]:
         try:
-            target, inner = self._check(sender, header)
-        except SwarmdError:
+            wait_s = self._check(sender, request, blobs)
+        except RpcError:
             self.counters.refused += 1
             raise
-        if self._slots.locked():
-            self.counters.refused += 1
-            raise SwarmdError(f"relay busy: {MAX_FORWARDS} forwards in flight; retry later or go direct")
-        forwarded = {k: v for k, v in header.items() if k not in RELAY_FIELDS}
-        forwarded["on_behalf_of"] = sender
+        relayed = Relayed(run_id=request.run_id, on_behalf_of=sender, header=request.header)
         async with self._slots:
             try:
-                answer, out = await call(self.p2p, target, inner, forwarded, blobs, timeout_s=self.timeout_s)
-            except SwarmdError:
+                header, out = await rpc.exchange(self.p2p, request.to, *relayed.encode(blobs),
+                                                 timeout_s=self.timeout_s + wait_s)  # fmt: skip
+            except RpcError as e:
                 self.counters.failed += 1
-                raise
+                raise Unavailable(f"the relay could not reach {request.to}: {e}") from None
+        answer = json.dumps(header, separators=(",", ":"))
+        if len(answer) > MAX_FORWARDED_CHARS:
+            self.counters.failed += 1
+            why = f"{request.to} answered a {len(answer)}-character header; a relay carries {MAX_FORWARDED_CHARS}"
+            raise TooLarge(why)
         self.counters.forwarded += 1
         self.counters.forwarded_bytes += sum(len(b) for b in blobs) + sum(len(b) for b in out)
-        return answer, out
+        return Forwarded(answer=answer), out
 
-    def _check(self, sender: str, header: dict[str, Any]) -> tuple[str, str]:
+    def _check(self, sender: str, request: Forward, blobs: list[bytes]) -> float:
+        """Refuse what must not be forwarded; returns how long the target may hold the request."""
         if self.p2p is None:
-            raise SwarmdError("relay: the data path is not up yet; retry later")
+            raise Unavailable("the relay's data path is not up yet; retry later")
         if not self.is_relay(self.own):
-            raise SwarmdError("this peer is not a relay of the plan in force; use one the plan names")
-        if "on_behalf_of" in header:
-            raise SwarmdError("relay request already carries on_behalf_of: a request is relayed once")
-        target = _peer_field(header, "to")
-        inner = header.get("inner")
-        if inner not in FORWARDABLE:
-            raise SwarmdError(f"relay does not forward method {str(inner)[:40]!r}; it forwards {sorted(FORWARDABLE)}")
-        if target in (self.own, sender):
-            raise SwarmdError(f"relay target {target} is the relay or the asker itself; send it direct")
-        if not self.is_member(target):
-            raise SwarmdError(f"relay target {target} is not a live member of this run")
-        return target, inner
+            raise NotRelay("this peer is not a relay of the plan in force; use one the plan names")
+        if request.to in (self.own, sender):
+            raise BadRequest(f"relay target {request.to} is the relay or the asker itself; send it direct")
+        if not self.is_member(request.to):
+            raise NotMember(f"relay target {request.to} is not a live member of this run")
+        header = _json_object(request.header, "the forwarded header")
+        method = str(header.get("method"))
+        kind = request_type(method)
+        if kind is None and method in UNTYPED_FORWARDABLE:
+            wait_s = 0.0
+        elif kind is None or not kind.RELAYABLE:
+            raise BadRequest(f"relays do not forward {method[:40]!r}; send it direct")
+        else:
+            wait_s = kind.decode(header, blobs).server_wait_s()  # a malformed request stops here
+        if self._slots.locked():
+            raise Busy(f"{self.max_forwards} forwards in flight at this relay; retry later or go direct")
+        return wait_s
 
     def status(self) -> dict[str, Any]:
         return {"relay": self.is_relay(self.own), **asdict(self.counters)}
@@ -140,19 +162,42 @@ class Router:
         self.paths = DirectPaths()
         self.counters = RouteCounters()
 
+    @overload
     async def call(
-        self, p2p: Any, peer: str, method: str, header: dict[str, Any], blobs: list[bytes], timeout_s: float
-    ) -> Answer:
+        self, p2p: Any, peer: str, request: Request[A], blobs: Sequence[bytes] = (),
+        timeout_s: float = rpc.DEFAULT_TIMEOUT_S,
+    ) -> tuple[A, list[bytes]]: ...  # fmt: skip
+    @overload
+    async def call(
+        self, p2p: Any, peer: str, request: str, blobs: dict[str, Any], timeout_s: Sequence[bytes],
+        untyped_timeout_s: float,
+    ) -> rpc.Answer: ...  # fmt: skip
+    async def call(
+        self, p2p: Any, peer: str, request: Any, blobs: Any = (), timeout_s: Any = rpc.DEFAULT_TIMEOUT_S,
+        untyped_timeout_s: float = rpc.DEFAULT_TIMEOUT_S,
+    ) -> Any:  # fmt: skip
+        """``request`` to ``peer``, direct or relayed: its typed answer and blobs, or the
+        refusal's exception (the target's, or the relay's own)."""
+        if isinstance(request, str):  # transition: router.call(p2p, peer, method, header, blobs, timeout_s)
+            header, out = await self._send(p2p, peer, {**blobs, "method": request}, timeout_s, untyped_timeout_s)
+            return rpc.untyped_answer(request, peer, header, out)
+        header, out = request.encode(blobs)
+        answer, answer_blobs = await self._send(p2p, peer, header, out, timeout_s + request.server_wait_s())
+        return rpc.answer_of(request, peer, answer, answer_blobs)
+
+    async def _send(
+        self, p2p: Any, peer: str, header: dict[str, Any], blobs: Sequence[bytes], timeout_s: float
+    ) -> rpc.Frame:
         nbytes = sum(len(b) for b in blobs)
         blocked = self.paths.blocked(peer, time.monotonic())
         via = choose_route(self.own, peer, self.relays(), self.matrix(), nbytes, direct_blocked=blocked, mode=self.mode)
         if via is not None:
             try:
-                return await self._relayed(p2p, via, peer, method, header, blobs, timeout_s)
+                return await self._relayed(p2p, via, peer, header, blobs, timeout_s)
             except Unreachable:
                 self.counters.relay_unreachable += 1  # the relay itself: try the direct path
         try:
-            answer = await call(p2p, peer, method, header, blobs, timeout_s=timeout_s)
+            answer = await rpc.exchange(p2p, peer, header, blobs, timeout_s=timeout_s)
         except Unreachable:
             self.counters.direct_unreachable += 1
             self.paths.failed(peer, time.monotonic())
@@ -163,19 +208,22 @@ class Router:
                 )
             if fallback is None:
                 raise
-            return await self._relayed(p2p, fallback, peer, method, header, blobs, timeout_s)
+            return await self._relayed(p2p, fallback, peer, header, blobs, timeout_s)
         self.paths.succeeded(peer)
         self.counters.direct += 1
         return answer
 
     async def _relayed(
-        self, p2p: Any, relay: str, peer: str, method: str, header: dict[str, Any], blobs: list[bytes],
-        timeout_s: float,
-    ) -> Answer:  # fmt: skip
-        answer = await call(p2p, relay, RELAY_METHOD, {**header, "to": peer, "inner": method}, blobs,
-                            timeout_s=timeout_s)  # fmt: skip
+        self, p2p: Any, relay: str, peer: str, header: dict[str, Any], blobs: Sequence[bytes], timeout_s: float
+    ) -> rpc.Frame:
+        forward = Forward(run_id=header.get("run_id"), to=peer, header=json.dumps(header, separators=(",", ":")))
+        forwarded, out = await rpc.call(p2p, relay, forward, blobs, timeout_s=timeout_s)
         self.counters.relayed += 1
-        return answer
+        try:
+            answer = _json_object(forwarded.answer, "the target's answer")
+        except BadRequest as e:  # the relay sent garbage as the target's answer
+            raise ProtocolViolation(f"{header.get('method')} via {relay}: {e.detail}") from None
+        return answer, out
 
     def status(self) -> dict[str, Any]:
         return {"mode": self.mode, "relays": list(self.relays()), **asdict(self.counters),

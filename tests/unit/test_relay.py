@@ -1,139 +1,190 @@
-"""daemon/relay.py: what a relay forwards and refuses, whom a host believes a request speaks
-for, and how the router falls over between the direct path and a relay (the network is
-replaced by a recorder here; tests/integration/test_relay_netns.py runs the real thing)."""
+"""daemon/relay.py: what a relay forwards and refuses, whom the target believes a request speaks
+for, and how the router falls over between the direct path and a relay (in-memory streams
+through the real RPC servers here; tests/integration/test_relay_netns.py runs real libp2p)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
 
 from swarmd import relay as relay_module
-from swarmd.errors import SwarmdError
-from swarmd.peers.wire.rpc import RpcError, Unreachable
-from swarmd.relay import RELAY_METHOD, RelayService, Router, speaker_of
+from swarmd.peers.wire import rpc
+from swarmd.peers.wire.errors import (
+    BadRequest,
+    NotHolder,
+    NotMember,
+    NotRelay,
+    Unavailable,
+    Unreachable,
+)
+from swarmd.peers.wire.messages import CellForward, Forward, Probe, Probed
+from swarmd.peers.wire.protocol import Ack
+from swarmd.relay import RelayService, Router, speaker_of
+from tests.unit.peers.wire.memory_streams import MemoryNet
 
 pytestmark = pytest.mark.timeout(30)
 
-
-def test_only_a_relay_of_the_plan_may_speak_for_another_peer() -> None:
-    relays = {"r"}.__contains__
-    assert speaker_of("w", {"op": "claim"}, relays) == "w"
-    assert speaker_of("r", {"on_behalf_of": "w"}, relays) == "w"
-    with pytest.raises(SwarmdError, match="not a relay of the plan"):
-        speaker_of("x", {"on_behalf_of": "w"}, relays)
-    for bad in ("", 5, "w" * 200):
-        with pytest.raises(SwarmdError, match="on_behalf_of"):
-            speaker_of("r", {"on_behalf_of": bad}, relays)
+RUN = "demo.abcdefghijklmnopqrstuvwx"
 
 
-class Recorder:
-    """Stands in for ``stage_rpc.call``: records each request; peers in ``unreachable`` do not open."""
-
-    def __init__(self, unreachable: set[str] = frozenset()) -> None:  # type: ignore[assignment]
-        self.calls: list[tuple[str, str, dict[str, Any]]] = []
-        self.unreachable = unreachable
-
-    async def __call__(self, p2p: Any, peer: str, method: str, args: dict[str, Any], blobs: Any,
-                       timeout_s: float = 30.0) -> tuple[dict[str, Any], list[bytes]]:  # fmt: skip
-        self.calls.append((peer, method, dict(args)))
-        if peer in self.unreachable:
-            raise Unreachable(f"{method} to {peer}: cannot open a stream")
-        return {"answered_by": peer, "for": args.get("on_behalf_of")}, [b"back"]
+def forward(**changes: Any) -> CellForward:
+    fields: dict[str, Any] = {"run_id": RUN, "pipeline": 0, "stage": 1, "epoch": "e1", "share_id": 4, "share_first": 32,
+                              "share_count": 8, "round_end": False, "micro_batch": 33, "version": 2}  # fmt: skip
+    return CellForward(**{**fields, **changes})
 
 
-def service(monkeypatch: pytest.MonkeyPatch, recorder: Recorder, relay: bool = True) -> RelayService:
-    monkeypatch.setattr(relay_module, "call", recorder)
-    svc = RelayService("r", lambda peer: relay and peer == "r", lambda peer: peer in {"w", "h"})
-    svc.p2p = object()
-    return svc
+class Swarm:
+    """Peers w (asks), r (the relay of the plan) and h (the target), on a memory network."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, relay_in_plan: bool = True) -> None:
+        self.net = MemoryNet()
+        monkeypatch.setattr(rpc, "exchange", self.net.exchange)
+        self.seen: list[tuple[str, Any]] = []
+        self.refuse = False
+        target = rpc.RpcServer(run_id=RUN, is_relay=lambda peer: peer == "r")
+        target.register(CellForward, self.cell_forward)
+        target.register(Probe, self.probe)
+        target.register_untyped("stage", self.stage, relayable=True)
+        self.relay = RelayService("r", lambda peer: relay_in_plan and peer == "r", lambda peer: peer in {"w", "h"})
+        self.relay.p2p = "r"  # what the memory network takes as the sender
+        relay_server = rpc.RpcServer(run_id=RUN)
+        relay_server.register(Forward, self.relay.handle)
+        self.net.servers.update(h=target, r=relay_server)
+
+    async def cell_forward(self, sender: str, request: CellForward, blobs: list[bytes]) -> tuple[Ack, list[bytes]]:
+        self.seen.append((sender, request))
+        if self.refuse:
+            raise NotHolder("cell (0, 1) is not held here")
+        return Ack(), []
+
+    async def probe(self, sender: str, request: Probe, blobs: list[bytes]) -> tuple[Probed, list[bytes]]:
+        return Probed(bytes=len(blobs[0])), []
+
+    async def stage(self, sender: str, header: dict[str, Any], blobs: list[bytes]) -> rpc.Answer:
+        self.seen.append((sender, header))
+        return {"answered_by": "h", "op": header.get("op")}, [b"back"]
+
+    def ask_relay(self, request: Any, blobs: list[bytes], to: str = "h") -> Any:
+        header, _ = request.encode(blobs)
+        return asyncio.run(rpc.call("w", "r", Forward(run_id=RUN, to=to, header=json.dumps(header)), blobs))
 
 
-def test_a_relay_forwards_stage_requests_for_the_asker(monkeypatch: pytest.MonkeyPatch) -> None:
-    recorder = Recorder()
-    svc = service(monkeypatch, recorder)
-    header = {"method": RELAY_METHOD, "to": "h", "inner": "stage", "op": "claim", "stage": 1}
-    answer, blobs = asyncio.run(svc.handle("w", header, [b"x" * 10]))
-    assert answer == {"answered_by": "h", "for": "w"} and blobs == [b"back"]
-    assert recorder.calls == [("h", "stage", {"op": "claim", "stage": 1, "on_behalf_of": "w"})]
-    assert svc.counters.forwarded == 1 and svc.counters.forwarded_bytes == 14
+def test_a_relay_forwards_for_the_asker_and_the_target_believes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    swarm = Swarm(monkeypatch)
+    router = Router("w", lambda: ["r"], lambda: None, mode="always")
+    answer, blobs = asyncio.run(router.call("w", "h", forward(), [b"x" * 10]))
+    assert answer == Ack() and blobs == []
+    assert swarm.seen == [("w", forward())]  # the target's handler sees the asker, not the relay
+    assert [c[1:] for c in swarm.net.calls] == [("r", "relay.forward"), ("h", "relay.relayed")]
+    assert swarm.relay.counters.forwarded == 1 and swarm.relay.counters.forwarded_bytes == 10
+    assert router.counters.relayed == 1
+
+
+def test_the_targets_refusal_comes_back_through_the_relay_as_the_targets(monkeypatch: pytest.MonkeyPatch) -> None:
+    swarm = Swarm(monkeypatch)
+    swarm.refuse = True
+    router = Router("w", lambda: ["r"], lambda: None, mode="always")
+    with pytest.raises(NotHolder) as caught:
+        asyncio.run(router.call("w", "h", forward(), [b"x"]))
+    assert caught.value.peer_id == "h" and caught.value.detail == "cell (0, 1) is not held here"
 
 
 @pytest.mark.parametrize(
-    ("header", "why"),
+    ("request_", "to", "error", "why"),
     [
-        ({"to": "h", "inner": "replicate"}, "does not forward method"),
-        ({"to": "h", "inner": "stage", "on_behalf_of": "z"}, "relayed once"),
-        ({"to": "nobody", "inner": "stage"}, "not a live member"),
-        ({"to": "r", "inner": "stage"}, "the relay or the asker"),
-        ({"to": "w", "inner": "stage"}, "the relay or the asker"),
-        ({"inner": "stage"}, "to must be a peer ID"),
-        ({"to": ["h"], "inner": "stage"}, "to must be a peer ID"),
+        (Probe(run_id=RUN), "h", BadRequest, "relays do not forward 'probe'"),
+        (forward(), "nobody", NotMember, "not a live member"),
+        (forward(), "r", BadRequest, "the relay or the asker"),
+        (forward(), "w", BadRequest, "the relay or the asker"),
     ],
 )
 def test_a_relay_refuses_what_it_must_not_forward(
-    monkeypatch: pytest.MonkeyPatch, header: dict[str, Any], why: str
+    monkeypatch: pytest.MonkeyPatch, request_: Any, to: str, error: type[Exception], why: str
 ) -> None:
-    recorder = Recorder()
-    svc = service(monkeypatch, recorder)
-    with pytest.raises(SwarmdError, match=why):
-        asyncio.run(svc.handle("w", header, []))
-    assert recorder.calls == [] and svc.counters.refused == 1
+    swarm = Swarm(monkeypatch)
+    with pytest.raises(error, match=why) as caught:
+        swarm.ask_relay(request_, [b"x"], to=to)
+    assert caught.value.peer_id == "r"  # type: ignore[attr-defined]
+    assert [c[1] for c in swarm.net.calls] == ["r"] and swarm.relay.counters.refused == 1
+
+
+def test_a_relay_checks_the_inner_request_before_spending_bandwidth_on_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    swarm = Swarm(monkeypatch)
+    header, _ = forward().encode([b"x"])
+    for inner, blobs, why in (
+        (dict(header, stage=5000), [b"x"], r"CellForward.stage = 5000"),
+        (header, [], "blobs = 0"),
+    ):
+        request = Forward(run_id=RUN, to="h", header=json.dumps(inner))
+        with pytest.raises(BadRequest, match=why):
+            asyncio.run(rpc.call("w", "r", request, blobs))
+    assert [c[1] for c in swarm.net.calls] == ["r", "r"]
 
 
 def test_a_peer_the_plan_does_not_name_relays_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    recorder = Recorder()
-    svc = service(monkeypatch, recorder, relay=False)
-    with pytest.raises(SwarmdError, match="not a relay of the plan"):
-        asyncio.run(svc.handle("w", {"to": "h", "inner": "stage"}, []))
-    assert recorder.calls == []
+    swarm = Swarm(monkeypatch, relay_in_plan=False)
+    with pytest.raises(NotRelay, match="not a relay of the plan"):
+        swarm.ask_relay(forward(), [b"x"])
+    swarm.relay.p2p = None
+    with pytest.raises(Unavailable, match="not up yet"):
+        swarm.ask_relay(forward(), [b"x"])
 
 
-def test_a_relay_passes_the_targets_failure_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    svc = service(monkeypatch, Recorder(unreachable={"h"}))
-    with pytest.raises(RpcError, match="cannot open"):
-        asyncio.run(svc.handle("w", {"to": "h", "inner": "stage"}, []))
-    assert svc.counters.failed == 1 and svc.counters.forwarded == 0
+def test_a_relay_that_cannot_reach_the_target_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    swarm = Swarm(monkeypatch)
+    swarm.net.unreachable = {"h"}
+    with pytest.raises(Unavailable, match="could not reach h"):
+        swarm.ask_relay(forward(), [b"x"])
+    assert swarm.relay.counters.failed == 1 and swarm.relay.counters.forwarded == 0
 
 
-def route(monkeypatch: pytest.MonkeyPatch, recorder: Recorder, mode: str = "auto",
-          relays: tuple[str, ...] = ("r",)) -> Router:  # fmt: skip
-    monkeypatch.setattr(relay_module, "call", recorder)
-    return Router("w", lambda: relays, lambda: None, mode=mode)
+def test_speaking_for_another_peer_is_the_servers_business_alone() -> None:
+    assert speaker_of("w", {"op": "claim"}, lambda peer: True) == "w"
+    with pytest.raises(NotRelay, match="on_behalf_of is for relays"):
+        speaker_of("r", {"on_behalf_of": "w"}, lambda peer: True)
 
 
-def send(router: Router) -> dict[str, Any]:
-    return asyncio.run(router.call(object(), "h", "stage", {"op": "claim"}, [], 5.0))[0]
-
-
-def test_the_router_goes_direct_and_falls_over_to_a_relay_when_the_host_cannot_be_reached(
+def test_the_router_goes_direct_and_falls_over_to_a_relay_when_the_target_cannot_be_reached(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    recorder = Recorder()
-    router = route(monkeypatch, recorder)
-    assert send(router)["answered_by"] == "h" and router.counters.direct == 1
-    recorder.unreachable = {"h"}
-    assert send(router)["answered_by"] == "r"  # direct failed to open: through the relay at once
-    assert [c[:2] for c in recorder.calls[-2:]] == [("h", "stage"), ("r", RELAY_METHOD)]
-    assert recorder.calls[-1][2] == {"op": "claim", "to": "h", "inner": "stage"}
-    calls = len(recorder.calls)
-    assert send(router)["answered_by"] == "r" and len(recorder.calls) == calls + 1  # no new dial while blocked
-    assert router.counters.relayed == 2 and router.counters.direct_unreachable == 1
+    swarm = Swarm(monkeypatch)
+    router = Router("w", lambda: ["r"], lambda: None)
+    asyncio.run(router.call("w", "h", forward(), [b"x"]))
+    assert router.counters.direct == 1 and [c[1] for c in swarm.net.calls] == ["h"]
+    swarm.net.unreachable = {"h"}
+    with pytest.raises(Unavailable):  # direct fails to open; the relay cannot reach it either
+        asyncio.run(router.call("w", "h", forward(), [b"x"]))
+    swarm.net.unreachable = set()
+    calls = len(swarm.net.calls)
+    asyncio.run(router.call("w", "h", forward(), [b"x"]))  # blocked: through the relay, no new dial
+    assert [c[1] for c in swarm.net.calls[calls:]] == ["r", "h"] and swarm.net.calls[-1][2] == "relay.relayed"
+    assert router.counters.direct_unreachable == 1 and router.counters.relayed == 1
 
 
 def test_the_router_goes_direct_when_the_relay_is_gone_and_never_relays_in_never_mode(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    recorder = Recorder(unreachable={"r"})
-    router = route(monkeypatch, recorder, mode="always")
-    assert send(router)["answered_by"] == "h"
+    swarm = Swarm(monkeypatch)
+    swarm.net.unreachable = {"r"}
+    router = Router("w", lambda: ["r"], lambda: None, mode="always")
+    asyncio.run(router.call("w", "h", forward(), [b"x"]))
     assert router.counters.relay_unreachable == 1 and router.counters.direct == 1
-    recorder = Recorder(unreachable={"h"})
-    router = route(monkeypatch, recorder, mode="never")
-    with pytest.raises(Unreachable):
-        send(router)
-    assert [c[0] for c in recorder.calls] == ["h"]
-    router = route(monkeypatch, Recorder(unreachable={"h"}), relays=())
-    with pytest.raises(Unreachable):  # no relay elected: nothing else to try
-        send(router)
+    swarm.net.unreachable = {"h"}
+    for router in (Router("w", lambda: ["r"], lambda: None, mode="never"), Router("w", lambda: (), lambda: None)):
+        calls = len(swarm.net.calls)
+        with pytest.raises(Unreachable):
+            asyncio.run(router.call("w", "h", forward(), [b"x"]))
+        assert [c[1] for c in swarm.net.calls[calls:]] == ["h"]  # nothing else to try
+
+
+def test_the_old_modules_untyped_stage_requests_still_route_through_a_relay(monkeypatch: pytest.MonkeyPatch) -> None:
+    swarm = Swarm(monkeypatch)
+    router = Router("w", lambda: ["r"], lambda: None, mode="always")
+    header = {"run_id": RUN, "op": "claim"}
+    answer, blobs = asyncio.run(router.call("w", "h", "stage", header, [b"x"], 5.0))
+    assert answer == {"answered_by": "h", "op": "claim"} and blobs == [b"back"]
+    assert swarm.seen[-1][0] == "w" and "on_behalf_of" not in swarm.seen[-1][1]
+    assert {"stage"} == relay_module.UNTYPED_FORWARDABLE

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from swarmd.peers.wire import messages as m
+from swarmd.peers.wire import rpc
 from swarmd.peers.wire.errors import SchemaError
 from swarmd.peers.wire.protocol import Answer, Message, Request, request_type, schema_of
 
@@ -74,6 +75,13 @@ def test_the_largest_message_round_trips(cls: type[Message]) -> None:
 def _blobs(message: Message) -> int:
     want = message.expected_blobs()
     return want if isinstance(want, int) else want[1]
+
+
+@pytest.mark.parametrize("cls", MESSAGES, ids=lambda c: c.__name__)
+def test_the_largest_header_of_every_message_fits_the_rpc_limit(cls: type[Message]) -> None:
+    message = largest(cls, **ADJUST.get(cls.__name__, {}))  # strings of quotes: the worst escaping
+    header, _ = message.encode([b"x"] * _blobs(message))  # type: ignore[attr-defined]
+    assert len(json.dumps(header, separators=(",", ":")).encode()) <= rpc.MAX_HEADER_BYTES
 
 
 @pytest.mark.parametrize("cls", [c for c in REQUESTS if c.RELAYABLE], ids=lambda c: c.__name__)
