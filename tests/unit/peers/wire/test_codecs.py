@@ -176,3 +176,27 @@ def test_error_feedback_keys_codecs_and_reset() -> None:
     feedback.reset()
     assert feedback.residual(1) is None
     assert feedback.encode(0, torch.randn(7))
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_encoding_leaves_the_tensor_as_it_was(codec: str) -> None:
+    for n in (INT8_BLOCK * 4, INT8_BLOCK * 4 + 1):
+        x = torch.randn(n)
+        kept = x.clone()
+        encode_tensor(x, codec)
+        ErrorFeedback(codec).encode("k", x)
+        assert torch.equal(x, kept)
+
+
+@pytest.mark.parametrize("position", [0, 7, 4095, 99_999])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_one_bad_value_anywhere_in_a_large_tensor_is_found(position: int, bad: float) -> None:
+    x = torch.randn(100_000)
+    x[position] = bad
+    for codec in CODECS:
+        with pytest.raises(FrameError, match="NaN or infinite"):
+            encode_tensor(x, codec)
+    frame = encode_tensor(torch.randn(100_000), "fp32")
+    frame[12 + 4 * position : 16 + 4 * position] = struct.pack("<f", bad)
+    with pytest.raises(FrameError, match="NaN or infinite"):
+        decode_vector(frame, 100_000)
