@@ -1,10 +1,19 @@
-"""Planning a swarm: scenarios, what a plan costs, the planner and its baselines (``swarmd.peers.planning``).
+"""Planning a swarm: scenarios, what a plan trains per second, the planner and baselines (``swarmd.peers.planning``).
 
 - ``scenario``      a swarm on paper (devices, links, model, batch): the one input type
 - ``scenario_gen``  synthetic scenarios of regions, drawn from a seed
-- ``plan_cost``     the plan type, the reference yardstick and swarmd's own cost model
-- ``open_path``     the cheapest order of stage groups along a pipeline
-- ``planner``       swarmd's scheduler: full plans and incremental repairs, pure functions
+- ``plan_cost``     the plan type, a cell's memory, and FORMAT.md's reference yardstick
+- ``transfers``     what each piece of the data path takes on given devices and links
+- ``throughput``    the predicted trained tokens per second of a plan, broken down (the objective)
+- ``settings``      what the planner is told and may know (its awareness, for ablations)
+- ``construction``  grids for a shape: pipelines of close devices, ordered along their paths
+- ``open_path``     the cheapest order of nodes along a pipeline
+- ``layers``        the layer split for pipelines that run on their own
+- ``schedule``      a grid's k, shard servers, H, relays and spares
+- ``search``        local search on a grid, costed on the throughput model
+- ``builder``       one planning's context: shapes, schedules, refinement, roles
+- ``planner``       swarmd's scheduler: full plans (``plan``) and incremental repairs (``repair``)
+- ``repair``        mending a plan after devices leave or join
 - ``baselines``     the schedulers swarmd is measured against, reimplemented from their papers
 
 Pure functions over a snapshot: the same code plans in the daemon, in ``swarmd plan`` and in

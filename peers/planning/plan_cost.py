@@ -1,33 +1,22 @@
-"""What a plan costs: the reference yardstick of FORMAT.md and swarmd's own model of its runtime.
+"""The plan, what holding a cell of it costs in memory, and the reference yardstick of FORMAT.md.
 
 A plan puts ``S`` stages times ``N`` pipelines of devices on a grid (``pipelines[p][s]``), cuts
 the model's layers over the stages, and names each stage's parameter server, the ``K_s``
 servers of its shards, the relays, the spares, and the exchange schedule it was planned for:
 ``local_steps`` (H) shares of ``share_micro_batches`` (k) per round (``docs/data-path.md``).
-The predicted throughput of that data path is ``swarmd.peers.planning.throughput``'s.
+What such a plan is predicted to train per second is ``swarmd.peers.planning.throughput``'s.
+
+**Memory** (``cell_max_layers``): a cell holds its stage's parameters in fp32 with what the data
+path keeps beside them (``cell_bytes_per_param``: more when it runs H > 1 local steps, whose
+AdamW state then lives on the cell) and the activations of the micro-batches its stage has in
+flight under 1F1B.
 
 **Reference cost** (``reference_cost``), the yardstick every scheduler is judged by, exactly as
 ``scenarios/FORMAT.md`` defines it: the data-parallel cost (the worst device's exchange with
 the rest of its stage group) plus the pipeline cost (per stage boundary, the slowest pair one
-pipeline puts across it, summed over the boundaries, twice for forward and backward).
-
-**swarmd's own model** (``predict``) of one iteration, broken down:
-
-- ``compute_s``: each pipeline runs its ``M`` micro-batches through its stages, one stage after
-  the other as in 1F1B (fill, then a micro-batch per slowest stage's step); a stage's time is
-  its layers' forward and backward flops over the device's throughput. Pipelines run side by
-  side, so the slowest one counts.
-- ``pipeline_comm_s``: the reference's pipeline term. Counting whole activations per boundary
-  without overlap is pessimistic for swarmd's asynchronous pipeline, and for that reason safe.
-- ``sync_comm_s``: the reference's data-parallel term. It is exactly the traffic of a stage's
-  parameters sharded over the ``N`` members of its group: each sends ``grad_bytes / N`` to
-  every other and gets as much back (push gradients to each shard's server, pull its weights).
-- ``churn_s``: expected time lost to devices leaving: a device that leaves at rate ``1/U``
-  costs, when it goes, half an iteration of its pipeline's work on average plus fetching its
-  stage's weights for its replacement.
-
-The own model therefore equals the reference cost plus compute and churn: one scheduler can
-minimise it and be judged fairly on the yardstick.
+pipeline puts across it, summed over the boundaries, twice for forward and backward). It
+prices one synchronous iteration, which is no longer what swarmd runs: it stays as the ruler
+on which ``tests/benchmarks/bench_scheduler.py`` compares placements with the baselines.
 """
 
 from __future__ import annotations
@@ -44,10 +33,14 @@ from scipy.sparse.csgraph import maximum_bipartite_matching
 from swarmd.peers.planning.scenario import Scenario, Shape
 from swarmd.peers.taskpool.exchange import MAX_LOCAL_STEPS
 
-OPTIMIZER_BYTES_PER_PARAM = 16
-"""What holding a stage costs in memory per parameter on a worker: fp32 weights and gradient
-(8) and room for the stashed weight versions a backward may need (8); the AdamW state lives on
-the parameter server."""
+GRADIENT_BYTES_PER_PARAM = 16
+"""What a cell holds per parameter of its stage when it contributes gradients (H = 1): fp32
+weights (4) and gradient accumulator (4), its contribution kept until committed (4: it is
+resent to a standby that takes the shard over) and the error-feedback residual of the int8
+codec (4). The optimizer's state is at the shard servers."""
+LOCAL_BYTES_PER_PARAM = 28
+"""H > 1 local steps add the inner optimizer's two AdamW moments (8) and the round's base
+weights (4), from which the pseudo-gradient is taken and onto which deltas rebase."""
 ACTIVATION_FACTOR = 34
 """Bytes of stashed activations per token, per hidden unit, per layer, in units of dtype
 bytes: what a transformer block keeps for its backward (Korthikanti et al.'s 34sh + 5as^2h,
@@ -168,25 +161,7 @@ class Plan:
         }
 
 
-@dataclass(frozen=True)
-class Prediction:
-    iteration_s: float
-    compute_s: float
-    pipeline_comm_s: float
-    sync_comm_s: float
-    churn_s: float
-
-    def to_json(self) -> dict[str, float]:
-        return {
-            "iteration_s": round(self.iteration_s, 6),
-            "compute_s": round(self.compute_s, 6),
-            "pipeline_comm_s": round(self.pipeline_comm_s, 6),
-            "sync_comm_s": round(self.sync_comm_s, 6),
-            "churn_s": round(self.churn_s, 6),
-        }
-
-
-# -- the pieces, over a grid of device indices ----------------------------------------------------
+# -- the reference yardstick, over a grid of device indices ----------------------------------------
 
 
 def dp_costs(scenario: Scenario, grid: np.ndarray) -> np.ndarray:
@@ -237,75 +212,62 @@ def micro_batches_per_pipeline(scenario: Scenario, shape: Shape) -> int:
     return max(1, math.ceil(scenario.batch_sequences / (shape.data_parallel * scenario.micro_batch)))
 
 
-def compute_s(scenario: Scenario, grid: np.ndarray, layers: np.ndarray, tflops: np.ndarray | None = None) -> float:
-    """The slowest pipeline's 1F1B compute time: fill plus a step of its slowest stage per
-    further micro-batch."""
-    n_pipes, n_stages = grid.shape
-    speeds = (tflops if tflops is not None else device_tflops(scenario))[grid] * 1e12
-    step = stage_flops_per_sequence(scenario, layers.astype(float))[None, :] * scenario.micro_batch / speeds
-    m = micro_batches_per_pipeline(scenario, Shape(n_stages, n_pipes))
-    return float((step.sum(axis=1) + (m - 1) * step.max(axis=1)).max())
-
-
-def churn_s(
-    scenario: Scenario, grid: np.ndarray, base_s: float, servers: np.ndarray | None = None,
-    leave_rates: np.ndarray | None = None,
-) -> float:  # fmt: skip
-    """Expected seconds per iteration lost to departures (module doc). ``leave_rates``: each
-    device's, when the caller has them at hand (the planner costs thousands of grids)."""
-    if leave_rates is None:
-        leave_rates = scenario.device_arrays.leave_rate_per_s
-    rates = leave_rates[grid]
-    if not rates.any():
-        return 0.0
-    n_pipes, n_stages = grid.shape
-    weights = scenario.grad_bytes(Shape(n_stages, n_pipes))
-    if servers is None:
-        servers = grid[0]
-    refetch = scenario.latency_s[servers[None, :], grid] + weights / scenario.bandwidth_Bps[servers[None, :], grid]
-    return float((rates * base_s * (base_s / 2.0 + refetch)).sum())
-
-
 def device_tflops(scenario: Scenario) -> np.ndarray:
     return np.array([d.tflops for d in scenario.devices], dtype=float)
 
 
-def predict(scenario: Scenario, plan: Plan, stage_dp_s: np.ndarray | None = None) -> Prediction:
-    """``stage_dp_s``: ``dp_costs`` of the plan's grid when the caller has them (the planner keeps
-    the blocks of large stage groups; at thousands of devices they are most of the work)."""
-    grid = plan.grid()
-    layers = np.asarray(plan.layers_per_stage, dtype=float)
-    comp = compute_s(scenario, grid, layers)
-    pipe = 2.0 * float(boundary_costs(scenario, grid).sum())
-    sync = float((dp_costs(scenario, grid) if stage_dp_s is None else stage_dp_s).max())
-    base = comp + pipe + sync
-    churn = churn_s(scenario, grid, base, np.asarray(plan.parameter_servers, dtype=int))
-    return Prediction(base + churn, comp, pipe, sync, churn)
+# -- a stage's size and a cell's memory --------------------------------------------------------------
 
 
-# -- memory ---------------------------------------------------------------------------------------
-
-
-def layer_memory_bytes(scenario: Scenario) -> float:
-    """What one layer of a stage needs on a worker: its parameters' state and its activations
-    for one micro-batch."""
+def stage_parameters(scenario: Scenario, layers_per_stage: Sequence[int]) -> list[int]:
+    """Each stage's parameter count: its layers', the embedding on the first stage and the
+    output head on the last (its own copy when the stages are more than one)."""
     m = scenario.model
-    params = m.layer_params * OPTIMIZER_BYTES_PER_PARAM
-    acts = ACTIVATION_FACTOR * scenario.micro_batch * m.seq_len * m.hidden * m.dtype_bytes
-    return params + acts
+    stages = len(layers_per_stage)
+    out = []
+    for s, layers in enumerate(layers_per_stage):
+        params = layers * m.layer_params
+        if s == 0:
+            params += m.embedding_params
+        if s == stages - 1 and stages > 1:
+            params += m.embedding_params
+        out.append(max(1, int(round(params))))
+    return out
 
 
-def embedding_memory_bytes(scenario: Scenario) -> float:
-    return scenario.model.embedding_params * OPTIMIZER_BYTES_PER_PARAM
+def cell_bytes_per_param(local_steps: int) -> int:
+    return GRADIENT_BYTES_PER_PARAM if local_steps == 1 else LOCAL_BYTES_PER_PARAM
 
 
-def max_layers(scenario: Scenario, memory_gib: np.ndarray, first: bool, last: bool) -> np.ndarray:
-    """How many layers fit on devices of ``memory_gib`` at a stage (the first and last also
-    hold the embedding or the tied head)."""
-    budget = memory_gib * (1 << 30)
-    if first or last:
-        budget = budget - embedding_memory_bytes(scenario)
-    return np.floor(np.maximum(budget, 0.0) / layer_memory_bytes(scenario)).astype(int)
+def in_flight(stage: int, stages: int) -> int:
+    """Micro-batches whose activations stage ``stage`` keeps at once under 1F1B: one per stage
+    still to run the micro-batch's forward and backward, its own included."""
+    return stages - stage
+
+
+def activation_memory_bytes(scenario: Scenario) -> float:
+    """One layer's stashed activations for one micro-batch."""
+    m = scenario.model
+    return ACTIVATION_FACTOR * scenario.micro_batch * m.seq_len * m.hidden * m.dtype_bytes
+
+
+def cell_max_layers(
+    scenario: Scenario, memory_gib: np.ndarray, stage: int, stages: int, local_steps: int
+) -> np.ndarray:
+    """How many layers of stage ``stage`` of ``stages`` fit on devices of ``memory_gib`` (the
+    first stage also holds the embedding, the last the head)."""
+    per_param = cell_bytes_per_param(local_steps)
+    budget = np.asarray(memory_gib, dtype=float) * (1 << 30)
+    m = scenario.model
+    edges = int(stage == 0) + int(stage == stages - 1 and stages > 1)
+    budget = budget - edges * m.embedding_params * per_param
+    per_layer = m.layer_params * per_param + activation_memory_bytes(scenario) * in_flight(stage, stages)
+    return np.floor(np.maximum(budget, 0.0) / per_layer).astype(int)
+
+
+def cell_layer_caps(scenario: Scenario, memory_gib: np.ndarray, stages: int, local_steps: int) -> np.ndarray:
+    """caps[d, s]: the layers device ``d`` can hold at stage ``s`` of ``stages``."""
+    return np.stack([cell_max_layers(scenario, memory_gib, s, stages, local_steps) for s in range(stages)], axis=-1)
 
 
 # -- lower bounds ---------------------------------------------------------------------------------

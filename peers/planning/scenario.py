@@ -137,11 +137,17 @@ class Scenario:
             leave_rate_per_s=np.array([d.leave_rate_per_s for d in self.devices]),
         )
 
+    @cached_property
+    def interface_Bps(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each device's uplink and downlink rate (``interface_rates``), built once per scenario."""
+        return interface_rates(self.bandwidth_Bps)
+
     def copy(self) -> Scenario:
-        """A shallow copy (the same matrices) that shares the device arrays already built."""
+        """A shallow copy (the same matrices) that shares what is already built from them."""
         out = replace(self)
-        if "device_arrays" in self.__dict__:
-            out.__dict__["device_arrays"] = self.device_arrays  # (cached_property's slot)
+        for cached in ("device_arrays", "interface_Bps"):
+            if cached in self.__dict__:
+                out.__dict__[cached] = self.__dict__[cached]  # (cached_property's slot)
         return out
 
     def index(self) -> dict[str, int]:
@@ -166,9 +172,11 @@ class Scenario:
         return self.latency_s + nbytes / self.bandwidth_Bps
 
     def with_devices(self, keep: list[int]) -> Scenario:
-        """The same scenario restricted to the devices at ``keep`` (in that order)."""
+        """The same scenario restricted to the devices at ``keep`` (in that order). The devices
+        keep their interface rates: an access link does not slow because others left."""
         ix = np.asarray(keep, dtype=int)
-        return Scenario(
+        up, down = self.interface_Bps
+        out = Scenario(
             name=self.name,
             devices=tuple(self.devices[i] for i in keep),
             latency_s=self.latency_s[np.ix_(ix, ix)],
@@ -180,6 +188,26 @@ class Scenario:
             activation_bytes_given=self.activation_bytes_given,
             grad_bytes_given=self.grad_bytes_given,
         )
+        out.__dict__["interface_Bps"] = (up[ix], down[ix])  # (cached_property's slot)
+        return out
+
+
+INTERFACE_ROWS = 1024
+"""Rows of the bandwidth matrix read at a time for the interface rates: no n x n copy is made."""
+
+
+def interface_rates(bandwidth_Bps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each device's uplink and downlink rate: its fastest outgoing and incoming link (the
+    diagonal ignored). What all of a device's concurrent flows share: a volunteer's access
+    link, not each pair's path, is what a device sends and receives through."""
+    n = bandwidth_Bps.shape[0]
+    up, down = np.zeros(n), np.zeros(n)
+    for a in range(0, n, INTERFACE_ROWS):
+        rows = np.array(bandwidth_Bps[a : a + INTERFACE_ROWS], dtype=float)
+        rows[np.arange(len(rows)), np.arange(a, a + len(rows))] = 0.0
+        up[a : a + len(rows)] = rows.max(axis=1)
+        np.maximum(down, rows.max(axis=0), out=down)
+    return np.maximum(up, 1e-9), np.maximum(down, 1e-9)
 
 
 # -- parsing -----------------------------------------------------------------------------------

@@ -30,20 +30,24 @@ def test_json_plan_has_the_format_fields(tmp_path: Path, capsys: pytest.CaptureF
     # FORMAT.md's fields, and the data path's beside them (a superset: FORMAT.md is not ours to change)
     assert set(out) >= {"pipelines", "layers_per_stage", "parameter_servers", "relays", "predicted",
                         "sync_comm_reference_s", "runtime_s"}  # fmt: skip
-    assert set(out) >= {"shard_servers", "local_steps", "share_micro_batches", "spares", "roles"}
-    assert set(out["predicted"]) >= {"iteration_s", "compute_s", "pipeline_comm_s", "sync_comm_s"}
+    assert set(out) >= {"shard_servers", "local_steps", "share_micro_batches", "spares", "roles", "bounds"}
+    assert set(out["predicted"]) >= {"iteration_s", "compute_s", "pipeline_comm_s", "sync_comm_s", "churn_s",
+                                     "tokens_per_s"}  # fmt: skip
     ids = {d["id"] for d in raw["devices"]}  # type: ignore[union-attr, index]
     assert len(out["pipelines"]) == 4 and all(len(row) == 3 for row in out["pipelines"])
     placed = [d for row in out["pipelines"] for d in row]
     assert len(set(placed)) == 12 and set(placed) <= ids
     assert sum(out["layers_per_stage"]) == raw["model"]["layers"]  # type: ignore[index]
     assert set(out["parameter_servers"]) <= ids and set(out["relays"]) <= ids
+    assert [row[0] for row in out["shard_servers"]] == out["parameter_servers"]
+    assert out["local_steps"] >= 1 and out["share_micro_batches"] >= 1
+    assert set(out["roles"]) <= ids and all("cell" in out["roles"][d] for d in placed)
     p = out["predicted"]
+    # The breakdown is of one server step's seconds: the parts add up to it.
     assert p["iteration_s"] == pytest.approx(p["compute_s"] + p["pipeline_comm_s"] + p["sync_comm_s"] + p["churn_s"],
-                                             rel=1e-5)  # fmt: skip
-    # The reference cost is the pipeline and data-parallel traffic of the same plan.
-    assert out["sync_comm_reference_s"] == pytest.approx(p["pipeline_comm_s"] + p["sync_comm_s"], rel=1e-5)
-    assert out["runtime_s"] > 0
+                                             rel=1e-4)  # fmt: skip
+    assert 0 < p["tokens_per_s"] <= out["bounds"]["compute_bound_tokens_per_s"]
+    assert out["sync_comm_reference_s"] > 0 and out["runtime_s"] > 0
     load_scenario(path)  # the file we wrote is one the parser takes
 
 
@@ -51,7 +55,9 @@ def test_human_output_names_stages_and_costs(tmp_path: Path, capsys: pytest.Capt
     path = write(tmp_path, synthetic_scenario_dict(16, regions=2, seed=2))
     assert main(["plan", "--scenario", str(path), "--time-budget", "0.3", "--no-network"]) == 0
     out = capsys.readouterr().out
-    assert "parameter server" in out and "predicted iteration" in out and "reference cost" in out
+    for words in ("parameter server", "shards", "local steps", "trained tokens/s", "compute bound",
+                  "fastest device alone", "spares", "reference cost"):  # fmt: skip
+        assert words in out, words
 
 
 def test_a_malformed_scenario_exits_1_with_one_line_naming_the_field(tmp_path: Path) -> None:

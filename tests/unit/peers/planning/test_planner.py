@@ -1,4 +1,5 @@
-"""The planner and its cost model (peers/planning): placements one can work out by hand, and the search's invariants."""
+"""The planner (peers/planning/planner.py, builder.py, repair.py): placements one can work out by
+hand, the search's invariants, and repairs that touch little."""
 
 from __future__ import annotations
 
@@ -9,23 +10,20 @@ from typing import Any
 import numpy as np
 import pytest
 
-from swarmd.peers.planning.plan_cost import (
-    Plan,
-    bottleneck_matching,
-    predict,
-    reference_cost,
-    reference_lower_bound,
-)
-from swarmd.peers.planning.planner import Awareness, PlanError, PlannerSettings, path_order, plan, planning_view, repair
+from swarmd.peers.planning.construction import path_order
+from swarmd.peers.planning.plan_cost import Plan, bottleneck_matching, reference_cost, reference_lower_bound
+from swarmd.peers.planning.planner import Awareness, PlanError, PlannerSettings, plan, planning_view, repair
 from swarmd.peers.planning.scenario import Scenario, Shape, parse_scenario
 from swarmd.peers.planning.scenario_gen import synthetic_scenario, synthetic_scenario_dict
+from swarmd.peers.planning.throughput import Throughput, predict_throughput
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(180)
 
-FAST = PlannerSettings(time_budget_s=0.5)
+FAST = PlannerSettings(time_budget_s=0.3)
+FOUR_LAYERS = {"layers": 4, "hidden": 1024, "seq_len": 2048, "vocab": 50257, "params": 2.0e8, "dtype_bytes": 2}
 
 
-def two_regions(per_region: int, *, stages: int, dp: int, cost: dict[str, float], **kw: Any) -> Scenario:
+def two_regions(per_region: int, *, stages: int, dp: int, **kw: Any) -> Scenario:
     """Devices 0..k-1 in region A, k..2k-1 in region B: 1 ms and 1 GB/s inside, 50 ms and 1 MB/s between."""
     n = 2 * per_region
     region = np.arange(n) // per_region
@@ -35,7 +33,6 @@ def two_regions(per_region: int, *, stages: int, dp: int, cost: dict[str, float]
     raw["bandwidth_Bps"] = np.where(same, 1e9, 1e6).tolist()
     for d in raw["devices"]:
         d["tflops"], d["memory_gib"] = 100.0, 80
-    raw["cost"] = cost
     return parse_scenario(raw)
 
 
@@ -50,24 +47,20 @@ def check_valid(sc: Scenario, p: Plan, shape: Shape | None = None) -> None:
     if shape is not None:
         assert p.shape == shape
     assert sum(p.layers_per_stage) == sc.model.layers and min(p.layers_per_stage) >= 1
-    for s, ps in enumerate(p.parameter_servers):
-        assert ps in p.stage_groups()[s]
+    for s, servers in enumerate(p.shard_servers):
+        assert servers[0] == p.parameter_servers[s] and len(set(servers)) == len(servers)
+        assert all(0 <= d < sc.n for d in servers)
+    assert not set(p.spares) & set(used)
+    assert p.local_steps >= 1 and p.share_micro_batches >= 1
+    assert isinstance(p.meta["prediction"], Throughput) and p.meta["prediction"].tokens_per_s > 0
 
 
-def test_pipelines_stay_inside_a_region_when_activations_dominate() -> None:
-    sc = two_regions(3, stages=3, dp=2, cost={"activation_bytes": 1e9, "grad_bytes": 1e3})
+def test_pipelines_stay_inside_a_region_when_the_links_between_are_slow() -> None:
+    sc = two_regions(3, stages=3, dp=2, model=FOUR_LAYERS)
     p = plan(sc, FAST)
     check_valid(sc, p, Shape(3, 2))
     for row in p.pipelines:
         assert len({region_of(sc, d) for d in row}) == 1, p.pipelines
-
-
-def test_stage_groups_stay_inside_a_region_when_gradients_dominate() -> None:
-    sc = two_regions(2, stages=2, dp=2, cost={"activation_bytes": 1e3, "grad_bytes": 1e10})
-    p = plan(sc, FAST)
-    check_valid(sc, p, Shape(2, 2))
-    for group in p.stage_groups():
-        assert len({region_of(sc, d) for d in group}) == 1, p.pipelines
 
 
 def test_reference_cost_by_hand() -> None:
@@ -81,9 +74,6 @@ def test_reference_cost_by_hand() -> None:
     dp = max(2 * 2 + 4, 2 * 5 + 4)
     # boundary 0 -> 1: pipeline (0, 1): 1 + 10, pipeline (2, 3): 6 + 10; slowest 16, twice
     assert reference_cost(sc, p) == pytest.approx(dp + 2 * 16)
-    pred = predict(sc, p)
-    assert pred.pipeline_comm_s + pred.sync_comm_s == pytest.approx(reference_cost(sc, p))
-    assert pred.iteration_s == pytest.approx(pred.compute_s + pred.pipeline_comm_s + pred.sync_comm_s + pred.churn_s)
 
 
 def test_bottleneck_matching_is_optimal() -> None:
@@ -121,34 +111,28 @@ def test_no_plan_beats_the_lower_bound() -> None:
     assert reference_cost(sc, plan(sc, FAST)) >= bound
 
 
-def test_the_plan_beats_random_placements_on_the_reference() -> None:
-    sc = synthetic_scenario(24, regions=3, seed=7, parallelism={"stages": 4, "data_parallel": 6})
-    ours = reference_cost(sc, plan(sc, FAST))
+def test_the_plan_trains_faster_than_random_placements_of_its_shape_with_its_schedule() -> None:
+    sc = synthetic_scenario(24, regions=3, seed=7, parallelism={"stages": 4, "data_parallel": 6}, model=FOUR_LAYERS)
+    ours = plan(sc, FAST)
     rng = np.random.default_rng(3)
-    samples = [
-        reference_cost(sc, Plan(tuple(map(tuple, rng.permutation(24).reshape(6, 4))), (3, 3, 3, 3), (0, 1, 2, 3)))
-        for _ in range(300)
-    ]
-    assert ours < min(samples)
+    for _ in range(30):
+        grid = tuple(map(tuple, rng.permutation(24).reshape(6, 4)))
+        drawn = Plan(grid, ours.layers_per_stage, ours.parameter_servers, shard_servers=ours.shard_servers,
+                     local_steps=ours.local_steps, share_micro_batches=ours.share_micro_batches)  # fmt: skip
+        assert predict_throughput(sc, drawn).tokens_per_s < ours.meta["prediction"].tokens_per_s  # type: ignore[attr-defined]
 
 
-def test_layers_follow_the_speed_of_each_stage() -> None:
-    raw = synthetic_scenario_dict(4, regions=1, seed=4, parallelism={"stages": 2, "data_parallel": 2})
-    for i, d in enumerate(raw["devices"]):
-        d["tflops"], d["memory_gib"] = (300.0 if i < 2 else 100.0), 80
-    raw["latency_s"] = np.full((4, 4), 1e-4).tolist()  # a network fast enough that compute decides
-    raw["bandwidth_Bps"] = np.full((4, 4), 1e12).tolist()
-    sc = parse_scenario(raw)
-    p = plan(sc, FAST)
-    fast_stage = next(s for s, g in enumerate(p.stage_groups()) if set(g) == {0, 1})
-    assert p.layers_per_stage[fast_stage] > p.layers_per_stage[1 - fast_stage]
-    # ... unless the planner may not see devices: then the split of like devices (the head
-    # still weighs on the last stage)
-    blind = plan(sc, PlannerSettings(Awareness(devices=False), time_budget_s=0.5))
+def test_a_model_that_fits_one_device_is_trained_data_parallel_and_one_that_does_not_is_pipelined() -> None:
+    fits = synthetic_scenario(16, regions=2, seed=4)  # 200M parameters: every device holds them
+    p = plan(fits, FAST)
+    check_valid(fits, p)
+    assert p.shape.stages == 1 and p.local_steps > 1  # no activations at all; H hides the exchange
+    raw = synthetic_scenario_dict(16, regions=2, seed=4,
+                                  model={**FOUR_LAYERS, "layers": 24, "params": 1.3e9, "hidden": 2048})  # fmt: skip
     for d in raw["devices"]:
-        d["tflops"] = 200.0
-    assert blind.layers_per_stage == plan(parse_scenario(raw), FAST).layers_per_stage
-    assert blind.layers_per_stage != p.layers_per_stage
+        d["memory_gib"] = 24  # a 1.3B model with its state is ~36 GiB on a cell
+    p = plan(parse_scenario(raw), FAST)
+    assert p.shape.stages > 1
 
 
 def test_memory_bounds_the_layers_and_an_impossible_model_is_refused() -> None:
@@ -159,16 +143,17 @@ def test_memory_bounds_the_layers_and_an_impossible_model_is_refused() -> None:
         plan(parse_scenario(raw), FAST)
 
 
-def test_free_mode_chooses_a_shape_and_may_leave_devices_out() -> None:
+def test_free_mode_chooses_a_shape_reliable_servers_and_says_what_the_others_do() -> None:
     sc = synthetic_scenario(40, regions=4, seed=11, churn=True)
     p = plan(sc, FAST)
     check_valid(sc, p)
-    assert p.shape.devices <= 40
-    # The parameter servers are the dependable members of their stages.
-    avail = np.array([d.availability for d in sc.devices])
-    for s, group in enumerate(p.stage_groups()):
-        ps = p.parameter_servers[s]
-        assert avail[ps] >= 0.9 or avail[ps] == avail[group].max()
+    avail = sc.device_arrays.availability
+    for servers in p.shard_servers:
+        assert all(avail[d] >= 0.9 for d in servers) or len(servers) == 1
+    roles = p.roles()
+    assert set(roles) == set(p.devices()) | {d for row in p.shard_servers for d in row} | set(p.relays) | set(p.spares)
+    for d in p.spares:
+        assert "cell" not in roles[d]
 
 
 def test_each_awareness_is_hidden_from_the_planner_when_off() -> None:
@@ -183,14 +168,20 @@ def test_each_awareness_is_hidden_from_the_planner_when_off() -> None:
 
 
 def test_network_blindness_costs_where_the_network_matters() -> None:
-    sc = two_regions(4, stages=2, dp=4, cost={"activation_bytes": 1e9, "grad_bytes": 1e8})
-    aware = reference_cost(sc, plan(sc, FAST))
-    blind = reference_cost(sc, plan(sc, PlannerSettings(Awareness(network=False), time_budget_s=0.5)))
-    assert aware < blind
+    sc = two_regions(4, stages=2, dp=4, model=FOUR_LAYERS)
+    aware = plan(sc, FAST).meta["prediction"].tokens_per_s  # type: ignore[attr-defined]
+    blind = plan(sc, PlannerSettings(Awareness(network=False), time_budget_s=0.3))
+    assert aware > blind.meta["prediction"].tokens_per_s  # type: ignore[attr-defined]
+
+
+def test_a_fixed_local_steps_setting_is_kept() -> None:
+    sc = synthetic_scenario(8, regions=1, seed=6)
+    assert plan(sc, PlannerSettings(time_budget_s=0.1, local_steps=7)).local_steps == 7
+    assert plan(sc, PlannerSettings(time_budget_s=0.1, local_steps=1)).local_steps == 1
 
 
 def test_a_repair_after_a_departure_fills_the_hole_and_touches_little() -> None:
-    sc = synthetic_scenario(20, regions=2, seed=8, parallelism={"stages": 3, "data_parallel": 5})
+    sc = synthetic_scenario(20, regions=2, seed=8, parallelism={"stages": 3, "data_parallel": 5}, model=FOUR_LAYERS)
     before = plan(sc, FAST)
     gone = before.pipelines[2][1]
     now = sc.with_devices([i for i in range(sc.n) if i != gone])
@@ -199,16 +190,31 @@ def test_a_repair_after_a_departure_fills_the_hole_and_touches_little() -> None:
     ids_after = [[now.ids[d] for d in row] for row in fixed.plan.pipelines]
     assert fixed.plan.shape == Shape(3, 5)
     assert sc.ids[gone] not in {i for row in ids_after for i in row}
-    assert (2, 1) in fixed.changed
     differing = {(p, s) for p in range(5) for s in range(3) if ids_before[p][s] != ids_after[p][s]}
     assert differing == {(2, 1)} and set(fixed.changed) == {(2, 1)}, (differing, fixed.changed)  # only the hole
     check_valid(now, fixed.plan, Shape(3, 5))
+    assert (fixed.plan.local_steps, fixed.plan.share_micro_batches) == (before.local_steps, before.share_micro_batches)
+    assert fixed.plan.layers_per_stage == before.layers_per_stage
+
+
+def test_a_shard_server_that_leaves_is_replaced_in_its_place_by_a_reliable_device() -> None:
+    sc = synthetic_scenario(30, regions=2, seed=9, churn=True)
+    before = plan(sc, FAST)
+    servers = [sc.ids[d] for d in before.shard_servers[0]]
+    assert len(servers) > 1
+    gone = before.shard_servers[0][1]
+    now = sc.with_devices([i for i in range(sc.n) if i != gone])
+    after = repair(now, before, sc.ids).plan
+    check_valid(now, after)
+    mended = [now.ids[d] for d in after.shard_servers[0]]
+    assert len(mended) == len(servers) and sc.ids[gone] not in mended
+    assert [m for k, m in enumerate(mended) if k != 1] == [s for k, s in enumerate(servers) if k != 1]
+    assert now.device_arrays.availability[after.shard_servers[0][1]] >= 0.9
 
 
 def test_with_nobody_to_spare_a_free_plan_drops_the_pipeline_and_a_join_brings_one_back() -> None:
-    sc = synthetic_scenario(12, regions=1, seed=9)
-    sc = Scenario(**{**sc.__dict__, "parallelism": None})
-    before = plan(sc, FAST)
+    sc = synthetic_scenario(12, regions=1, seed=9, model=FOUR_LAYERS)
+    before = plan(sc, PlannerSettings(time_budget_s=0.3, stages=2))
     used = before.devices()
     only = sc.with_devices(used)  # a scenario where every device is in the plan
     before_only = repair(only, before, sc.ids).plan
@@ -216,10 +222,10 @@ def test_with_nobody_to_spare_a_free_plan_drops_the_pipeline_and_a_join_brings_o
     left = only.with_devices([i for i in range(only.n) if i != gone])
     shrunk = repair(left, before_only, only.ids)
     assert shrunk.dropped_pipelines == 1
-    assert shrunk.plan.shape == Shape(before.shape.stages, before.shape.data_parallel - 1)
+    assert shrunk.plan.shape == Shape(before_only.shape.stages, before_only.shape.data_parallel - 1)
     check_valid(left, shrunk.plan)
     grown = repair(only, shrunk.plan, left.ids)  # the device (and its pipeline's others) are back
-    assert grown.added_pipelines == 1 and grown.plan.shape == before.shape
+    assert grown.added_pipelines == 1 and grown.plan.shape == before_only.shape
     check_valid(only, grown.plan)
 
 
@@ -237,32 +243,13 @@ def test_repair_at_64_devices_is_quick() -> None:
 def test_a_repair_among_the_live_devices_of_the_whole_scenario_is_the_repair_of_their_scenario() -> None:
     # The simulator mends this way at scale (no n x n copy per change): the same plan, in the
     # whole scenario's indices, including pipelines added from spares.
-    sc = synthetic_scenario(160, regions=3, seed=5, churn=True)
+    sc = synthetic_scenario(160, regions=3, seed=5, churn=True, model=FOUR_LAYERS)
     before = plan(sc, PlannerSettings(time_budget_s=0.0, stages=2))
     live = np.array([i for i in range(sc.n) if i not in (before.pipelines[0][0], before.pipelines[3][1], 7)])
     settings = PlannerSettings(seed=4)
     alone = repair(sc.with_devices(live.tolist()), before, sc.ids, settings, time_budget_s=30.0)
     within = repair(sc, before, sc.ids, settings, time_budget_s=30.0, live=live)
-    assert alone.added_pipelines > 0
     assert within.plan.pipelines == tuple(tuple(int(live[d]) for d in row) for row in alone.plan.pipelines)
-    assert within.plan.parameter_servers == tuple(int(live[d]) for d in alone.plan.parameter_servers)
+    assert within.plan.shard_servers == tuple(tuple(int(live[d]) for d in row) for row in alone.plan.shard_servers)
     assert within.plan.layers_per_stage == alone.plan.layers_per_stage and within.changed == alone.changed
     assert within.plan.meta["prediction"] == alone.plan.meta["prediction"]
-
-
-def test_a_stage_is_served_by_the_member_with_the_faster_link_even_in_a_group_of_two() -> None:
-    # Four equal devices, access links 40, 40, 20 and 10 Mbit/s: a link runs at its slower end.
-    # In a group of two the weights' exchange costs the same whichever serves, but every tensor
-    # of the stage passes through its server, so it must not be the slow member.
-    rates = np.array([40, 40, 20, 10]) * 1e6 / 8
-    raw = synthetic_scenario_dict(4, regions=1, seed=3, parallelism={"stages": 2, "data_parallel": 2})
-    raw["bandwidth_Bps"] = np.minimum(rates[:, None], rates[None, :]).tolist()
-    raw["latency_s"] = np.full((4, 4), 0.02).tolist()
-    for d in raw["devices"]:
-        d["tflops"], d["memory_gib"] = 1.0, 80
-        d.pop("mean_uptime_h", None), d.pop("mean_downtime_h", None)
-    sc = parse_scenario(raw)
-    p = plan(sc, FAST)
-    check_valid(sc, p, Shape(2, 2))
-    for group, server in zip(p.stage_groups(), p.parameter_servers, strict=True):
-        assert server == min(group, key=lambda d: (-rates[d], d))

@@ -1,0 +1,199 @@
+"""What each piece of the data path takes on given devices and links: shares and exchanges.
+
+The pieces the throughput model (``swarmd.peers.planning.throughput``) composes, each over many
+pipelines or cells at once, each priced with the same functions the daemon and the simulator
+use (``swarmd.peers.taskpool.exchange``, ``swarmd.peers.wire.sizes``):
+
+- ``Links``: the scenario's latencies, bandwidths and interface rates, and the bytes of a
+  message in the codec each link calls for (``bytes_on``);
+- ``PipelineTimes``: per pipeline, each stage's forward and backward seconds per micro-batch
+  (a third and two thirds of its flops over the device's TFLOPS: a cell keeps its activations),
+  each boundary's seconds for one activation (the slower direction: the gradient comes back the
+  same way), the activation bytes each cell carries, and the stage-0 cell's round trip to the
+  ledger at shard (0, 0), which it asks for every share once the last one drained;
+- ``StageShards``: one stage's servers and the bytes of each shard's messages;
+- ``cell_links`` and ``exchange``: a round's contributions and pulls for cells of one stage.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from swarmd.peers.planning.plan_cost import stage_flops_per_sequence, stage_parameters
+from swarmd.peers.planning.scenario import Scenario
+from swarmd.peers.taskpool.exchange import shard_sizes, share_seconds
+from swarmd.peers.wire.sizes import REQUEST_OVERHEAD_BYTES, SLOW_LINK_Bps, activation_elements, codec_for, message_bytes
+
+KEEP_VERSIONS = 64
+"""Deltas a shard server keeps for pulls (``models.parameter_shard``'s default); a cell further
+behind gets the whole slice."""
+
+
+def bytes_on_links(kind: str, elements: int, bandwidth_Bps: np.ndarray, half: str, ndim: int = 1) -> np.ndarray:
+    """``sizes.message_bytes`` of ``elements`` in the codec ``codec_for`` gives each link of
+    ``bandwidth_Bps``: its rule (8-bit below ``SLOW_LINK_Bps``) over an array of links at once."""
+    fast = message_bytes(elements, codec_for(kind, 0.0, half=half), ndim)
+    slow = message_bytes(elements, codec_for(kind, SLOW_LINK_Bps / 2, half=half), ndim)
+    return np.where((bandwidth_Bps > 0) & (bandwidth_Bps < SLOW_LINK_Bps), slow, fast).astype(float)
+
+
+class Links:
+    """The scenario's network as the data path uses it."""
+
+    def __init__(self, scenario: Scenario, half: str = "fp16") -> None:
+        self.latency, self.bandwidth = scenario.latency_s, scenario.bandwidth_Bps
+        self.up_Bps, self.down_Bps = scenario.interface_Bps
+        self.half = half
+        m = scenario.model
+        self.activation = activation_elements(scenario.micro_batch, m.seq_len, m.hidden)
+
+    def activation_s(self, a: np.ndarray | int, b: np.ndarray | int) -> tuple[np.ndarray, np.ndarray]:
+        """One activation from ``a`` to ``b`` (indices, as numpy pairs them): its seconds and bytes."""
+        bw = self.bandwidth[a, b]
+        nbytes = self.activation_bytes(bw)
+        return self.latency[a, b] + nbytes / bw, nbytes
+
+    def activation_bytes(self, bandwidth_Bps: np.ndarray) -> np.ndarray:
+        """One activation's message on links of these rates."""
+        return bytes_on_links("activation", self.activation, bandwidth_Bps, self.half, ndim=3)
+
+    def activation_block(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        """[i, j]: one activation's seconds from ``rows[i]`` to ``cols[j]``. Blocks, not the
+        whole matrix: that is 800 MB at 10,000 devices."""
+        return self.activation_s(*np.ix_(rows, cols))[0]
+
+    def activation_symmetric(self, members: np.ndarray) -> np.ndarray:
+        """Both directions summed among ``members``."""
+        sub = self.activation_block(members, members)
+        return sub + sub.T
+
+    def round_trip_s(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """A small request from ``a`` to ``b`` and its answer."""
+        there = self.latency[a, b] + REQUEST_OVERHEAD_BYTES / self.bandwidth[a, b]
+        return there + self.latency[b, a] + REQUEST_OVERHEAD_BYTES / self.bandwidth[b, a]
+
+
+class PipelineTimes(NamedTuple):
+    forward_s: np.ndarray
+    """[p, s]: stage s's forward of one micro-batch in pipeline p."""
+    backward_s: np.ndarray
+    send_s: np.ndarray
+    """[p, b]: one activation across boundary b, the slower way."""
+    carried: np.ndarray
+    """[p, s]: activation bytes cell (p, s) sends, and receives, per micro-batch."""
+    ledger_s: np.ndarray
+    """[p]: the stage-0 cell's round trip to the ledger, once per share."""
+
+    def share_s(self, share_micro_batches: int) -> np.ndarray:
+        """Each pipeline's share, flush to flush (``exchange.share_seconds``), and its ledger request."""
+        return self.ledger_s + np.array([
+            share_seconds(f, b, e, share_micro_batches)
+            for f, b, e in zip(self.forward_s, self.backward_s, self.send_s, strict=True)
+        ])  # fmt: skip
+
+    def slowest_s(self) -> np.ndarray:
+        """Each pipeline's slowest stage, forward and backward, per micro-batch."""
+        return (self.forward_s + self.backward_s).max(axis=1)
+
+
+def pipeline_times(
+    scenario: Scenario, links: Links, rows: np.ndarray, layers: tuple[int, ...], ledger: int
+) -> PipelineTimes:
+    """``PipelineTimes`` of each row of ``rows`` (a pipeline's devices) with ``layers`` per stage
+    and the ledger at device ``ledger``."""
+    flops = stage_flops_per_sequence(scenario, np.asarray(layers, dtype=float)) * scenario.micro_batch
+    step = flops[None, :] / (scenario.device_arrays.tflops[rows] * 1e12)
+    a, b = rows[:, :-1], rows[:, 1:]
+    there_s, there = links.activation_s(a, b)
+    back_s, back = links.activation_s(b, a)
+    carried = np.zeros(rows.shape)
+    carried[:, :-1] += np.maximum(there, back)
+    carried[:, 1:] += np.maximum(there, back)
+    ledger_s = links.round_trip_s(rows[:, 0], np.full(len(rows), ledger))
+    return PipelineTimes(step / 3.0, 2.0 * step / 3.0, np.maximum(there_s, back_s), carried, ledger_s)
+
+
+class StageShards(NamedTuple):
+    """One stage's shard servers and each shard's messages' bytes."""
+
+    servers: np.ndarray
+    contribution_fast: np.ndarray
+    contribution_slow: np.ndarray
+    """A contribution slice on a link below ``SLOW_LINK_Bps`` (int8)."""
+    delta: np.ndarray
+    whole: np.ndarray
+
+
+def stage_shards(
+    scenario: Scenario, layers: tuple[int, ...], shard_servers: tuple[tuple[int, ...], ...], half: str = "fp16"
+) -> list[StageShards]:
+    out = []
+    for params, servers in zip(stage_parameters(scenario, layers), shard_servers, strict=True):
+        sizes = shard_sizes(params, len(servers))
+
+        def each(kind: str, bw: float, sizes: list[int] = sizes) -> np.ndarray:
+            return np.array([message_bytes(e, codec_for(kind, bw, half=half)) for e in sizes], dtype=float)
+
+        fast, slow = each("contribution", 0.0), each("contribution", SLOW_LINK_Bps / 2)
+        out.append(StageShards(np.asarray(servers, dtype=int), fast, slow, each("delta", 0.0), each("weights", 0.0)))
+    return out
+
+
+class CellLinks(NamedTuple):
+    """One stage's cells and their links to its shard servers, gathered once per grid: what
+    does not change as the swarm's step rate settles."""
+
+    cells: np.ndarray
+    servers: np.ndarray
+    sent: np.ndarray
+    """[c, k]: contribution bytes to shard k per round (0 for a cell's own shard)."""
+    send_s: np.ndarray
+    """[c]: the longest contribution link, latency included."""
+    latency_down: np.ndarray
+    """[c, k]: from shard k's server to the cell."""
+    inverse_down: np.ndarray
+    """[c, k]: 1 / bandwidth from the server, 0 for a cell's own shard (nothing crosses)."""
+    delta: np.ndarray
+    whole: np.ndarray
+    up_Bps: np.ndarray
+    down_Bps: np.ndarray
+    refetch_s: np.ndarray
+    """[c]: fetching the whole stage in fp32, as a spare taking the cell does."""
+
+
+def cell_links(links: Links, cells: np.ndarray, stage: StageShards) -> CellLinks:
+    servers = stage.servers
+    lat_up, bw_up = links.latency[np.ix_(cells, servers)], links.bandwidth[np.ix_(cells, servers)]
+    lat_down, bw_down = links.latency[np.ix_(servers, cells)].T, links.bandwidth[np.ix_(servers, cells)].T
+    slow = (bw_up > 0) & (bw_up < SLOW_LINK_Bps)
+    local = servers[None, :] == cells[:, None]  # a cell's own shard stays local
+    sent = np.where(local, 0.0, np.where(slow, stage.contribution_slow[None, :], stage.contribution_fast[None, :]))
+    inverse_down = np.where(local, 0.0, 1.0 / bw_down)
+    up, down = links.up_Bps[cells], links.down_Bps[cells]
+    whole = np.where(local, 0.0, stage.whole[None, :])
+    refetch = np.maximum((lat_down + whole * inverse_down).max(axis=1), whole.sum(axis=1) / down)
+    return CellLinks(cells, servers, sent, (lat_up + sent / bw_up).max(axis=1), lat_down, inverse_down,
+                     np.where(local, 0.0, stage.delta[None, :]), whole, up, down, refetch)  # fmt: skip
+
+
+class Exchange(NamedTuple):
+    seconds: np.ndarray
+    """[c]: the round's exchange: the longest shard link either way, or all of it through the
+    cell's interface (its contributions, pulls and activations)."""
+    sent: np.ndarray
+    """[c, k]: contribution bytes to shard k per round."""
+    pulled: np.ndarray
+    """[c, k]: delta (or whole slice) bytes from shard k per round."""
+
+
+def exchange(cl: CellLinks, deltas: np.ndarray, carried: np.ndarray) -> Exchange:
+    """A round's exchange for the cells of ``cl`` that pull ``deltas`` steps each and carry
+    ``carried`` activation bytes each way in the round: a delta per step, the whole slice in
+    fp32 past ``KEEP_VERSIONS`` (``docs/data-path.md``)."""
+    behind = deltas[:, None]
+    pulled = np.where(behind <= KEEP_VERSIONS, behind * cl.delta, cl.whole)
+    each = np.maximum(cl.send_s, (cl.latency_down + pulled * cl.inverse_down).max(axis=1))
+    through = np.maximum((cl.sent.sum(axis=1) + carried) / cl.up_Bps, (pulled.sum(axis=1) + carried) / cl.down_Bps)
+    return Exchange(np.maximum(each, through), cl.sent, pulled)
