@@ -68,7 +68,28 @@ class LayerSplitter:
             if not np.isfinite(gain[s]):
                 return layers, self.total - int(layers.sum())
             layers[s] += 1
-        return layers, 0
+        return self._polish(layers, speed, head, caps), 0
+
+    def _polish(self, layers: np.ndarray, speed: np.ndarray, head: np.ndarray, caps: np.ndarray) -> np.ndarray:
+        """Move single layers between stages while that raises the summed rate: adding layers
+        one at a time can stall where the pipelines' slowest stages differ."""
+        n = len(layers)
+        moves = np.array([(a, b) for a in range(n) for b in range(n) if a != b])
+        step = np.zeros((len(moves), n), dtype=int)
+        step[np.arange(len(moves)), moves[:, 0]] -= 1
+        step[np.arange(len(moves)), moves[:, 1]] += 1
+        current = float(self._rates(layers[None, :], speed, head)[0])
+        for _ in range(self.total * n):
+            trial = layers[None, :] + step
+            ok = (trial >= 1).all(axis=1) & (trial <= np.maximum(caps, 1)[None, :]).all(axis=1)
+            if not ok.any():
+                break
+            rates = np.where(ok, self._rates(np.maximum(trial, 1), speed, head), -np.inf)
+            best = int(np.argmax(rates))
+            if rates[best] <= current * (1 + 1e-12):
+                break
+            layers, current = trial[best], float(rates[best])
+        return layers
 
     def _rates(self, layers: np.ndarray, speed: np.ndarray, head: np.ndarray) -> np.ndarray:
         """For each row of ``layers`` (splits), the summed rate of the pipelines (per second)."""
