@@ -29,7 +29,13 @@ from swarmd.peers.planning.schedule import (
     spares,
 )
 from swarmd.peers.planning.search import Search
-from swarmd.peers.planning.settings import PlannerSettings, min_availability, planning_view, usable_devices
+from swarmd.peers.planning.settings import (
+    Awareness,
+    PlannerSettings,
+    min_availability,
+    planning_view,
+    usable_devices,
+)
 from swarmd.peers.planning.throughput import Throughput, ThroughputModel
 from swarmd.peers.planning.transfers import StageShards
 from swarmd.peers.taskpool.exchange import ExchangeSettings
@@ -227,5 +233,7 @@ class Planner:
         caps = self.caps(best.grid.shape[1], best.local_steps > 1)
         others = [d for row in best.servers for d in row] + relays
         result = best.plan(relays=tuple(relays), spares=spares(self.usable, best.grid, caps, best.layers, others))
-        prediction = ThroughputModel(self.scenario).evaluate(result)
+        # The planner's own model when it may know everything (its view is the scenario's).
+        seen = self.settings.awareness == Awareness()
+        prediction = (self.model if seen else ThroughputModel(self.scenario)).evaluate(result)
         return replace(result, meta={"runtime_s": time.perf_counter() - started, "prediction": prediction})

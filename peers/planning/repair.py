@@ -9,12 +9,14 @@
 - New devices are spares; enough of them (free mode) form new pipelines, kept if the plan
   trains faster with them.
 - A short local search among the touched cells and the spares.
-- The layer split, H and k are kept unless the shape changed or a stage no longer fits (then
-  chosen again as a full plan chooses them). The relays still live stay; spares are listed anew.
+- The layer split, H and k are kept unless the number of pipelines changed by a tenth or more
+  (``RESCHEDULE_FRACTION``) or a stage no longer fits (then chosen again as a full plan chooses
+  them; k stays within the batch split either way). The relays still live stay; spares are listed anew.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +31,11 @@ from swarmd.peers.planning.schedule import choose_local_steps, choose_servers, s
 from swarmd.peers.planning.search import Search
 from swarmd.peers.planning.settings import PlanError, PlannerSettings
 from swarmd.peers.planning.throughput import Frozen, Throughput
+
+RESCHEDULE_FRACTION = 0.1
+"""A repair chooses the split, k and H again only when it changed the number of pipelines by
+this fraction or more: a server's step size and the ledger's share size follow them, and a
+pipeline more or less among many does not change what they should be."""
 
 
 @dataclass(frozen=True)
@@ -82,8 +89,9 @@ def repair(
                                                                                        strict=True))  # fmt: skip
     servers = choose_servers(planner.view, grid, layers, pool, counts, kept_servers)
     serving = {d for row in servers for d in row}
-    spare = [int(d) for d in planner.usable if int(d) not in set(grid.ravel().tolist()) and int(d) not in serving]
-    spare += [int(d) for d in planner.usable if int(d) in serving and int(d) not in set(grid.ravel().tolist())]
+    placed = set(grid.ravel().tolist())
+    outside = [int(d) for d in planner.usable if int(d) not in placed]
+    spare = [d for d in outside if d not in serving] + [d for d in outside if d in serving]  # free devices first
     model = planner.model
     k = previous.micro_batches_per_share(scenario)
     settings_x = model.exchange_settings(k, previous.local_steps)
@@ -96,10 +104,11 @@ def repair(
 
     holes = [(int(p), int(s)) for p, s in zip(*np.nonzero(grid < 0), strict=True)]
     while holes:
-        fitting = [d for d in spare if any((caps[d] >= np.asarray(layers))[[s for _, s in holes]])]
+        open_stages = sorted({s for _, s in holes})
+        fitting = [d for d in spare if (caps[d, open_stages] >= np.asarray(layers)[open_stages]).any()]
         if len(fitting) < len(holes) and not fixed and grid.shape[0] > 1:
             # Not enough spares: give up the pipeline with the most holes; its devices are spares.
-            worst = max(range(grid.shape[0]), key=lambda p: int((grid[p] < 0).sum()))
+            worst = int(np.argmax((grid < 0).sum(axis=1)))
             spare += [int(d) for d in grid[worst] if d >= 0]
             grid = np.delete(grid, worst, axis=0)
             changed = [(p - (p > worst), s) for p, s in changed if p != worst]
@@ -143,12 +152,14 @@ def repair(
             search.improve_cell(p, s, within=set(touched))
         grid = search.grid
 
-    if shape_changed or (planner.splitter(n_stages, local).stage_caps(grid) < np.asarray(layers)).any():
+    moved = abs(grid.shape[0] - previous.shape.data_parallel) >= RESCHEDULE_FRACTION * previous.shape.data_parallel
+    if (shape_changed and moved) or (planner.splitter(n_stages, local).stage_caps(grid) < np.asarray(layers)).any():
         found = planner.schedule(grid, local, servers=servers)
         if found is None:
             raise PlanError(f"the repaired grid ({grid.shape[1]} stages x {grid.shape[0]} pipelines) cannot hold the "
                             "model's layers: plan afresh")  # fmt: skip
     else:
+        k = min(k, math.ceil(model.batch_micro_batches / grid.shape[0]))  # within the batch split
         found = Candidate(grid, layers, servers, previous.local_steps, k, None)  # type: ignore[arg-type]
     relays = tuple(r for r in here(previous.relays) if r >= 0)
     result = planner.finish(found, started, relays=relays)

@@ -123,13 +123,6 @@ def choose_servers(
     lat, bw = view.latency_s, view.bandwidth_Bps
     out = []
     for s, count in enumerate(counts):
-        members = grid[:, s]
-        members = members[members >= 0]
-        if not len(members):
-            members = pool
-        nbytes = 2.0 * params[s] / count
-        reach = (lat[np.ix_(members, pool)] + lat[np.ix_(pool, members)].T
-                 + nbytes / bw[np.ix_(members, pool)] + nbytes / bw[np.ix_(pool, members)].T).mean(axis=0)  # fmt: skip
         kept = list(keep[s])[:count] if keep is not None and s < len(keep) else []
         chosen = [int(d) for d in kept] + [-1] * (count - len(kept))
         taken = np.zeros(len(pool), dtype=bool)
@@ -137,7 +130,16 @@ def choose_servers(
             if d in where:
                 taken[where[d]] = True
                 load[where[d]] += 1
-        for slot in (k for k, d in enumerate(chosen) if d < 0):
+        holes = [k for k, d in enumerate(chosen) if d < 0]
+        if holes:
+            members = grid[:, s]
+            members = members[members >= 0]
+            if not len(members):
+                members = pool
+            nbytes = 2.0 * params[s] / count
+            reach = (lat[np.ix_(members, pool)] + lat[np.ix_(pool, members)].T + nbytes / bw[np.ix_(members, pool)]
+                     + nbytes / bw[np.ix_(pool, members)].T).mean(axis=0)  # fmt: skip
+        for slot in holes:
             if taken.all():
                 raise ValueError(f"stage {s} needs {count} shard servers; the pool holds {len(pool)} devices")
             i = int(np.argmin(np.where(taken, np.inf, reach * (1.0 + load))))

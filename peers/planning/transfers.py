@@ -88,10 +88,8 @@ class PipelineTimes(NamedTuple):
 
     def share_s(self, share_micro_batches: int) -> np.ndarray:
         """Each pipeline's share, flush to flush (``exchange.share_seconds``), and its ledger request."""
-        return self.ledger_s + np.array([
-            share_seconds(f, b, e, share_micro_batches)
-            for f, b, e in zip(self.forward_s, self.backward_s, self.send_s, strict=True)
-        ])  # fmt: skip
+        rows = zip(self.forward_s.tolist(), self.backward_s.tolist(), self.send_s.tolist(), strict=True)
+        return self.ledger_s + np.array([share_seconds(f, b, e, share_micro_batches) for f, b, e in rows])
 
     def slowest_s(self) -> np.ndarray:
         """Each pipeline's slowest stage, forward and backward, per micro-batch."""
@@ -134,7 +132,9 @@ def stage_shards(
         sizes = shard_sizes(params, len(servers))
 
         def each(kind: str, bw: float, sizes: list[int] = sizes) -> np.ndarray:
-            return np.array([message_bytes(e, codec_for(kind, bw, half=half)) for e in sizes], dtype=float)
+            # (shard sizes differ by one at most: price each size once)
+            priced = {e: message_bytes(e, codec_for(kind, bw, half=half)) for e in set(sizes)}
+            return np.array([priced[e] for e in sizes], dtype=float)
 
         fast, slow = each("contribution", 0.0), each("contribution", SLOW_LINK_Bps / 2)
         out.append(StageShards(np.asarray(servers, dtype=int), fast, slow, each("delta", 0.0), each("weights", 0.0)))
