@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -25,6 +26,16 @@ SWAP_SAMPLE = 256
 pair of pipelines to cost, and a thousand-device grid has a thousand cells."""
 IMPROVEMENT = 1e-6
 """A move must raise the swarm's tokens per second by this fraction to count."""
+
+
+@dataclass(frozen=True)
+class Move:
+    gain: float
+    """Tokens per second the move adds."""
+    spare: int | None = None
+    """The spare that takes the cell ..."""
+    trade: tuple[int, int] | None = None
+    """... or the cell it trades devices with."""
 
 
 class Search:
@@ -61,57 +72,63 @@ class Search:
     def improve_cell(self, p: int, s: int, within: set[tuple[int, int]] | None = None) -> bool:
         """The best move of cell (p, s): its device for a spare, or traded with another cell
         (of ``within`` only, when given). True if one was made."""
-        n_pipes, n_stages = self.grid.shape
-        here = int(self.grid[p, s])
         floor = IMPROVEMENT * max(float(self.tokens.sum()), 1e-12)
-        best_gain, best_move = floor, None
+        moves = [m for m in (self._best_spare(p, s), self._best_trade(p, s, within)) if m is not None]
+        best = max(moves, key=lambda m: m.gain, default=None)
+        if best is None or best.gain <= floor:
+            return False
+        self._apply(p, s, best)
+        return True
+
+    def _best_spare(self, p: int, s: int) -> Move | None:
         spares = self._shortlist()
-        if spares.size:
-            ok = spares[self.fits(spares, np.full(len(spares), s))]
-            if ok.size:
-                rows = np.repeat(self.grid[p][None, :], len(ok), axis=0)
-                rows[:, s] = ok
-                gain = self.rates(rows) - self.tokens[p]
-                i = int(np.argmax(gain))
-                if gain[i] > best_gain:
-                    best_gain, best_move = float(gain[i]), ("spare", int(ok[i]))
-        others = [(q, t) for q in range(n_pipes) for t in range(n_stages) if (q, t) != (p, s) and n_stages > 1]
+        ok = spares[self.fits(spares, np.full(len(spares), s))] if spares.size else spares
+        if not ok.size:
+            return None
+        rows = np.repeat(self.grid[p][None, :], len(ok), axis=0)
+        rows[:, s] = ok
+        gain = self.rates(rows) - self.tokens[p]
+        i = int(np.argmax(gain))
+        return Move(float(gain[i]), spare=int(ok[i]))
+
+    def _best_trade(self, p: int, s: int, within: set[tuple[int, int]] | None) -> Move | None:
+        n_pipes, n_stages = self.grid.shape
+        if n_stages < 2:
+            return None  # one-cell pipelines: a trade changes nothing
+        others = [(q, t) for q in range(n_pipes) for t in range(n_stages) if (q, t) != (p, s)]
         if within is not None:
             others = [c for c in others if c in within]
         if len(others) > SWAP_SAMPLE:
             others = [others[i] for i in self.rng.choice(len(others), SWAP_SAMPLE, replace=False)]
-        if others:
-            q, t = (np.array(x) for x in zip(*others, strict=True))
-            there = self.grid[q, t]
-            ok = self.fits(there, np.full(len(q), s)) & self.fits(np.full(len(q), here), t)
-            q, t, there = q[ok], t[ok], there[ok]
-        if others and q.size:
-            mine = np.repeat(self.grid[p][None, :], len(q), axis=0)
-            mine[np.arange(len(q)), s] = there
-            theirs = self.grid[q].copy()
-            theirs[np.arange(len(q)), t] = here
-            same = q == p  # a trade inside the pipeline: one row with both cells changed
-            mine[same, t[same]] = here
-            rates = self.rates(np.concatenate([mine, theirs[~same]]))
-            gain = rates[: len(q)] - self.tokens[p]
-            gain[~same] += rates[len(q) :] - self.tokens[q[~same]]
-            i = int(np.argmax(gain))
-            if gain[i] > best_gain:
-                best_gain, best_move = float(gain[i]), ("trade", (int(q[i]), int(t[i])))
-        if best_move is None:
-            return False
-        self._apply(p, s, best_move)
-        return True
+        if not others:
+            return None
+        here = int(self.grid[p, s])
+        q, t = np.array([c[0] for c in others]), np.array([c[1] for c in others])
+        there = self.grid[q, t]
+        ok = self.fits(there, np.full(len(q), s)) & self.fits(np.full(len(q), here), t)
+        q, t, there = q[ok], t[ok], there[ok]
+        if not q.size:
+            return None
+        mine = np.repeat(self.grid[p][None, :], len(q), axis=0)
+        mine[np.arange(len(q)), s] = there
+        theirs = self.grid[q].copy()
+        theirs[np.arange(len(q)), t] = here
+        same = q == p  # a trade inside the pipeline: one row with both cells changed
+        mine[same, t[same]] = here
+        rates = self.rates(np.concatenate([mine, theirs[~same]]))
+        gain = rates[: len(q)] - self.tokens[p]
+        gain[~same] += rates[len(q) :] - self.tokens[q[~same]]
+        i = int(np.argmax(gain))
+        return Move(float(gain[i]), trade=(int(q[i]), int(t[i])))
 
-    def _apply(self, p: int, s: int, move: tuple[str, object]) -> None:
-        kind, arg = move
-        if kind == "spare":
-            d = int(arg)  # type: ignore[call-overload]
-            self.spare[self.spare.index(d)] = int(self.grid[p, s])
-            self.grid[p, s] = d
+    def _apply(self, p: int, s: int, move: Move) -> None:
+        if move.trade is None:
+            assert move.spare is not None
+            self.spare[self.spare.index(move.spare)] = int(self.grid[p, s])
+            self.grid[p, s] = move.spare
             touched = [p]
         else:
-            q, t = arg  # type: ignore[misc]
+            q, t = move.trade
             self.grid[p, s], self.grid[q, t] = self.grid[q, t], self.grid[p, s]
             touched = sorted({p, q})
         self.tokens[touched] = self.rates(self.grid[touched])
