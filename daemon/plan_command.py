@@ -23,6 +23,11 @@ from swarmd.peers.planning.throughput import (
 )
 
 
+def runtime_s(result: Plan) -> float:
+    found = result.meta.get("runtime_s", 0.0)
+    return float(found) if isinstance(found, int | float) else 0.0
+
+
 def prediction(scenario: Scenario, result: Plan) -> Throughput:
     found = result.meta.get("prediction")
     return found if isinstance(found, Throughput) else predict_throughput(scenario, result)
@@ -34,7 +39,7 @@ def plan_json(scenario: Scenario, result: Plan) -> dict[str, Any]:
     pred = prediction(scenario, result)
     out["predicted"] = pred.to_json()
     out["sync_comm_reference_s"] = round(reference_cost(scenario, result), 6)
-    out["runtime_s"] = round(float(result.meta.get("runtime_s", 0.0)), 6)  # type: ignore[arg-type]
+    out["runtime_s"] = round(runtime_s(result), 6)
     out["bounds"] = {
         "compute_bound_tokens_per_s": round(compute_bound_tokens_per_s(scenario), 3),
         "fastest_device_tokens_per_s": round(fastest_device_tokens_per_s(scenario), 3),
@@ -49,7 +54,7 @@ def describe(scenario: Scenario, result: Plan) -> str:
     roles = result.roles()
     lines = [
         f"scenario {scenario.name}: {scenario.n} devices; plan {shape.stages} stages x {shape.data_parallel} "
-        f"pipelines ({shape.devices} cells) in {float(result.meta.get('runtime_s', 0.0)):.3f} s",  # type: ignore[arg-type]
+        f"pipelines ({shape.devices} cells) in {runtime_s(result):.3f} s",
         f"exchange: H = {result.local_steps} local steps of k = {result.micro_batches_per_share(scenario)} "
         f"micro-batches per round ({'gradients' if result.local_steps == 1 else 'pseudo-gradients'})",
         "",

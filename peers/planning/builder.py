@@ -36,7 +36,7 @@ from swarmd.peers.planning.settings import (
     planning_view,
     usable_devices,
 )
-from swarmd.peers.planning.throughput import Throughput, ThroughputModel
+from swarmd.peers.planning.throughput import Frozen, Throughput, ThroughputModel
 from swarmd.peers.planning.transfers import StageShards
 from swarmd.peers.taskpool.exchange import ExchangeSettings
 
@@ -50,28 +50,31 @@ LOCAL = 2
 
 @dataclass
 class Candidate:
-    """A grid with its split and schedule, and what the model predicts for it."""
+    """A grid with its split and schedule, and what the model predicts for it (None: not yet
+    predicted, as a repair's that keeps the previous schedule until ``Planner.finish``)."""
 
     grid: np.ndarray
     layers: tuple[int, ...]
     servers: tuple[tuple[int, ...], ...]
     local_steps: int
     share: int
-    result: Throughput = field(repr=False)
+    result: Throughput | None = field(default=None, repr=False)
 
     @property
     def tokens_per_s(self) -> float:
+        assert self.result is not None, "a candidate is compared only once predicted"
         return self.result.tokens_per_s
 
-    def plan(self, **extra: object) -> Plan:
+    def plan(self, relays: tuple[int, ...] = (), spares: tuple[int, ...] = ()) -> Plan:
         return Plan(
             pipelines=tuple(tuple(int(d) for d in row) for row in self.grid),
             layers_per_stage=self.layers,
             parameter_servers=tuple(servers[0] for servers in self.servers),
+            relays=relays,
             shard_servers=self.servers,
             local_steps=self.local_steps,
             share_micro_batches=self.share,
-            **extra,  # type: ignore[arg-type]
+            spares=spares,
         )
 
 
@@ -135,7 +138,7 @@ class Planner:
         times = self.model.times(grid, layers, self.model.stages(layers, servers))
         k = share_micro_batches(times, self.model.batch_micro_batches)
         fixed = self.settings.local_steps
-        base = Candidate(grid, layers, servers, 1 if fixed is None else fixed, k, None).plan()  # type: ignore[arg-type]
+        base = Candidate(grid, layers, servers, 1 if fixed is None else fixed, k).plan()
         if fixed is not None or not local:
             h, result = base.local_steps, self.model.evaluate(base)
         else:
@@ -203,22 +206,23 @@ class Planner:
         spare = [int(d) for d in self.eligible(n_stages, local) if int(d) not in placed and int(d) not in servers]
         stages = self.model.stages(found.layers, found.servers)
         settings = self.model.exchange_settings(found.share, found.local_steps)
+        assert found.result is not None
+        frozen = found.result.frozen
         if n_stages == 1:
-            return self._select_single(found, spare, stages, settings)
-        search = Search(self.model, found.grid, spare, found.layers, stages, settings, found.result.frozen, caps,
-                        deadline, seed)  # fmt: skip
+            return self._select_single(found, spare, stages, settings, frozen)
+        search = Search(self.model, found.grid, spare, found.layers, stages, settings, frozen, caps, deadline, seed)
         search.run()
         return search.grid
 
     def _select_single(
-        self, found: Candidate, spare: list[int], stages: list[StageShards], settings: ExchangeSettings
+        self, found: Candidate, spare: list[int], stages: list[StageShards], settings: ExchangeSettings, frozen: Frozen
     ) -> np.ndarray:
         """One stage: the grid's devices and the spares each costed as a pipeline alone, the
         best kept (each pipeline is one device, so this is the search's answer at once)."""
         pool = np.concatenate([found.grid[:, 0], np.asarray(spare, dtype=int)])
         caps = self.caps(1, found.local_steps > 1)
         pool = pool[caps[pool, 0] >= found.layers[0]]
-        rates = self.model.rows(pool[:, None], found.layers, stages, settings, found.result.frozen).tokens_per_s
+        rates = self.model.rows(pool[:, None], found.layers, stages, settings, frozen).tokens_per_s
         keep = pool[np.argsort(-rates, kind="stable")[: len(found.grid)]]
         return keep[:, None]
 

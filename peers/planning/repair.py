@@ -160,7 +160,7 @@ def repair(
                             "model's layers: plan afresh")  # fmt: skip
     else:
         k = min(k, math.ceil(model.batch_micro_batches / grid.shape[0]))  # within the batch split
-        found = Candidate(grid, layers, servers, previous.local_steps, k, None)  # type: ignore[arg-type]
+        found = Candidate(grid, layers, servers, previous.local_steps, k)
     relays = tuple(r for r in here(previous.relays) if r >= 0)
     result = planner.finish(found, started, relays=relays)
     return Repair(result, tuple(touched), dropped, added)
@@ -193,7 +193,7 @@ def _grow(
 
     def tokens(g: np.ndarray) -> float:
         k = share_micro_batches(model.times(g, layers, model.stages(layers, servers)), model.batch_micro_batches)
-        trial = Candidate(g, layers, servers, previous.local_steps, k, None).plan()  # type: ignore[arg-type]
+        trial = Candidate(g, layers, servers, previous.local_steps, k).plan()
         if planner.settings.local_steps is None and previous.local_steps > 1:
             return choose_local_steps(model, trial, start=previous.local_steps)[1].tokens_per_s
         return model.evaluate(trial).tokens_per_s
