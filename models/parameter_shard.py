@@ -6,7 +6,10 @@ it. AdamW and the outer Nesterov step are elementwise, so a slice is a complete 
 its own: two shards stepping side by side equal one optimizer over the whole vector.
 
 - **Contributions** (:meth:`ParameterShard.contribute`) are checked (length, finiteness, a
-  norm bound against the running median of accepted norms), then buffered as
+  norm bound against the running median of accepted norms: clipped to ``max_norm_factor``
+  times it, as centred clipping does against outliers, and refused outright past
+  ``refuse_norm_factor`` times it; honest gradients spike early in training, a bound that
+  refused them dropped real work), then buffered as
   ``weight * micro_batches * vector``, with the micro-batches counted unweighted. The step
   divides the buffer by that count, so a stale contribution (weight below 1, the caller's
   staleness rule) shrinks the step rather than renormalising it (FedBuff's rule). The shard
@@ -87,7 +90,11 @@ class ShardConfig:
     recent_share_ids: int = 65_536
     """Share IDs remembered as done (least recently settled forgotten first)."""
     max_norm_factor: float = 10.0
-    """A contribution whose norm exceeds this times the median of recent accepted norms is refused."""
+    """A contribution whose norm exceeds this times the median of recent accepted norms is
+    scaled down to it (counted ``clipped``)."""
+    refuse_norm_factor: float = 1000.0
+    """A contribution whose norm exceeds this times that median is refused (no honest gradient
+    is that far off)."""
     norm_warmup: int = 8
     """Accepted contributions seen before the norm bound applies (a median of fewer means little)."""
     norm_window: int = 256
@@ -96,7 +103,7 @@ class ShardConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode = {self.mode!r} is not one of {MODES}")
-        for name in ("lr", "outer_lr", "eps", "max_norm_factor"):
+        for name in ("lr", "outer_lr", "eps", "max_norm_factor", "refuse_norm_factor"):
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"{name} = {value} must be a positive finite number")
@@ -120,7 +127,9 @@ class ShardCounters:
     dropped: int = 0
     """Contributions the caller weighted 0 (too stale): acknowledged, not applied."""
     refused: int = 0
-    """Contributions refused with ContributionError (malformed, non-finite, over the norm bound)."""
+    """Contributions refused with ContributionError (malformed, non-finite, absurdly large)."""
+    clipped: int = 0
+    """Contributions scaled down to the norm bound."""
     steps: int = 0
     """Optimizer steps taken here (replayed log entries not included)."""
     replayed: int = 0
@@ -256,14 +265,19 @@ class ParameterShard:
             return ContributeResult(Outcome.DUPLICATE, self.version)
         vector = vector.detach().to(device=self._sum.device, dtype=torch.float32)
         norm = float(torch.linalg.vector_norm(vector))
-        bound = self.norm_bound()
-        if bound is not None and norm > bound:
+        median = self._median_norm()
+        if median is not None and norm > self.config.refuse_norm_factor * median:
             self.counters.refused += 1
             raise ContributionError(
                 "norm",
-                f"contribution norm {norm:.4g} exceeds {self.config.max_norm_factor} x the median of recent "
-                f"accepted norms ({bound:.4g}); refused (shares {ids[:3]})",
+                f"contribution norm {norm:.4g} exceeds {self.config.refuse_norm_factor:g} x the median of recent "
+                f"accepted norms ({median:.4g}); refused (shares {ids[:3]})",
             )
+        if median is not None and norm > self.config.max_norm_factor * median:
+            bound = self.config.max_norm_factor * median
+            vector = vector * (bound / norm)
+            norm = bound
+            self.counters.clipped += 1
         if weight == 0:
             self.counters.dropped += 1
             self._settle(ids)
@@ -277,10 +291,14 @@ class ParameterShard:
         return ContributeResult(Outcome.BUFFERED, self.version, step)
 
     def norm_bound(self) -> float | None:
-        """The largest norm a contribution may have now (None: too few seen to judge yet)."""
+        """The norm a contribution is clipped to now (None: too few seen to judge yet)."""
+        median = self._median_norm()
+        return None if median is None else self.config.max_norm_factor * median
+
+    def _median_norm(self) -> float | None:
         if len(self._norms) < self.config.norm_warmup:
             return None
-        return self.config.max_norm_factor * statistics.median(self._norms)
+        return statistics.median(self._norms)
 
     def _check(
         self, vector: torch.Tensor, base_version: int, micro_batches: int, share_ids: Sequence[int], weight: float

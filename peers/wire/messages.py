@@ -152,6 +152,9 @@ class Contributed(Answer):
     weight: float = bound(min_value=0.0, max_value=1.0)
     duplicate: bool
     """Its shares were committed here already (a resend): acknowledged, not applied again."""
+    committed: bool = False
+    """Its shares are in a committed step already (this contribution completed one, or a
+    resend's step was): the cell need not wait for a pull to learn it."""
 
 
 @dataclass(frozen=True, kw_only=True)

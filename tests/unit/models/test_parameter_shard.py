@@ -246,8 +246,9 @@ def test_malformed_contributions_are_refused_before_they_touch_anything(kwargs: 
     assert shard.committed([1]) == set()
 
 
-def test_a_contribution_far_above_the_running_median_norm_is_refused() -> None:
-    shard = ParameterShard(0, SIZE, vector(11), adamw(norm_warmup=4, max_norm_factor=10.0), step_micro_batches=100)
+def test_a_contribution_above_the_running_median_norm_is_clipped_and_an_absurd_one_refused() -> None:
+    config = adamw(norm_warmup=4, max_norm_factor=10.0, refuse_norm_factor=100.0)
+    shard = ParameterShard(0, SIZE, vector(11), config, step_micro_batches=100)
     huge = vector(0, scale=1000.0)
     norms = []
     for i in range(4):
@@ -261,6 +262,10 @@ def test_a_contribution_far_above_the_running_median_norm_is_refused() -> None:
         shard.contribute(huge, 0, 1, [99], 1.0)
     assert info.value.reason == "norm" and shard.counters.refused == 1 and shard.buffered_micro_batches == 4
     assert shard.contribute(vector(5, scale=5.0), 0, 1, [5], 1.0).outcome is Outcome.BUFFERED
+    assert shard.counters.clipped == 0
+    large = vector(6, scale=30.0)  # 30 x: above the clipping bound, below the refusal
+    assert shard.contribute(large, 0, 1, [6], 1.0).outcome is Outcome.BUFFERED
+    assert shard.counters.clipped == 1
 
 
 def test_pulls_see_committed_versions_only_and_fall_back_to_weights() -> None:

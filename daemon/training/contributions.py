@@ -1,0 +1,202 @@
+"""A cell's contributions: one per round, a slice to each shard of its stage, kept until committed.
+
+At the end of a round the cell hands its gradient (or pseudo-gradient) here. It is cut into
+the stage's shard slices, each encoded in the codec its server's link calls for (int8 with
+error feedback on a slow link) and sent (``Contribute``). A slice is kept until its shard
+reports the round's share IDs committed (the cell's pulls ask, ``Puller``); if the shard's
+holder changes first, the slice goes again to the new holder, which takes it once (share IDs).
+Once every shard of stage 0 has committed a round, its stage-0 cell tells the ledger the
+shares are complete.
+
+Backpressure: a cell may start a round only when the previous one is delivered and at most
+``MAX_UNCOMMITTED`` rounds wait to be committed (``room``): a slow link slows its cell rather
+than piling contributions up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from swarmd.peers.taskpool.exchange import shard_range
+from swarmd.peers.wire.codecs import ErrorFeedback
+from swarmd.peers.wire.errors import BadRequest, RpcError, Stale
+from swarmd.peers.wire.messages import Contribute, LedgerComplete
+from swarmd.peers.wire.sizes import codec_for
+
+if TYPE_CHECKING:
+    from swarmd.training.cell import CellWorker
+
+logger = logging.getLogger(__name__)
+
+MAX_UNCOMMITTED = 2
+DELIVER_TIMEOUT_S = 120.0
+RETRY_S = (0.25, 4.0)
+
+
+@dataclass
+class _Round:
+    share_ids: list[int]
+    micro_batches: int
+    bases: list[int]
+    blobs: list[bytes]
+    codecs: list[str]
+    delivered_to: list[str | None]
+    committed: list[bool]
+    dropped: list[bool] = field(default_factory=list)
+
+    @property
+    def delivered(self) -> bool:
+        return all(d is not None or c for d, c in zip(self.delivered_to, self.committed, strict=True))
+
+    @property
+    def done(self) -> bool:
+        return all(self.committed)
+
+
+@dataclass
+class ContributionStats:
+    rounds: int = 0
+    sent: int = 0
+    resent: int = 0
+    dropped: int = 0
+    """Slices a server refused (too stale, malformed): their work is not applied."""
+    committed_rounds: int = 0
+    bytes_sent: int = 0
+
+
+class Contributions:
+    def __init__(self, cell: CellWorker) -> None:
+        self.cell = cell
+        self.rounds: list[_Round] = []
+        self.stats = ContributionStats()
+        self._feedback = ErrorFeedback()
+        self._wake = asyncio.Event()
+        self._changed = asyncio.Event()
+
+    def start(self) -> list[asyncio.Task[None]]:
+        return [asyncio.create_task(self._deliver_loop(), name=f"cell {self.cell.cell} contributions")]
+
+    # --- the cell's side ----------------------------------------------------------------------
+
+    def add(self, share_ids: list[int], vector: torch.Tensor, micro_batches: int, bases: list[int]) -> None:
+        """A round's contribution: cut, encode and queue one slice per shard."""
+        shards = len(bases)
+        blobs, codecs = [], []
+        for k in range(shards):
+            lo, hi = shard_range(vector.numel(), shards, k)
+            server = self.cell.view.servers[k] if k < len(self.cell.view.servers) else None
+            codec = codec_for("contribution", self.cell.link_Bps(server or ""), half=self.cell.half)
+            blobs.append(self._feedback.encode(k, vector[lo:hi], codec))
+            codecs.append(codec)
+        self.rounds.append(_Round(list(share_ids), micro_batches, list(bases), blobs, codecs, [None] * shards,
+                                  [False] * shards, [False] * shards))  # fmt: skip
+        self.stats.rounds += 1
+        self._wake.set()
+
+    async def room(self) -> bool:
+        """Whether the cell may start another round's shares now."""
+        undelivered = [r for r in self.rounds if not r.delivered]
+        return not undelivered and len(self.rounds) < MAX_UNCOMMITTED
+
+    def open_shares(self) -> list[int]:
+        """Share IDs not yet committed everywhere (stage 0 keeps them leased at the ledger)."""
+        return [sid for r in self.rounds for sid in r.share_ids]
+
+    def pending_for(self, k: int) -> list[int]:
+        return [sid for r in self.rounds if not r.committed[k] for sid in r.share_ids]
+
+    def committed(self, k: int, share_ids: set[int]) -> None:
+        """Shard ``k`` reports these share IDs done: rounds wholly in are settled."""
+        for r in self.rounds:
+            if not r.committed[k] and set(r.share_ids) <= share_ids:
+                r.committed[k] = True
+        self._settle()
+
+    def servers_changed(self) -> None:
+        """The shard holders may have changed: slices delivered to a former holder go again."""
+        self._changed.set()
+        self._wake.set()
+
+    async def drain(self) -> None:
+        """Wait until every round is delivered (on stop)."""
+        while any(not r.delivered for r in self.rounds):
+            await asyncio.sleep(0.1)
+
+    # --- delivery -----------------------------------------------------------------------------
+
+    async def _deliver_loop(self) -> None:
+        delay = RETRY_S[0]
+        while True:
+            self._wake.clear()
+            failed = False
+            for r in list(self.rounds):
+                failed |= not await self._deliver(r)
+            if failed:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_S[1])
+                continue
+            delay = RETRY_S[0]
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), 1.0)
+
+    async def _deliver(self, r: _Round) -> bool:
+        """Send every slice not yet at its shard's current holder; False if one failed."""
+        servers = self.cell.view.servers
+        todo = [k for k in range(len(r.blobs)) if not r.committed[k] and k < len(servers)
+                and servers[k] is not None and r.delivered_to[k] != servers[k]]  # fmt: skip
+        results = await asyncio.gather(*(self._send_slice(r, k, servers[k]) for k in todo))  # type: ignore[arg-type]
+        return all(results)
+
+    async def _send_slice(self, r: _Round, k: int, server: str) -> bool:
+        cell = self.cell
+        request = Contribute(
+            run_id=cell.run_id, stage=cell.stage, shard=k, shards=len(r.blobs), share_ids=r.share_ids,
+            base_version=r.bases[k], micro_batches=r.micro_batches,
+            kind="gradient" if cell.settings.mode == "gradient" else "pseudo", codec=r.codecs[k],
+        )  # fmt: skip
+        again = r.delivered_to[k] is not None
+        try:
+            answer, _ = await cell.send(server, request, [r.blobs[k]], DELIVER_TIMEOUT_S)
+        except (BadRequest, Stale) as e:
+            # Refused for good (malformed, or from a lineage the server cannot use): nothing to
+            # wait for; the round's work on this slice is not applied.
+            logger.info("cell %s: shard %d refused a contribution (%s); dropped", cell.cell, k, e)
+            r.committed[k], r.dropped[k] = True, True
+            self.stats.dropped += 1
+            self._settle()
+            return True
+        except RpcError as e:
+            logger.debug("cell %s: contribution to shard %d at %s failed (%s); retrying", cell.cell, k, server, e)
+            return False
+        r.delivered_to[k] = server
+        self.stats.sent += 1
+        self.stats.resent += again
+        self.stats.bytes_sent += len(r.blobs[k])
+        if answer.duplicate:
+            logger.debug("cell %s: shard %d had shares %s already", cell.cell, k, r.share_ids[:4])
+        if answer.committed:
+            r.committed[k] = True
+            self._settle()
+        return True
+
+    def _settle(self) -> None:
+        while self.rounds and self.rounds[0].done:
+            r = self.rounds.pop(0)
+            self.stats.committed_rounds += 1
+            if self.cell.is_first and self.cell.view.ledger is not None:
+                request = LedgerComplete(run_id=self.cell.run_id, pipeline=self.cell.pipeline,
+                                         share_ids=r.share_ids)  # fmt: skip
+                asyncio.create_task(self.cell._quietly(self.cell.view.ledger, request))
+
+    def info(self) -> dict[str, Any]:
+        s = self.stats
+        return {
+            "waiting": len(self.rounds), "rounds": s.rounds, "sent": s.sent, "resent": s.resent,
+            "dropped": s.dropped, "committed_rounds": s.committed_rounds, "bytes_sent": s.bytes_sent,
+        }  # fmt: skip

@@ -1,0 +1,140 @@
+"""The training data path's requests, as this peer serves them: to its cells, its shards, the
+ledger it keeps, and the replicas it stands by for.
+
+Each handler checks that the speaker is a live member of the run before anything else
+(``NotMember``), then finds what the request is addressed to (``NotHolder`` when this peer does
+not hold it any more: the caller reads the pool again). The requests arrive already checked
+against their schemas (``swarmd.peers.wire.protocol``); tensors are checked where they are
+decoded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from swarmd.peers.taskpool.exchange import shard_range, step_micro_batches
+from swarmd.peers.wire.errors import NotHolder, NotMember
+from swarmd.peers.wire.messages import (
+    Ack,
+    CellBackward,
+    CellForward,
+    Completed,
+    Contribute,
+    Contributed,
+    Fetched,
+    Issued,
+    LedgerAbandon,
+    LedgerComplete,
+    LedgerIssue,
+    Pull,
+    Pulled,
+    ReplicaCheckpoint,
+    ReplicaFetch,
+    ReplicaLog,
+)
+from swarmd.peers.wire.protocol import Request
+from swarmd.training.ledger_host import LedgerHost
+from swarmd.training.opening import replica_checkpoint
+from swarmd.training.replicas import LogEntry
+
+if TYPE_CHECKING:
+    from swarmd.training.trainer import Trainer
+
+Handler = Callable[[str, Any, list[bytes]], Awaitable[tuple[Any, list[bytes]]]]
+
+
+class TrainingHandlers:
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+        self.ledger: LedgerHost | None = None
+        """Set while this peer serves shard (0, 0), which keeps the share ledger."""
+
+    def table(self) -> dict[type[Request[Any]], Handler]:
+        return {
+            CellForward: self.cell_tensor, CellBackward: self.cell_tensor,
+            Contribute: self.contribute, Pull: self.pull,
+            LedgerIssue: self.ledger_issue, LedgerComplete: self.ledger_complete, LedgerAbandon: self.ledger_abandon,
+            ReplicaLog: self.replica_log, ReplicaCheckpoint: self.replica_checkpoint, ReplicaFetch: self.replica_fetch,
+        }  # fmt: skip
+
+    def _member(self, sender: str) -> None:
+        if sender not in self.trainer.live:
+            raise NotMember(f"{sender[:16]} is not a live member of run {self.trainer.spec.run_id} here")
+
+    async def cell_tensor(
+        self, sender: str, request: CellForward | CellBackward, blobs: list[bytes]
+    ) -> tuple[Ack, list[bytes]]:
+        self._member(sender)
+        await self.trainer.worker((request.pipeline, request.stage)).handle(sender, request, blobs[0])
+        return Ack(), []
+
+    async def contribute(self, sender: str, request: Contribute, blobs: list[bytes]) -> tuple[Contributed, list[bytes]]:
+        self._member(sender)
+        return await self.trainer.server((request.stage, request.shard)).contribute(request, blobs[0]), []
+
+    async def pull(self, sender: str, request: Pull, blobs: list[bytes]) -> tuple[Pulled, list[bytes]]:
+        self._member(sender)
+        return await self.trainer.server((request.stage, request.shard)).pull(request)
+
+    def _ledger(self) -> LedgerHost:
+        if self.ledger is None:
+            raise NotHolder("this peer does not keep the share ledger (any more); it is with shard (0, 0)'s holder")
+        return self.ledger
+
+    async def ledger_issue(self, sender: str, request: LedgerIssue, blobs: list[bytes]) -> tuple[Issued, list[bytes]]:
+        self._member(sender)
+        return self._ledger().issue(sender, request, time.time()), []
+
+    async def ledger_complete(
+        self, sender: str, request: LedgerComplete, blobs: list[bytes]
+    ) -> tuple[Completed, list[bytes]]:
+        self._member(sender)
+        return self._ledger().complete(sender, request), []
+
+    async def ledger_abandon(self, sender: str, request: LedgerAbandon, blobs: list[bytes]) -> tuple[Ack, list[bytes]]:
+        self._member(sender)
+        self._ledger().abandon(sender, request)
+        return Ack(), []
+
+    async def replica_log(self, sender: str, request: ReplicaLog, blobs: list[bytes]) -> tuple[Ack, list[bytes]]:
+        self._member(sender)
+        entry = LogEntry(request.version, blobs[0], tuple(request.share_ids), request.ledger)
+        self.trainer.replicas.append((request.stage, request.shard), sender, request.lineage, entry)
+        return Ack(), []
+
+    async def replica_checkpoint(
+        self, sender: str, request: ReplicaCheckpoint, blobs: list[bytes]
+    ) -> tuple[Ack, list[bytes]]:
+        self._member(sender)
+        self.trainer.replicas.store_checkpoint((request.stage, request.shard), sender, request.lineage,
+                                               request.version, blobs[0])  # fmt: skip
+        return Ack(), []
+
+    async def replica_fetch(
+        self, sender: str, request: ReplicaFetch, blobs: list[bytes]
+    ) -> tuple[Fetched, list[bytes]]:
+        """A peer taking a shard over asks for its state: the holder hands it over (closing its
+        server first, so that no step is made after the state it sends), a standby replays its
+        replica. Only the shard's rightful holder as the pool now resolves it may ask."""
+        self._member(sender)
+        trainer, key = self.trainer, (request.stage, request.shard)
+        if trainer._holder_of(key) != sender:
+            raise NotHolder(f"{sender[:16]} does not hold shard {key} here; only its new holder takes its state")
+        server = trainer.servers.get(key)
+        if server is not None:
+            await trainer._close_shard(key)
+            data = await asyncio.to_thread(server.checkpoint_path.read_bytes)
+            return Fetched(version=server.version, kind="checkpoint", versions=[]), [data]
+        replica = trainer.replicas.newest(key)
+        if replica is None:
+            return Fetched(version=-1, kind="none", versions=[]), []
+        opener = trainer.opener
+        assert trainer.assignment is not None
+        shards = trainer.assignment.shard_counts()[key[0]]
+        span = shard_range(opener.initial_vector(key[0]).numel(), shards, key[1])
+        version, data = await asyncio.to_thread(replica_checkpoint, replica, opener.config(),
+                                                step_micro_batches(trainer.exchange_settings()), span)  # fmt: skip
+        return Fetched(version=version, kind="checkpoint", versions=[]), [data]

@@ -1,0 +1,163 @@
+"""A cell's weights from its stage's shards: a whole pull at first, then deltas by long poll.
+
+One task per shard asks its current holder for a version newer than the one this cell has
+fetched (``Pull``, waiting up to ``POLL_WAIT_S`` at the server): the answer carries every
+committed delta since (fp16, exact) or, when the cell is too far behind or new, the whole slice
+in fp32, and says which of the cell's pending share IDs that shard is done with (the
+contributions learn their commits here). What arrives is kept until ``apply``, which the cell
+calls between shares: the deltas go into the global copy in order, then the compute rebases
+onto it (``CellCompute.rebase``).
+
+A holder whose version is older than what this cell fetched (a take-over that could not
+replay everything) is a new lineage: the cell pulls the whole slice again rather than adding
+deltas to weights the server never had.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from swarmd.peers.taskpool.exchange import shard_range
+from swarmd.peers.wire.codecs import decode_vector
+from swarmd.peers.wire.errors import FrameError, RpcError
+from swarmd.peers.wire.messages import Pull
+
+if TYPE_CHECKING:
+    from swarmd.training.cell import CellWorker
+
+logger = logging.getLogger(__name__)
+
+POLL_WAIT_S = 10.0
+RETRY_S = (0.2, 5.0)
+
+
+@dataclass
+class _ShardWeights:
+    lo: int
+    hi: int
+    fetched: int = -1
+    """The newest version received (applied or waiting)."""
+    applied: int = -1
+    """The version the compute's global copy holds."""
+    full: tuple[int, torch.Tensor] | None = None
+    deltas: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    holder: str | None = None
+
+
+class Puller:
+    def __init__(self, cell: CellWorker) -> None:
+        self.cell = cell
+        size, shards = cell.compute.size, cell.shards
+        self.shards = [_ShardWeights(*shard_range(size, shards, k)) for k in range(shards)]
+        self._bases = [-1] * shards
+        self._changed = asyncio.Event()
+        self.full_pulls = 0
+        self.delta_pulls = 0
+
+    def start(self) -> list[asyncio.Task[None]]:
+        return [asyncio.create_task(self._poll(k), name=f"cell {self.cell.cell} pull {k}") for k in
+                range(len(self.shards))]  # fmt: skip
+
+    @property
+    def loaded(self) -> bool:
+        """Every shard's weights are in the compute (the cell may compute)."""
+        return all(s.applied >= 0 for s in self.shards)
+
+    @property
+    def version(self) -> int:
+        """The oldest version among this cell's shards (for status and messages)."""
+        return min(s.applied for s in self.shards)
+
+    def servers_changed(self) -> None:
+        self._changed.set()
+
+    def round_bases(self) -> list[int]:
+        """Each shard's version the round's contribution builds on: the one applied when the
+        round started (gradient mode), or at the last rebase (local mode)."""
+        return list(self._bases)
+
+    def round_started(self) -> None:
+        if self.cell.settings.mode == "gradient":
+            self._bases = [s.applied for s in self.shards]
+
+    async def apply(self) -> None:
+        """Take up what arrived (between shares only)."""
+        ready = [s for s in self.shards if s.full is not None or s.deltas]
+        if not ready:
+            return
+        first_load = not self.loaded
+        compute = self.cell.compute
+        for s in ready:
+            full, deltas = s.full, s.deltas
+            s.full, s.deltas = None, []
+            if full is not None:
+                await self.cell.in_thread(compute.load_global, s.lo, full[1])
+                s.applied = full[0]
+            if deltas:
+                await self.cell.in_thread(compute.apply_deltas, s.lo, deltas)
+                s.applied = deltas[-1][0]
+        if first_load:
+            if self.loaded:  # every slice is here: start from the global weights
+                await self.cell.in_thread(lambda: compute.load_flat(compute.global_vector))
+                self._bases = [s.applied for s in self.shards]
+            return
+        await self.cell.in_thread(compute.rebase)
+        if self.cell.settings.mode == "local":
+            self._bases = [s.applied for s in self.shards]
+
+    async def _poll(self, k: int) -> None:
+        s, delay = self.shards[k], RETRY_S[0]
+        while True:
+            servers = self.cell.view.servers
+            holder = servers[k] if k < len(servers) else None
+            if holder is None:
+                self._changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), 1.0)
+                continue
+            if holder != s.holder:
+                s.holder = holder
+            # A long poll for the version after the newest fetched (applied or not): it also brings
+            # the commits of our pending contributions, which happen with new versions only.
+            request = Pull(
+                run_id=self.cell.run_id, stage=self.cell.stage, shard=k, shards=len(self.shards),
+                have_version=s.fetched, pending_share_ids=self.cell.contributions.pending_for(k)[-4096:],
+                wait_s=0.0 if s.fetched < 0 else POLL_WAIT_S,
+            )  # fmt: skip
+            try:
+                answer, blobs = await self.cell.send(holder, request, [], POLL_WAIT_S + 30.0)
+                self._take(s, answer, blobs)
+            except (RpcError, FrameError) as e:
+                logger.debug("cell %s: pull of shard %d from %s failed (%s)", self.cell.cell, k, holder, e)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_S[1])
+                continue
+            delay = RETRY_S[0]
+            self.cell.contributions.committed(k, set(answer.committed))
+
+    def _take(self, s: _ShardWeights, answer: Any, blobs: list[bytes]) -> None:
+        if answer.kind == "full":
+            s.full = (answer.version, decode_vector(blobs[0], s.hi - s.lo, "fp32"))
+            s.deltas, s.fetched = [], answer.version
+            self.full_pulls += 1
+        elif answer.kind == "deltas":
+            for version, blob in zip(answer.versions, blobs, strict=True):
+                s.deltas.append((version, decode_vector(blob, s.hi - s.lo, "fp16").to(torch.float16)))
+            s.fetched = answer.versions[-1]
+            self.delta_pulls += 1
+        elif answer.version < s.fetched:  # the holder is behind us: another lineage, start over
+            logger.info("cell %s: shard at %d is behind our %d; pulling it whole", self.cell.cell, answer.version,
+                        s.fetched)  # fmt: skip
+            s.fetched = -1
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "versions": [s.applied for s in self.shards], "full_pulls": self.full_pulls,
+            "delta_pulls": self.delta_pulls,
+        }  # fmt: skip

@@ -1,0 +1,244 @@
+"""A shard server: one slice of a stage's parameters, served to the stage's cells.
+
+The state and the optimizer are ``swarmd.models.parameter_shard.ParameterShard``; this class is
+what the network sees of it (``docs/data-path.md``):
+
+- ``contribute``: a cell's gradient or pseudo-gradient slice, decoded and checked (codec,
+  length, finite, norm), weighed by its staleness (``swarmd.peers.taskpool.exchange``),
+  buffered; the contribution that completes a step logs the step at the standby before
+  anything else happens (then it is **committed**), and only then do pulls see it.
+- ``pull``: a long poll for a version newer than the cell's; the answer carries the deltas
+  since then (or the whole slice in fp32) and which of the cell's pending share IDs are done.
+- every ``checkpoint_every`` steps a checkpoint goes to the standby (the log after it is all a
+  take-over needs) and to this peer's disk; a new standby gets one first.
+
+Steps, logs and checkpoints happen one at a time under one lock, off the event loop; a standby
+that cannot log a step does not stall the swarm: the step is applied unreplicated (counted)
+and a new standby gets a fresh checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from swarmd.errors import SwarmdError
+from swarmd.models.parameter_shard import ContributionError, Outcome, ParameterShard, ShardStep
+from swarmd.peers.taskpool.exchange import ExchangeSettings, staleness_weight
+from swarmd.peers.taskpool.servers import Shard
+from swarmd.peers.wire.codecs import decode_vector, encode_vector
+from swarmd.peers.wire.errors import BadRequest, FrameError, RpcError, Stale
+from swarmd.peers.wire.messages import Contribute, Contributed, Pull, Pulled
+
+logger = logging.getLogger(__name__)
+
+MAX_WAIT_S = 30.0
+LOG_RETRY_WITHIN_S = 1.0
+"""A log that fails this fast is a broken stream, tried once more at once; a slow failure is a
+standby that is slow or gone."""
+WARN_EVERY_S = 60.0
+
+LogStep = Callable[[ShardStep, str], Awaitable[bool]]
+"""Sends a step (and the ledger's state) to the standby; False: no standby; raises if it failed."""
+SendCheckpoint = Callable[[int, bytes], Awaitable[bool]]
+"""Sends a checkpoint (its version and bytes) to the standby; False: no standby."""
+
+
+@dataclass
+class ServerStats:
+    contributions: int = 0
+    duplicates: int = 0
+    dropped_stale: int = 0
+    refused: int = 0
+    steps: int = 0
+    unreplicated: int = 0
+    """Steps applied without reaching a standby: lost if this server dies before the next copy."""
+    trained_micro_batches: int = 0
+    """Micro-batches of the contributions applied in committed steps (trained tokens' count)."""
+    pulls: int = 0
+    staleness: dict[int, int] = field(default_factory=dict)
+
+
+class ShardServer:
+    def __init__(
+        self, key: Shard, shards: int, shard: ParameterShard, settings: ExchangeSettings, lineage: str,
+        checkpoint_path: Path, log_step: LogStep, send_checkpoint: SendCheckpoint, checkpoint_every: int,
+        ledger_state: Callable[[], str] = lambda: "",
+    ) -> None:  # fmt: skip
+        self.key, self.shards, self.shard, self.settings = key, shards, shard, settings
+        self.lineage = lineage
+        self.checkpoint_path = checkpoint_path
+        self._log_step, self._send_checkpoint = log_step, send_checkpoint
+        self.checkpoint_every = checkpoint_every
+        self.ledger_state = ledger_state
+        self.stats = ServerStats()
+        self.lock = asyncio.Lock()
+        self._new_version = asyncio.Condition()
+        self._since_copy = 0
+        self._standby_ready = False
+        self._warned_at = -WARN_EVERY_S
+        self.closed = False
+
+    @property
+    def version(self) -> int:
+        return self.shard.committed_version
+
+    # --- requests ---------------------------------------------------------------------------
+
+    async def contribute(self, request: Contribute, blob: bytes) -> Contributed:
+        self._check_shape(request.stage, request.shard, request.shards)
+        if request.kind != ("gradient" if self.settings.mode == "gradient" else "pseudo"):
+            raise BadRequest(f"shard {self.key} takes {self.settings.mode}-mode contributions, not {request.kind}")
+        try:
+            vector = await asyncio.to_thread(decode_vector, blob, self.shard.size, request.codec)
+        except FrameError as e:
+            self.stats.refused += 1
+            raise BadRequest(f"shard {self.key}: {e}") from None
+        async with self.lock:
+            if self.closed:
+                raise Stale(f"shard {self.key} is closing here; send it to the shard's next holder")
+            staleness = self.shard.version - request.base_version
+            if staleness < 0:
+                self.stats.refused += 1
+                raise BadRequest(f"shard {self.key}: base version {request.base_version} is ahead of this "
+                                 f"server's {self.shard.version}; pull the whole slice")  # fmt: skip
+            weight = staleness_weight(staleness, self.settings)
+            try:
+                result = await asyncio.to_thread(
+                    self.shard.contribute, vector, request.base_version, request.micro_batches,
+                    request.share_ids, weight,
+                )  # fmt: skip
+            except ContributionError as e:
+                self.stats.refused += 1
+                raise BadRequest(f"shard {self.key}: {e} ({e.reason})") from None
+            self.stats.contributions += 1
+            self.stats.staleness[staleness] = self.stats.staleness.get(staleness, 0) + 1
+            if result.outcome is Outcome.DUPLICATE:
+                self.stats.duplicates += 1
+            elif result.outcome is Outcome.DROPPED:
+                self.stats.dropped_stale += 1
+            if result.step is not None:
+                await self._commit(result.step)
+            committed = set(request.share_ids) <= self.shard.committed(request.share_ids)
+        return Contributed(version=self.version, accepted=result.outcome is Outcome.BUFFERED, staleness=staleness,
+                           weight=weight, duplicate=result.outcome is Outcome.DUPLICATE,
+                           committed=committed)  # fmt: skip
+
+    async def pull(self, request: Pull) -> tuple[Pulled, list[bytes]]:
+        self._check_shape(request.stage, request.shard, request.shards)
+        self.stats.pulls += 1
+        # A long poll waits for news: a newer version, unless some of the cell's pending shares
+        # are committed already (it learns that at once, and its next round may start).
+        news = bool(self.shard.committed(request.pending_share_ids))
+        if request.have_version == self.version and request.wait_s > 0 and not news:
+            async with self._new_version:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        self._new_version.wait_for(lambda: self.version != request.have_version or self.closed),
+                        min(request.wait_s, MAX_WAIT_S),
+                    )
+        async with self.lock:  # a consistent version, deltas and committed IDs
+            committed = sorted(self.shard.committed(request.pending_share_ids))
+            deltas = None if request.have_version < 0 else self.shard.deltas_since(request.have_version)
+            if deltas == []:
+                return Pulled(version=self.version, kind="none", versions=[], committed=committed), []
+            if deltas is not None:
+                blobs = await asyncio.to_thread(lambda: [encode_vector(d, "fp16") for _, d in deltas])
+                return Pulled(version=self.version, kind="deltas", versions=[v for v, _ in deltas],
+                              committed=committed), blobs  # fmt: skip
+            found = self.shard.weights()
+            assert found is not None, "no step is pending confirmation outside the lock"
+            version, weights = found
+            blob = await asyncio.to_thread(encode_vector, weights, "fp32")
+            return Pulled(version=version, kind="full", versions=[version], committed=committed), [blob]
+
+    def _check_shape(self, stage: int, shard: int, shards: int) -> None:
+        if (stage, shard) != self.key or shards != self.shards:
+            raise BadRequest(f"this server holds shard {self.key} of {self.shards}; the request is for "
+                             f"({stage}, {shard}) of {shards}")  # fmt: skip
+
+    # --- commits and copies -----------------------------------------------------------------
+
+    async def _commit(self, step: ShardStep) -> None:
+        """Log the step at the standby, then let pulls see it (called under the lock)."""
+        logged = False
+        if self._standby_ready or await self._copy_to_standby():
+            started = time.monotonic()
+            try:
+                logged = await self._log_step(step, self.ledger_state())
+            except RpcError as e:
+                if time.monotonic() - started < LOG_RETRY_WITHIN_S:
+                    try:
+                        logged = await self._log_step(step, self.ledger_state())
+                    except RpcError:
+                        logged = False
+                if not logged:
+                    self._standby_ready = False
+                    self._warn(f"could not log step {step.version} at the standby ({e})")
+        if not logged:
+            self.stats.unreplicated += 1
+        self.shard.confirm(step.version)
+        self.stats.steps += 1
+        self.stats.trained_micro_batches += step.micro_batches
+        self._since_copy += 1
+        if self._since_copy >= self.checkpoint_every:
+            await self._copy_to_standby()
+        async with self._new_version:
+            self._new_version.notify_all()
+
+    async def _copy_to_standby(self) -> bool:
+        """Checkpoint here and at the standby (under the lock); True when the standby has it."""
+        path = await asyncio.to_thread(self.shard.checkpoint, self.checkpoint_path, {"ledger": self.ledger_state()})
+        self._since_copy = 0
+        data = await asyncio.to_thread(path.read_bytes)
+        try:
+            self._standby_ready = await self._send_checkpoint(self.shard.version, data)
+        except SwarmdError as e:
+            self._standby_ready = False
+            self._warn(f"could not copy a checkpoint to the standby ({e})")
+        return self._standby_ready
+
+    def standby_changed(self) -> None:
+        """A new standby starts from a fresh copy, not from the log (called by the trainer)."""
+        self._standby_ready = False
+
+    def _warn(self, what: str) -> None:
+        if time.monotonic() - self._warned_at >= WARN_EVERY_S:
+            self._warned_at = time.monotonic()
+            logger.warning("shard %s: %s; applying steps unreplicated until a standby takes a copy", self.key, what)
+
+    async def close(self) -> int:
+        """Stop serving: step on what is buffered (no accepted contribution is lost), then copy
+        the state here and to the standby. Returns the final version."""
+        async with self.lock:
+            self.closed = True
+            step = await asyncio.to_thread(self.shard.flush)
+            if step is not None:
+                await self._commit(step)
+            else:
+                await self._copy_to_standby()
+        async with self._new_version:
+            self._new_version.notify_all()
+        return self.version
+
+    def weights(self) -> torch.Tensor | None:
+        found = self.shard.weights()
+        return None if found is None else found[1]
+
+    def info(self) -> dict[str, object]:
+        s = self.stats
+        return {
+            "stage": self.key[0], "shard": self.key[1], "shards": self.shards, "version": self.version,
+            "buffered_micro_batches": self.shard.buffered_micro_batches, "steps": s.steps,
+            "contributions": s.contributions, "duplicates": s.duplicates, "dropped_stale": s.dropped_stale,
+            "refused": s.refused, "unreplicated": s.unreplicated, "pulls": s.pulls,
+            "trained_micro_batches": s.trained_micro_batches,
+            "staleness": {str(k): v for k, v in sorted(s.staleness.items())},
+        }  # fmt: skip
