@@ -70,8 +70,9 @@ def stage_key(run_id: str, stage: int) -> str:
     return f"swarmd/{run_id}/stage/{stage}"
 
 
-def cells_key(run_id: str, pipeline: int) -> str:
-    return f"swarmd/{run_id}/cells/{pipeline}"
+def cells_key(run_id: str, pipeline: int, stage: int) -> str:
+    """One key per cell: a peer alone holds every cell of its pipeline, one lease each."""
+    return f"swarmd/{run_id}/cells/{pipeline}/{stage}"
 
 
 def shards_key(run_id: str, stage: int) -> str:
@@ -102,7 +103,7 @@ PER_PEER_KINDS: dict[str, tuple[Callable[..., Any], Callable[[str], str]]] = {
 # The task pool's leases, one per holder (its peer ID the subkey) under one key per pipeline or
 # stage: kind -> (parser, the key a lease's own content implies).
 LEASE_KINDS: dict[str, tuple[Callable[..., Any], Callable[[Any], str]]] = {
-    CELL_KIND: (parse_cell_lease, lambda lease: cells_key(lease.run_id, lease.pipeline)),
+    CELL_KIND: (parse_cell_lease, lambda lease: cells_key(lease.run_id, lease.pipeline, lease.stage)),
     SHARD_KIND: (parse_shard_lease, lambda lease: shards_key(lease.run_id, lease.stage)),
 }
 
@@ -326,10 +327,10 @@ class SwarmDHT:
         return bool(await self.dht.store(lease_key(lease), raw, lease.expires_at, subkey=lease.peer_id,
                                          return_future=True))  # fmt: skip
 
-    async def scan_cells(self, pipeline: int, now: float) -> list[CellLease]:
-        """Every verified lease of ``pipeline``'s cells (live or not: the caller resolves)."""
-        found = await self._scan_pool(CELL_KIND, cells_key(self.run_id, pipeline), now)
-        return [lease for lease, _ in found if lease.pipeline == pipeline]
+    async def scan_cell(self, pipeline: int, stage: int, now: float) -> list[CellLease]:
+        """Every verified lease of the cell (live or not: the caller resolves)."""
+        found = await self._scan_pool(CELL_KIND, cells_key(self.run_id, pipeline, stage), now)
+        return [lease for lease, _ in found if lease.cell == (pipeline, stage)]
 
     async def scan_shards(self, stage: int, now: float) -> list[tuple[ShardLease, bytes]]:
         """Every verified lease of ``stage``'s shards, with its signed bytes (a take-over's proof)."""

@@ -336,7 +336,7 @@ def test_pool_leases_under_their_own_pipeline_or_stage_key_only(
                      expires_at=now + 30)  # fmt: skip
     shard = ShardLease(run_id=run_id, stage=1, shard=0, shards=2, peer_id=member.peer_id, claimed_at=now,
                        issued_at=now, expires_at=now + 30, version=7)  # fmt: skip
-    for lease, right, wrong in [(cell, "cells/2", "cells/1"), (shard, "shards/1", "shards/0")]:
+    for lease, right, wrong in [(cell, "cells/2/1", "cells/2/0"), (shard, "shards/1", "shards/0")]:
         raw = lease.sign(member)
         ok = dict(value=raw, subkey=member.peer_id, expiration=lease.expires_at)
         assert validate(run_id, key=f"swarmd/{run_id}/{right}", **ok)
