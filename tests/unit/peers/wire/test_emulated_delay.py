@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.timeout(10)
 
 
 @pytest.fixture
-def delay_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+def delay_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], Path]]:
     def write(content: str) -> Path:
         path = tmp_path / "delays.json"
         path.write_text(content)
@@ -34,7 +35,7 @@ def test_off_unless_the_environment_names_a_file(monkeypatch: pytest.MonkeyPatch
     assert one_way_delay_s(Multiaddr("/ip4/10.0.0.2/tcp/4000")) == 0.0
 
 
-def test_delays_the_named_addresses_only(delay_file) -> None:  # type: ignore[no-untyped-def]
+def test_delays_the_named_addresses_only(delay_file: Callable[[str], Path]) -> None:
     delay_file(json.dumps({"10.0.0.2": 0.03, "10.0.0.3": 0}))
     assert one_way_delay_s(Multiaddr("/ip4/10.0.0.2/tcp/4000")) == 0.03
     assert one_way_delay_s(Multiaddr("/ip4/10.0.0.3/tcp/4000")) == 0.0
@@ -60,8 +61,9 @@ def test_refuses_what_it_cannot_use(content: str, says: str) -> None:
     assert says in str(e.value) and "delays.json" in str(e.value)
 
 
-def test_an_unreadable_or_oversized_file_is_an_error_naming_it(delay_file, tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]  # fmt: skip
+def test_an_unreadable_or_oversized_file_is_an_error_naming_it(
+    delay_file: Callable[[str], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     delay_file(" " * (emulated_delay.MAX_FILE_BYTES + 1))
     with pytest.raises(SwarmdError, match="larger than"):
         configured_delays()

@@ -17,9 +17,11 @@ from swarmd.peers.wire.protocol import Answer, Message, Request, request_type, s
 pytestmark = pytest.mark.timeout(60)
 
 RUN = "swarm-7.abcdefghijklmnopqrstuvwx"
-MESSAGES = [cls for cls in vars(m).values() if inspect.isclass(cls) and issubclass(cls, Message)
-            and cls.__module__ == m.__name__ and not cls.__name__.startswith("_")]  # fmt: skip
-REQUESTS = [cls for cls in MESSAGES if issubclass(cls, Request)]
+MESSAGES: list[type[Message]] = [
+    cls for cls in vars(m).values() if inspect.isclass(cls) and issubclass(cls, Message)
+    and cls.__module__ == m.__name__ and not cls.__name__.startswith("_")
+]  # fmt: skip
+REQUESTS: list[type[Request[Any]]] = [cls for cls in MESSAGES if issubclass(cls, Request)]
 
 
 def largest(cls: type[Message], **overrides: Any) -> Any:

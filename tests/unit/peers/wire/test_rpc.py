@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -222,7 +223,7 @@ def test_a_full_server_says_busy(net: MemoryNet) -> None:
     asyncio.run(scenario())
 
 
-def frame(header: bytes, blobs: list[bytes] = ()) -> bytes:  # type: ignore[assignment]
+def frame(header: bytes, blobs: Sequence[bytes] = ()) -> bytes:
     out = struct.pack("<I", len(header)) + header + struct.pack("<I", len(blobs))
     return out + b"".join(struct.pack("<I", len(b)) + b for b in blobs)
 
