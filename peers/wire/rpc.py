@@ -155,7 +155,9 @@ class RpcCounters:
     """Refusals by code (``Code``): malformed, oversized and slow requests, unknown methods, and
     what the handlers refused."""
     bytes_in: int = 0
+    """Bytes of the requests' blobs and framing (their JSON headers left out)."""
     bytes_out: int = 0
+    """Bytes of the answers sent, headers included."""
 
     def refuse(self, code: Code) -> None:
         self.refused[code.value] = self.refused.get(code.value, 0) + 1
