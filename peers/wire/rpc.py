@@ -56,7 +56,12 @@ from swarmd.peers.wire.messages import Relayed
 from swarmd.peers.wire.protocol import MAX_BLOBS, Request
 from swarmd.peers.wire.protocol import Answer as TypedAnswer
 
-__all__ = ["PROTOCOL", "RpcError", "RpcServer", "StreamBroken", "Unreachable", "ProtocolViolation", "call"]
+__all__ = [
+    "PROTOCOL", "MAX_HEADER_BYTES", "RpcServer", "RpcCounters", "Handler", "call", "exchange", "request_on",
+    "answer_of", "read_message", "write_message", "max_request_bytes",
+    "RpcError", "Unreachable", "StreamBroken", "ProtocolViolation",  # re-exported for the old modules
+    "Answer", "UntypedHandler", "call_untyped", "untyped_answer",  # transition: deleted with the old modules
+]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
