@@ -150,6 +150,7 @@ class Engine:
         messages = list(dict.fromkeys(self.links.payload[slot][0] for slot in self.links.flows_of(device)))
         for msg in messages:
             for slot in msg.slots:
+                self._unsend(now, slot)
                 self.links.cancel(now, slot)
             msg.slots.clear()
         for msg in messages:  # after every cancel: a resend may reuse a freed slot
@@ -157,6 +158,27 @@ class Engine:
                 self.counts["relay_gone"] += 1
                 self._message(now, msg.src, msg.dst, msg.nbytes, msg.then, msg.args, None, msg.after,
                               stream=msg.stream)  # fmt: skip
+
+    def carried(self, now: float) -> tuple[np.ndarray, np.ndarray]:
+        """The bytes each device sent and received by ``now``: ``sent`` and ``received`` less
+        what the flows still in flight have not carried yet."""
+        sent, received = self.sent.copy(), self.received.copy()
+        for device in list(self.links.sending):
+            for slot in self.links.sending[device]:
+                left = self._left(now, slot)
+                sent[int(self.links.src[slot])] -= left
+                received[int(self.links.dst[slot])] -= left
+        return sent, received
+
+    def _unsend(self, now: float, slot: int) -> None:
+        """A cut flow's bytes still to go never cross."""
+        left = self._left(now, slot)
+        self.sent[int(self.links.src[slot])] -= left
+        self.received[int(self.links.dst[slot])] -= left
+
+    def _left(self, now: float, slot: int) -> float:
+        links = self.links
+        return max(0.0, float(links.left[slot]) - float(links.rate[slot]) * (now - float(links.since[slot])))
 
     # --- paths ------------------------------------------------------------------------------
 

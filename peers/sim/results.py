@@ -93,6 +93,8 @@ class SimResult:
     phases: dict[str, dict[str, float]] = field(default_factory=dict)
     """Where the time went, by phase: count and mean milliseconds (``OpTimes``)."""
     final_pipelines: int = 0
+    roles: dict[int, list[str]] = field(default_factory=dict)
+    """At the end: each device's roles (cell, shard server, standby, relay), by index."""
 
     def tokens_per_s_series(self) -> list[float]:
         return [n * self.tokens_per_micro_batch / self.bucket_s for n in self.timeline]

@@ -260,6 +260,7 @@ class Simulation:
         self.trained_mb -= micro_batches
 
     def _result(self) -> SimResult:
+        sent, received = self.engine.carried(self.horizon)
         per_mb = self.workload.tokens_per_micro_batch
         c = self.counts
         recomputed = self.ledger.counters.reissued
@@ -279,9 +280,23 @@ class Simulation:
             compute_bound_tokens_per_s=compute_bound_tokens_per_s(self.scenario, self.up0, self.churn, self.horizon),
             coordinator_changes=c["coordinator_changes"], plans_lost=c["plans_lost"], relays=len(self.control.relays),
             relayed_transfers=self.engine.counts["relayed_transfers"], spare_claims=c["spare_claims"],
-            sent_bytes=self.engine.sent.tolist(), received_bytes=self.engine.received.tolist(),
-            phases=self.phases.status(), final_pipelines=len(self.pipelines.pipelines),
+            sent_bytes=sent.tolist(), received_bytes=received.tolist(),
+            phases=self.phases.status(), final_pipelines=len(self.pipelines.pipelines), roles=self._roles(),
         )  # fmt: skip
+
+    def _roles(self) -> dict[int, list[str]]:
+        roles: dict[int, list[str]] = {}
+        for p in self.pipelines.pipelines:
+            for c in p.cells:
+                if c.device is not None:
+                    roles.setdefault(c.device, []).append(f"cell {p.pid}/{c.stage}")
+        for shard in self.shards.all():
+            roles.setdefault(shard.holder, []).append(f"shard {shard.stage}/{shard.index}")
+            if shard.standby is not None:
+                roles.setdefault(shard.standby, []).append(f"standby {shard.stage}/{shard.index}")
+        for r in self.control.relays:
+            roles.setdefault(r, []).append("relay")
+        return roles
 
 
 def simulate(scenario: Scenario, strategy: Strategy, settings: SimSettings,

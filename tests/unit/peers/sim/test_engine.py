@@ -72,6 +72,15 @@ def test_a_departed_end_stops_its_flows_and_the_others_speed_up() -> None:
     e.run_until(10.0, 1000)
     # The rest of "kept" (75 MB) at the whole uplink: 0.75 s more, then the latency.
     assert log == [(pytest.approx(1.251), "kept")] and len(e.links) == 0
+    assert e.sent[0] == pytest.approx(1e8 + 2.5e7) and e.received[2] == pytest.approx(2.5e7)  # what crossed
+
+
+def test_the_bytes_carried_leave_out_what_flows_in_flight_have_not_sent_yet() -> None:
+    e, log = engine()
+    e.send(0.0, 0, 1, 1e8, landed(log), ("half",))
+    e.run_until(0.5, 1000)
+    sent, received = e.carried(0.5)
+    assert sent[0] == pytest.approx(5e7) and received[1] == pytest.approx(5e7) and e.sent[0] == 1e8
 
 
 def test_a_request_pays_the_stacks_overhead_each_way_and_a_busy_interface_its_queue() -> None:

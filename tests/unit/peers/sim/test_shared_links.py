@@ -150,3 +150,14 @@ def test_a_cancelled_flow_stops_and_its_share_goes_to_the_others() -> None:
     assert clock.run() == {"kept": pytest.approx(1.5)}
     with pytest.raises(ValueError, match="not in flight"):
         clock.links.cancel(2.0, cut)
+
+
+def test_past_its_levels_the_filling_gives_each_flow_its_tightest_even_share_within_capacity() -> None:
+    # Four flows into one downlink of 100, each from its own uplink of 5, 10, 20 and 100.
+    capacity = np.array([100.0, 5.0, 10.0, 20.0, 100.0])
+    uses = np.array([[0, 1], [0, 2], [0, 3], [0, 4]])
+    assert max_min_rates(capacity, uses).tolist() == pytest.approx([5.0, 10.0, 20.0, 65.0])  # four levels
+    capped = max_min_rates(capacity, uses, max_levels=1)
+    # One level (5 for the first); each of the rest gets at most a third of the 95 left.
+    assert capped.tolist() == pytest.approx([5.0, 10.0, 20.0, 95.0 / 3])
+    assert capped.sum() <= 100.0 + 1e-9
