@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from swarmd.peers.planning.scenario import interface_rates
 from swarmd.peers.sim.shared_links import SharedLinks
 from swarmd.peers.wire.routing import Matrix, choose_route
 
@@ -62,7 +63,7 @@ class Engine:
         self.matrix = Matrix(self.index, latency_s, bandwidth_Bps)
         n = len(self.ids)
         self.uplink, self.downlink = interface_rates(bandwidth_Bps)
-        self.links = SharedLinks(bandwidth_Bps, self.uplink, self.downlink, self._flow_event)
+        self.links = SharedLinks(bandwidth_Bps, self.uplink, self.downlink, self._flow_event, self._defer)
         self.sent, self.received = np.zeros(n), np.zeros(n)
         self.counts: Counter[str] = Counter()
         self.relays: list[int] = []
@@ -87,6 +88,9 @@ class Engine:
 
     def _flow_event(self, t: float, slot: int, serial: int) -> None:
         self.at(t, self._flow_due, slot, serial)
+
+    def _defer(self, t: float) -> None:
+        self.at(t, self.links.flush)
 
     def _flow_due(self, now: float, slot: int, serial: int) -> None:
         payload = self.links.due(now, slot, serial)
@@ -264,16 +268,3 @@ class _Message:
 
 def _nothing(now: float) -> None:
     """The handler of a message whose arrival nobody waits for (a checkpoint copy's bytes)."""
-
-
-def interface_rates(bandwidth_Bps: np.ndarray, block: int = 1024) -> tuple[np.ndarray, np.ndarray]:
-    """Each device's uplink and downlink rate: its fastest outgoing and incoming link (the
-    diagonal ignored), computed a block of rows at a time so no n x n copy is made."""
-    n = bandwidth_Bps.shape[0]
-    up, down = np.zeros(n), np.zeros(n)
-    for a in range(0, n, block):
-        rows = np.array(bandwidth_Bps[a : a + block], dtype=float)
-        rows[np.arange(len(rows)), np.arange(a, a + len(rows))] = 0.0
-        up[a : a + len(rows)] = rows.max(axis=1)
-        np.maximum(down, rows.max(axis=0), out=down)
-    return np.maximum(up, 1e-9), np.maximum(down, 1e-9)

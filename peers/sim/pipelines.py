@@ -3,12 +3,13 @@
 A pipeline is a row of the plan's grid: one cell ``(p, s)`` per stage, each held by a device.
 
 - **Shares.** The stage-0 cell asks the ledger (at shard ``(0, 0)``'s holder, one round trip)
-  for a share of ``k`` micro-batches, renewing the shares it holds. The share runs as one
-  event: its length is ``exchange.share_seconds`` (1F1B over the cells' compute and the
-  boundaries' activation transfers, flush to flush), and each boundary's activations and
-  gradients of the share are flows on the shared links (through a relay when the daemon's
-  routing rule says so), so that they compete with the exchange's traffic: a boundary flow
-  slower than the compute stretches the share.
+  for the round's shares of ``k`` micro-batches, renewing the shares it holds (every third of
+  a lease). They run one after the other as one event (a *segment*): each lasts
+  ``exchange.share_seconds`` (1F1B over the cells' compute and the boundaries' activation
+  transfers, flush to flush), and each boundary's activations and gradients are flows on the
+  shared links (through a relay when the daemon's routing rule says so), so that they compete
+  with the exchange's traffic: a boundary flow slower than the compute stretches the segment.
+  A fault in the middle splits it where the compute schedule stands.
 - **Rounds.** After H shares every cell contributes to each shard of its stage at once
   (``swarmd.peers.sim.shards``) and the pipeline goes on with its next round; a cell whose
   previous contribution has not arrived yet holds the pipeline back (at most one outstanding).
@@ -24,6 +25,7 @@ A pipeline is a row of the plan's grid: one cell ``(p, s)`` per stage, each held
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -87,9 +89,12 @@ class Pipeline:
     pid: int
     cells: list[Cell] = field(default_factory=list)
     epoch: int = 0
-    share: Share | None = None
+    segment: list[Share] = field(default_factory=list)
+    """The shares of the round in flight, one after the other (issued together, run as one event)."""
     holder: str = ""
-    """The ledger's holder of the share in flight (its stage-0 device's ID)."""
+    """The ledger's holder of the segment (its stage-0 device's ID)."""
+    per_share_s: float = 0.0
+    """A share's compute schedule, flush to flush (``share_seconds``)."""
     shares_done: int = 0
     """Shares of the current round trained so far."""
     waiting: str = ""
@@ -108,6 +113,10 @@ class Pipelines:
         self.pipelines: list[Pipeline] = []
         self.held: dict[str, set[int]] = {}
         """Ledger holder -> the shares it holds open."""
+        self.unspent: set[int] = set()
+        """Shares given back before any of their work began: issuing one again is no recompute."""
+        self.renewed: dict[str, float] = {}
+        """Ledger holder -> when it last renewed its shares (a third of their lease at most ago)."""
         self._pid = 0
 
     def cells_of_stage(self, stage: int) -> list[Cell]:
@@ -197,14 +206,22 @@ class Pipelines:
             mine.difference_update(gone)
 
     def _break(self, now: float, p: Pipeline) -> None:
-        """The share in flight cannot finish: stage 0 abandons it at the ledger (issued again)."""
-        if p.share is not None:
+        """The segment in flight cannot finish: the shares it completed by now (on its compute
+        schedule) count for the round, the one in flight is abandoned at the ledger (issued
+        again: recomputed), and those not begun go back unspent."""
+        if p.segment:
             sim = self.sim
-            sid = p.share.share_id
-            if sim.ledger.abandon([sid], p.holder):
-                self.held.get(p.holder, set()).discard(sid)
+            begun = 0 if p.started < 0 else min(len(p.segment), int((now - p.started) // p.per_share_s) + 1)
+            done, p.segment = p.segment[: max(0, begun - 1)], p.segment[max(0, begun - 1) :]
+            for cell in p.cells:
+                cell.round_shares.extend(x.share_id for x in done)
+            p.shares_done += len(done)
+            ids = [x.share_id for x in p.segment]
+            gone = set(sim.ledger.abandon(ids, p.holder))
+            self.held.get(p.holder, set()).difference_update(gone)
+            self.unspent.update(i for i in ids[1 if begun else 0 :] if i in gone)
             sim.counts["shares_broken"] += 1
-            p.share = None
+            p.segment = []
         p.epoch += 1
         p.timing = None
 
@@ -233,6 +250,7 @@ class Pipelines:
         holder = sim.ids[device]
         sim.ledger.drop_holder(holder)
         self.held.pop(holder, None)
+        self.renewed.pop(holder, None)
         self.claim_open_cells(now)
 
     def claim_open_cells(self, now: float) -> None:
@@ -254,9 +272,9 @@ class Pipelines:
     # --- the round ------------------------------------------------------------------------------
 
     def try_start(self, now: float, p: Pipeline) -> None:
-        """Start the pipeline's next share (or end its round) if nothing holds it back."""
+        """Start the rest of the pipeline's round (or end the round) if nothing holds it back."""
         sim = self.sim
-        if p.share is not None:
+        if p.segment:
             return
         if not all(c.ready and c.device is not None for c in p.cells):
             return self._wait(now, p, "cells")
@@ -269,14 +287,24 @@ class Pipelines:
             return self._wait(now, p, "ledger")
         holder = sim.ids[d0]
         mine = self.held.setdefault(holder, set())
-        try:
-            sim.ledger.renew(list(mine), holder, now)
-            share = sim.ledger.issue(holder, now, OPEN_ROUNDS * sim.local_steps)
-        except LedgerError:
+        if now - self.renewed.get(holder, -math.inf) >= sim.settings.lease_s / 3:
+            sim.ledger.renew(list(mine), holder, now)  # well before any lapses
+            self.renewed[holder] = now
+        segment = []
+        for _ in range(sim.local_steps - p.shares_done):
+            try:
+                share = sim.ledger.issue(holder, now, OPEN_ROUNDS * sim.local_steps)
+            except LedgerError:
+                break
+            if share.share_id in self.unspent:
+                self.unspent.discard(share.share_id)
+                sim.counts["reissued_unspent"] += 1
+            mine.add(share.share_id)
+            segment.append(share)
+        if not segment:
             return self._wait(now, p, "ledger")
-        mine.add(share.share_id)
         self._waited(now, p)
-        p.share, p.holder = share, holder
+        p.segment, p.holder, p.started = segment, holder, -1.0
         sim.engine.at(now + sim.engine.rtt(d0, server), self._go, p, p.epoch)
 
     def _wait(self, now: float, p: Pipeline, why: str) -> None:
@@ -290,24 +318,36 @@ class Pipelines:
             p.waiting = ""
 
     def _go(self, now: float, p: Pipeline, epoch: int) -> None:
-        """The share's answer is in: every cell applies what its pulls brought, and the share runs."""
+        """The ledger's answer is in: the segment's shares run one after the other, flushing
+        between them, as one event; each boundary carries all their activations and gradients
+        as one stream each way. A contribution's base is taken when the last share begins."""
         if epoch != p.epoch:
             return
         sim = self.sim
-        for cell in p.cells:
-            cell.base = list(cell.arrived)
+        m = len(p.segment)
         t = p.timing = p.timing or self._timing(p)
         k = sim.share_micro_batches
-        compute = max(share_seconds(t.forward_s, t.backward_s, t.send_s, k), k * t.floor_s)
-        sim.phases.add("share_compute", compute)
+        p.per_share_s = max(share_seconds(t.forward_s, t.backward_s, t.send_s, k), k * t.floor_s)
+        sim.phases.add("share_compute", p.per_share_s, m)
         p.started, p.compute_done, p.flow_end = now, False, now
         p.flows_left = 2 * len(t.send_s)
-        sim.engine.at(now + compute, self._computed, p, epoch)
+        if m == 1:
+            self._take_base(now, p, epoch)
+        else:
+            sim.engine.at(now + (m - 1) * p.per_share_s, self._take_base, p, epoch)
+        sim.engine.at(now + m * p.per_share_s, self._computed, p, epoch)
         for b, (nbytes, via) in enumerate(zip(t.nbytes, t.via, strict=True)):
             a, c = p.cells[b].device, p.cells[b + 1].device
             assert a is not None and c is not None
-            sim.engine.stream(now, a, c, nbytes, self._boundary, (p, epoch, t.tail_forward[b]), via)
-            sim.engine.stream(now, c, a, nbytes, self._boundary, (p, epoch, t.tail_backward[b]), via)
+            sim.engine.stream(now, a, c, m * nbytes, self._boundary, (p, epoch, t.tail_forward[b]), via)
+            sim.engine.stream(now, c, a, m * nbytes, self._boundary, (p, epoch, t.tail_backward[b]), via)
+
+    def _take_base(self, now: float, p: Pipeline, epoch: int) -> None:
+        """Between two shares every cell applies what its pulls brought; the last share's
+        weights are the base its contribution is weighed against."""
+        if epoch == p.epoch:
+            for cell in p.cells:
+                cell.base = list(cell.arrived)
 
     def _boundary(self, now: float, p: Pipeline, epoch: int, tail: float) -> None:
         if epoch != p.epoch:
@@ -326,20 +366,19 @@ class Pipelines:
         if not p.compute_done or p.flows_left:
             return
         if p.flow_end > now:
-            self.sim.engine.at(p.flow_end, self._share_end, p, epoch)
+            self.sim.engine.at(p.flow_end, self._segment_end, p, epoch)
         else:
-            self._share_end(now, p, epoch)
+            self._segment_end(now, p, epoch)
 
-    def _share_end(self, now: float, p: Pipeline, epoch: int) -> None:
-        if epoch != p.epoch or p.share is None:
+    def _segment_end(self, now: float, p: Pipeline, epoch: int) -> None:
+        if epoch != p.epoch or not p.segment:
             return
-        sim = self.sim
-        sim.phases.add("share", now - p.started)
-        sid = p.share.share_id
+        m = len(p.segment)
+        self.sim.phases.add("share", (now - p.started) / m, m)
         for cell in p.cells:
-            cell.round_shares.append(sid)
-        p.share = None
-        p.shares_done += 1
+            cell.round_shares.extend(x.share_id for x in p.segment)
+        p.shares_done += m
+        p.segment = []
         self.try_start(now, p)
 
     def _end_round(self, now: float, p: Pipeline) -> None:

@@ -21,6 +21,9 @@ on real links the two share it, and the log takes as long as sharing makes it.
 Flows live in arrays (a slot each) and the fair shares are computed with numpy: a host that
 serves hundreds of workers re-divides hundreds of flows on every start and end.
 
+The owner may defer the re-division to the end of the instant (``defer`` and ``flush``): the
+flows that start or end at one moment are then re-divided together, once.
+
 Completion events are kept lazily: when a flow slows down its pending event is left in place
 and, when it fires early, rescheduled; only a flow that speeds up gets a new event at once.
 The owner runs the event queue: ``schedule(t, flow_id, serial)`` asks it to call
@@ -50,12 +53,15 @@ _NONE: frozenset[int] = frozenset()
 class SharedLinks:
     def __init__(
         self, path_rate: np.ndarray, uplink: np.ndarray, downlink: np.ndarray,
-        schedule: Callable[[float, int, int], None],
+        schedule: Callable[[float, int, int], None], defer: Callable[[float], None] | None = None,
     ) -> None:  # fmt: skip
         """``path_rate[a, b]``: bytes/s from ``a`` to ``b`` on their own; ``uplink`` and
         ``downlink``: each device's interface rates in bytes/s. ``schedule(t, slot, serial)``:
-        call ``due(t, slot, serial)`` at ``t``."""
-        self.path_rate, self.schedule = path_rate, schedule
+        call ``due(t, slot, serial)`` at ``t``. ``defer(t)``: call ``flush(t)`` at ``t`` once the
+        events of that instant are run; without it rates are re-divided at every start and end."""
+        self.path_rate, self.schedule, self.defer = path_rate, schedule, defer
+        self._dirty_up: set[int] = set()
+        self._dirty_down: set[int] = set()
         self.uplink, self.downlink = np.asarray(uplink, dtype=float), np.asarray(downlink, dtype=float)
         self.n = len(self.uplink)
         self.up_load, self.down_load = np.zeros(self.n), np.zeros(self.n)  # bytes/s in use on each interface
@@ -164,11 +170,34 @@ class SharedLinks:
         self.clock = now
 
     def _share(self, now: float, src: int, dst: int) -> None:
-        """Re-divide the rates of the flows on ``src``'s uplink and ``dst``'s downlink. The
-        other flows on those flows' interfaces keep their rates: what they use is taken off
-        first. Every flow on a path through ``src``'s uplink or into ``dst``'s downlink is in
+        """A flow started or ended between ``src`` and ``dst``: re-divide now, or at the
+        instant's flush when the owner defers (a commit that starts a pull to every cell, or
+        a cell that contributes to every shard, re-divides once, not once per flow)."""
+        if self.defer is None:
+            self._redivide(now, self.sending.get(src, _NONE) | self.receiving.get(dst, _NONE))
+            return
+        if not (self._dirty_up or self._dirty_down):
+            self.defer(now)
+        self._dirty_up.add(src)
+        self._dirty_down.add(dst)
+
+    def flush(self, now: float) -> None:
+        """Re-divide the rates on every interface a flow started or ended on since the last flush."""
+        self._advance_clock(now)
+        touched: set[int] = set()
+        for device in self._dirty_up:
+            touched |= self.sending.get(device, _NONE)
+        for device in self._dirty_down:
+            touched |= self.receiving.get(device, _NONE)
+        self._dirty_up.clear()
+        self._dirty_down.clear()
+        self._redivide(now, touched)
+
+    def _redivide(self, now: float, touched: set[int] | frozenset[int]) -> None:
+        """Re-divide the rates of the ``touched`` flows (those on the interfaces that changed).
+        The other flows on those flows' interfaces keep their rates: what they use is taken off
+        first. Every flow on a path through a changed uplink or into a changed downlink is in
         the set, so a path is shared only within it."""
-        touched = self.sending.get(src, _NONE) | self.receiving.get(dst, _NONE)
         if not touched:
             return
         if len(touched) == 1:  # alone on both interfaces: what the others leave it, at most its path

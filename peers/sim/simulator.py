@@ -263,7 +263,7 @@ class Simulation:
         sent, received = self.engine.carried(self.horizon)
         per_mb = self.workload.tokens_per_micro_batch
         c = self.counts
-        recomputed = self.ledger.counters.reissued
+        recomputed = self.ledger.counters.reissued - c["reissued_unspent"]
         return SimResult(
             strategy=self.strategy.name, hours=self.settings.hours, seed=self.settings.seed, devices=self.n,
             tokens=self.trained_mb * per_mb, tokens_per_s=self.trained_mb * per_mb / self.horizon,

@@ -2,10 +2,9 @@
 micro-batch, and the bytes of every message, priced with ``swarmd.peers.wire.sizes`` exactly
 as the planner's cost model prices them.
 
-- A stage's parameters are its layers' (``ModelSpec.layer_params`` each), plus the embedding
-  on the first stage and the output head on the last (its own copy when the stages are more
-  than one), as the planner counts a stage's memory (``plan_cost.max_layers``). They are cut
-  into the plan's ``K_s`` shards by ``exchange.shard_sizes``.
+- A stage's parameters are the planner's count (``plan_cost.stage_parameters``: its layers',
+  the embedding on the first stage, the output head on the last), cut into the plan's ``K_s``
+  shards by ``exchange.shard_sizes``.
 - A micro-batch's forward is a third of its stage's flops (``stage_flops_per_sequence``) and
   its backward the other two thirds: a cell keeps its activations, nothing is recomputed.
 - Messages: an activation (or its gradient) in the codec its link calls for; a contribution
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from swarmd.peers.planning.plan_cost import stage_flops_per_sequence
+from swarmd.peers.planning.plan_cost import stage_flops_per_sequence, stage_parameters
 from swarmd.peers.planning.scenario import Scenario
 from swarmd.peers.taskpool.exchange import shard_sizes
 from swarmd.peers.wire.sizes import activation_elements, codec_for, message_bytes
@@ -27,21 +26,6 @@ from swarmd.peers.wire.sizes import activation_elements, codec_for, message_byte
 CHECKPOINT_FLOATS_PER_PARAM = 4
 """What a shard's checkpoint holds per parameter, in fp32: weights, AdamW's two moments, and
 the residual the server keeps for its fp16 deltas (``docs/data-path.md``)."""
-
-
-def stage_parameters(scenario: Scenario, layers_per_stage: tuple[int, ...]) -> list[int]:
-    """Each stage's parameter count (module doc)."""
-    m = scenario.model
-    stages = len(layers_per_stage)
-    out = []
-    for s, layers in enumerate(layers_per_stage):
-        params = layers * m.layer_params
-        if s == 0:
-            params += m.embedding_params
-        if s == stages - 1 and stages > 1:
-            params += m.embedding_params
-        out.append(max(1, int(round(params))))
-    return out
 
 
 @dataclass(frozen=True)

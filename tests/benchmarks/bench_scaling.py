@@ -32,9 +32,8 @@ from typing import Any
 import numpy as np
 
 from swarmd.peers.planning.planner import PlannerSettings, plan
-from swarmd.peers.planning.scenario import Scenario
+from swarmd.peers.planning.scenario import Scenario, interface_rates
 from swarmd.peers.planning.scenario_gen import SMALL_MODEL, synthetic_scenario
-from swarmd.peers.sim.engine import interface_rates
 from swarmd.peers.sim.results import SimResult, single_device
 from swarmd.peers.sim.simulator import SimSettings, simulate
 from swarmd.peers.sim.strategies import make_strategies

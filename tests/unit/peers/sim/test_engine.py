@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from swarmd.peers.sim.engine import Engine, Overheads, interface_rates
+from swarmd.peers.sim.engine import Engine, Overheads
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -89,9 +89,3 @@ def test_a_request_pays_the_stacks_overhead_each_way_and_a_busy_interface_its_qu
     e.send(0.0, 0, 1, 1e8)
     assert e.one_way(0, 2) == pytest.approx(0.051) and e.one_way(0, 1) == pytest.approx(0.101)
     assert e.one_way(2, 3) == pytest.approx(0.001)
-
-
-def test_interfaces_run_at_the_fastest_link_and_ignore_the_diagonal() -> None:
-    bw = np.array([[1e12, 5.0, 2.0], [1.0, 0.0, 3.0], [7.0, 4.0, 1e12]])
-    up, down = interface_rates(bw, block=2)  # blocks smaller than the matrix: rows two at a time
-    assert up.tolist() == [5.0, 3.0, 7.0] and down.tolist() == [7.0, 5.0, 3.0]

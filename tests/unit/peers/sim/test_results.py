@@ -8,11 +8,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from swarmd.peers.planning.scenario import Scenario, parse_scenario
+from swarmd.peers.planning.plan_cost import stage_parameters
+from swarmd.peers.planning.scenario import Scenario, interface_rates, parse_scenario
 from swarmd.peers.sim.churn import ChurnEvent, churn_schedule, expected_departures
 from swarmd.peers.sim.control import median_rates
 from swarmd.peers.sim.results import compute_bound_tokens_per_s, flops_per_token, recovery_times, single_device
-from swarmd.peers.sim.workload import Workload, stage_parameters
+from swarmd.peers.sim.workload import Workload
 from swarmd.peers.wire.sizes import message_bytes
 
 pytestmark = pytest.mark.timeout(30)
@@ -90,3 +91,10 @@ def test_connectivity_is_the_median_link_leaving_out_the_diagonal() -> None:
     bw = np.array([[np.inf, 1.0, 2.0, 9.0], [5.0, np.inf, 6.0, 7.0], [1.0, 1.0, 0.0, 3.0], [4.0, 4.0, 4.0, 4.0]])
     assert median_rates(bw, block=3).tolist() == [2.0, 6.0, 1.0, 4.0]  # blocks of 3 rows, then 1
     assert median_rates(np.zeros((1, 1))).tolist() == [0.0]
+
+
+def test_interfaces_run_at_the_fastest_link_and_ignore_the_diagonal() -> None:
+    # The planner's function, which the simulator's links take each device's interfaces from.
+    bw = np.array([[1e12, 5.0, 2.0], [1.0, 0.0, 3.0], [7.0, 4.0, 1e12]])
+    up, down = interface_rates(bw)
+    assert up.tolist() == [5.0, 3.0, 7.0] and down.tolist() == [7.0, 5.0, 3.0]

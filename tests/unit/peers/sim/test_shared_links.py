@@ -161,3 +161,17 @@ def test_past_its_levels_the_filling_gives_each_flow_its_tightest_even_share_wit
     # One level (5 for the first); each of the rest gets at most a third of the 95 left.
     assert capped.tolist() == pytest.approx([5.0, 10.0, 20.0, 95.0 / 3])
     assert capped.sum() <= 100.0 + 1e-9
+
+
+def test_flows_started_at_one_instant_are_re_divided_once_at_its_flush_and_end_as_if_at_once() -> None:
+    events: list[tuple[float, int, int]] = []
+    flushes: list[float] = []
+    links = SharedLinks(np.full((3, 3), 100.0), np.full(3, 100.0), np.full(3, 100.0),
+                        lambda t, slot, serial: heapq.heappush(events, (t, slot, serial)), flushes.append)  # fmt: skip
+    a = links.start(0.0, 0, 1, 100.0, "a")
+    b = links.start(0.0, 0, 2, 100.0, "b")
+    assert flushes == [0.0] and links.rate[a] == links.rate[b] == 0.0  # not yet re-divided
+    links.flush(0.0)
+    assert links.rate[a] == links.rate[b] == pytest.approx(50.0)
+    t, slot, serial = heapq.heappop(events)
+    assert t == pytest.approx(2.0) and links.due(t, slot, serial) in ("a", "b")

@@ -131,7 +131,7 @@ def test_a_departed_cell_breaks_its_share_which_is_recomputed_and_a_spare_takes_
     sim = Simulation(sc, strategy, SimSettings(hours=0.5, detect_s=30.0),
                      (np.ones(5, dtype=bool), [ChurnEvent(600.3, 3, False)]))  # fmt: skip
     sim.advance(600.2)
-    assert sim.pipelines.pipelines[1].share is not None  # d3 leaves in the middle of a share
+    assert sim.pipelines.pipelines[1].segment  # d3 leaves in the middle of a share
     r = sim.run()
     assert (r.departures, r.failovers, r.updates_lost) == (1, 0, 0)
     assert r.shares_recomputed == 1  # the share in flight, issued again
@@ -142,6 +142,26 @@ def test_a_departed_cell_breaks_its_share_which_is_recomputed_and_a_spare_takes_
     assert r.phases["wait_cells"]["mean_ms"] >= 30_000  # until the lease lapsed and d4 was in
     assert [e.kind for e in r.plan_events] == ["full", "repair"]  # the repair found no hole left
     assert sum(r.timeline[12:]) > 0.9 * sum(r.timeline[:10]) * len(r.timeline[12:]) / 10
+
+
+def test_a_departure_in_the_middle_of_a_round_keeps_its_shares_done_and_recomputes_the_one_in_flight() -> None:
+    # H = 4 shares of one micro-batch a round. d3 (stage 1 of pipeline 1) leaves while the
+    # round's third share runs: the first two stay done (stage 0 contributes them at the
+    # round's end), the third is issued again, the fourth was never begun (no recompute), and
+    # d3's own part of the round is lost with it (counted).
+    sc = scenario(5)
+    sim = Simulation(sc, fixed(((0, 1), (2, 3)), (2, 2), (0, 1), k=1, local_steps=4), SimSettings(hours=0.5),
+                     (np.ones(5, dtype=bool), []))  # fmt: skip
+    sim.advance(300.0)
+    p = sim.pipelines.pipelines[1]
+    while not (p.segment and p.started > 0 and len(p.segment) == 4):
+        sim.advance(sim.engine.now + 0.01)
+    leave = p.started + 2.5 * p.per_share_s
+    sim.engine.at(leave, sim._churn, 3, False)
+    sim.advance(leave)
+    assert p.shares_done == 2 and [len(c.round_shares) for c in p.cells] == [2, 0]
+    r = sim.run()
+    assert r.shares_recomputed == 1 and r.contributions_lost == 1 and r.updates_lost == 0
 
 
 def test_a_departed_server_fails_over_to_its_standby_and_no_committed_update_is_lost() -> None:
