@@ -11,14 +11,11 @@ The process side lives here (import package ``swarmd``, folder ``daemon/``):
 - ``service``      systemd integration: sd_notify and the watchdog interval
 - ``device``       what this machine has: CPU/GPU model, memory, measured throughput
 - ``children``     ties child processes' lives to the daemon's
-- ``local_pipeline`` the asynchronous pipeline in one process, in lockstep (tests and benchmarks)
 - ``local_swarm``  daemons as subprocesses on this machine (``swarmd demo``, integration tests)
 - ``demo``         ``swarmd demo``: a local swarm on 127.0.0.1
-- ``export``       ``swarmd export``: a run's stage checkpoints as a from_pretrained folder
-- ``trainer``      hosts a fair share of the run's stages, runs this daemon's worker, hands over
-- ``stage_host``   a hosted stage: parameter server and task queue, answering workers' requests
-- ``pipeline_worker`` claims tasks from every stage's host, computes them, sends results on
-- ``replication``  stage checkpoints: copies to a standby, and fetching the newest before hosting
+- ``export``       ``swarmd export``: a run's stage weights as a from_pretrained folder
+- ``training/``    the data path: cells, shard servers, the share ledger, replicas (docs/data-path.md)
+- ``relay``        forwarding others' requests when elected a relay, and routing our own
 - ``errors``       the one error hierarchy every package raises from
 
 ``swarmd.peers`` holds everything that talks to or reasons about other peers;

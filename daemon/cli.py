@@ -286,29 +286,33 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _fmt_training(t: dict[str, Any]) -> list[str]:
-    hosting = ", ".join(map(str, t["hosting"])) or "none"
-    if t.get("standby"):
-        hosting += f" (standby {t['standby']})"
     state = t["state"] + (f" ({t['error']})" if t.get("error") else "")
-    lines = [f"training  {state}; hosting stage(s) {hosting}; stage versions {t['stage_versions']}"]
-    if t.get("loss") is not None:
-        lines.append(f"swarm     loss {t['loss']:.3f}, {t['tokens_per_s'] or 0:.0f} tokens/s, {t['tokens']} tokens "
-                     "(seen by the last stage's host)")  # fmt: skip
-    w = t.get("worker")
-    if w:
-        tasks = w["tasks"]
-        done = f"tasks forward {tasks['forward']}, backward {tasks['backward']}, last {tasks['last']}"
-        lines.append(f"worker    {done}; pushes {w['pushes']} ({w['pushes_refused']} refused); "
-                     f"weight pulls {w['weight_pulls']}")  # fmt: skip
-        if w.get("carried_pushes") or w.get("carried_dropped") or w.get("output_only"):
-            sums = f"{w['carried_pushes']} sum(s) pushed after, {w['carried_dropped']} not taken"
-            lines.append(f"          across epoch changes: {sums}; {w['output_only']} task(s) run for output only")
-    for stage, host in sorted((t.get("hosts") or {}).items()):
-        h = host["host"]
-        if h.get("carried_pushes") or h.get("already_applied") or h.get("applied_twice"):
-            counts = (f"{h['carried_pushes']} carried push(es) applied, {h['already_applied']} recompute(s) not "
-                      f"pushed, {h['applied_twice']} applied twice")  # fmt: skip
-            lines.append(f"stage {stage}   across epoch changes: {counts}")
+    a = t.get("assignment")
+    following = "nothing yet"
+    if a:
+        source = "the provisional assignment" if a["provisional"] else f"plan v{a['version']}"
+        following = (f"{source}: {a['pipelines']} pipeline(s) x {t['stages']} stage(s), shards {a['shards']}, "
+                     f"H = {a['local_steps']}, {a['share_micro_batches']} micro-batch(es) a share")  # fmt: skip
+    lines = [f"training  {state}; {t['mode']} mode; following {following}"]
+    if t.get("trained_tokens") is not None:
+        lines.append(f"swarm     {t['trained_tokens']} trained tokens, {t['tokens_per_s'] or 0:.0f} tokens/s "
+                     f"(as shard (0, 0) applied them), update {t['updates']}")  # fmt: skip
+    for c in t.get("cells") or []:
+        loss = f", loss {c['loss']:.3f}" if c.get("loss") is not None else ""
+        x = c["contributions"]
+        lines.append(f"cell      ({c['pipeline']}, {c['stage']}): {c['shares']} share(s), {c['rounds']} round(s), "
+                     f"{c['abandoned']} abandoned{loss}; weights {c['weights']['versions']}")  # fmt: skip
+        lines.append(f"          contributions {x['sent']} sent ({x['resent']} again, {x['dropped']} refused), "
+                     f"{x['waiting']} waiting to be committed")  # fmt: skip
+    for s in t.get("shards") or []:
+        lines.append(f"shard     ({s['stage']}, {s['shard']}) of {s['shards']}: version {s['version']}, "
+                     f"{s['contributions']} contribution(s) ({s['duplicates']} duplicate, {s['dropped_stale']} too "
+                     f"stale, {s['refused']} refused), {s['unreplicated']} step(s) unreplicated")  # fmt: skip
+    ledger = t.get("ledger")
+    if ledger:
+        lines.append(f"ledger    data cursor {ledger['cursor']} (all below {ledger['done_below']} trained), "
+                     f"{ledger['open']} share(s) open, {ledger['waiting']} to train again; issued {ledger['issued']} "
+                     f"({ledger['reissued']} again), completed {ledger['completed']}")  # fmt: skip
     return lines
 
 
@@ -375,8 +379,8 @@ def _gather_from_running_daemon(state_dir: Path, run_id: str) -> None:
         status = call(socket, "status")
         if status.get("run_id") != run_id or not status.get("training"):
             return
-        print("asking the running daemon for every stage's newest checkpoint ...", flush=True)
-        call(socket, "gather_checkpoints", timeout=150)
+        print("asking the running daemon for every stage's weights from the swarm's shards ...", flush=True)
+        call(socket, "gather_weights", timeout=150)
     except ControlError as e:
         print(f"could not gather stages from the swarm ({e}); exporting what is on this peer", file=sys.stderr)
 

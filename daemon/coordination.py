@@ -36,6 +36,7 @@ from swarmd.peers.election import (
     Thresholds,
     elect_coordinator,
     elect_relays,
+    elect_standby,
     eligible,
     relays_wanted,
 )  # fmt: skip
@@ -262,7 +263,8 @@ class Coordination:
             elif now - self._published_at >= REPUBLISH_PLAN_S:
                 await self._publish_plan(previous, now)  # same plan, fresh expiry
             return
-        settings = PlannerSettings(time_budget_s=PLAN_BUDGET_S, stages=self.spec.spec.stages)
+        fixed_h = self.spec.spec.local_steps or None  # 0: the planner proposes H from the links
+        settings = PlannerSettings(time_budget_s=PLAN_BUDGET_S, stages=self.spec.spec.stages, local_steps=fixed_h)
         try:
             if previous is not None and set(previous.devices) & members:
                 fixed = await asyncio.to_thread(
@@ -287,7 +289,9 @@ class Coordination:
             version=self._highest_version + 1, kind=kind, devices=snap.scenario.ids,
             pipelines=[list(row) for row in result.pipelines], layers_per_stage=list(result.layers_per_stage),
             parameter_servers=list(result.parameter_servers), relays=relays,
-            predicted={k: float(v) for k, v in predicted.items()},
+            predicted={k: float(v) for k, v in list(predicted.items())[:16]},
+            shard_servers=[list(row) for row in result.shard_servers], local_steps=result.local_steps,
+            share_micro_batches=result.share_micro_batches, spares=list(result.spares),
         )  # fmt: skip
         shape = f"{len(record.pipelines)} pipelines of {len(record.layers_per_stage)} stages"
         predicted_s = record.predicted.get("iteration_s", 0.0)
@@ -325,14 +329,17 @@ class Coordination:
 
     # --- what others read --------------------------------------------------------------------
 
-    def home_stage(self) -> int | None:
-        return None if self.plan is None else self.plan.stage_of(self.own)
+    def plan_record(self) -> PlanRecord | None:
+        """The plan in force (the trainer follows its cells and shard servers)."""
+        return self.plan
 
-    def planned_server(self, stage: int) -> str | None:
-        plan_ = self.plan
-        if plan_ is None or not 0 <= stage < len(plan_.parameter_servers):
-            return None
-        return plan_.server_of(stage)
+    def standby_for(self, own: str) -> str | None:
+        """The peer this one should log its shards' steps at: the live member likeliest to
+        stay, on the best link from here among the equally reliable (``elect_standby``)."""
+        return elect_standby(
+            (peer, self.score_of(peer), float(m.get("uptime_s", 0.0)), self.link_Bps(own, peer))
+            for peer, m in self.members.items() if peer != own
+        )  # fmt: skip
 
     def relays(self) -> list[str]:
         """The relays of the plan in force, best first."""
@@ -414,4 +421,8 @@ def record_plan(record: PlanRecord) -> Plan:
         layers_per_stage=tuple(record.layers_per_stage),
         parameter_servers=tuple(record.parameter_servers),
         relays=tuple(record.relays),
+        shard_servers=tuple(tuple(row) for row in record.shard_servers),
+        local_steps=record.local_steps,
+        share_micro_batches=record.share_micro_batches,
+        spares=tuple(record.spares),
     )

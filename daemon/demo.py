@@ -2,11 +2,11 @@
 
 It creates the default run (``swarmd.models.presets.DEFAULT_RUN``) with a fresh identity,
 starts the creator's daemon, then the others bootstrapped from it, and shows the swarm as it
-forms, then training: who hosts which stage, every daemon's share of the work, and the
-swarm's updates, loss and tokens/s (from the host of the last stage, which sees every
-micro-batch finish). The cores are split among the daemons. On Ctrl-C (or after
-``--duration``) the first daemon gathers every stage's newest checkpoint, so that the model
-can be exported from its state directory, and every daemon stops cleanly. Everything stays on
+forms, then training: which cells and shards each daemon holds, and the swarm's updates, loss
+(from the last stage's cells) and trained tokens/s (as the server of shard (0, 0) applied
+them). The cores are split among the daemons. On Ctrl-C (or after ``--duration``) the first
+daemon gathers every stage's weights from the shards, so that the model can be exported from
+its state directory, and every daemon stops cleanly. Everything stays on
 loopback: no mDNS, no UPnP.
 """
 
@@ -84,8 +84,8 @@ def run_demo(peers: int, duration_s: float) -> int:
 
 def _gather(daemon: LocalDaemon) -> None:
     try:
-        result = call(daemon.socket, "gather_checkpoints", timeout=150)
-        print(f"d0 gathered every stage's newest checkpoint (versions {result['versions']})")
+        result = call(daemon.socket, "gather_weights", timeout=150)
+        print(f"d0 gathered every stage's weights from the shards (versions {result['versions']})")
     except ControlError as e:
         print(f"could not gather the stages on d0 ({e}); export may miss some")
 
@@ -96,11 +96,13 @@ def _show_progress(daemons: list[LocalDaemon], started: float) -> bool:
     statuses = [s.get("training") or {} for s in full]
     elapsed = f"[{time.monotonic() - started:6.0f} s]"
     last = next((t for t in statuses if t.get("loss") is not None), None)
+    counted = next((t for t in statuses if t.get("trained_tokens") is not None), {})
     if last is None:
-        print(f"{elapsed} waiting for the stages to be hosted", flush=True)
+        print(f"{elapsed} waiting for the pipelines to form", flush=True)
         return False
-    print(f"{elapsed} update {last['updates']:5d}  loss {last['loss']:.3f}  "
-          f"{last['tokens_per_s'] or 0:8.0f} tokens/s  {last['tokens'] or 0:9d} tokens", flush=True)  # fmt: skip
+    updates = max(t.get("updates") or 0 for t in statuses)
+    print(f"{elapsed} update {updates:5d}  loss {last['loss']:.3f}  {counted.get('tokens_per_s') or 0:8.0f} "
+          f"tokens/s  {counted.get('trained_tokens') or 0:9d} trained tokens", flush=True)  # fmt: skip
     plan = _plan_line(full)
     if plan:
         print(f"         {plan}", flush=True)
@@ -127,8 +129,7 @@ def _plan_line(statuses: list[dict[str, Any]]) -> str:
 def _describe(training: dict[str, Any]) -> str:
     if not training:
         return "no answer"
-    hosting = ", ".join(str(s) for s in training.get("hosting", [])) or "none"
-    worker = training.get("worker") or {}
-    tasks = worker.get("tasks") or {}
-    return (f"hosts stage(s) {hosting:5s} tasks forward {tasks.get('forward', 0):5d} "
-            f"backward {tasks.get('backward', 0):5d} last {tasks.get('last', 0):5d}")  # fmt: skip
+    cells = training.get("cells") or []
+    shards = ", ".join(f"({s['stage']}, {s['shard']}) v{s['version']}" for s in training.get("shards") or [])
+    work = "; ".join(f"cell ({c['pipeline']}, {c['stage']}) {c['shares']} shares" for c in cells) or "no cell"
+    return f"{work}; serves {shards or 'no shard'}"

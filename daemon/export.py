@@ -1,4 +1,5 @@
-"""``swarmd export``: a run's stage checkpoints on this peer, merged into a ``from_pretrained`` folder."""
+"""``swarmd export``: a run's stage weights, gathered from the swarm's shards onto this peer
+(``Trainer.gather_weights``), merged into a ``from_pretrained`` folder."""
 
 from __future__ import annotations
 
@@ -8,9 +9,8 @@ from pathlib import Path
 
 from swarmd.errors import SwarmdError
 from swarmd.models.build import make_config
-from swarmd.models.checkpoint import export_pretrained
+from swarmd.models.checkpoint import export_pretrained, load_safetensors
 from swarmd.models.corpus import BUILTIN, BUILTIN_SHA256
-from swarmd.models.param_server import read_checkpoint_weights, stage_checkpoint_name
 from swarmd.models.stages import merge_stage_state_dicts
 from swarmd.state_dir import load_cached_spec, run_checkpoint_dir
 
@@ -29,7 +29,10 @@ def export_run(state_dir: Path, run_id: str, out_dir: Path, *, overwrite: bool =
     folder = run_checkpoint_dir(state_dir, run_id)
     found = sorted(int(m.group(1)) for p in folder.glob("stage*.safetensors") if (m := _STAGE_FILE.fullmatch(p.name)))
     if not found:
-        raise SwarmdError(f"no stage checkpoints of run {run_id} in {folder}; has this peer trained it yet?")
+        raise SwarmdError(
+            f"no gathered stage weights of run {run_id} in {folder}; run swarmd export while this "
+            "peer's daemon runs: it gathers every stage from the swarm's shards first"
+        )
     if found != list(range(len(found))):
         missing = sorted(set(range(max(found) + 1)) - set(found))
         raise SwarmdError(
@@ -38,8 +41,8 @@ def export_run(state_dir: Path, run_id: str, out_dir: Path, *, overwrite: bool =
         )
     versions, parts = [], []
     for stage in found:
-        version, weights = read_checkpoint_weights(folder / stage_checkpoint_name(stage))
-        versions.append(version)
+        weights, meta = load_safetensors(folder / f"stage{stage}.safetensors")
+        versions.append(int(meta.get("version", "0")))
         parts.append(weights)
     shape = signed.spec.model
     merged = merge_stage_state_dicts(parts, shape)  # refuses a gap or an overlap between stages

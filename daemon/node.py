@@ -35,10 +35,8 @@ from swarmd.peers.membership import Membership
 from swarmd.peers.run_spec import SignedRunSpec, check_run_id
 from swarmd.peers.swarm_dht import SPEC_TTL_S, BootstrapError, SwarmDHT
 from swarmd.peers.wire.messages import Forward, Probe
-from swarmd.peers.wire.rpc import Answer, RpcServer
+from swarmd.peers.wire.rpc import RpcServer
 from swarmd.relay import RelayService, Router
-from swarmd.replication import FETCH_METHOD, HOLDER_CACHE_S, LOG_METHOD, StageReplicator, choose_standby
-from swarmd.replication import METHOD as REPLICATE_METHOD
 from swarmd.state_dir import (
     StateDirLock,
     load_cached_spec,
@@ -49,9 +47,7 @@ from swarmd.state_dir import (
 )
 
 if TYPE_CHECKING:
-    from swarmd.trainer import Trainer
-
-STAGE_METHOD = "stage"  # swarmd.trainer.STAGE_METHOD, without importing torch here
+    from swarmd.training.trainer import Trainer
 
 logger = logging.getLogger(__name__)
 
@@ -87,10 +83,10 @@ class Node:
         self.spec: SignedRunSpec | None = None
         self.dht: SwarmDHT | None = None
         self.lan: LanDiscoveryProcess | None = None  # when mDNS is on and it started
-        self.trainer: Trainer | None = None  # when [compute] train is on (swarmd.trainer)
-        self.replicator: StageReplicator | None = None
+        self.trainer: Trainer | None = None  # when [compute] train is on (swarmd.training)
         self.rpc: RpcServer | None = None
         self.relay: RelayService | None = None
+        self.router: Router | None = None  # our own data-path requests: direct, or through a relay
         self._p2p: Any = None  # hivemind P2P replica: the data path's requests go through it
         self.membership: Membership | None = None
         self.coordination: Coordination | None = None
@@ -109,7 +105,7 @@ class Node:
         self._liveness = LivenessPipe()
         self._control = ControlServer(
             self.state_dir / SOCKET_FILENAME,
-            {"status": self.status, "peers": self.peers, "gather_checkpoints": self.gather_checkpoints},
+            {"status": self.status, "peers": self.peers, "gather_weights": self.gather_weights},
         )
         self._exit_code = 0
 
@@ -212,10 +208,10 @@ class Node:
 
     async def _start_trainer(self) -> None:
         # transformers loads only on peers that train (seconds of start-up otherwise).
-        from swarmd.trainer import Trainer
+        from swarmd.training.trainer import Trainer
 
         assert self.identity is not None and self.spec is not None and self.dht is not None
-        assert self.replicator is not None and self.membership is not None
+        assert self.membership is not None and self.rpc is not None
         if self.config.compute.threads:
             import torch
 
@@ -227,22 +223,15 @@ class Node:
             return membership.snapshot(time.time())
 
         router = Router(own, coordination.relays, coordination.matrix, mode=self.config.swarm.data_via_relay)
-        self.trainer = Trainer(
-            self.spec, self.identity, self.dht, run_checkpoint_dir(self.state_dir, self.run_id), self.replicator,
-            members, standby=lambda: choose_standby(members(), own, coordination.score_of, coordination.link_Bps),
-            roles=coordination,
-            router=router, own_uptime=lambda: time.time() - self.started_at,
-        )  # fmt: skip
-        trainer = self.trainer
 
-        def holder_of(stage: int) -> str | None:
-            """The trainer's view, while fresh (a trainer that stopped scanning says nothing)."""
-            if time.time() - trainer.holders_at > HOLDER_CACHE_S or not 0 <= stage < len(trainer.holders):
-                return None
-            lease = trainer.holders[stage]
-            return None if lease is None else lease.peer_id
+        async def send(peer: str, request: Any, blobs: list[bytes], timeout_s: float) -> Any:
+            return await router.call(self._p2p, peer, request, blobs, timeout_s)
 
-        self.replicator.holder_of = holder_of
+        self.router = router
+        self.trainer = Trainer(self.spec, self.identity, self.dht, run_checkpoint_dir(self.state_dir, self.run_id),
+                               members, coordination, send)  # fmt: skip
+        for request_type, handler in self.trainer.handlers.table().items():
+            self.rpc.register(request_type, handler)
         self._spawn("trainer", lambda: TRAINER_TICK_S, self.trainer.tick)
 
     def _init_dht_child(self) -> None:
@@ -288,11 +277,8 @@ class Node:
             raise JoinError(f"cannot join run {self.run_id} within {timeout:.0f} s: {outcome}")
 
     async def _start_rpc(self) -> None:
-        """The data path's request server on the DHT's libp2p host: stage checkpoints for now."""
+        """The data path's request server on the DHT's libp2p host (the trainer adds its own)."""
         assert self.dht is not None and self.spec is not None and self.coordination is not None
-        self.replicator = StageReplicator(
-            self.run_id, self.spec.spec.stages, run_checkpoint_dir(self.state_dir, self.run_id), self.dht
-        )
         self._p2p = await self._dht_call(self.dht.replicate_p2p())
         coordination = self.coordination
         self.relay = RelayService(coordination.own, coordination.is_relay, lambda peer: peer in coordination.members)
@@ -300,20 +286,9 @@ class Node:
         self.rpc = RpcServer(run_id=self.run_id, is_relay=coordination.is_relay)
         self.rpc.register(Probe, coordination.handle_probe)
         self.rpc.register(Forward, self.relay.handle)
-        # Transition: the old training modules' untyped methods, until the training package replaces them.
-        self.rpc.register_untyped(REPLICATE_METHOD, self.replicator.handle)
-        self.rpc.register_untyped(FETCH_METHOD, self.replicator.serve_checkpoint)
-        self.rpc.register_untyped(LOG_METHOD, self.replicator.handle_log)
-        self.rpc.register_untyped(STAGE_METHOD, self._serve_stage, relayable=True)
         await self.rpc.attach(self._p2p)
-        self.replicator.p2p = self._p2p
         self.coordination.p2p = self._p2p
         self.relay.p2p = self._p2p
-
-    async def _serve_stage(self, sender: str, header: dict[str, Any], blobs: list[bytes]) -> Answer:
-        if self.trainer is None:
-            raise SwarmdError("this peer does not train; it hosts no stage")
-        return await self.trainer.serve(sender, header, blobs)
 
     async def _start_lan(self) -> None:
         """LAN discovery only introduces peers; the DHT is the source of truth, so its failure is
@@ -455,8 +430,8 @@ class Node:
         return self.identity.peer_id
 
     def current_roles(self) -> list[str]:
-        """What this peer does now: it works if it trains, and serves parameters while it hosts stages."""
-        hosting = self.trainer is not None and bool(self.trainer.hosts)
+        """What this peer does now: it works if it trains, and serves parameters while it holds shards."""
+        hosting = self.trainer is not None and bool(self.trainer.servers)
         return self.roles + (["parameter_server"] if hosting else [])
 
     def _sign_heartbeat(self, leaving: bool = False) -> bytes:
@@ -585,17 +560,15 @@ class Node:
             "training": self.trainer.status() if self.trainer is not None else None,
             "swarm": self.coordination.status() if self.coordination is not None else None,
             "relaying": self.relay.status() if self.relay is not None else None,
-            "standby_copies": {"received": self.replicator.received, "refused": self.replicator.refused,
-                               "logged": self.replicator.logged, "log_phases": self.replicator.log_phases.status()}
-            if self.replicator is not None else None,
+            "routes": self.router.status() if self.router is not None else None,
             "rpc": None if self.rpc is None else asdict(self.rpc.counters),
         }  # fmt: skip
 
-    async def gather_checkpoints(self, request: dict[str, Any]) -> dict[str, Any]:
-        """For ``swarmd export``: every stage's newest checkpoint, written to our state directory."""
+    async def gather_weights(self, request: dict[str, Any]) -> dict[str, Any]:
+        """For ``swarmd export``: every stage's weights from its shards, written to our state directory."""
         if self.trainer is None:
             raise SwarmdError("this daemon does not train; export from the state directory as it is")
-        return {"run_id": self.run_id, "versions": await self.trainer.gather_checkpoints()}
+        return {"run_id": self.run_id, "versions": await self.trainer.gather_weights()}
 
     def peers(self, request: dict[str, Any]) -> dict[str, Any]:
         now = time.time()

@@ -30,7 +30,7 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar
 
 from swarmd.peers.wire import rpc
 from swarmd.peers.wire.errors import (
@@ -50,8 +50,6 @@ from swarmd.peers.wire.routing import DirectPaths, Matrix, choose_route
 
 A = TypeVar("A", bound=Answer)
 
-UNTYPED_FORWARDABLE = frozenset({"stage"})
-"""Transition: the old training modules' untyped stage requests, relayed until they go."""
 MAX_FORWARDS = 16
 
 
@@ -81,14 +79,6 @@ def _json_object(text: str, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise BadRequest(f"{what} must be a JSON object")
     return value
-
-
-def speaker_of(sender: str, header: dict[str, Any], is_relay: Callable[[str], bool]) -> str:
-    """Transition (``swarmd.trainer``): the RPC server unwraps relayed requests and hands the
-    handler the peer a relay speaks for, so a header naming ``on_behalf_of`` itself is refused."""
-    if "on_behalf_of" in header:
-        raise NotRelay("on_behalf_of is for relays to set, through the RPC server; send the request as it is")
-    return sender
 
 
 class RelayService:
@@ -138,12 +128,9 @@ class RelayService:
         header = _json_object(request.header, "the forwarded header")
         method = str(header.get("method"))
         kind = request_type(method)
-        if kind is None and method in UNTYPED_FORWARDABLE:
-            wait_s = 0.0
-        elif kind is None or not kind.RELAYABLE:
+        if kind is None or not kind.RELAYABLE:
             raise BadRequest(f"relays do not forward {method[:40]!r}; send it direct")
-        else:
-            wait_s = kind.decode(header, blobs).server_wait_s()  # a malformed request stops here
+        wait_s = kind.decode(header, blobs).server_wait_s()  # a malformed request stops here
         if self._slots.locked():
             raise Busy(f"{self.max_forwards} forwards in flight at this relay; retry later or go direct")
         return wait_s
@@ -162,25 +149,12 @@ class Router:
         self.paths = DirectPaths()
         self.counters = RouteCounters()
 
-    @overload
     async def call(
         self, p2p: Any, peer: str, request: Request[A], blobs: Sequence[bytes] = (),
         timeout_s: float = rpc.DEFAULT_TIMEOUT_S,
-    ) -> tuple[A, list[bytes]]: ...  # fmt: skip
-    @overload
-    async def call(
-        self, p2p: Any, peer: str, request: str, blobs: dict[str, Any], timeout_s: Sequence[bytes],
-        untyped_timeout_s: float,
-    ) -> rpc.Answer: ...  # fmt: skip
-    async def call(
-        self, p2p: Any, peer: str, request: Any, blobs: Any = (), timeout_s: Any = rpc.DEFAULT_TIMEOUT_S,
-        untyped_timeout_s: float = rpc.DEFAULT_TIMEOUT_S,
-    ) -> Any:  # fmt: skip
+    ) -> tuple[A, list[bytes]]:  # fmt: skip
         """``request`` to ``peer``, direct or relayed: its typed answer and blobs, or the
         refusal's exception (the target's, or the relay's own)."""
-        if isinstance(request, str):  # transition: router.call(p2p, peer, method, header, blobs, timeout_s)
-            header, out = await self._send(p2p, peer, {**blobs, "method": request}, timeout_s, untyped_timeout_s)
-            return rpc.untyped_answer(request, peer, header, out)
         header, out = request.encode(blobs)
         answer, answer_blobs = await self._send(p2p, peer, header, out, timeout_s + request.server_wait_s())
         return rpc.answer_of(request, peer, answer, answer_blobs)

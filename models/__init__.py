@@ -6,9 +6,9 @@
 - ``tokenizer``     the byte-level tokenizer (256 ids, nothing to download)
 - ``corpus``        the built-in corpus (``data/``) and deterministic sequences by data index
 - ``checkpoint``    atomic safetensors checkpoints, and export to a ``from_pretrained`` folder
-- ``param_server``  a stage's parameter server: AdamW, versions, staleness bound, resuming
+- ``parameter_shard`` one slice of a stage's parameters: AdamW or the outer step, fp16 deltas, replay
+- ``cell_compute``  a cell's compute: forwards kept for their backward, shares, rounds, rebases
 - ``reference``     the single-process synchronous baseline the swarm is measured against
-- ``stage_worker``  a worker's compute: forward and backward tasks on a named weights version
 
 Nothing here imports ``swarmd.peers`` or the daemon's modules: a stage computes; it knows no
 network.

@@ -7,10 +7,9 @@
 - ``swarm_dht``   one run's records in the hivemind DHT, behind typed keys and a validator
 - ``membership``  the swarm as this peer sees it: live heartbeats and round-trip times
 - ``lan``         LAN discovery with py-libp2p's mDNS and the hello protocol
-- ``task_queue``  a stage's micro-batch task queue: leases, re-queues, bounded memory
-- ``gradient_ledger`` a stage's applied micro-batches, and finishing leases carried past an epoch change
-- ``stage_leases`` which peer serves which stage: signed leases and the claim-settling rule
-- ``stage_assignment`` who should host which stage: fair shares, the run's hosting epoch
+- ``links``, ``reliability``, ``election``, ``swarm_snapshot``, ``plan_record``: knowing the swarm
+  (measured links, reliability from others' observations, elected roles, the signed plan)
+- ``taskpool/``   cell and shard leases, the share ledger, the exchange schedule
 - ``wire/``       the data path's requests, tensor frames and routing through relays
 - ``planning/``   scenarios, the cost model, the planner and its baselines
 - ``sim/``        the discrete-event simulator

@@ -1,8 +1,8 @@
-"""Elected roles: who may serve as coordinator, parameter server (stage host) or relay.
+"""Elected roles: who may serve as coordinator, shard server (its standby) or relay.
 
 Pure functions over a snapshot (each peer's measured reliability and connectivity), so that
-every peer elects the same way. Roles are held through leases in the DHT (a stage's lease,
-``swarmd.peers.stage_leases``; the plan record for the coordinator) that expire unless
+every peer elects the same way. Roles are held through leases in the DHT (a shard's lease,
+``swarmd.peers.taskpool.servers``; the plan record for the coordinator) that expire unless
 renewed; what is decided here is who *should* hold them:
 
 - **Eligibility**: a newcomer to a role needs ``min_reliability`` (relays:
@@ -17,7 +17,7 @@ renewed; what is decided here is who *should* hold them:
 - **Relays**: incumbents that stay eligible keep their role; vacancies go first to eligible
   peers the planner would route through, then to the best eligible peers, up to the number
   wanted (``relays_wanted``); with nobody eligible, one peer serves anyway (``elect_relays``).
-- **A stage's standby** (the peer its host logs every push at and checkpoints to): the peer
+- **A shard server's standby** (the peer it logs every step at and checkpoints to): the peer
   other than the host likeliest to stay, by reliability, then the fastest link from the host
   (the host waits for every push's log there), then uptime, then the lowest peer ID
   (``elect_standby``).

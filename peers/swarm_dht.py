@@ -42,8 +42,6 @@ from swarmd.peers.records import peek_kind
 from swarmd.peers.reliability import KIND as OBSERVATIONS_KIND
 from swarmd.peers.reliability import parse_observations
 from swarmd.peers.run_spec import SignedRunSpec, open_run_spec, verify_run_spec
-from swarmd.peers.stage_leases import KIND as LEASE_KIND
-from swarmd.peers.stage_leases import StageLease, parse_lease
 from swarmd.peers.taskpool.cells import KIND as CELL_KIND
 from swarmd.peers.taskpool.cells import CellLease, parse_cell_lease
 from swarmd.peers.taskpool.lease import Lease
@@ -64,10 +62,6 @@ def spec_key(run_id: str) -> str:
 
 def members_key(run_id: str) -> str:
     return f"swarmd/{run_id}/members"
-
-
-def stage_key(run_id: str, stage: int) -> str:
-    return f"swarmd/{run_id}/stage/{stage}"
 
 
 def cells_key(run_id: str, pipeline: int, stage: int) -> str:
@@ -148,12 +142,6 @@ class SwarmRecordValidator(RecordValidatorBase):
                 parser, lease_key = LEASE_KINDS[kind]
                 found = parser(value, run_id=None, now=None, peer_id=subkey)
                 return record.key == _dht_id(lease_key(found)) and record.expiration_time <= found.expires_at
-            if kind == LEASE_KIND:
-                lease = parse_lease(value, run_id=None, now=None, peer_id=subkey)
-                return (
-                    record.key == _dht_id(stage_key(lease.run_id, lease.stage))
-                    and record.expiration_time <= lease.expires_at
-                )
             heartbeat = parse_heartbeat(value, run_id=None, now=None, peer_id=subkey)
             # Under its run's members key, and stored no longer than the record is valid.
             return (
@@ -300,26 +288,6 @@ class SwarmDHT:
             elif heartbeat.is_live(now):
                 live.append(heartbeat)
         return MemberScan(live, leaving, rejected)
-
-    async def publish_lease(self, lease: StageLease, raw: bytes) -> bool:
-        key = stage_key(self.run_id, lease.stage)
-        return bool(await self.dht.store(key, raw, lease.expires_at, subkey=lease.peer_id, return_future=True))
-
-    async def scan_leases(self, stage: int, now: float) -> list[StageLease]:
-        """Every verified lease of ``stage`` (live or not: the caller applies resolve_holder)."""
-        found = await self.dht.get(stage_key(self.run_id, stage), latest=True, return_future=True)
-        if found is None or not isinstance(found.value, dict):
-            return []
-        leases = []
-        for subkey, item in found.value.items():
-            try:
-                lease = parse_lease(item.value, run_id=self.run_id, now=now, peer_id=subkey)
-            except RecordError as e:
-                logger.debug("Dropped a lease record: %s", e)
-                continue
-            if lease.stage == stage:
-                leases.append(lease)
-        return leases
 
     async def publish_pool_lease(self, lease: Lease, raw: bytes) -> bool:
         """Store this peer's cell or shard lease under the key its content implies."""

@@ -146,6 +146,7 @@ class CellWorker:
         self._round_shares: list[int] = []
         self._shares_in_round = 0
         self._window = asyncio.Semaphore(window(stages))
+        self._fed: set[int] = set()  # stage 0: micro-batches in flight, each holding a place in the window
         self._share_done = asyncio.Event()
         self._stop = asyncio.Event()
         self.failure: str | None = None
@@ -246,6 +247,7 @@ class CellWorker:
                 if self._share is None or self._share.share_id != share[0]:
                     self._window.release()
                     break
+                self._fed.add(m)
                 await self._inbox.put(_Item(1, next(self._seq), "forward", None, None, m))
             await self._share_done.wait()
 
@@ -278,7 +280,9 @@ class CellWorker:
         self._shares_in_round = max(0, self._shares_in_round - 1)
         self._drain_inbox()
         asyncio.create_task(self.in_thread(self.compute.drop_share))
-        self._window = asyncio.Semaphore(window(self.stages))
+        for _ in self._fed:  # the window's places of what was in flight come back
+            self._window.release()
+        self._fed.clear()
         self._share_done.set()
         if self.is_first and self.view.ledger is not None:
             request = LedgerAbandon(run_id=self.run_id, pipeline=self.pipeline, share_ids=[share.share_id])
@@ -403,9 +407,12 @@ class CellWorker:
 
     async def _done(self, share: _Share, m: int) -> None:
         """Micro-batch ``m`` ran its backward here; the last one ends the share."""
+        if share is not self._share:
+            return  # abandoned while it ran (its window place came back with it)
         share.done.add(m)
         share.progress_at = time.monotonic()
-        if self.is_first:
+        if m in self._fed:
+            self._fed.discard(m)
             self._window.release()
         if len(share.done) < share.count:
             return

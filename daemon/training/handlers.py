@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from swarmd.peers.taskpool.exchange import shard_range, step_micro_batches
-from swarmd.peers.wire.errors import NotHolder, NotMember
+from swarmd.peers.wire.errors import NotHolder, NotMember, Unavailable
 from swarmd.peers.wire.messages import (
     Ack,
     CellBackward,
@@ -118,17 +118,25 @@ class TrainingHandlers:
     ) -> tuple[Fetched, list[bytes]]:
         """A peer taking a shard over asks for its state: the holder hands it over (closing its
         server first, so that no step is made after the state it sends), a standby replays its
-        replica. Only the shard's rightful holder as the pool now resolves it may ask."""
+        replica. Only the shard's rightful holder as the pool now resolves it, or the peer the
+        assignment in force names for it, may ask."""
         self._member(sender)
         trainer, key = self.trainer, (request.stage, request.shard)
-        if trainer._holder_of(key) != sender:
+        named = None if trainer.assignment is None else trainer.assignment.named_shards().get(key)
+        if sender not in (trainer._holder_of(key), named):
             raise NotHolder(f"{sender[:16]} does not hold shard {key} here; only its new holder takes its state")
         server = trainer.servers.get(key)
+        if server is not None and named == trainer.own:
+            raise Unavailable(f"this peer still serves shard {key} under the assignment it follows; ask again shortly")
         if server is not None:
             await trainer._close_shard(key)
             data = await asyncio.to_thread(server.checkpoint_path.read_bytes)
             return Fetched(version=server.version, kind="checkpoint", versions=[]), [data]
         replica = trainer.replicas.newest(key)
+        closed = trainer.handed_over.get(key)
+        if closed is not None and (replica is None or closed[0] >= replica.version):
+            data = await asyncio.to_thread(closed[1].read_bytes)  # what we served last, as we closed it
+            return Fetched(version=closed[0], kind="checkpoint", versions=[]), [data]
         if replica is None:
             return Fetched(version=-1, kind="none", versions=[]), []
         opener = trainer.opener

@@ -113,28 +113,36 @@ class ShardOpener:
     async def _believable_state(
         self, key: Shard, span: tuple[int, int], path: Path, step: int
     ) -> ParameterShard | None:
+        """The newest state this peer may believe (module doc); None: wait for a better one."""
         trainer = self.trainer
+        found: list[ParameterShard] = []
         replica = trainer.replicas.newest(key)
         if replica is not None and trainer.seen.admits(key, replica.version):
             try:
-                return await asyncio.to_thread(replay, replica, self.config(), step, span)
+                found.append(await asyncio.to_thread(replay, replica, self.config(), step, span))
             except (SwarmdError, KeyError, ValueError) as e:
                 logger.warning("shard %s: our replica is unusable (%s)", key, e)
         for peer in self._sources(key):
             fetched = await self._fetch(key, peer, span, step)
             if fetched is not None:
-                return fetched
+                found.append(fetched)
         own = await asyncio.to_thread(self._own_checkpoint, path, span, step)
+        if own is not None and trainer.seen.admits(key, own.version):
+            found.append(own)
         seen = trainer.seen.of(key)
-        if seen == 0 and (own is None or own.version == 0):
-            return own or ParameterShard(*span, self.initial_vector(key[0])[span[0]:span[1]], self.config(),
-                                         step_micro_batches=step)  # fmt: skip
+        best = max(found, key=lambda shard: shard.version, default=None)
+        if best is not None and best.version >= seen:
+            return best
+        if best is None and seen == 0:  # nobody ever trained it: the run's seed weights
+            return ParameterShard(*span, self.initial_vector(key[0])[span[0]:span[1]], self.config(),
+                                  step_micro_batches=step)  # fmt: skip
         since = self._waiting_since.setdefault(key, time.monotonic())
         if time.monotonic() - since < OPEN_GRACE_S:
-            logger.info("shard %s: no believable state yet (the swarm has seen version %d); asking again", key, seen)
+            logger.info("shard %s: the newest state here is version %s, the swarm has seen %d; asking again", key,
+                        "none" if best is None else best.version, seen)  # fmt: skip
             return None
-        shard = own if own is not None and trainer.seen.admits(key, own.version) else ParameterShard(
-            *span, self.initial_vector(key[0])[span[0]:span[1]], self.config(), step_micro_batches=step)  # fmt: skip
+        shard = best or ParameterShard(*span, self.initial_vector(key[0])[span[0]:span[1]], self.config(),
+                                       step_micro_batches=step)  # fmt: skip
         lost = max(0, seen - shard.version)
         self.versions_lost += lost
         logger.warning("shard %s: no state newer than version %d could be had in %.0f s; the swarm had seen %d: "
@@ -142,12 +150,14 @@ class ShardOpener:
         return shard
 
     def _sources(self, key: Shard) -> list[str]:
-        """The previous rightful holder and its named standby: nobody else's state is taken."""
-        known = self.trainer.rightful.get(key)
-        if known is None:
-            return []
-        lease: ShardLease = known[0]
-        return [p for p in dict.fromkeys([lease.peer_id, lease.standby]) if p and p != self.trainer.own]
+        """Whom a state is taken from: the last rightful holder and the standby it named, and the
+        live members that still hold a lease of the shard (a holder the assignment has just moved
+        it from) with their named standbys. Nobody else's state is asked for."""
+        trainer = self.trainer
+        leases: list[ShardLease] = [known[0] for known in [trainer.rightful.get(key)] if known is not None]
+        leases += trainer.lease_holders.get(key, [])
+        peers = [p for lease in leases for p in (lease.peer_id, lease.standby)]
+        return [p for p in dict.fromkeys(peers) if p and p != trainer.own and p in trainer.live]
 
     async def _fetch(self, key: Shard, peer: str, span: tuple[int, int], step: int) -> ParameterShard | None:
         trainer = self.trainer

@@ -22,7 +22,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -33,7 +33,6 @@ from swarmd.models.corpus import Dataset, load_corpus, train_eval_split
 from swarmd.peers.identity import Identity
 from swarmd.peers.plan_record import PlanRecord
 from swarmd.peers.run_spec import SignedRunSpec, run_seed
-from swarmd.peers.swarm_dht import SwarmDHT
 from swarmd.peers.taskpool.assignment import Assignment, from_plan, provisional
 from swarmd.peers.taskpool.cells import Cell, CellLease, cells_to_hold, open_cells, pipeline_epoch, resolve_cells
 from swarmd.peers.taskpool.exchange import ExchangeSettings, shard_range
@@ -47,6 +46,9 @@ from swarmd.training.handlers import TrainingHandlers
 from swarmd.training.opening import ShardOpener, make_cell, stage_module
 from swarmd.training.replicas import ReplicaStore
 from swarmd.training.shard_server import ShardServer
+
+if TYPE_CHECKING:  # hivemind loads only where the DHT runs (it cannot share a process with py-libp2p)
+    from swarmd.peers.swarm_dht import SwarmDHT
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +100,9 @@ class Trainer:
         self.servers: dict[Shard, ShardServer] = {}
         self.replicas = ReplicaStore(self._holder_of)
         self.seen = SeenVersions()
+        self.lease_holders: dict[Shard, list[ShardLease]] = {}
+        self.handed_over: dict[Shard, tuple[int, Path]] = {}
+        """Shards this peer served and closed: their final state, for whoever holds them next."""
         self.rightful: dict[Shard, tuple[ShardLease, bytes]] = {}
         """The newest lease of each shard's rightful holder, with its signed bytes (a take-over's proof)."""
         self._cell_claims: dict[Cell, float] = {}
@@ -179,6 +184,14 @@ class Trainer:
         for key, lease in holders.items():
             self.rightful[key] = (lease, raw_of[(lease.peer_id, key)])
         self.seen.note(holders)
+        # Live members' leases of a shard the assignment gives someone else: the holders it was
+        # just moved from, whose state (and versions) its next holder takes. Only members count.
+        held: dict[Shard, list[ShardLease]] = {}
+        for lease, _ in found:  # released ones too: a holder that just handed the shard over has its state
+            if lease.expires_at > now and lease.peer_id in self.live and lease.peer_id != self.own:
+                held.setdefault(lease.key, []).append(lease)
+        self.lease_holders = held
+        self.seen.note({key: max(leases, key=lambda x: x.version) for key, leases in held.items()})
         self.shard_holders = holders
         standby = self.roles.standby_for(self.own)
         if standby != self._standby:
@@ -237,6 +250,7 @@ class Trainer:
             return
         try:
             version = await asyncio.wait_for(server.close(), SHARD_CLOSE_S)
+            self.handed_over[key] = (version, server.checkpoint_path)
             logger.info("Stopped serving shard %s at version %d", key, version)
         except TimeoutError:
             logger.warning("Shard %s did not close within %.0f s", key, SHARD_CLOSE_S)

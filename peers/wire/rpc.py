@@ -26,9 +26,9 @@ import contextlib
 import json
 import logging
 import struct
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast, overload
+from typing import Any, TypeVar, cast
 
 from swarmd.errors import SwarmdError
 from swarmd.peers.wire.emulated_delay import one_way_delay_s
@@ -59,8 +59,7 @@ from swarmd.peers.wire.protocol import Answer as TypedAnswer
 __all__ = [
     "PROTOCOL", "MAX_HEADER_BYTES", "RpcServer", "RpcCounters", "Handler", "call", "exchange", "request_on",
     "answer_of", "read_message", "write_message", "max_request_bytes",
-    "RpcError", "Unreachable", "StreamBroken", "ProtocolViolation",  # re-exported for the old modules
-    "Answer", "UntypedHandler", "call_untyped", "untyped_answer",  # transition: deleted with the old modules
+    "RpcError", "Unreachable", "StreamBroken", "ProtocolViolation",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
@@ -170,8 +169,7 @@ class RpcCounters:
 
 @dataclass(frozen=True)
 class _Route:
-    request_type: type[Request[Any]] | None
-    """None: an untyped handler of the old training modules (transition)."""
+    request_type: type[Request[Any]]
     handler: Callable[..., Awaitable[Any]]
     relayable: bool
 
@@ -180,23 +178,20 @@ class RpcServer:
     """Serves registered handlers on ``PROTOCOL``; one instance per daemon (module doc)."""
 
     def __init__(
-        self, untyped: Mapping[str, UntypedHandler] | None = None, *, run_id: str | None = None,
+        self, *, run_id: str | None = None,
         is_relay: Callable[[str], bool] | None = None, admit: Callable[[str, Request[Any]], None] | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, timeout_s: float = DEFAULT_TIMEOUT_S,
         max_per_peer: int = MAX_PER_PEER,
     ) -> None:  # fmt: skip
         """``run_id``: the run served (another run's request is refused WRONG_RUN); ``is_relay``:
         whether a peer is a relay of the plan in force (None: nobody relays to us); ``admit``:
-        raises a ``Refused`` for a speaker that may not be served (not a member, over a quota).
-        ``untyped``: the old training modules' handlers, until they go (``register_untyped``)."""
+        raises a ``Refused`` for a speaker that may not be served (not a member, over a quota)."""
         self.run_id, self.is_relay, self.admit = run_id, is_relay, admit
         self.max_message_bytes, self.timeout_s, self.max_per_peer = max_message_bytes, timeout_s, max_per_peer
         self.counters = RpcCounters()
         self._routes: dict[str, _Route] = {}
         self._slots = asyncio.Semaphore(MAX_CONCURRENT_REQUESTS)
         self._in_flight: dict[str, int] = {}
-        for method, handler in (untyped or {}).items():
-            self.register_untyped(method, handler)
 
     def register(
         self,
@@ -209,12 +204,6 @@ class RpcServer:
         if method is None or method in self._routes or method == Relayed.METHOD:
             raise ValueError(f"cannot register {request_type.__name__}: method {method!r} is taken or missing")
         self._routes[method] = _Route(request_type, handler, request_type.RELAYABLE)
-
-    def register_untyped(self, method: str, handler: UntypedHandler, *, relayable: bool = False) -> None:
-        """Transition: serve an old training module's untyped handler (deleted with them)."""
-        if method in self._routes or method == Relayed.METHOD:
-            raise ValueError(f"method {method!r} is registered already")
-        self._routes[method] = _Route(None, handler, relayable)
 
     async def attach(self, p2p: Any) -> None:
         """Start serving on a hivemind P2P instance (the daemon's replica of the DHT's)."""
@@ -279,7 +268,7 @@ class RpcServer:
             error: Refused = e
         except Invalid as e:
             error = BadRequest(str(e))
-        except SwarmdError as e:  # a handler's untyped refusal (the old modules): its text for people
+        except SwarmdError as e:  # a failure of the handler's own, not a refusal: its text for people
             error = Internal(str(e))
         except Exception as e:
             logger.exception("Handler of %s failed on a request from %s", header.get("method"), sender)
@@ -288,9 +277,6 @@ class RpcServer:
         return refusal_header(error), []
 
     async def _handle(self, route: _Route, sender: str, header: dict[str, Any], blobs: list[bytes]) -> Frame:
-        if route.request_type is None:  # transition: an untyped handler of the old training modules
-            answer, out = await route.handler(sender, header, blobs)
-            return {"ok": True, **answer}, out
         request = route.request_type.decode(header, blobs)
         if self.run_id is not None and request.run_id != self.run_id:
             raise WrongRun(f"this peer serves run {self.run_id}, not {request.run_id}")
@@ -399,49 +385,13 @@ def answer_of(request: Request[A], peer_id: str, header: dict[str, Any], blobs: 
     return cast(A, answer), blobs
 
 
-@overload
 async def call(
     p2p: Any, peer_id: str, request: Request[A], blobs: Sequence[bytes] = (), *,
     timeout_s: float = DEFAULT_TIMEOUT_S, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-) -> tuple[A, list[bytes]]: ...  # fmt: skip
-@overload
-async def call(
-    p2p: Any, peer_id: str, request: str, blobs: dict[str, Any] | None = None, untyped_blobs: Sequence[bytes] = (), *,
-    timeout_s: float = DEFAULT_TIMEOUT_S, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-) -> Answer: ...  # fmt: skip
-async def call(
-    p2p: Any, peer_id: str, request: Any, blobs: Any = (), untyped_blobs: Sequence[bytes] = (), *,
-    timeout_s: float = DEFAULT_TIMEOUT_S, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-) -> Any:  # fmt: skip
+) -> tuple[A, list[bytes]]:  # fmt: skip
     """One request to ``peer_id``: its typed answer and blobs, or the refusal's exception. The
     deadline covers the whole exchange, plus what the request lets the server wait (a long poll)."""
-    if isinstance(request, str):  # transition: call(p2p, peer, method, args, blobs) of the old modules
-        return await call_untyped(p2p, peer_id, request, blobs, untyped_blobs, timeout_s=timeout_s,
-                                  max_message_bytes=max_message_bytes)  # fmt: skip
     header, out = request.encode(blobs)
     answer, answer_blobs = await exchange(p2p, peer_id, header, out, timeout_s=timeout_s + request.server_wait_s(),
                                           max_message_bytes=max_message_bytes)  # fmt: skip
     return answer_of(request, peer_id, answer, answer_blobs)
-
-
-# --- transition: the old training modules' untyped requests, deleted with those modules --------------
-
-Answer = tuple[dict[str, Any], list[bytes]]
-"""An untyped request's or answer's header and blobs (the old training modules)."""
-UntypedHandler = Callable[[str, dict[str, Any], list[bytes]], Awaitable[Answer]]
-
-
-async def call_untyped(
-    p2p: Any, peer_id: str, method: str, args: dict[str, Any] | None = None, blobs: Sequence[bytes] = (), *,
-    timeout_s: float = DEFAULT_TIMEOUT_S, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-) -> Answer:  # fmt: skip
-    """An untyped request: the answer's header (without ``ok``) and blobs, or the refusal's exception."""
-    header, out = await exchange(p2p, peer_id, {**(args or {}), "method": method}, blobs, timeout_s=timeout_s,
-                                 max_message_bytes=max_message_bytes)  # fmt: skip
-    return untyped_answer(method, peer_id, header, out)
-
-
-def untyped_answer(method: str, peer_id: str, header: dict[str, Any], blobs: list[bytes]) -> Answer:
-    if header.get("ok") is not True:
-        raise parse_refusal(header, peer_id=peer_id, method=method)
-    return {k: v for k, v in header.items() if k != "ok"}, blobs

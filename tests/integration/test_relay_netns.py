@@ -5,8 +5,8 @@ the relay's, and the relay's namespace does not forward IP packets (a new namesp
 default). The asker and the target therefore have no route to each other, the way two
 volunteers behind different firewalls do, while both reach the relay. The asker's router
 (``swarmd.relay.Router``) first dials the target, finds it unreachable and goes through the
-elected relay (``swarmd.relay.RelayService``); the target believes the relay's
-``on_behalf_of`` (``swarmd.relay.speaker_of``) and answers whom the request spoke for.
+elected relay (``swarmd.relay.RelayService``); the target's RPC server believes the relay's
+``on_behalf_of`` and its handler answers whom the request spoke for.
 Deleting the namespaces at the end removes every link; every helper dies with the test.
 """
 
@@ -34,12 +34,29 @@ STEP_TIMEOUT_S = 60.0
 
 HELPER = r"""
 import asyncio, json, signal, sys
+from dataclasses import dataclass
 from hivemind.p2p import P2P
-from swarmd.peers.wire.rpc import RpcError, RpcServer, call
-from swarmd.relay import RELAY_METHOD, RelayService, Router, speaker_of
+from swarmd.peers.wire.errors import RpcError
+from swarmd.peers.wire.messages import Forward
+from swarmd.peers.wire.protocol import Answer, Request, bound
+from swarmd.peers.wire.rpc import RpcServer, call
+from swarmd.relay import RelayService, Router
 
 role, share = sys.argv[1], sys.argv[2:]
 KW = dict(nat_port_map=False, auto_nat=False, use_relay=False)
+RUN = "netns.abcdefghijklmnopqrstuvwx"
+
+@dataclass(frozen=True, kw_only=True)
+class Echoed(Answer):
+    BLOBS = (0, 1)
+    speaker: str = bound(max_len=128)
+    bytes: int = bound(min_value=0, max_value=1 << 20)
+
+@dataclass(frozen=True, kw_only=True)
+class Echo(Request[Echoed]):
+    METHOD = "test.echo"
+    BLOBS = (0, 1)
+    RELAYABLE = True
 
 def emit(**event):
     print(json.dumps(event), flush=True)
@@ -54,9 +71,11 @@ async def target(ip, relay_id_file):
     def is_relay(peer):
         with open(relay_id_file) as f:
             return peer == f.read().strip()
-    async def stage(sender, header, blobs):
-        return {"speaker": speaker_of(sender, header, is_relay), "bytes": sum(map(len, blobs))}, blobs
-    await RpcServer({"stage": stage}).attach(p2p)
+    async def echo(sender, request, blobs):  # the server has resolved whom a relayed request speaks for
+        return Echoed(speaker=sender, bytes=sum(map(len, blobs))), blobs
+    server = RpcServer(run_id=RUN, is_relay=is_relay)
+    server.register(Echo, echo)
+    await server.attach(p2p)
     port = (await p2p.get_visible_maddrs())[0].value_for_protocol("tcp")
     emit(event="up", peer_id=str(p2p.peer_id), maddr=f"/ip4/{ip}/tcp/{port}/p2p/{p2p.peer_id}")
     await until_terminated()
@@ -67,7 +86,9 @@ async def relay(ip_a, ip_t, target_maddr, relay_id_file):
     target_id = target_maddr.rsplit("/", 1)[1]
     service = RelayService(str(p2p.peer_id), lambda peer: True, lambda peer: peer == target_id, timeout_s=20)
     service.p2p = p2p
-    await RpcServer({RELAY_METHOD: service.handle}).attach(p2p)
+    server = RpcServer(run_id=RUN)
+    server.register(Forward, service.handle)
+    await server.attach(p2p)
     with open(relay_id_file, "w") as f:
         f.write(str(p2p.peer_id))
     port = next(m.value_for_protocol("tcp") for m in await p2p.get_visible_maddrs() if ip_a in str(m))
@@ -82,12 +103,13 @@ async def asker(ip, relay_maddr, target_id):
     router = Router(str(p2p.peer_id), lambda: [relay_id], lambda: None, mode="auto")
     out = {"peer_id": str(p2p.peer_id)}
     payload = bytes(range(256)) * 64
-    header, blobs = await router.call(p2p, target_id, "stage", {"op": "claim"}, [payload], 10.0)
-    out["first"] = {**header, "echoed": blobs == [payload]}
-    header, _ = await router.call(p2p, target_id, "stage", {"op": "claim"}, [], 10.0)
-    out["second"] = header
-    try:  # a request that pretends to be relayed already is refused by the relay
-        await call(p2p, relay_id, RELAY_METHOD, {"to": target_id, "inner": "stage", "on_behalf_of": "x"}, [])
+    answer, blobs = await router.call(p2p, target_id, Echo(run_id=RUN), [payload], 10.0)
+    out["first"] = {"speaker": answer.speaker, "bytes": answer.bytes, "echoed": blobs == [payload]}
+    answer, _ = await router.call(p2p, target_id, Echo(run_id=RUN), [], 10.0)
+    out["second"] = {"speaker": answer.speaker}
+    try:  # a request that is itself a relayed one is refused by the relay: a request is relayed once
+        inner = {"method": "relay.relayed", "run_id": RUN, "on_behalf_of": "x", "header": "{}"}
+        await call(p2p, relay_id, Forward(run_id=RUN, to=target_id, header=json.dumps(inner)))
         out["spoofed"] = "no error"
     except RpcError as e:
         out["spoofed"] = str(e)
@@ -202,7 +224,7 @@ def test_a_request_reaches_an_unreachable_peer_through_the_relay(split_network: 
         # One failed dial, then both requests through the relay (the second without re-dialling).
         assert routes["direct_unreachable"] == 1 and routes["relayed"] == 2 and routes["direct"] == 0, routes
         assert routes["direct_blocked_peers"] == 1
-        assert "relayed once" in done["spoofed"], done
+        assert "relays do not forward 'relay.relayed'" in done["spoofed"], done
         relay.stop()
         counters = relay.wait("counters")
         assert counters["forwarded"] == 2 and counters["refused"] == 1, counters

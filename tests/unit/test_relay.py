@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from swarmd import relay as relay_module
 from swarmd.peers.wire import rpc
 from swarmd.peers.wire.errors import (
     BadRequest,
@@ -22,7 +21,7 @@ from swarmd.peers.wire.errors import (
 )
 from swarmd.peers.wire.messages import CellForward, Forward, Probe, Probed
 from swarmd.peers.wire.protocol import Ack
-from swarmd.relay import RelayService, Router, speaker_of
+from swarmd.relay import RelayService, Router
 from tests.unit.peers.wire.memory_streams import MemoryNet
 
 pytestmark = pytest.mark.timeout(30)
@@ -47,7 +46,6 @@ class Swarm:
         target = rpc.RpcServer(run_id=RUN, is_relay=lambda peer: peer == "r")
         target.register(CellForward, self.cell_forward)
         target.register(Probe, self.probe)
-        target.register_untyped("stage", self.stage, relayable=True)
         self.relay = RelayService("r", lambda peer: relay_in_plan and peer == "r", lambda peer: peer in {"w", "h"})
         self.relay.p2p = "r"  # what the memory network takes as the sender
         relay_server = rpc.RpcServer(run_id=RUN)
@@ -62,10 +60,6 @@ class Swarm:
 
     async def probe(self, sender: str, request: Probe, blobs: list[bytes]) -> tuple[Probed, list[bytes]]:
         return Probed(bytes=len(blobs[0])), []
-
-    async def stage(self, sender: str, header: dict[str, Any], blobs: list[bytes]) -> rpc.Answer:
-        self.seen.append((sender, header))
-        return {"answered_by": "h", "op": header.get("op")}, [b"back"]
 
     def ask_relay(self, request: Any, blobs: list[bytes], to: str = "h") -> Any:
         header, _ = request.encode(blobs)
@@ -141,12 +135,6 @@ def test_a_relay_that_cannot_reach_the_target_says_so(monkeypatch: pytest.Monkey
     assert swarm.relay.counters.failed == 1 and swarm.relay.counters.forwarded == 0
 
 
-def test_speaking_for_another_peer_is_the_servers_business_alone() -> None:
-    assert speaker_of("w", {"op": "claim"}, lambda peer: True) == "w"
-    with pytest.raises(NotRelay, match="on_behalf_of is for relays"):
-        speaker_of("r", {"on_behalf_of": "w"}, lambda peer: True)
-
-
 def test_the_router_goes_direct_and_falls_over_to_a_relay_when_the_target_cannot_be_reached(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -178,13 +166,3 @@ def test_the_router_goes_direct_when_the_relay_is_gone_and_never_relays_in_never
         with pytest.raises(Unreachable):
             asyncio.run(router.call("w", "h", forward(), [b"x"]))
         assert [c[1] for c in swarm.net.calls[calls:]] == ["h"]  # nothing else to try
-
-
-def test_the_old_modules_untyped_stage_requests_still_route_through_a_relay(monkeypatch: pytest.MonkeyPatch) -> None:
-    swarm = Swarm(monkeypatch)
-    router = Router("w", lambda: ["r"], lambda: None, mode="always")
-    header = {"run_id": RUN, "op": "claim"}
-    answer, blobs = asyncio.run(router.call("w", "h", "stage", header, [b"x"], 5.0))
-    assert answer == {"answered_by": "h", "op": "claim"} and blobs == [b"back"]
-    assert swarm.seen[-1][0] == "w" and "on_behalf_of" not in swarm.seen[-1][1]
-    assert {"stage"} == relay_module.UNTYPED_FORWARDABLE

@@ -288,21 +288,6 @@ def test_spec_under_a_subkey_rejected(validate: Validator, run_id: str, creator:
     assert not validate(run_id, key="spec", value=signed.raw, subkey="x", expiration=time.time() + 60)
 
 
-def test_stage_lease_under_its_stage_key_only(validate: Validator, run_id: str, member: Identity) -> None:
-    from swarmd.peers.stage_leases import StageLease
-
-    now = time.time()
-    lease = StageLease(run_id=run_id, stage=1, peer_id=member.peer_id, claimed_at=now, issued_at=now,
-                       expires_at=now + 30)  # fmt: skip
-    raw = lease.sign(member)
-    ok = dict(value=raw, subkey=member.peer_id, expiration=lease.expires_at)
-    assert validate(run_id, key=f"swarmd/{run_id}/stage/1", **ok)
-    assert not validate(run_id, key=f"swarmd/{run_id}/stage/0", **ok)  # another stage's key
-    assert not validate(run_id, key="members", **ok)
-    assert not validate(run_id, key=f"swarmd/{run_id}/stage/1", value=raw, subkey=member.peer_id,
-                        expiration=lease.expires_at + 60)  # fmt: skip
-
-
 def test_links_and_plan_records_under_their_own_keys_only(validate: Validator, run_id: str, member: Identity) -> None:
     from swarmd.peers.links import LinkEstimate, make_record
     from swarmd.peers.plan_record import PlanRecord

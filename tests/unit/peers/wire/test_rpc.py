@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from swarmd.errors import SwarmdError
 from swarmd.peers.wire import rpc
 from swarmd.peers.wire.errors import (
     BadRequest,
@@ -300,20 +299,6 @@ def test_a_long_poll_extends_the_callers_deadline(monkeypatch: pytest.MonkeyPatc
     pull = Pull(run_id=RUN, stage=0, shard=0, shards=1, have_version=3, pending_share_ids=[], wait_s=12)
     answer, _ = asyncio.run(rpc.call(None, "h", pull, timeout_s=5))
     assert seen == [17.0] and answer.kind == "none"
-
-
-def test_the_old_modules_untyped_requests_still_work_in_the_transition(net: MemoryNet) -> None:
-    h = host(net)
-
-    async def stage(sender: str, header: dict[str, Any], blobs: list[bytes]) -> rpc.Answer:
-        if header.get("op") == "full":
-            raise SwarmdError("stage 1: the queue is full; retry later")
-        return {"echo": header["op"], "from": sender}, blobs
-
-    h.server.register_untyped("stage", stage, relayable=True)
-    assert asyncio.run(rpc.call("w", "h", "stage", {"op": "claim"}, [b"x"])) == ({"echo": "claim", "from": "w"}, [b"x"])
-    with pytest.raises(Internal, match="stage refused by h .*the queue is full"):
-        asyncio.run(rpc.call("w", "h", "stage", {"op": "full"}))
 
 
 def test_a_method_is_registered_once() -> None:
