@@ -64,6 +64,9 @@ SEND_ATTEMPTS = 4
 SEND_BACKOFF_S = 0.25
 MAX_LOSSES_KEPT = 4096
 ISSUE_RETRY_S = 0.5
+ABANDON_BACKOFF_S = (0.25, 5.0)
+"""Stage 0's wait after a share its pipeline could not finish, doubling while they fail: a
+neighbour that is not ready yet is asked again soon, not hundreds of times a second."""
 
 Send = Callable[[str, Request, list[bytes], float], Awaitable[tuple[Any, list[bytes]]]]
 """Sends a request to a peer (direct or through a relay) and returns its answer and blobs."""
@@ -146,6 +149,7 @@ class CellWorker:
         self._round_shares: list[int] = []
         self._shares_in_round = 0
         self._window = asyncio.Semaphore(window(stages))
+        self._abandoned_at = -1  # the last share abandoned here
         self._fed: set[int] = set()  # stage 0: micro-batches in flight, each holding a place in the window
         self._share_done = asyncio.Event()
         self._stop = asyncio.Event()
@@ -227,7 +231,10 @@ class CellWorker:
     # --- stage 0: shares from the ledger --------------------------------------------------------
 
     async def _drive(self) -> None:
+        backoff = 0.0  # after a share the pipeline could not finish (a neighbour not ready yet)
         while not self._stop.is_set():
+            if backoff:
+                await self._sleep(backoff)
             await self._between_shares()  # the first whole pull too: nothing is in flight here now
             if not await self._ready_to_feed():
                 await self._sleep(0.2)
@@ -250,6 +257,8 @@ class CellWorker:
                 self._fed.add(m)
                 await self._inbox.put(_Item(1, next(self._seq), "forward", None, None, m))
             await self._share_done.wait()
+            finished = self._abandoned_at != share[0]
+            backoff = 0.0 if finished else min(max(2 * backoff, ABANDON_BACKOFF_S[0]), ABANDON_BACKOFF_S[1])
 
     async def _ready_to_feed(self) -> bool:
         v = self.view
@@ -276,6 +285,7 @@ class CellWorker:
         share, self._share = self._share, None
         if share is None:
             return
+        self._abandoned_at = share.share_id
         self.stats.abandoned += 1
         self._shares_in_round = max(0, self._shares_in_round - 1)
         self._drain_inbox()

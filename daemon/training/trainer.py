@@ -107,6 +107,7 @@ class Trainer:
         """The newest lease of each shard's rightful holder, with its signed bytes (a take-over's proof)."""
         self._cell_claims: dict[Cell, float] = {}
         self._shard_claims: dict[Shard, float] = {}
+        self._proofs: dict[Shard, str] = {}  # shards held by take-over: the lease that named us standby
         self._standby: str | None = None
         self._extra_pipelines: set[int] = set()
         self._dataset: Dataset | None = None
@@ -152,9 +153,11 @@ class Trainer:
 
     def _assignment(self) -> Assignment:
         record = self.roles.plan_record()
-        if record is not None:
+        # A plan of S stages needs S members: with fewer, the coordinator cannot plan (nor repair
+        # the last plan), and the provisional rule spreads the cells over whoever is here.
+        if record is not None and len(self.live) >= self.stages:
             planned = from_plan(record, self.stages, self.batch_micro_batches)
-            if planned is not None and set(planned.named_cells().values()) <= self.live | set(record.devices):
+            if planned is not None:
                 return planned
         return provisional(sorted(self.live), self.stages, self.batch_micro_batches)
 
@@ -203,6 +206,7 @@ class Trainer:
             await self._close_shard(key)
             await self._publish_shard(key, now, released=True)
             del self._shard_claims[key]
+            self._proofs.pop(key, None)
         for key in sorted(wanted):
             self._shard_claims.setdefault(key, now)
             await self._publish_shard(key, now, released=False)
@@ -216,14 +220,15 @@ class Trainer:
                     self.servers[key] = server
 
     def _takeovers(self, named: dict[Shard, str]) -> set[Shard]:
-        """Shards whose named server is gone and whose last rightful holder named us its standby."""
+        """Shards whose named server is gone and whose last rightful holder named us its standby
+        (or is us: a shard we took over stays ours until the assignment names a live server)."""
         out = set()
         for key, peer in named.items():
             known = self.rightful.get(key)
             if peer in self.live or known is None:
                 continue
             lease, _ = known
-            if lease.standby == self.own and lease.peer_id not in self.live:
+            if lease.peer_id == self.own or (lease.standby == self.own and lease.peer_id not in self.live):
                 out.add(key)
         return out
 
@@ -232,11 +237,13 @@ class Trainer:
         server = self.servers.get(key)
         replica = self.replicas.newest(key)
         version = server.version if server is not None else max(self.seen.of(key), replica.version if replica else 0)
-        proof = ""
         named = self.assignment.named_shards().get(key)
         known = self.rightful.get(key)
-        if named != self.own and known is not None and known[0].peer_id != self.own:
-            proof = encode_proof(known[1])
+        if named == self.own:
+            self._proofs.pop(key, None)
+        elif known is not None and known[0].peer_id != self.own:
+            self._proofs[key] = encode_proof(known[1])  # the holder we take over from named us
+        proof = self._proofs.get(key, "") if named != self.own else ""
         lease = ShardLease(
             run_id=self.spec.run_id, stage=key[0], shard=key[1], shards=self.assignment.shard_counts()[key[0]],
             peer_id=self.own, claimed_at=self._shard_claims[key], issued_at=now, expires_at=now + LEASE_TTL_S,

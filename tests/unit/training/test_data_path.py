@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
+from swarmd.peers.plan_record import PlanRecord
 from tests.unit.training.swarm_in_process import Swarm
 
 pytestmark = pytest.mark.timeout(240)
@@ -109,3 +111,30 @@ def test_a_killed_server_is_taken_over_by_its_standby_with_no_update_lost(tmp_pa
 
     committed, resumed, final = run(tmp_path, 4, scenario)
     assert resumed >= committed  # every committed step was at the standby
+
+
+def test_with_a_plan_a_spare_takes_the_dead_cell_and_the_named_standby_its_shard(tmp_path: Path) -> None:
+    async def scenario(swarm: Swarm) -> tuple[str, str, str, int, dict[str, Any]]:
+        a, b, spare = sorted(swarm.members)
+        record = PlanRecord(run_id=swarm.spec.run_id, peer_id=a, issued_at=time.time(), expires_at=time.time() + 600,
+                            version=1, kind="full", devices=[a, b, spare], pipelines=[[0, 1]], layers_per_stage=[2, 2],
+                            parameter_servers=[0, 1])  # fmt: skip
+        for member in swarm.members.values():
+            member.trainer.roles.plan = record
+        await swarm.wait_for("6 updates", lambda: swarm.updates() >= 6, 180)
+        standby = swarm.members[b].trainer.status()["standby"]
+        committed = swarm.members[b].trainer.servers[(1, 0)].version
+        await swarm.kill(b)
+
+        def taken() -> bool:
+            return (0, 1) in swarm.members[spare].trainer.cells and (1, 0) in swarm.members[standby].trainer.servers
+
+        await swarm.wait_for("the spare and the standby to take over", taken, 120)
+        resumed = swarm.members[standby].trainer.servers[(1, 0)].version
+        before = swarm.updates()
+        await swarm.wait_for("4 more updates", lambda: swarm.updates() >= before + 4, 180)
+        return spare, standby, b, resumed - committed, swarm.members[standby].trainer.status()
+
+    spare, standby, dead, gained, status = run(tmp_path, 3, scenario)
+    assert standby != dead and gained >= 0  # the take-over resumed at the last committed step or later
+    assert status["assignment"]["version"] == 1  # still the plan: the pool's rules filled its holes
