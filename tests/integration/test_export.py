@@ -1,8 +1,10 @@
-"""``swarmd export``: stage checkpoints merged into a folder that transformers loads and generates from."""
+"""``swarmd export``: stage weights gathered from the shards, merged into a folder transformers loads."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,14 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from swarmd.local_pipeline import LocalPipeline, PipelineSettings
 from swarmd.local_swarm import create_run
-from swarmd.models.corpus import load_corpus, train_eval_split
-from swarmd.models.param_server import read_checkpoint_weights
+from swarmd.models.checkpoint import load_safetensors
 from swarmd.models.presets import DEFAULT_RUN
 from swarmd.models.tokenizer import ByteTokenizer
-from swarmd.peers.run_spec import load_spec_file
-from swarmd.state_dir import run_checkpoint_dir
+from swarmd.state_dir import prepare_state_dir, run_checkpoint_dir, save_spec
+from tests.unit.training.swarm_in_process import Swarm
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -30,25 +30,41 @@ def swarmd(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_export_after_training_loads_and_generates(workdir: Path) -> None:
-    state = workdir / "s"
-    spec_path = workdir / "tiny.json"
-    spec_path.write_text(json.dumps(TINY))
-    run_id = create_run(state, spec_path)
-    shape = load_spec_file(spec_path).model
-    train, _ = train_eval_split(load_corpus("builtin"), shape.seq_len, seed=0)
-    settings = PipelineSettings(seed=0, stages=2, micro_batch=4, accumulate=2, lr=3e-3, checkpoint_every=5)
-    LocalPipeline(shape, train, settings, checkpoint_dir=run_checkpoint_dir(state, run_id)).run(10)
+    # Train 10 updates with the daemon's own trainer (in this process, over an in-memory DHT and
+    # network), gather every stage's weights from its shards as a running daemon does for
+    # export, and put them where the daemon's state directory keeps them.
+    async def train() -> Swarm:
+        swarm = Swarm(workdir / "swarm", 1, spec_changes={"name": TINY["name"], "model": TINY["model"]})
+        swarm.start()
+        try:
+            await swarm.wait_for("10 updates", lambda: swarm.updates() >= 10, 150)
+            (member,) = swarm.members.values()
+            assert min(await member.trainer.gather_weights()) >= 10
+        finally:
+            await swarm.stop()
+        return swarm
+
+    swarm = asyncio.run(train())
+    (member,) = swarm.members.values()
+    state = prepare_state_dir(workdir / "s")
+    run_id = swarm.spec.run_id
+    save_spec(state, swarm.spec)
+    folder = run_checkpoint_dir(state, run_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    for stage in (0, 1):
+        shutil.copy(member.trainer.checkpoint_dir / f"stage{stage}.safetensors", folder)
 
     out = workdir / "exported"
     result = swarmd("export", "--run-id", run_id, str(out), "--state-dir", str(state))
     assert result.returncode == 0, result.stderr
-    assert "stage weight versions [10, 10]" in result.stdout
+    versions = [int(v) for v in result.stdout.split("versions [")[1].split("]")[0].split(",")]
+    assert min(versions) >= 10, result.stdout
 
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(out)
     for stage in (0, 1):
-        _, weights = read_checkpoint_weights(run_checkpoint_dir(state, run_id) / f"stage{stage}.safetensors")
+        weights, _ = load_safetensors(folder / f"stage{stage}.safetensors")
         for name, tensor in weights.items():
             assert torch.equal(model.state_dict()[name], tensor), name
     tokenizer = ByteTokenizer()
@@ -69,7 +85,7 @@ def test_export_without_checkpoints_says_so(workdir: Path) -> None:
     spec_path.write_text(json.dumps(TINY))
     run_id = create_run(state, spec_path)
     result = swarmd("export", "--run-id", run_id, str(workdir / "out"), "--state-dir", str(state))
-    assert result.returncode == 1 and "no stage checkpoints" in result.stderr and "Traceback" not in result.stderr
+    assert result.returncode == 1 and "no gathered stage weights" in result.stderr and "Traceback" not in result.stderr
     result = swarmd(
         "export", "--run-id", "unknown.aaaaaaaaaaaaaaaaaaaaaaaa", str(workdir / "o"), "--state-dir", str(state)
     )
