@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from swarmd.models.build import ModelShape
+from swarmd.models.build import ModelError, ModelShape
 from swarmd.models.cell_compute import CellCompute
 from swarmd.models.corpus import Dataset
 from swarmd.peers.taskpool.cells import Cell
@@ -92,7 +92,9 @@ class _Share:
     count: int
     round_end: bool
     epoch: str
+    attempt: int
     done: set[int] = field(default_factory=set)
+    started: set[int] = field(default_factory=set)
     progress_at: float = field(default_factory=time.monotonic)
 
 
@@ -150,6 +152,7 @@ class CellWorker:
         self._shares_in_round = 0
         self._window = asyncio.Semaphore(window(stages))
         self._abandoned_at = -1  # the last share abandoned here
+        self._attempts = 0  # stage 0: shares fed so far
         self._fed: set[int] = set()  # stage 0: micro-batches in flight, each holding a place in the window
         self._share_done = asyncio.Event()
         self._stop = asyncio.Event()
@@ -247,7 +250,9 @@ class CellWorker:
             round_end = self._shares_in_round >= self.settings.local_steps
             epoch = self.view.epoch
             assert epoch is not None
-            self._share = _Share(share[0], share[1], share[2], round_end, epoch)
+            # Increasing across this cell's restarts too: a downstream cell may still hold an older try.
+            self._attempts = max(self._attempts + 1, int(time.time() * 10))
+            self._share = _Share(share[0], share[1], share[2], round_end, epoch, self._attempts)
             self._share_done.clear()
             for m in range(share[1], share[1] + share[2]):
                 await self._window.acquire()
@@ -319,7 +324,9 @@ class CellWorker:
                 continue
             try:
                 await self._one(item)
-            except (RpcError, FrameError) as e:
+            except (RpcError, FrameError, ModelError) as e:
+                # A neighbour gone or refusing, a tensor that failed its checks: this share cannot
+                # finish here; stage 0 feeds it again (or another pipeline does).
                 logger.info("cell %s: micro-batch %d failed (%s); dropping the share", self.cell, item.micro_batch, e)
                 self._abandon_share()
 
@@ -335,16 +342,26 @@ class CellWorker:
         if message is not None:
             if message.epoch != self.view.epoch:
                 return  # queued before the epoch changed
-            if item.kind == "forward" and (self._share is None or self._share.share_id != message.share_id):
+            current = self._share
+            if item.kind == "forward" and (
+                current is None or current.share_id != message.share_id or current.attempt < message.attempt
+            ):
                 await self._begin_share(message)
         share = self._share
-        if share is None or (message is not None and message.share_id != share.share_id):
-            return
+        if share is None or (
+            message is not None and (message.share_id, message.attempt) != (share.share_id, share.attempt)
+        ):
+            return  # of a share dropped since
         m = item.micro_batch
         if item.kind == "forward":
+            if m in share.started:
+                return  # delivered twice (the first answer was lost on the way back)
+            share.started.add(m)
             await self._forward(share, m, message, item.blob)
         else:
             assert message is not None and item.blob is not None
+            if m in share.done or m not in self.compute.in_flight:
+                return  # delivered twice, or for a forward this cell no longer holds
             grad = await self.in_thread(decode_tensor, item.blob, self.out_spec, what="codec")
             grad_in = await self.in_thread(self.compute.backward, m, grad)
             self.stats.backwards += 1
@@ -363,7 +380,7 @@ class CellWorker:
             waited += 0.05
             await self._between_shares()
         self._share = _Share(message.share_id, message.share_first, message.share_count, message.round_end,
-                             message.epoch)  # fmt: skip
+                             message.epoch, message.attempt)  # fmt: skip
 
     async def _forward(self, share: _Share, m: int, message: CellForward | None, blob: bytes | None) -> None:
         if self.is_first:
@@ -384,7 +401,8 @@ class CellWorker:
         frame = await self.in_thread(encode_tensor, out, codec, what="codec")
         forward = CellForward(run_id=self.run_id, pipeline=self.pipeline, stage=self.stage + 1, epoch=share.epoch,
                               share_id=share.share_id, share_first=share.first, share_count=share.count,
-                              round_end=share.round_end, micro_batch=m, version=self.puller.version)  # fmt: skip
+                              round_end=share.round_end, attempt=share.attempt, micro_batch=m,
+                              version=self.puller.version)  # fmt: skip
         await self._deliver(self.view.next, forward, frame)
         share.progress_at = time.monotonic()
 
@@ -395,7 +413,8 @@ class CellWorker:
         frame = await self.in_thread(encode_tensor, grad_in, codec, what="codec")
         backward = CellBackward(run_id=self.run_id, pipeline=self.pipeline, stage=self.stage - 1, epoch=share.epoch,
                                 share_id=share.share_id, share_first=share.first, share_count=share.count,
-                                round_end=share.round_end, micro_batch=m, version=self.puller.version)  # fmt: skip
+                                round_end=share.round_end, attempt=share.attempt, micro_batch=m,
+                                version=self.puller.version)  # fmt: skip
         await self._deliver(self.view.prev, backward, frame)
 
     async def _deliver(self, peer: str | None, message: CellForward | CellBackward, frame: bytes) -> None:

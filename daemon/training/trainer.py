@@ -288,6 +288,9 @@ class Trainer:
         for cell in list(self.cells):
             if cell not in wanted or (cell in holders and holders[cell].peer_id != self.own):
                 await self._close_cell(cell)
+            elif self.cell_tasks[cell].done():  # it stopped by itself (a bug it logged): open it afresh
+                logger.warning("Cell %s stopped (%s); opening it again", cell, self.cells[cell].failure)
+                await self._close_cell(cell)
         for cell, lease in holders.items():
             if lease.peer_id == self.own and cell in wanted and cell not in self.cells:
                 self._open_cell(cell, assignment)
@@ -308,9 +311,9 @@ class Trainer:
     async def _run_cell(self, worker: CellWorker) -> None:
         try:
             await worker.run()
-        except Exception as e:
+        except Exception as e:  # opened again next round (``_settle_cells``)
             logger.exception("Cell %s failed", worker.cell)
-            self.error = f"cell {worker.cell}: {type(e).__name__}: {e}"
+            worker.failure = f"{type(e).__name__}: {e}"
 
     async def _close_cell(self, cell: Cell) -> None:
         worker = self.cells.pop(cell, None)

@@ -111,6 +111,9 @@ class _CellTensor(Request[Ack]):
     share_count: int = bound(min_value=1, max_value=MAX_MICRO_BATCHES)
     round_end: bool
     """Whether this share ends its round: after it, every cell contributes."""
+    attempt: int = _index()
+    """Stage 0's count of the shares it fed: a share fed again (its first try was dropped) has a
+    higher one, and a cell starts it afresh instead of taking it for a duplicate."""
     micro_batch: int = _index()
     version: int = _index(-1)
     """The sender's weights version, for status."""

@@ -120,7 +120,7 @@ def request_of(nbytes: int) -> tuple[CellForward, bytes]:
     elements = max(1, nbytes // 2)
     frame = encode_tensor(torch.zeros(elements), "fp16")
     request = CellForward(run_id=RUN, pipeline=0, stage=1, epoch="bench", share_id=0, share_first=0, share_count=1,
-                          round_end=False, micro_batch=0, version=0)  # fmt: skip
+                          round_end=False, attempt=0, micro_batch=0, version=0)  # fmt: skip
     return request, frame
 
 

@@ -151,7 +151,7 @@ def test_a_pulls_blobs_follow_its_kind() -> None:
 
 def test_a_cell_message_names_a_micro_batch_of_its_share() -> None:
     fields: dict[str, Any] = {"run_id": RUN, "pipeline": 2, "stage": 1, "epoch": "e", "share_id": 7, "share_first": 56,
-                              "share_count": 8, "round_end": False, "version": 3}  # fmt: skip
+                              "share_count": 8, "round_end": False, "attempt": 1, "version": 3}  # fmt: skip
     assert m.CellBackward(**fields, micro_batch=63).micro_batch == 63
     with pytest.raises(SchemaError, match=r"CellForward.micro_batch = 64: must lie in its share \[56, 64\)"):
         m.CellForward(**fields, micro_batch=64)
