@@ -57,6 +57,7 @@ from swarmd.peers.plan_record import PlanRecord
 from swarmd.peers.planning.plan_cost import Plan
 from swarmd.peers.planning.planner import PlanError, PlannerSettings, plan, repair
 from swarmd.peers.planning.scenario import ScenarioError
+from swarmd.peers.planning.throughput import ThroughputModel
 from swarmd.peers.reliability import (
     KIND as OBSERVATIONS_KIND,
 )
@@ -69,15 +70,22 @@ from swarmd.peers.reliability import (
 from swarmd.peers.run_spec import SignedRunSpec
 from swarmd.peers.swarm_snapshot import Member, Snapshot, build_snapshot, model_for_scenario
 from swarmd.peers.wire.errors import RpcError, TooLarge, Unreachable
-from swarmd.peers.wire.messages import Probe, Probed
+from swarmd.peers.wire.messages import CellBackward, CellForward, Probe, Probed, ReplicaCheckpoint, ReplicaLog
+from swarmd.peers.wire.protocol import Request
 from swarmd.peers.wire.routing import Matrix
 from swarmd.peers.wire.rpc import call
 
 logger = logging.getLogger(__name__)
 
 RECORD_TTL_S = 120.0
+PASSIVELY_MEASURED = (CellForward, CellBackward, ReplicaLog, ReplicaCheckpoint)
+PASSIVE_MIN_BYTES = 256 * 1024
 PLAN_TTL_S = 300.0
 PLAN_BUDGET_S = 0.5
+REPLAN_S = 60.0
+"""How often the coordinator plans afresh on what is measured by then, to compare."""
+REPLAN_GAIN = 1.2
+"""A fresh plan replaces the one in force only when predicted this much faster (hysteresis)."""
 REPUBLISH_PLAN_S = 60.0
 OBSERVATIONS_FILE = "observations.json"
 PING_TIMEOUT_S = 5.0
@@ -117,9 +125,11 @@ class Coordination:
         """Median bandwidth from each member to the others, of the last snapshot."""
         self.plan_error: str | None = None
         self._published_plan: PlanRecord | None = None
+        self._compared_at = time.time()  # when the plan in force was last compared with a fresh one
         self._published_at = 0.0
         self._highest_version = 0
         self.probes_sent = 0
+        self.passive_samples = 0
         self.probe_failures = 0
 
     # --- probes ------------------------------------------------------------------------------
@@ -163,6 +173,21 @@ class Coordination:
                 self.probe_failures += 1
                 logger.debug("Bandwidth probe to %s failed: %s", peer, e)
         est.add(time.time(), rtt_s=rtt, bandwidth_Bps=bandwidth)
+
+    def observe_transfer(self, peer: str, request: Request[Any], nbytes: int, seconds: float) -> None:
+        """A request of the data path went direct to ``peer`` and back: a passive measurement of
+        the link, free where traffic flows, so that the probes (which on a loaded or slow-start
+        link measure little but latency) are needed only where nothing does. Only requests whose
+        answer comes once the bytes are in count (a long poll, or a step at a server, would
+        count their waiting as transfer time), and only large enough ones to outlast TCP's
+        start (``PASSIVE_MIN_BYTES``)."""
+        if not isinstance(request, PASSIVELY_MEASURED) or nbytes < PASSIVE_MIN_BYTES or peer == self.own:
+            return
+        est = self.links.setdefault(peer, LinkEstimate())
+        bandwidth = bandwidth_from_transfer(nbytes, seconds, est.rtt_s)
+        if bandwidth is not None:
+            est.add(time.time(), bandwidth_Bps=bandwidth)
+            self.passive_samples += 1
 
     # --- observations ------------------------------------------------------------------------
 
@@ -254,6 +279,14 @@ class Coordination:
             return  # fewer members than stages: every member hosts and works, nothing to place
         previous = self._published_plan or self.plan
         members = set(snap.scenario.ids)
+        if (
+            previous is not None
+            and set(previous.devices) == members
+            and previous.peer_id == self.own
+            and now - self._compared_at >= REPLAN_S
+            and await self._better_plan(snap, previous, now)
+        ):
+            return  # the links measured since (passively, on real traffic) make another plan faster
         if previous is not None and set(previous.devices) == members and previous.peer_id == self.own:
             relays = self._elect_relays(previous.devices, previous.relays, previous.relays)
             if relays != previous.relays:  # a relay fell below its threshold, or one now passes
@@ -279,6 +312,11 @@ class Coordination:
             self.plan_error = str(e)
             return
         self.plan_error = None
+        await self._publish_new(snap, result, kind, previous, now)
+
+    async def _publish_new(self, snap: Snapshot, result: Plan, kind: str, previous: PlanRecord | None,
+                           now: float) -> None:  # fmt: skip
+        """Publish a plan of the planner's as the next version, its relays elected."""
         ids = snap.scenario.ids
         current_relays = [] if previous is None else [previous.devices[r] for r in previous.relays]
         relays = self._elect_relays(ids, [ids.index(p) for p in current_relays if p in ids], list(result.relays))
@@ -286,7 +324,7 @@ class Coordination:
         predicted = prediction.to_json() if prediction is not None else {}  # type: ignore[attr-defined]
         record = PlanRecord(
             run_id=self.run_id, peer_id=self.own, issued_at=now, expires_at=now + PLAN_TTL_S,
-            version=self._highest_version + 1, kind=kind, devices=snap.scenario.ids,
+            version=self._highest_version + 1, kind=kind, devices=ids,
             pipelines=[list(row) for row in result.pipelines], layers_per_stage=list(result.layers_per_stage),
             parameter_servers=list(result.parameter_servers), relays=relays,
             predicted={k: float(v) for k, v in list(predicted.items())[:16]},
@@ -294,9 +332,34 @@ class Coordination:
             share_micro_batches=result.share_micro_batches, spares=list(result.spares),
         )  # fmt: skip
         shape = f"{len(record.pipelines)} pipelines of {len(record.layers_per_stage)} stages"
-        predicted_s = record.predicted.get("iteration_s", 0.0)
-        logger.info("Plan v%d (%s): %s, predicted iteration %.3f s", record.version, kind, shape, predicted_s)
+        logger.info("Plan v%d (%s): %s, predicted %.0f tokens/s", record.version, kind, shape,
+                    record.predicted.get("tokens_per_s", 0.0))  # fmt: skip
         await self._publish_plan(record, now)
+
+    async def _better_plan(self, snap: Snapshot, previous: PlanRecord, now: float) -> bool:
+        """Plan afresh on what is measured now; publish it if it is predicted ``REPLAN_GAIN``
+        faster than the plan in force is on the same measurements (a first plan is made on
+        probes alone, before any data flows; hysteresis keeps plans from flapping with noise)."""
+        settings = PlannerSettings(time_budget_s=PLAN_BUDGET_S, stages=self.spec.spec.stages,
+                                   local_steps=self.spec.spec.local_steps or None)  # fmt: skip
+        ids = snap.scenario.ids
+        try:
+            fresh = await asyncio.to_thread(plan, snap.scenario, settings)
+            current = record_plan(previous).remapped([ids.index(p) for p in previous.devices])
+            model = ThroughputModel(snap.scenario, max_staleness=self.spec.spec.max_staleness)
+            now_tps = (await asyncio.to_thread(model.evaluate, current)).tokens_per_s
+            new_tps = (await asyncio.to_thread(model.evaluate, fresh)).tokens_per_s
+        except (PlanError, ScenarioError, ValueError) as e:
+            logger.debug("No fresh plan to compare with: %s", e)
+            return False
+        finally:
+            self._compared_at = now
+        if new_tps < REPLAN_GAIN * now_tps:
+            return False
+        logger.info("Re-planning on the links measured since: %.0f tokens/s predicted against %.0f for plan v%d",
+                    new_tps, now_tps, previous.version)  # fmt: skip
+        await self._publish_new(snap, fresh, "full", previous, now)
+        return True
 
     def _elect_relays(self, devices: list[str], current: list[int], preferred: list[int]) -> list[int]:
         """The plan's relays (indices into ``devices``), elected on the thresholds among the
@@ -403,6 +466,7 @@ class Coordination:
                       "unreachable": sorted(p for p, e in self.links.items() if e.unreachable),
                       "matrix_measured": snap.measured if snap else 0, "matrix_filled": snap.filled if snap else 0,
                       "probes_sent": self.probes_sent, "probe_failures": self.probe_failures,
+                      "passive_samples": self.passive_samples,
                       "probe_bytes_last_hour": self.budget.spent_last_hour(time.time())},
         }  # fmt: skip
 

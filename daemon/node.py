@@ -223,6 +223,7 @@ class Node:
             return membership.snapshot(time.time())
 
         router = Router(own, coordination.relays, coordination.matrix, mode=self.config.swarm.data_via_relay)
+        router.on_transfer = coordination.observe_transfer
 
         async def send(peer: str, request: Any, blobs: list[bytes], timeout_s: float) -> Any:
             return await router.call(self._p2p, peer, request, blobs, timeout_s)

@@ -148,6 +148,9 @@ class Router:
         self.own, self.relays, self.matrix, self.mode = own, relays, matrix, mode
         self.paths = DirectPaths()
         self.counters = RouteCounters()
+        self.on_transfer: Callable[[str, Request[Any], int, float], None] | None = None
+        """Told of every request that went direct and succeeded: (peer, request, bytes both
+        ways, seconds), so that links are measured as the data path sees them."""
 
     async def call(
         self, p2p: Any, peer: str, request: Request[A], blobs: Sequence[bytes] = (),
@@ -156,18 +159,23 @@ class Router:
         """``request`` to ``peer``, direct or relayed: its typed answer and blobs, or the
         refusal's exception (the target's, or the relay's own)."""
         header, out = request.encode(blobs)
-        answer, answer_blobs = await self._send(p2p, peer, header, out, timeout_s + request.server_wait_s())
+        started = time.perf_counter()
+        (answer, answer_blobs), direct = await self._send(p2p, peer, header, out, timeout_s + request.server_wait_s())
+        if self.on_transfer is not None and direct:
+            moved = sum(len(b) for b in out) + sum(len(b) for b in answer_blobs)
+            self.on_transfer(peer, request, moved, time.perf_counter() - started)
         return rpc.answer_of(request, peer, answer, answer_blobs)
 
     async def _send(
         self, p2p: Any, peer: str, header: dict[str, Any], blobs: Sequence[bytes], timeout_s: float
-    ) -> rpc.Frame:
+    ) -> tuple[rpc.Frame, bool]:
+        """The answer, and whether it came over the direct path."""
         nbytes = sum(len(b) for b in blobs)
         blocked = self.paths.blocked(peer, time.monotonic())
         via = choose_route(self.own, peer, self.relays(), self.matrix(), nbytes, direct_blocked=blocked, mode=self.mode)
         if via is not None:
             try:
-                return await self._relayed(p2p, via, peer, header, blobs, timeout_s)
+                return await self._relayed(p2p, via, peer, header, blobs, timeout_s), False
             except Unreachable:
                 self.counters.relay_unreachable += 1  # the relay itself: try the direct path
         try:
@@ -182,10 +190,10 @@ class Router:
                 )
             if fallback is None:
                 raise
-            return await self._relayed(p2p, fallback, peer, header, blobs, timeout_s)
+            return await self._relayed(p2p, fallback, peer, header, blobs, timeout_s), False
         self.paths.succeeded(peer)
         self.counters.direct += 1
-        return answer
+        return answer, True
 
     async def _relayed(
         self, p2p: Any, relay: str, peer: str, header: dict[str, Any], blobs: Sequence[bytes], timeout_s: float

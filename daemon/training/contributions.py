@@ -8,9 +8,11 @@ holder changes first, the slice goes again to the new holder, which takes it onc
 Once every shard of stage 0 has committed a round, its stage-0 cell tells the ledger the
 shares are complete.
 
-Backpressure: a cell may start a round only when the previous one is delivered and at most
-``MAX_UNCOMMITTED`` rounds wait to be committed (``room``): a slow link slows its cell rather
-than piling contributions up.
+Backpressure: a cell may start a round only when the previous one is delivered (``room``): a
+slow link slows its cell rather than piling contributions up. Rounds may wait to be committed
+for long (a server steps once the whole batch is in, from every pipeline), so only the newest
+``KEEP_BLOBS`` keep their slices for a resend; an older one whose server changes hands before
+committing it is given up, and its shares, never reported complete, are trained again.
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-MAX_UNCOMMITTED = 2
+KEEP_BLOBS = 2
+MAX_TRACKED = 256
+"""Rounds waiting to be committed at most (their share IDs only: a few bytes each)."""
 DELIVER_TIMEOUT_S = 120.0
 RETRY_S = (0.25, 4.0)
 
@@ -49,6 +53,8 @@ class _Round:
     delivered_to: list[str | None]
     committed: list[bool]
     dropped: list[bool] = field(default_factory=list)
+    lost: bool = False
+    """A slice could not be resent (its blob was let go): the shares are trained again."""
 
     @property
     def delivered(self) -> bool:
@@ -56,7 +62,7 @@ class _Round:
 
     @property
     def done(self) -> bool:
-        return all(self.committed)
+        return self.lost or all(self.committed)
 
 
 @dataclass
@@ -67,6 +73,8 @@ class ContributionStats:
     dropped: int = 0
     """Slices a server refused (too stale, malformed): their work is not applied."""
     committed_rounds: int = 0
+    lost: int = 0
+    """Rounds given up (a server changed hands before committing them): their shares are trained again."""
     bytes_sent: int = 0
 
 
@@ -97,12 +105,15 @@ class Contributions:
         self.rounds.append(_Round(list(share_ids), micro_batches, list(bases), blobs, codecs, [None] * shards,
                                   [False] * shards, [False] * shards))  # fmt: skip
         self.stats.rounds += 1
+        for old in self.rounds[:-KEEP_BLOBS]:
+            if old.delivered:
+                old.blobs = []  # delivered; too old to be worth a resend
         self._wake.set()
 
     async def room(self) -> bool:
         """Whether the cell may start another round's shares now."""
         undelivered = [r for r in self.rounds if not r.delivered]
-        return not undelivered and len(self.rounds) < MAX_UNCOMMITTED
+        return not undelivered and len(self.rounds) < MAX_TRACKED
 
     def open_shares(self) -> list[int]:
         """Share IDs not yet committed everywhere (stage 0 keeps them leased at the ledger)."""
@@ -148,15 +159,20 @@ class Contributions:
     async def _deliver(self, r: _Round) -> bool:
         """Send every slice not yet at its shard's current holder; False if one failed."""
         servers = self.cell.view.servers
-        todo = [k for k in range(len(r.blobs)) if not r.committed[k] and k < len(servers)
+        todo = [k for k in range(len(r.committed)) if not r.committed[k] and k < len(servers)
                 and servers[k] is not None and r.delivered_to[k] != servers[k]]  # fmt: skip
+        if todo and not r.blobs:  # its server changed hands and we let the slices go
+            r.lost = True
+            self.stats.lost += 1
+            self._settle()
+            return True
         results = await asyncio.gather(*(self._send_slice(r, k, servers[k]) for k in todo))  # type: ignore[arg-type]
         return all(results)
 
     async def _send_slice(self, r: _Round, k: int, server: str) -> bool:
         cell = self.cell
         request = Contribute(
-            run_id=cell.run_id, stage=cell.stage, shard=k, shards=len(r.blobs), share_ids=r.share_ids,
+            run_id=cell.run_id, stage=cell.stage, shard=k, shards=len(r.committed), share_ids=r.share_ids,
             base_version=r.bases[k], micro_batches=r.micro_batches,
             kind="gradient" if cell.settings.mode == "gradient" else "pseudo", codec=r.codecs[k],
         )  # fmt: skip
@@ -188,8 +204,8 @@ class Contributions:
     def _settle(self) -> None:
         while self.rounds and self.rounds[0].done:
             r = self.rounds.pop(0)
-            self.stats.committed_rounds += 1
-            if self.cell.is_first and self.cell.view.ledger is not None:
+            self.stats.committed_rounds += not r.lost
+            if self.cell.is_first and self.cell.view.ledger is not None and not r.lost:
                 request = LedgerComplete(run_id=self.cell.run_id, pipeline=self.cell.pipeline,
                                          share_ids=r.share_ids)  # fmt: skip
                 asyncio.create_task(self.cell._quietly(self.cell.view.ledger, request))
@@ -198,5 +214,5 @@ class Contributions:
         s = self.stats
         return {
             "waiting": len(self.rounds), "rounds": s.rounds, "sent": s.sent, "resent": s.resent,
-            "dropped": s.dropped, "committed_rounds": s.committed_rounds, "bytes_sent": s.bytes_sent,
+            "dropped": s.dropped, "committed_rounds": s.committed_rounds, "lost": s.lost, "bytes_sent": s.bytes_sent,
         }  # fmt: skip

@@ -136,8 +136,9 @@ class Planner:
             counts = shard_counts(self.view, layers, len(pool))
             servers = choose_servers(self.view, grid, layers, pool, counts, keep)
         times = self.model.times(grid, layers, self.model.stages(layers, servers))
-        k = share_micro_batches(times, self.model.batch_micro_batches)
         fixed = self.settings.local_steps
+        gradient = fixed == 1 if fixed is not None else not local
+        k = share_micro_batches(times, self.model.batch_micro_batches, gradient=gradient)
         base = Candidate(grid, layers, servers, 1 if fixed is None else fixed, k).plan()
         if fixed is not None or not local:
             h, result = base.local_steps, self.model.evaluate(base)

@@ -192,7 +192,8 @@ def _grow(
     model = planner.model
 
     def tokens(g: np.ndarray) -> float:
-        k = share_micro_batches(model.times(g, layers, model.stages(layers, servers)), model.batch_micro_batches)
+        k = share_micro_batches(model.times(g, layers, model.stages(layers, servers)), model.batch_micro_batches,
+                                gradient=previous.local_steps == 1)  # fmt: skip
         trial = Candidate(g, layers, servers, previous.local_steps, k).plan()
         if planner.settings.local_steps is None and previous.local_steps > 1:
             return choose_local_steps(model, trial, start=previous.local_steps)[1].tokens_per_s

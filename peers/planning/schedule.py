@@ -40,7 +40,7 @@ LOCAL_STEP_ROUNDS = 5
 or three: the exchange hardly depends on H)."""
 
 
-def share_micro_batches(times: PipelineTimes, batch_micro_batches: int) -> int:
+def share_micro_batches(times: PipelineTimes, batch_micro_batches: int, *, gradient: bool = False) -> int:
     """k: the fewest micro-batches per share for which a share's idle time costs at most
     ``FILL_TARGET`` of it, within the run's batch split over the pipelines (``ceil(batch / N)``).
 
@@ -58,10 +58,16 @@ def share_micro_batches(times: PipelineTimes, batch_micro_batches: int) -> int:
     Why within the batch split: with ``N x k`` above the batch, servers step more than once per
     round of every pipeline, and every round pulls several deltas of its stage's size and counts
     less for its staleness. Where even the split is too few, the pipeline pays the idle time,
-    and fewer pipelines of more micro-batches is a shape the planner compares."""
+    and fewer pipelines of more micro-batches is a shape the planner compares.
+
+    In gradient mode (H = 1) a share is a whole round: its exchange can only hide behind its own
+    compute, and a server steps only once ``batch`` micro-batches are in, so a share shorter
+    than the split buys nothing but more exchanges per step: k is the split."""
     n_pipes = len(times.ledger_s)
     if n_pipes < 1 or batch_micro_batches < 1:
         raise ValueError(f"{n_pipes} pipelines, batch of {batch_micro_batches} micro-batches: both must be >= 1")
+    if gradient:
+        return math.ceil(batch_micro_batches / n_pipes)
     one, two = times.share_s(1), times.share_s(2)
     bottleneck = np.maximum(two - one, 1e-12)
     idle = float(np.median((one - bottleneck) / bottleneck))

@@ -166,3 +166,16 @@ def test_the_router_goes_direct_when_the_relay_is_gone_and_never_relays_in_never
         with pytest.raises(Unreachable):
             asyncio.run(router.call("w", "h", forward(), [b"x"]))
         assert [c[1] for c in swarm.net.calls[calls:]] == ["h"]  # nothing else to try
+
+
+def test_the_router_reports_direct_transfers_only_for_passive_link_measurement(monkeypatch: pytest.MonkeyPatch) -> None:
+    Swarm(monkeypatch)
+    seen: list[tuple[str, str, int]] = []
+    router = Router("w", lambda: ["r"], lambda: None)
+    router.on_transfer = lambda peer, request, nbytes, seconds: seen.append((peer, type(request).__name__, nbytes))
+    asyncio.run(router.call("w", "h", forward(), [b"x" * 1000]))
+    assert seen == [("h", "CellForward", 1000)] and router.counters.direct == 1
+    relayed = Router("w", lambda: ["r"], lambda: None, mode="always")
+    relayed.on_transfer = router.on_transfer
+    asyncio.run(relayed.call("w", "h", forward(), [b"x" * 1000]))
+    assert len(seen) == 1 and relayed.counters.relayed == 1  # a relayed time says nothing of the direct link
