@@ -64,6 +64,9 @@ SEND_ATTEMPTS = 4
 SEND_BACKOFF_S = 0.25
 MAX_LOSSES_KEPT = 4096
 ISSUE_RETRY_S = 0.5
+SYNC_WAIT_S = 10.0
+"""Gradient mode: the longest a cell waits for the step of its last round before it goes on
+with the weights it has (a pipeline that is slow or gone must not hold the others)."""
 ABANDON_BACKOFF_S = (0.25, 5.0)
 """Stage 0's wait after a share its pipeline could not finish, doubling while they fail: a
 neighbour that is not ready yet is asked again soon, not hundreds of times a second."""
@@ -117,7 +120,11 @@ class CellStats:
     backwards: int = 0
     refused_epoch: int = 0
     send_failures: int = 0
-    seconds: dict[str, float] = field(default_factory=lambda: {"compute": 0.0, "codec": 0.0, "waiting": 0.0})
+    sync_timeouts: int = 0
+    """Rounds that went on without the step of the round before (gradient mode)."""
+    seconds: dict[str, float] = field(
+        default_factory=lambda: {"compute": 0.0, "codec": 0.0, "waiting": 0.0, "sync": 0.0}
+    )
 
 
 class CellWorker:
@@ -152,6 +159,7 @@ class CellWorker:
         self._shares_in_round = 0
         self._window = asyncio.Semaphore(window(stages))
         self._abandoned_at = -1  # the last share abandoned here
+        self._sync_after: list[int] | None = None  # gradient mode: the bases of the round just contributed
         self._attempts = 0  # stage 0: shares fed so far
         self._fed: set[int] = set()  # stage 0: micro-batches in flight, each holding a place in the window
         self._share_done = asyncio.Event()
@@ -454,7 +462,10 @@ class CellWorker:
         if share.round_end:
             vector, micro_batches = await self.in_thread(self.compute.contribution)
             self.stats.rounds += 1
-            self.contributions.add(self._round_shares, vector, micro_batches, self.puller.round_bases())
+            bases = self.puller.round_bases()
+            self.contributions.add(self._round_shares, vector, micro_batches, bases)
+            if self.settings.mode == "gradient":
+                self._sync_after = bases
             self._round_shares, self._shares_in_round = [], 0
             self.puller.round_started()
         if not self.is_first:
@@ -462,7 +473,16 @@ class CellWorker:
         self._share_done.set()
 
     async def _between_shares(self) -> None:
-        """Apply the weights that arrived: no micro-batch is in flight here now."""
+        """Apply the weights that arrived: no micro-batch is in flight here now. In gradient mode
+        the next round waits (at most ``SYNC_WAIT_S``) for the step its contribution went into:
+        H = 1 is chosen where the exchange is cheap next to the compute, and so the rounds are
+        synchronous SGD, each on the weights of every pipeline's previous round, at little cost."""
+        if self._sync_after is not None:
+            bases, self._sync_after = self._sync_after, None
+            started = time.perf_counter()
+            if not await self.puller.wait_past(bases, SYNC_WAIT_S):
+                self.stats.sync_timeouts += 1
+            self.stats.seconds["sync"] += time.perf_counter() - started
         await self.puller.apply()
 
     async def _sleep(self, seconds: float) -> None:
@@ -478,7 +498,7 @@ class CellWorker:
             "pipeline": self.pipeline, "stage": self.stage, "epoch": self.view.epoch,
             "share": None if self._share is None else self._share.share_id, "shares": s.shares,
             "abandoned": s.abandoned, "rounds": s.rounds, "forwards": s.forwards, "backwards": s.backwards,
-            "refused_epoch": s.refused_epoch, "send_failures": s.send_failures,
+            "refused_epoch": s.refused_epoch, "send_failures": s.send_failures, "sync_timeouts": s.sync_timeouts,
             "seconds": {k: round(v, 2) for k, v in s.seconds.items()},
             "loss": round(sum(recent) / len(recent), 4) if recent else None,
             "weights": self.puller.info(), "contributions": self.contributions.info(),

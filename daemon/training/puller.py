@@ -57,6 +57,7 @@ class Puller:
         self.shards = [_ShardWeights(*shard_range(size, shards, k)) for k in range(shards)]
         self._bases = [-1] * shards
         self._changed = asyncio.Event()
+        self._arrived = asyncio.Event()
         self.full_pulls = 0
         self.delta_pulls = 0
 
@@ -85,6 +86,20 @@ class Puller:
     def round_started(self) -> None:
         if self.cell.settings.mode == "gradient":
             self._bases = [s.applied for s in self.shards]
+
+    async def wait_past(self, bases: list[int], timeout_s: float) -> bool:
+        """Wait until every shard has sent a version past ``bases`` (the step our contribution
+        went into); False if ``timeout_s`` passed first (another pipeline is slow or gone)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while any(s.fetched <= base for s, base in zip(self.shards, bases, strict=True)):
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), left)
+        return True
 
     async def apply(self) -> None:
         """Take up what arrived (between shares only)."""
@@ -139,6 +154,7 @@ class Puller:
                 delay = min(delay * 2, RETRY_S[1])
                 continue
             delay = RETRY_S[0]
+            self._arrived.set()
             self.cell.contributions.committed(k, set(answer.committed))
 
     def _take(self, s: _ShardWeights, answer: Any, blobs: list[bytes]) -> None:

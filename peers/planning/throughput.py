@@ -17,8 +17,11 @@ functions (``swarmd.peers.taskpool.exchange``, ``swarmd.peers.wire.sizes``):
   step (the whole slice in fp32 past ``keep_versions`` steps behind); the steps per round follow
   from the swarm's rate: a shard steps every ``exchange.step_micro_batches`` weighted
   micro-batches.
-- **Overlap**: a cell computes its next round while its contribution is in flight, at most one
-  outstanding, so a round takes ``max(H x share, exchange)``.
+- **Overlap**: with H > 1 a cell computes its next round while its contribution is in flight,
+  at most one outstanding, so a round takes ``max(H x share, exchange)``. With H = 1 the
+  rounds are synchronous (a cell waits for the step its contribution went into, the daemon's
+  ``SYNC_WAIT_S``): a round takes ``share + exchange`` (its contribution is as stale as the steps
+  the other pipelines' contributions make meanwhile, none when the batch is one round of all).
 - **Staleness**: a contribution is as many versions behind as the shards step between the
   version the cell last applied (it applies deltas between shares) and the contribution's
   arrival, about one share and one exchange; it counts ``exchange.staleness_weight`` of it
@@ -264,7 +267,7 @@ class ThroughputModel:
                 exchange_s = np.maximum(exchange_s, found.seconds)
                 if last and loads is not None:
                     self._add_loads(loads, cl, found, activation_round[:, s], period)
-            period = np.maximum(compute, exchange_s)
+            period = compute + exchange_s if h == 1 else np.maximum(compute, exchange_s)
         staleness = frozen.steps_per_s * (share + exchange_s)
         weight = self.weights(staleness, settings)
         real = period / frozen.scale
