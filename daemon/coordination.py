@@ -79,7 +79,7 @@ logger = logging.getLogger(__name__)
 
 RECORD_TTL_S = 120.0
 PASSIVELY_MEASURED = (CellForward, CellBackward, ReplicaLog, ReplicaCheckpoint)
-PASSIVE_MIN_BYTES = 256 * 1024
+PASSIVE_MIN_BYTES = 64 * 1024
 PLAN_TTL_S = 300.0
 PLAN_BUDGET_S = 0.5
 REPLAN_S = 60.0
@@ -354,7 +354,7 @@ class Coordination:
             return False
         finally:
             self._compared_at = now
-        if new_tps < REPLAN_GAIN * now_tps:
+        if not new_tps > REPLAN_GAIN * now_tps:  # nor when neither is predicted to train at all
             return False
         logger.info("Re-planning on the links measured since: %.0f tokens/s predicted against %.0f for plan v%d",
                     new_tps, now_tps, previous.version)  # fmt: skip
