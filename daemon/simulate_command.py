@@ -19,7 +19,7 @@ from typing import Any
 
 from swarmd.errors import SwarmdError
 from swarmd.peers.planning.planner import PlannerSettings, plan
-from swarmd.peers.planning.scenario import Scenario, load_scenario
+from swarmd.peers.planning.scenario import Scenario, ScenarioError, load_scenario
 from swarmd.peers.sim.churn import churn_schedule
 from swarmd.peers.sim.results import SimResult, single_device
 from swarmd.peers.sim.simulator import SimSettings, simulate
@@ -230,16 +230,24 @@ def run_simulate(
           f"{hours:g} h; run shape {shape.stages} stages x up to {shape.data_parallel} pipelines",
           file=sys.stderr)  # fmt: skip
     results, rows = [], []
+    skipped: list[str] = []
     for strategy in make_strategies(strategies, shape, time_budget_s, seed):
         started = time.perf_counter()
         print(f"  {strategy.name}: simulating ...", end="", file=sys.stderr, flush=True)
-        result = simulate(scenario, strategy, settings)
+        try:
+            result = simulate(scenario, strategy, settings)
+        except ScenarioError as e:  # the strategy cannot place this swarm at all (DiLoCo, no device holds it)
+            print(f" cannot run: {e}", file=sys.stderr)
+            skipped.append(f"{strategy.name}: cannot run ({e})")
+            continue
         free = simulate(scenario, strategy, replace(settings, hours=min(hours, FAILURE_FREE_HOURS), churn=False))
         print(f" {time.perf_counter() - started:.1f} s", file=sys.stderr)
         results.append(result)
         rows.append(summary(result, free))
     out.mkdir(parents=True, exist_ok=True)
     report = markdown(scenario, settings, rows, (departures, sum(e.up for e in churn)))
+    if skipped:
+        report += "\n" + "\n".join(f"- {line}" for line in skipped) + "\n"
     (out / "report.md").write_text(report)
     data = {"scenario": scenario.name, "devices": scenario.n, "hours": hours, "seed": seed, "rows": rows,
             "runs": [{**asdict(r), "plan_events": [asdict(e) for e in r.plan_events]} for r in results]}  # fmt: skip

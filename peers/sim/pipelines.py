@@ -26,6 +26,7 @@ A pipeline is a row of the plan's grid: one cell ``(p, s)`` per stage, each held
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -70,12 +71,14 @@ class Cell:
 
 
 @dataclass
-class _Timing:
+class Timing:
+    """A pipeline's compute and boundary times per micro-batch, for ``exchange.share_seconds``."""
+
     forward_s: list[float]
     backward_s: list[float]
     send_s: list[float]
     nbytes: list[float]
-    """A share's activation bytes across each boundary (as much again back)."""
+    """A micro-batch's activation bytes across each boundary (as much again back)."""
     via: list[int | None]
     tail_forward: list[float]
     """After a boundary's activations are all in: the last micro-batch's way to the end and back."""
@@ -104,7 +107,7 @@ class Pipeline:
     compute_done: bool = False
     flows_left: int = 0
     flow_end: float = 0.0
-    timing: _Timing | None = None
+    timing: Timing | None = None
 
 
 class Pipelines:
@@ -325,7 +328,7 @@ class Pipelines:
             return
         sim = self.sim
         m = len(p.segment)
-        t = p.timing = p.timing or self._timing(p)
+        t = p.timing = p.timing or pipeline_timing(sim, [c.device for c in p.cells])
         k = sim.share_micro_batches
         p.per_share_s = max(share_seconds(t.forward_s, t.backward_s, t.send_s, k), k * t.floor_s)
         sim.phases.add("share_compute", p.per_share_s, m)
@@ -339,8 +342,8 @@ class Pipelines:
         for b, (nbytes, via) in enumerate(zip(t.nbytes, t.via, strict=True)):
             a, c = p.cells[b].device, p.cells[b + 1].device
             assert a is not None and c is not None
-            sim.engine.stream(now, a, c, m * nbytes, self._boundary, (p, epoch, t.tail_forward[b]), via)
-            sim.engine.stream(now, c, a, m * nbytes, self._boundary, (p, epoch, t.tail_backward[b]), via)
+            sim.engine.stream(now, a, c, m * k * nbytes, self._boundary, (p, epoch, t.tail_forward[b]), via)
+            sim.engine.stream(now, c, a, m * k * nbytes, self._boundary, (p, epoch, t.tail_backward[b]), via)
 
     def _take_base(self, now: float, p: Pipeline, epoch: int) -> None:
         """Between two shares every cell applies what its pulls brought; the last share's
@@ -436,41 +439,40 @@ class Pipelines:
             if p.waiting == "ledger":
                 self.try_start(now, p)
 
-    # --- timing -------------------------------------------------------------------------------
 
-    def _timing(self, p: Pipeline) -> _Timing:
-        sim = self.sim
-        w, engine = sim.workload, sim.engine
-        devices = [c.device for c in p.cells]
-        assert all(d is not None for d in devices)
-        tflops = [float(sim.tflops[d]) for d in devices]  # type: ignore[index]
-        fwd = [f / t for f, t in zip(w.forward_flops, tflops, strict=True)]
-        bwd = [b / t for b, t in zip(w.backward_flops, tflops, strict=True)]
-        send: list[float] = []
-        nbytes: list[float] = []
-        vias: list[int | None] = []
-        for a, c in zip(devices, devices[1:], strict=False):
-            assert a is not None and c is not None
-            if a == c:
-                send.append(0.0)
-                nbytes.append(0.0)
-                vias.append(None)
-                continue
-            act = w.activation_bytes(float(sim.scenario.bandwidth_Bps[a, c]))
-            via = engine.route(a, c, act)
-            rate = engine.path_rate(a, c, via)
-            act = w.activation_bytes(rate)
-            send.append(engine.way(a, c, via) + act / rate)
-            nbytes.append(float(act * sim.share_micro_batches))
-            vias.append(via)
-        stages = len(devices)
-        per_device: dict[int, float] = {}
-        for d, f, b in zip(devices, fwd, bwd, strict=True):
-            assert d is not None
-            per_device[d] = per_device.get(d, 0.0) + f + b
-        return _Timing(
-            forward_s=fwd, backward_s=bwd, send_s=send, nbytes=nbytes, via=vias,
-            tail_forward=[sum(fwd[b + 1 :]) + sum(bwd) + sum(send[b + 1 :]) + sum(send) for b in range(stages - 1)],
-            tail_backward=[sum(bwd[: b + 1]) + sum(send[:b]) for b in range(stages - 1)],
-            floor_s=max(per_device.values()) if len(per_device) < stages else 0.0,
-        )  # fmt: skip
+def pipeline_timing(sim: Simulation, cells: Sequence[int | None]) -> Timing:
+    """The times of a pipeline of these devices, stage by stage: compute from their TFLOPS,
+    each boundary's activation in its link's codec, through a relay when the routing rule
+    says so. A device holding several cells computes them one after the other."""
+    w, engine = sim.workload, sim.engine
+    devices = [d for d in cells if d is not None]
+    assert len(devices) == len(cells), "every cell needs a device"
+    tflops = [float(sim.tflops[d]) for d in devices]
+    fwd = [f / t for f, t in zip(w.forward_flops, tflops, strict=True)]
+    bwd = [b / t for b, t in zip(w.backward_flops, tflops, strict=True)]
+    send: list[float] = []
+    nbytes: list[float] = []
+    vias: list[int | None] = []
+    for a, c in zip(devices, devices[1:], strict=False):
+        if a == c:
+            send.append(0.0)
+            nbytes.append(0.0)
+            vias.append(None)
+            continue
+        act = w.activation_bytes(float(sim.scenario.bandwidth_Bps[a, c]))
+        via = engine.route(a, c, act)
+        rate = engine.path_rate(a, c, via)
+        act = w.activation_bytes(rate)
+        send.append(engine.way(a, c, via) + act / rate)
+        nbytes.append(float(act))
+        vias.append(via)
+    stages = len(devices)
+    per_device: dict[int, float] = {}
+    for d, f, b in zip(devices, fwd, bwd, strict=True):
+        per_device[d] = per_device.get(d, 0.0) + f + b
+    return Timing(
+        forward_s=fwd, backward_s=bwd, send_s=send, nbytes=nbytes, via=vias,
+        tail_forward=[sum(fwd[b + 1 :]) + sum(bwd) + sum(send[b + 1 :]) + sum(send) for b in range(stages - 1)],
+        tail_backward=[sum(bwd[: b + 1]) + sum(send[:b]) for b in range(stages - 1)],
+        floor_s=max(per_device.values()) if len(per_device) < stages else 0.0,
+    )  # fmt: skip

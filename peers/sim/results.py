@@ -38,6 +38,20 @@ class PlanEvent:
     pipelines: int
 
 
+@dataclass(frozen=True)
+class PathFigures:
+    """What a data path reports of its own at the end of a run."""
+
+    shards: tuple[int, ...]
+    """K per stage (empty: a data path without parameter servers)."""
+    local_steps: int
+    share_micro_batches: int
+    shares_recomputed: int
+    micro_batches_recomputed: int
+    pipelines: int
+    tokens_per_micro_batch: int
+
+
 @dataclass
 class SimResult:
     strategy: str

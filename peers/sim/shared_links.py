@@ -22,7 +22,11 @@ Flows live in arrays (a slot each) and the fair shares are computed with numpy: 
 serves hundreds of workers re-divides hundreds of flows on every start and end.
 
 The owner may defer the re-division to the end of the instant (``defer`` and ``flush``): the
-flows that start or end at one moment are then re-divided together, once.
+flows that start or end at one moment are then re-divided together, once. With very many
+flows in flight (an exchange of a thousand cells with a hundred shards each is a hundred
+thousand), it may also wait a short while (``coalesce_s``) so that a wave of starts and ends
+is re-divided once: a flow then starts up to that much late, and a finished one's capacity is
+taken up that much late, which the owner accepts for transfers far longer than the wait.
 
 Completion events are kept lazily: when a flow slows down its pending event is left in place
 and, when it fires early, rescheduled; only a flow that speeds up gets a new event at once.
@@ -54,12 +58,15 @@ class SharedLinks:
     def __init__(
         self, path_rate: np.ndarray, uplink: np.ndarray, downlink: np.ndarray,
         schedule: Callable[[float, int, int], None], defer: Callable[[float], None] | None = None,
+        coalesce_s: float = 0.0, coalesce_flows: int = 0,
     ) -> None:  # fmt: skip
         """``path_rate[a, b]``: bytes/s from ``a`` to ``b`` on their own; ``uplink`` and
         ``downlink``: each device's interface rates in bytes/s. ``schedule(t, slot, serial)``:
         call ``due(t, slot, serial)`` at ``t``. ``defer(t)``: call ``flush(t)`` at ``t`` once the
-        events of that instant are run; without it rates are re-divided at every start and end."""
+        events of that instant are run; without it rates are re-divided at every start and end.
+        With ``coalesce_flows`` flows or more in flight, the flush waits ``coalesce_s`` (module doc)."""
         self.path_rate, self.schedule, self.defer = path_rate, schedule, defer
+        self.coalesce_s, self.coalesce_flows = coalesce_s, coalesce_flows
         self._dirty_up: set[int] = set()
         self._dirty_down: set[int] = set()
         self.uplink, self.downlink = np.asarray(uplink, dtype=float), np.asarray(downlink, dtype=float)
@@ -177,7 +184,8 @@ class SharedLinks:
             self._redivide(now, self.sending.get(src, _NONE) | self.receiving.get(dst, _NONE))
             return
         if not (self._dirty_up or self._dirty_down):
-            self.defer(now)
+            crowded = self.coalesce_flows and len(self) >= self.coalesce_flows
+            self.defer(now + self.coalesce_s if crowded else now)
         self._dirty_up.add(src)
         self._dirty_down.add(dst)
 

@@ -24,9 +24,9 @@ over hours take minutes. The run is deterministic for a seed; memory is bounded 
 devices, the flows in flight and the shares open, not by the simulated time (the timeline
 keeps one count per ``bucket_s``).
 
-The run's shape is its first plan's: the stage cut, each stage's shard count, H and k. A
-repair changes who holds what, never those (the data path has no way to move layers between
-stages, and a shard lease from another sharding is void).
+The data path is a ``DataPlane`` chosen by the strategy: swarmd's (``swarmd_path``), or a
+baseline's own as its paper publishes it (``sync_path``: DT-FM, SWARM, DiLoCo), all on the
+same engine, churn, control plane and metrics.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -46,12 +47,16 @@ from swarmd.peers.planning.scenario import Scenario
 from swarmd.peers.sim.churn import ChurnEvent, churn_schedule
 from swarmd.peers.sim.control import Control
 from swarmd.peers.sim.engine import Engine, Overheads
-from swarmd.peers.sim.pipelines import Pipelines
-from swarmd.peers.sim.results import SimResult, compute_bound_tokens_per_s, recovery_times
-from swarmd.peers.sim.shards import ShardServers
-from swarmd.peers.sim.workload import Workload
-from swarmd.peers.taskpool.exchange import ExchangeSettings
-from swarmd.peers.taskpool.shares import ShareLedger
+from swarmd.peers.sim.results import PathFigures, SimResult, compute_bound_tokens_per_s, recovery_times
+from swarmd.peers.sim.swarmd_path import SwarmdPath
+from swarmd.peers.sim.sync_path import POLICIES, SyncPath
+
+if TYPE_CHECKING:
+    from swarmd.peers.sim.pipelines import Pipelines
+    from swarmd.peers.sim.shards import ShardServers
+    from swarmd.peers.sim.workload import Workload
+    from swarmd.peers.taskpool.exchange import ExchangeSettings
+    from swarmd.peers.taskpool.shares import ShareLedger
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,10 @@ class SimSettings:
     """A request's cost beyond its latency and bytes (the calibration measures it)."""
     connection_queue_bytes: float = 0.0
     """The bytes of another transfer between the same two peers a message waits behind."""
+    coalesce_flows: int = 2000
+    """Past this many flows in flight the links re-divide rates at most every ``coalesce_s``:
+    an exchange of a thousand cells with a hundred shards each is a hundred thousand flows."""
+    coalesce_s: float = 0.5
     coordinate_s: float = 10.0
     """The coordinator's round: it plans at its first round after a change is noticed (the
     daemon's coordination loop runs every two heartbeats, within 4-10 s: 10 s at the default
@@ -87,6 +96,32 @@ class SimSettings:
     data_via_relay: str = "auto"
     """The daemon's ``[swarm] data_via_relay``: auto, always or never."""
     max_events: int = 200_000_000
+
+
+class DataPlane(Protocol):
+    """What a simulated data path does when the run asks (``swarmd_path``, ``sync_path``)."""
+
+    def begin(self, plan: Plan) -> None:
+        """Start on the first plan, at time 0, every peer with the seeded weights."""
+
+    def follow(self, now: float, plan: Plan) -> None:
+        """A new plan is published."""
+
+    def assignment(self) -> Plan:
+        """What holds what now, for a repair."""
+
+    def departed(self, now: float, device: int) -> None:
+        """``device`` left (its flows are already cut); nobody knows it yet."""
+
+    def noticed_departure(self, now: float, device: int) -> None:
+        """Its departure is known: its leases lapsed, its heartbeat expired."""
+
+    def planned(self, device: int) -> bool:
+        """Whether ``device`` has a part in the data path now."""
+
+    def roles(self) -> dict[int, list[str]]: ...
+
+    def figures(self) -> PathFigures: ...
 
 
 @dataclass(frozen=True)
@@ -103,9 +138,20 @@ class Strategy:
     relays: bool = True
     """Whether relays are elected and messages go through them when faster (swarmd's data
     path); the baselines' systems send everything direct."""
+    data_path: str = "swarmd"
+    """Whose data path the plans run on: swarmd, or dtfm, swarm, diloco (``sync_path``)."""
 
 
 class Simulation:
+    # Set by the data path's ``begin``: the run's sizes (every path), and swarmd's own parts.
+    workload: Workload
+    share_micro_batches: int
+    local_steps: int
+    exchange: ExchangeSettings
+    ledger: ShareLedger
+    pipelines: Pipelines
+    shards: ShardServers
+
     def __init__(self, scenario: Scenario, strategy: Strategy, settings: SimSettings,
                  schedule: tuple[np.ndarray, list[ChurnEvent]] | None = None) -> None:  # fmt: skip
         """``schedule``: who is up at the start and the churn events, instead of drawing them
@@ -128,7 +174,8 @@ class Simulation:
         self.index = {p: i for i, p in enumerate(self.ids)}
         self.tflops = scenario.device_arrays.tflops * 1e12
         self.availability = scenario.device_arrays.availability
-        overheads = Overheads(settings.request_overhead_s, settings.standing_queue_s, settings.connection_queue_bytes)
+        overheads = Overheads(settings.request_overhead_s, settings.standing_queue_s, settings.connection_queue_bytes,
+                              settings.coalesce_flows, settings.coalesce_s)  # fmt: skip
         self.engine = Engine(scenario.latency_s, scenario.bandwidth_Bps, self.ids, self.up, overheads,
                              settings.data_via_relay)  # fmt: skip
         for ev in churn:
@@ -141,7 +188,7 @@ class Simulation:
         self.updates = 0
         self.departure_times: list[float] = []
         self.control = Control(self)
-        self.pipelines = Pipelines(self)
+        self.plane: DataPlane = _plane(self, strategy.data_path)
         self._started = False
         self._wall_s = 0.0
 
@@ -163,41 +210,15 @@ class Simulation:
         self._wall_s += time.perf_counter() - started
 
     def _begin(self, plan: Plan) -> None:
-        """The run's shape from its first plan (module doc), and every peer on its cell."""
-        sc = self.scenario
-        self.local_steps = plan.local_steps
-        self.share_micro_batches = plan.micro_batches_per_share(sc)
-        self.exchange = ExchangeSettings(
-            batch_micro_batches=max(1, sc.batch_sequences // sc.micro_batch),
-            share_micro_batches=self.share_micro_batches, local_steps=self.local_steps,
-            max_staleness=self.settings.max_staleness,
-        )  # fmt: skip
-        self.workload = Workload.of(sc, plan.layers_per_stage, tuple(len(row) for row in plan.shard_servers))
-        self.ledger = ShareLedger(self.share_micro_batches, self.settings.lease_s)
         self.shape = (len(plan.layers_per_stage), len(plan.pipelines))
-        self.shards = ShardServers(self, plan.shard_servers)
-        self.pipelines.apply(0.0, plan.pipelines, seeded=True)
+        self.plane.begin(plan)
 
     def follow(self, now: float, plan: Plan) -> None:
-        """A new plan is published: the cells and shards follow it."""
-        if len(plan.layers_per_stage) != self.workload.stages:
-            return  # a plan for another number of stages is not followed
-        self.pipelines.apply(now, plan.pipelines)
-        self.shards.follow_plan(now, plan.shard_servers)
+        """A new plan is published: the data path follows it."""
+        self.plane.follow(now, plan)
 
     def assignment(self) -> Plan:
-        """What holds what now, as a plan for the coordinator's repair."""
-        plan = self.control.plan
-        assert plan is not None
-        grid = self.pipelines.grid()
-        holders = tuple(tuple(shard.holder for shard in row) for row in self.shards.stages)
-        distinct = all(len(set(row)) == len(row) for row in holders)
-        return Plan(
-            pipelines=grid, layers_per_stage=plan.layers_per_stage,
-            parameter_servers=tuple(row[0] for row in holders), relays=tuple(self.control.relays),
-            shard_servers=holders if distinct else (), local_steps=self.local_steps,
-            share_micro_batches=self.share_micro_batches,
-        )  # fmt: skip
+        return self.plane.assignment()
 
     # --- membership ---------------------------------------------------------------------------
 
@@ -226,13 +247,11 @@ class Simulation:
         if self._planned(device):
             self.departure_times.append(now)
         self.engine.cut(now, device)
-        self.pipelines.departed(now, device)
+        self.plane.departed(now, device)
         self.engine.at(now + self.settings.detect_s, self._notice, device, False, int(self.epoch[device]))
 
     def _planned(self, device: int) -> bool:
-        return any(c.device == device for p in self.pipelines.pipelines for c in p.cells) or any(
-            s.holder == device for s in self.shards.all()
-        )
+        return self.plane.planned(device)
 
     def _notice(self, now: float, device: int, up: bool, epoch: int) -> None:
         if self.epoch[device] != epoch or self.up[device] != up:
@@ -241,8 +260,7 @@ class Simulation:
         self.member_since[device] = now
         self.control.elect()
         if not up:
-            self.shards.noticed_departure(now, device)
-            self.pipelines.noticed_departure(now, device)
+            self.plane.noticed_departure(now, device)
         self.control.want_plan(now)
 
     # --- what is trained ------------------------------------------------------------------------
@@ -261,42 +279,38 @@ class Simulation:
 
     def _result(self) -> SimResult:
         sent, received = self.engine.carried(self.horizon)
-        per_mb = self.workload.tokens_per_micro_batch
+        path = self.plane.figures()
+        per_mb = path.tokens_per_micro_batch
         c = self.counts
-        recomputed = self.ledger.counters.reissued - c["reissued_unspent"]
+        roles = self.plane.roles()
+        for r in self.control.relays:
+            roles.setdefault(r, []).append("relay")
         return SimResult(
             strategy=self.strategy.name, hours=self.settings.hours, seed=self.settings.seed, devices=self.n,
             tokens=self.trained_mb * per_mb, tokens_per_s=self.trained_mb * per_mb / self.horizon,
             timeline=self.timeline, bucket_s=self.settings.bucket_s, tokens_per_micro_batch=per_mb,
-            updates=self.updates, updates_lost=c["updates_lost"], shares_recomputed=recomputed,
-            micro_batches_recomputed=recomputed * self.share_micro_batches,
+            updates=self.updates, updates_lost=c["updates_lost"], shares_recomputed=path.shares_recomputed,
+            micro_batches_recomputed=path.micro_batches_recomputed,
             contributions_lost=c["contributions_lost"], stale_dropped=c["stale_dropped"],
             staleness=dict(sorted(self.staleness.items())), duplicates=c["duplicates"],
             departures=c["departures"], returns=c["returns"], plan_events=self.control.events,
             recovery_s=recovery_times(self.timeline, self.settings.bucket_s, self.departure_times),
             wall_s=self._wall_s, events=self.engine.events_run, failovers=c["failovers"], shape=self.shape,
-            shards=tuple(len(row) for row in self.shards.stages), local_steps=self.local_steps,
-            share_micro_batches=self.share_micro_batches,
+            shards=path.shards, local_steps=path.local_steps, share_micro_batches=path.share_micro_batches,
             compute_bound_tokens_per_s=compute_bound_tokens_per_s(self.scenario, self.up0, self.churn, self.horizon),
             coordinator_changes=c["coordinator_changes"], plans_lost=c["plans_lost"], relays=len(self.control.relays),
             relayed_transfers=self.engine.counts["relayed_transfers"], spare_claims=c["spare_claims"],
-            sent_bytes=sent.tolist(), received_bytes=received.tolist(),
-            phases=self.phases.status(), final_pipelines=len(self.pipelines.pipelines), roles=self._roles(),
+            sent_bytes=sent.tolist(), received_bytes=received.tolist(), phases=self.phases.status(),
+            final_pipelines=path.pipelines, roles=roles,
         )  # fmt: skip
 
-    def _roles(self) -> dict[int, list[str]]:
-        roles: dict[int, list[str]] = {}
-        for p in self.pipelines.pipelines:
-            for c in p.cells:
-                if c.device is not None:
-                    roles.setdefault(c.device, []).append(f"cell {p.pid}/{c.stage}")
-        for shard in self.shards.all():
-            roles.setdefault(shard.holder, []).append(f"shard {shard.stage}/{shard.index}")
-            if shard.standby is not None:
-                roles.setdefault(shard.standby, []).append(f"standby {shard.stage}/{shard.index}")
-        for r in self.control.relays:
-            roles.setdefault(r, []).append("relay")
-        return roles
+
+def _plane(sim: Simulation, name: str) -> DataPlane:
+    if name == "swarmd":
+        return SwarmdPath(sim)
+    if name in POLICIES:
+        return SyncPath(sim, POLICIES[name])
+    raise ValueError(f"data path {name!r} is not one of swarmd, {', '.join(POLICIES)}")
 
 
 def simulate(scenario: Scenario, strategy: Strategy, settings: SimSettings,

@@ -81,3 +81,21 @@ def test_the_simulators_defaults_are_the_daemons() -> None:
         min_connectivity_Bps=roles.min_connectivity_Bps, hysteresis=roles.hysteresis,
     )  # fmt: skip
     assert settings.data_via_relay == SwarmConfig().data_via_relay
+
+
+def test_a_strategy_that_cannot_place_the_swarm_is_reported_not_fatal(tmp_path: Path) -> None:
+    from swarmd.peers.planning.scenario_gen import synthetic_scenario_dict
+
+    # 1.3B parameters need more than 16 GiB with their optimizer state: no 12-16 GiB device
+    # holds them alone, so DiLoCo has no replica; swarmd pipelines them.
+    raw = synthetic_scenario_dict(12, seed=1, model={"layers": 24, "hidden": 2048, "seq_len": 2048,
+                                                     "vocab": 50257, "params": 1.3e9, "dtype_bytes": 2})  # fmt: skip
+    for device in raw["devices"]:
+        device["memory_gib"] = 16
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(raw))
+    argv = ["simulate", "--scenario", str(path), "--hours", "0.2", "--strategies", "swarmd,diloco",
+            "--time-budget", "0.05", "--out", str(tmp_path / "sim")]  # fmt: skip
+    assert main(argv) == 0
+    report = (tmp_path / "sim" / "report.md").read_text()
+    assert "| swarmd |" in report and "- diloco: cannot run (no live device holds the model alone" in report
