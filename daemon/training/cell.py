@@ -248,7 +248,7 @@ class CellWorker:
                 await self._sleep(backoff)
             await self._between_shares()  # the first whole pull too: nothing is in flight here now
             if not await self._ready_to_feed():
-                await self._sleep(0.2)
+                await self._idle()
                 continue
             share = await self._issue()
             if share is None:
@@ -454,8 +454,10 @@ class CellWorker:
         if len(share.done) < share.count:
             return
         self._share = None
-        while share.round_end and not await self.contributions.room() and not self._stop.is_set():
-            await self._sleep(0.05)  # backpressure: the previous round is not delivered yet
+        while share.round_end and not self._stop.is_set() and not await self.contributions.room():
+            await self._timed(
+                self.contributions.wait_for_room(1.0)
+            )  # backpressure: the last round is not delivered yet
         self.stats.shares += 1
         await self.in_thread(self.compute.end_share)
         self._round_shares.append(share.share_id)
@@ -484,6 +486,19 @@ class CellWorker:
                 self.stats.sync_timeouts += 1
             self.stats.seconds["sync"] += time.perf_counter() - started
         await self.puller.apply()
+
+    async def _idle(self) -> None:
+        """Stage 0 cannot feed yet: wait for what it lacks (room to contribute, weights, a view),
+        woken as soon as the contributions move on, else after a short while."""
+        if self.puller.loaded and self.view.epoch is not None and self.view.ledger is not None:
+            await self._timed(self.contributions.wait_for_room(0.5))
+        else:
+            await self._sleep(0.2)
+
+    async def _timed(self, wait: Awaitable[Any]) -> None:
+        started = time.perf_counter()
+        await wait
+        self.stats.seconds["waiting"] += time.perf_counter() - started
 
     async def _sleep(self, seconds: float) -> None:
         started = time.perf_counter()

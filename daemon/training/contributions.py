@@ -86,6 +86,8 @@ class Contributions:
         self._feedback = ErrorFeedback()
         self._wake = asyncio.Event()
         self._changed = asyncio.Event()
+        self.progress = asyncio.Event()
+        """Set whenever a slice is delivered or a round committed: what a cell waiting for room waits on."""
 
     def start(self) -> list[asyncio.Task[None]]:
         return [asyncio.create_task(self._deliver_loop(), name=f"cell {self.cell.cell} contributions")]
@@ -191,6 +193,7 @@ class Contributions:
             logger.debug("cell %s: contribution to shard %d at %s failed (%s); retrying", cell.cell, k, server, e)
             return False
         r.delivered_to[k] = server
+        self.progress.set()
         self.stats.sent += 1
         self.stats.resent += again
         self.stats.bytes_sent += len(r.blobs[k])
@@ -201,7 +204,21 @@ class Contributions:
             self._settle()
         return True
 
+    async def wait_for_room(self, timeout_s: float) -> bool:
+        """Wait until ``room`` (or ``timeout_s``): woken by progress, not by polling."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not await self.room():
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            self.progress.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.progress.wait(), left)
+        return True
+
     def _settle(self) -> None:
+        self.progress.set()
         while self.rounds and self.rounds[0].done:
             r = self.rounds.pop(0)
             self.stats.committed_rounds += not r.lost
