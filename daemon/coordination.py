@@ -297,7 +297,9 @@ class Coordination:
                 await self._publish_plan(previous, now)  # same plan, fresh expiry
             return
         fixed_h = self.spec.spec.local_steps or None  # 0: the planner proposes H from the links
-        settings = PlannerSettings(time_budget_s=PLAN_BUDGET_S, stages=self.spec.spec.stages, local_steps=fixed_h)
+        settings = PlannerSettings(
+            time_budget_s=PLAN_BUDGET_S, stages=self.spec.spec.stages, local_steps=fixed_h, even_layers=True
+        )  # the daemons cut their stages evenly
         try:
             if previous is not None and set(previous.devices) & members:
                 fixed = await asyncio.to_thread(
@@ -341,7 +343,7 @@ class Coordination:
         faster than the plan in force is on the same measurements (a first plan is made on
         probes alone, before any data flows; hysteresis keeps plans from flapping with noise)."""
         settings = PlannerSettings(time_budget_s=PLAN_BUDGET_S, stages=self.spec.spec.stages,
-                                   local_steps=self.spec.spec.local_steps or None)  # fmt: skip
+                                   local_steps=self.spec.spec.local_steps or None, even_layers=True)  # fmt: skip
         ids = snap.scenario.ids
         try:
             fresh = await asyncio.to_thread(plan, snap.scenario, settings)

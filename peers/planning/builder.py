@@ -101,7 +101,7 @@ class Planner:
     def splitter(self, stages: int, local: bool) -> LayerSplitter:
         key = (stages, local)
         if key not in self._splitters:
-            self._splitters[key] = LayerSplitter(self.view, self.caps(stages, local))
+            self._splitters[key] = LayerSplitter(self.view, self.caps(stages, local), even=self.settings.even_layers)
         return self._splitters[key]
 
     def eligible(self, stages: int, local: bool) -> np.ndarray:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from swarmd.peers.planning.plan_cost import even_layers
 from swarmd.peers.planning.scenario import Scenario
 
 
@@ -20,8 +21,10 @@ class LayerSplitter:
 
     MEMO = 50_000
 
-    def __init__(self, view: Scenario, caps: np.ndarray) -> None:
-        """``caps[d, s]``: the layers device ``d`` holds at stage ``s`` (``cell_layer_caps``)."""
+    def __init__(self, view: Scenario, caps: np.ndarray, *, even: bool = False) -> None:
+        """``caps[d, s]``: the layers device ``d`` holds at stage ``s`` (``cell_layer_caps``);
+        ``even``: every split is ``even_layers`` (what fits is still checked against ``caps``)."""
+        self.even = even
         self.total = view.model.layers
         self.layer_flops = view.model.layer_flops_per_sequence()
         self.head_flops = view.model.head_flops_per_sequence()
@@ -37,6 +40,9 @@ class LayerSplitter:
         """Layers per stage for ``grid`` and how many of the model's fit on no stage."""
         speed = self.speed[grid]
         caps = self.stage_caps(grid)
+        if self.even:
+            fixed = np.asarray(even_layers(self.total, grid.shape[1]))
+            return tuple(int(x) for x in fixed), int(np.maximum(0, fixed - caps).sum())
         key = speed.tobytes() + caps.tobytes()
         found = self._memo.get(key)
         if found is None:

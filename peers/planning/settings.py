@@ -41,6 +41,9 @@ class PlannerSettings:
     the number of pipelines left to the planner."""
     local_steps: int | None = None
     """H fixed by the run (1: gradients every share); None: the planner proposes it."""
+    even_layers: bool = False
+    """Cut the layers evenly (``plan_cost.even_layers``) instead of by the stages' speed: a running
+    swarm's shards are cut from its stages' parameters, which an uneven split would move."""
 
     def __post_init__(self) -> None:
         if self.local_steps is not None and not 1 <= self.local_steps <= MAX_LOCAL_STEPS:

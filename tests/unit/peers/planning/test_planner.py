@@ -253,3 +253,15 @@ def test_a_repair_among_the_live_devices_of_the_whole_scenario_is_the_repair_of_
     assert within.plan.shard_servers == tuple(tuple(int(live[d]) for d in row) for row in alone.plan.shard_servers)
     assert within.plan.layers_per_stage == alone.plan.layers_per_stage and within.changed == alone.changed
     assert within.plan.meta["prediction"] == alone.plan.meta["prediction"]
+
+
+def test_a_running_swarm_can_keep_the_layers_cut_evenly() -> None:
+    from swarmd.peers.planning.plan_cost import even_layers
+    from swarmd.peers.planning.planner import PlannerSettings, plan
+    from swarmd.peers.planning.scenario_gen import synthetic_scenario
+
+    scenario = synthetic_scenario(12, seed=3)
+    free = plan(scenario, PlannerSettings(time_budget_s=0.2, stages=3))
+    even = plan(scenario, PlannerSettings(time_budget_s=0.2, stages=3, even_layers=True))
+    assert even.layers_per_stage == even_layers(scenario.model.layers, 3)
+    assert sum(free.layers_per_stage) == sum(even.layers_per_stage)
