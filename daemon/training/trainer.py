@@ -164,7 +164,9 @@ class Trainer:
     def exchange_settings(self) -> ExchangeSettings:
         assert self.assignment is not None
         s = self.spec.spec
-        local_steps = 1 if self.mode == "gradient" else max(2, self.assignment.local_steps)
+        # The run fixes H (or leaves it to the plan: 0); local mode has at least two inner steps.
+        fixed = s.local_steps
+        local_steps = 1 if self.mode == "gradient" else (fixed or max(2, self.assignment.local_steps))
         return ExchangeSettings(
             batch_micro_batches=self.batch_micro_batches, share_micro_batches=self.assignment.share_micro_batches,
             local_steps=local_steps, max_staleness=s.max_staleness, outer_lr=s.outer_lr,

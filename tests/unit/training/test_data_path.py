@@ -138,3 +138,19 @@ def test_with_a_plan_a_spare_takes_the_dead_cell_and_the_named_standby_its_shard
     spare, standby, dead, gained, status = run(tmp_path, 3, scenario)
     assert standby != dead and gained >= 0  # the take-over resumed at the last committed step or later
     assert status["assignment"]["version"] == 1  # still the plan: the pool's rules filled its holes
+
+
+def test_local_steps_contribute_a_pseudo_gradient_every_h_shares_and_learn(tmp_path: Path) -> None:
+    local = {"exchange": {"local_steps": 4, "outer_lr": 0.7, "outer_momentum": 0.9}}
+
+    async def scenario(swarm: Swarm) -> list[dict[str, Any]]:
+        await swarm.wait_for("4 outer steps", lambda: swarm.updates() >= 4, 200)
+        return [m.trainer.status() for m in swarm.members.values()]
+
+    statuses = run(tmp_path, 2, scenario, spec_changes=local)
+    assert all(s["mode"] == "local" for s in statuses)
+    cells = [c for s in statuses for c in s["cells"]]
+    # Each cell took an inner step per share and contributed once per round of H = 4 shares.
+    assert all(c["rounds"] * 4 <= c["shares"] + 4 and c["rounds"] >= 1 for c in cells), cells
+    losses = [loss for s in statuses for _, loss in s["losses"]]
+    assert statistics.mean(losses[-8:]) < statistics.mean(losses[:8]) - 0.3, losses
