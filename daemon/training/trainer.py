@@ -35,7 +35,7 @@ from swarmd.peers.plan_record import PlanRecord
 from swarmd.peers.run_spec import SignedRunSpec, run_seed
 from swarmd.peers.taskpool.assignment import Assignment, from_plan, provisional
 from swarmd.peers.taskpool.cells import Cell, CellLease, cells_to_hold, open_cells, pipeline_epoch, resolve_cells
-from swarmd.peers.taskpool.exchange import ExchangeSettings, shard_range
+from swarmd.peers.taskpool.exchange import ExchangeSettings, shard_range, step_micro_batches
 from swarmd.peers.taskpool.servers import SeenVersions, Shard, ShardLease, encode_proof, resolve_shards
 from swarmd.peers.wire.codecs import decode_vector
 from swarmd.peers.wire.errors import NotHolder
@@ -111,7 +111,7 @@ class Trainer:
         self._standby: str | None = None
         self._extra_pipelines: set[int] = set()
         self._dataset: Dataset | None = None
-        self._trained: deque[tuple[float, int]] = deque(maxlen=30)  # (time, micro-batches trained at shard (0, 0))
+        self._trained: deque[tuple[float, int]] = deque(maxlen=30)  # (time, version of shard (0, 0))
         self.opener = ShardOpener(self)
         self.handlers = TrainingHandlers(self)
 
@@ -148,7 +148,7 @@ class Trainer:
             ledger.tick(now, self.live)
         first = self.servers.get((0, 0))
         if first is not None:
-            self._trained.append((time.monotonic(), first.stats.trained_micro_batches))
+            self._trained.append((time.monotonic(), first.version))
         self.state = "training" if self.cells or self.servers else "idle"
 
     def _assignment(self) -> Assignment:
@@ -446,13 +446,19 @@ class Trainer:
         losses = sorted((m, loss) for w in last for m, loss in w.losses)
         recent = [loss for _, loss in losses[-16:]]
         ledger = self.handlers.ledger
-        tokens_per_mb = self.spec.spec.micro_batch * self.spec.spec.model.seq_len
+        # Trained tokens: applied updates times the tokens of an update (a batch, H batches in
+        # local mode), as shard (0, 0)'s server counts them; its version survives hand-overs.
+        per_update = (
+            self.spec.spec.micro_batch
+            * self.spec.spec.model.seq_len
+            * (step_micro_batches(self.exchange_settings()) if self.assignment is not None else 0)
+        )
         first = self.servers.get((0, 0))
-        tokens = None if first is None else first.stats.trained_micro_batches * tokens_per_mb
+        tokens = None if first is None else first.version * per_update
         rate = None
         if first is not None and len(self._trained) >= 2 and self._trained[-1][0] > self._trained[0][0]:
             (t0, n0), (t1, n1) = self._trained[0], self._trained[-1]
-            rate = round((n1 - n0) * tokens_per_mb / (t1 - t0), 1)
+            rate = round((n1 - n0) * per_update / (t1 - t0), 1)
         return {
             "state": self.state, "error": self.error, "stages": self.stages, "mode": self.mode,
             "assignment": None if a is None else {
