@@ -122,7 +122,9 @@ async def read_message(
     except TimeoutError:
         raise ProtocolViolation(f"message not received within {timeout_s:.0f} s", Code.TIMEOUT) from None
     except asyncio.IncompleteReadError as e:
-        raise ProtocolViolation(f"stream ended mid-message ({len(e.partial)} of {e.expected} bytes)") from None
+        # The other side (or the path to it) closed the stream: a broken stream, not bad bytes; a
+        # request that is safe to repeat may go again.
+        raise StreamBroken(f"the stream ended mid-message ({len(e.partial)} of {e.expected} bytes)") from None
 
 
 async def _read_message(reader: asyncio.StreamReader, limit: int | Callable[[dict[str, Any]], int]) -> Frame:
@@ -229,9 +231,10 @@ class RpcServer:
     async def _serve_one(self, peer_id: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             header, blobs = await read_message(reader, self._limit, self.timeout_s)
-        except ProtocolViolation as e:
+        except (ProtocolViolation, StreamBroken) as e:  # a request cut short is the sender's: answered if it can hear
+            code = e.code if isinstance(e, ProtocolViolation) else Code.BAD_REQUEST
             logger.debug("Refused a request from %s: %s", peer_id, e)
-            await self._refuse(writer, refusal(e.code, f"refused: {e}"))
+            await self._refuse(writer, refusal(code, f"refused: {e}"))
             return
         self.counters.bytes_in += 8 + sum(4 + len(b) for b in blobs)
         answer, out = await self._dispatch(peer_id, header, blobs)
@@ -338,6 +341,8 @@ async def request_on(
         if e.code is Code.TIMEOUT:
             raise StreamBroken(f"{what}: no answer within {timeout_s:.0f} s") from None
         raise ProtocolViolation(f"{what}: {e}", e.code) from None
+    except StreamBroken as e:
+        raise StreamBroken(f"{what}: {e}") from None
     except (ConnectionError, TimeoutError) as e:
         raise StreamBroken(f"{what}: the stream broke ({type(e).__name__})") from None
 
