@@ -43,7 +43,7 @@ from swarmd.models.build import ModelError, ModelShape
 from swarmd.models.cell_compute import CellCompute
 from swarmd.models.corpus import Dataset
 from swarmd.peers.taskpool.cells import Cell
-from swarmd.peers.taskpool.exchange import ExchangeSettings, window
+from swarmd.peers.taskpool.exchange import SYNC_WAIT_S, ExchangeSettings, window
 from swarmd.peers.wire.codecs import TensorSpec, decode_tensor, encode_tensor
 from swarmd.peers.wire.errors import FrameError, RpcError, StreamBroken, Unavailable, Unreachable, WrongEpoch
 from swarmd.peers.wire.messages import CellBackward, CellForward, LedgerAbandon, LedgerIssue
@@ -56,17 +56,18 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-SHARE_STALL_S = 120.0
-"""A share with no micro-batch finished here for this long is abandoned (its pipeline is broken
-in a way no epoch change showed: a cell that hangs)."""
+SHARE_STALL_S = (10.0, 30.0, 120.0)
+"""A share with no progress here for this long is abandoned (its pipeline broke in a way no
+epoch change showed: a neighbour dropped it after a send failed, or hangs): ten times the
+slowest of the recent shares, at least the first figure; the second before any share finished
+here; never more than the third. Stage 0 then feeds it again (or another pipeline does)."""
+STALL_TIMES = 10.0
+SHARES_TIMED = 16
 LOAD_WAIT_S = 60.0
 SEND_ATTEMPTS = 4
 SEND_BACKOFF_S = 0.25
 MAX_LOSSES_KEPT = 4096
 ISSUE_RETRY_S = 0.5
-SYNC_WAIT_S = 10.0
-"""Gradient mode: the longest a cell waits for the step of its last round before it goes on
-with the weights it has (a pipeline that is slow or gone must not hold the others)."""
 ABANDON_BACKOFF_S = (0.25, 5.0)
 """Stage 0's wait after a share its pipeline could not finish, doubling while they fail: a
 neighbour that is not ready yet is asked again soon, not hundreds of times a second."""
@@ -99,6 +100,7 @@ class _Share:
     done: set[int] = field(default_factory=set)
     started: set[int] = field(default_factory=set)
     progress_at: float = field(default_factory=time.monotonic)
+    opened_at: float = field(default_factory=time.monotonic)
 
 
 @dataclass(order=True)
@@ -163,6 +165,7 @@ class CellWorker:
         self._attempts = 0  # stage 0: shares fed so far
         self._fed: set[int] = set()  # stage 0: micro-batches in flight, each holding a place in the window
         self._share_done = asyncio.Event()
+        self._share_seconds: deque[float] = deque(maxlen=SHARES_TIMED)  # how long recent shares took here
         self._stop = asyncio.Event()
         self.failure: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -338,11 +341,19 @@ class CellWorker:
                 logger.info("cell %s: micro-batch %d failed (%s); dropping the share", self.cell, item.micro_batch, e)
                 self._abandon_share()
 
+    def stall_limit_s(self) -> float:
+        """How long a share may make no progress here before it is abandoned (``SHARE_STALL_S``)."""
+        floor, unknown, cap = SHARE_STALL_S
+        if not self._share_seconds:
+            return unknown
+        return min(cap, max(floor, STALL_TIMES * max(self._share_seconds)))
+
     def _check_stall(self) -> None:
         share = self._share
-        if share is not None and time.monotonic() - share.progress_at > SHARE_STALL_S:
+        limit = self.stall_limit_s()
+        if share is not None and time.monotonic() - share.progress_at > limit:
             logger.warning("cell %s: share %d made no progress for %.0f s; abandoning it", self.cell,
-                           share.share_id, SHARE_STALL_S)  # fmt: skip
+                           share.share_id, limit)  # fmt: skip
             self._abandon_share()
 
     async def _one(self, item: _Item) -> None:
@@ -454,6 +465,7 @@ class CellWorker:
         if len(share.done) < share.count:
             return
         self._share = None
+        self._share_seconds.append(time.monotonic() - share.opened_at)
         while share.round_end and not self._stop.is_set() and not await self.contributions.room():
             await self._timed(
                 self.contributions.wait_for_room(1.0)

@@ -66,6 +66,12 @@ class ExchangeSettings:
         return self.local_steps * self.share_micro_batches
 
 
+SYNC_WAIT_S = 10.0
+"""Gradient mode: the longest a pipeline waits, between rounds, for the step its last round's
+contribution went into before it goes on with the weights it has (a pipeline that is slow or
+gone must not hold the others). The daemons' cells and the simulator both follow it."""
+
+
 def step_micro_batches(settings: ExchangeSettings) -> int:
     """The weighted micro-batches a server buffers before it steps: the run's batch for
     gradients; H times it for pseudo-gradients, so that an outer step averages about as many
