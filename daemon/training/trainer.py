@@ -38,7 +38,7 @@ from swarmd.peers.taskpool.cells import Cell, CellLease, cells_to_hold, open_cel
 from swarmd.peers.taskpool.exchange import ExchangeSettings, shard_range, step_micro_batches
 from swarmd.peers.taskpool.servers import SeenVersions, Shard, ShardLease, encode_proof, resolve_shards
 from swarmd.peers.wire.codecs import decode_vector
-from swarmd.peers.wire.errors import NotHolder
+from swarmd.peers.wire.errors import NotHolder, RpcError
 from swarmd.peers.wire.messages import Pull
 from swarmd.peers.wire.protocol import Request
 from swarmd.training.cell import CellView, CellWorker
@@ -55,6 +55,10 @@ logger = logging.getLogger(__name__)
 LEASE_TTL_S = 30.0
 CELL_STOP_S = 10.0
 SHARD_CLOSE_S = 20.0
+GATHER_WAIT_S = 45.0
+"""How long a gather waits for a shard that is between holders (a hand-over takes a few
+seconds: the old holder's last step copied, the new one's lease published)."""
+GATHER_BACKOFF_S = (0.5, 4.0)
 
 Send = Callable[[str, Request, list[bytes], float], Awaitable[tuple[Any, list[bytes]]]]
 
@@ -403,18 +407,31 @@ class Trainer:
         return versions
 
     async def _whole_slice(self, key: Shard, shards: int, size: int) -> tuple[int, torch.Tensor]:
-        server = self.servers.get(key)
-        if server is not None and (weights := server.weights()) is not None:
-            return server.version, weights
-        holder = self._holder_of(key)
-        if holder is None:
-            raise SwarmdError(f"shard {key} has no holder right now; try the export again shortly")
-        request = Pull(run_id=self.spec.run_id, stage=key[0], shard=key[1], shards=shards, have_version=-1,
-                       pending_share_ids=[], wait_s=0.0)  # fmt: skip
-        answer, blobs = await self.send(holder, request, [], 60.0)
-        if answer.kind != "full":
-            raise SwarmdError(f"shard {key}'s holder answered {answer.kind!r} to a whole pull")
-        return answer.version, decode_vector(blobs[0], size, "fp32")
+        """Shard ``key``'s newest weights, from here or its holder; a shard between holders is
+        asked for again (with backoff) for up to ``GATHER_WAIT_S``."""
+        deadline = time.monotonic() + GATHER_WAIT_S
+        delay = GATHER_BACKOFF_S[0]
+        while True:
+            server = self.servers.get(key)
+            if server is not None and (weights := server.weights()) is not None:
+                return server.version, weights
+            holder = self._holder_of(key)
+            why = "it has no holder right now"
+            if holder is not None:
+                request = Pull(run_id=self.spec.run_id, stage=key[0], shard=key[1], shards=shards,
+                               have_version=-1, pending_share_ids=[], wait_s=0.0)  # fmt: skip
+                try:
+                    answer, blobs = await self.send(holder, request, [], 60.0)
+                except RpcError as e:  # the holder is handing it over, or gone
+                    why = f"its holder {holder[:16]} did not answer ({e})"
+                else:
+                    if answer.kind != "full":
+                        raise SwarmdError(f"shard {key}'s holder answered {answer.kind!r} to a whole pull")
+                    return answer.version, decode_vector(blobs[0], size, "fp32")
+            if time.monotonic() + delay > deadline:
+                raise SwarmdError(f"shard {key}: {why}, for {GATHER_WAIT_S:.0f} s; try the export again shortly")
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, GATHER_BACKOFF_S[1])
 
     # --- stopping -----------------------------------------------------------------------------
 
