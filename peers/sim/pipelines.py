@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from swarmd.peers.sim.shards import Contribution, RoundGroup
 from swarmd.peers.taskpool.cells import spare_for, spares
-from swarmd.peers.taskpool.exchange import share_seconds
+from swarmd.peers.taskpool.exchange import SYNC_WAIT_S, share_seconds
 from swarmd.peers.taskpool.shares import LedgerError, Share
 
 if TYPE_CHECKING:
@@ -108,6 +108,10 @@ class Pipeline:
     flows_left: int = 0
     flow_end: float = 0.0
     timing: Timing | None = None
+    sync_bases: list[list[int]] | None = None
+    """Gradient mode: per cell, the bases of the round just contributed; the next round waits
+    until every cell's pulls brought a version past them, or until ``sync_until``."""
+    sync_until: float = 0.0
 
 
 class Pipelines:
@@ -226,6 +230,7 @@ class Pipelines:
             sim.counts["shares_broken"] += 1
             p.segment = []
         p.epoch += 1
+        p.sync_bases = None  # a pipeline that changed starts its next round afresh
         p.timing = None
 
     # --- faults -------------------------------------------------------------------------------
@@ -283,6 +288,12 @@ class Pipelines:
             return self._wait(now, p, "cells")
         if p.shares_done >= sim.local_steps:
             return self._end_round(now, p)
+        if p.sync_bases is not None:
+            behind = any(arrived <= base for c, bases in zip(p.cells, p.sync_bases, strict=True)
+                         for arrived, base in zip(c.arrived, bases, strict=True))  # fmt: skip
+            if behind and now < p.sync_until:
+                return self._wait(now, p, "sync")
+            p.sync_bases = None
         server = sim.shards.ledger_shard.holder
         d0 = p.cells[0].device
         assert d0 is not None
@@ -406,7 +417,16 @@ class Pipelines:
             cell.round_shares = []
         sim.phases.add("round", now - p.round_started)
         p.round_started, p.shares_done = now, 0
+        if sim.exchange.mode == "gradient":  # synchronous rounds, as the daemons' cells run them
+            p.sync_bases = [list(c.base) for c in p.cells]
+            p.sync_until = now + SYNC_WAIT_S
+            sim.engine.at(p.sync_until, self._sync_lapsed, p, p.epoch)
         self.try_start(now, p)
+
+    def _sync_lapsed(self, now: float, p: Pipeline, epoch: int) -> None:
+        if epoch == p.epoch and p.waiting == "sync":
+            self.sim.counts["sync_timeouts"] += 1
+            self.try_start(now, p)
 
     # --- what the shards report ---------------------------------------------------------------
 
@@ -417,6 +437,11 @@ class Pipelines:
 
     def cell_ready(self, now: float, cell: Cell) -> None:
         self.try_start(now, cell.pipeline)
+
+    def pulled(self, now: float, cell: Cell) -> None:
+        """A pull brought the cell a newer version: the round its pipeline waits on may start."""
+        if cell.pipeline.waiting == "sync":
+            self.try_start(now, cell.pipeline)
 
     def round_settled(self, now: float, group: RoundGroup) -> None:
         """A stage-0 round is through at every shard of stage 0: its shares complete at the

@@ -262,6 +262,7 @@ class ShardServers:
         cell.arrived[shard.index] = max(cell.arrived[shard.index], version)
         self.sim.phases.add("pull", now - asked)
         self.pull(now, shard, cell)
+        self.sim.pipelines.pulled(now, cell)
 
     def load(self, now: float, cell: Cell) -> None:
         """A new cell fetches its stage's weights, every slice whole, before it starts."""

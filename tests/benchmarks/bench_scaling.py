@@ -40,7 +40,17 @@ from swarmd.peers.sim.strategies import make_strategies
 
 PIPELINED_MODEL = {"layers": 24, "hidden": 2048, "seq_len": 2048, "vocab": 50257, "params": 1.3e9, "dtype_bytes": 2}
 MODELS = {"200M": SMALL_MODEL, "1.3B": PIPELINED_MODEL}
-PHASES = ("share", "round", "contribution", "pull", "commit_lag", "wait_backpressure", "wait_ledger", "wait_cells")
+PHASES = (
+    "share",
+    "round",
+    "contribution",
+    "pull",
+    "commit_lag",
+    "wait_backpressure",
+    "wait_ledger",
+    "wait_cells",
+    "wait_sync",
+)
 
 
 @dataclass

@@ -95,9 +95,9 @@ def test_one_device_alone_trains_at_its_compute_bound() -> None:
     assert r.tokens_per_s == pytest.approx(bound * rounds * period / 1800, rel=1e-9)
     assert single_device(sc).tokens_per_s == pytest.approx(bound)  # the model fits its 16 GiB
     assert r.updates_lost == r.shares_recomputed == r.stale_dropped == r.failovers == 0
-    # The cell goes on with its next share while its contribution is stepped (overlap): each
-    # contribution but the first is based one version behind.
-    assert r.staleness == {0: 1, 1: rounds - 1} and sum(r.sent_bytes) == 0  # nothing crossed a link
+    # Gradient mode is synchronous: the next round starts on the step its contribution made
+    # (here at once, the shard is on the same device), so no contribution is stale.
+    assert r.staleness == {0: rounds} and sum(r.sent_bytes) == 0  # nothing crossed a link
 
 
 def test_two_pipelines_train_twice_as_fast_and_pay_exactly_their_contributions() -> None:
@@ -109,8 +109,11 @@ def test_two_pipelines_train_twice_as_fast_and_pay_exactly_their_contributions()
     forward, backward = micro_batch_s(sc, 4)
     alone = TFLOPS * 1e12 / flops_per_token(sc)
     assert r.tokens_per_s == pytest.approx(2 * alone, rel=0.01)
-    assert r.updates == pytest.approx(1800 / (4 * (forward + backward)), abs=2)
-    assert r.stale_dropped == r.updates_lost == r.shares_recomputed == 0 and max(r.staleness) <= 2
+    # Synchronous rounds: each waits for the step of the last (d1's contribution over the link,
+    # the delta back), a few ms next to a share's compute.
+    computed = 1800 / (4 * (forward + backward))
+    assert 0.97 * computed <= r.updates <= computed + 2
+    assert r.stale_dropped == r.updates_lost == r.shares_recomputed == 0 and max(r.staleness) <= 1
     shard = 1_000_000  # the one stage's parameters, embedding included
     contribution, delta = message_bytes(shard, "fp16"), message_bytes(shard, "fp16")
     checkpoint = message_bytes(4 * shard, "fp32")  # weights, two moments, residual
