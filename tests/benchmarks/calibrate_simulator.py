@@ -149,21 +149,42 @@ print(json.dumps({"idle_s": idle, "loaded_s": loaded}))
 # latency shim), between two devices: a small request's round trip on the idle connection, a
 # bulk request's goodput, and small requests' round trip beside that bulk request on the same
 # connection (libp2p multiplexes a pair's streams over one connection).
-DATA_PATH_SERVER = r"""
+# A typed request of the harness's own (never served by a daemon): one blob of any size up to
+# the bulk transfer's, answered with its byte count.
+SINK = r"""
+from dataclasses import dataclass
+from swarmd.peers.wire.protocol import Answer, Request, bound
+@dataclass(frozen=True, kw_only=True)
+class Sunk(Answer):
+    bytes: int = bound(min_value=0, max_value=1 << 30)
+@dataclass(frozen=True, kw_only=True)
+class Sink(Request[Sunk]):
+    METHOD = "calibration.sink"
+    BLOBS = 1
+    MAX_BYTES = (1 << 30) + 4096
+"""
+DATA_PATH_SERVER = (
+    SINK
+    + r"""
 import asyncio, sys
 from hivemind.p2p import P2P
 from swarmd.peers.wire.rpc import RpcServer
-async def sink(peer, header, blobs):
-    return {"bytes": sum(len(b) for b in blobs)}, []
+async def sink(peer, request, blobs):
+    return Sunk(bytes=sum(len(b) for b in blobs)), []
 async def main():
     p2p = await P2P.create(host_maddrs=[f"/ip4/{sys.argv[1]}/tcp/0"], nat_port_map=False, auto_nat=False,
                            use_relay=False)
-    await RpcServer({"sink": sink}, max_message_bytes=256 << 20, timeout_s=120).attach(p2p)
+    server = RpcServer(max_message_bytes=(1 << 30) + 4096, timeout_s=300)
+    server.register(Sink, sink)
+    await server.attach(p2p)
     print([str(m) for m in await p2p.get_visible_maddrs()][0], flush=True)
     await asyncio.Event().wait()
 asyncio.run(main())
 """
-DATA_PATH_CLIENT = r"""
+)
+DATA_PATH_CLIENT = (
+    SINK
+    + r"""
 import asyncio, json, statistics, sys, time
 from hivemind.p2p import P2P
 from swarmd.peers.wire.rpc import call
@@ -178,12 +199,13 @@ async def main():
             if beside is not None and beside.done():
                 break  # only pings beside the transfer count
             started = time.perf_counter()
-            await call(p2p, server, "sink", {}, [bytes(64)])
+            await call(p2p, server, Sink(run_id="calibration.aaaaaaaaaaaaaaaaaaaaaaaa"), [bytes(64)])
             out.append(time.perf_counter() - started)
             await asyncio.sleep(0.02)  # sync-ok: spacing between pings
         return statistics.median(out) if out else None
     async def bulk():
-        await call(p2p, server, "sink", {}, [bytes(nbytes)], timeout_s=300)
+        await call(p2p, server, Sink(run_id="calibration.aaaaaaaaaaaaaaaaaaaaaaaa"), [bytes(nbytes)], timeout_s=300,
+                   max_message_bytes=(1 << 30) + 4096)
         return time.perf_counter()
     await small(3)  # the connection is open and warm
     idle = await small(15)
@@ -197,6 +219,7 @@ async def main():
     await p2p.shutdown()
 asyncio.run(main())
 """
+)
 
 
 @dataclass
