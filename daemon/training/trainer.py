@@ -174,7 +174,7 @@ class Trainer:
         return ExchangeSettings(
             batch_micro_batches=self.batch_micro_batches, share_micro_batches=self.assignment.share_micro_batches,
             local_steps=local_steps, max_staleness=s.max_staleness, outer_lr=s.outer_lr,
-            outer_momentum=s.outer_momentum,
+            outer_momentum=s.outer_momentum, pipelines=self.assignment.pipelines,
         )  # fmt: skip
 
     def _load_dataset(self) -> Dataset:

@@ -206,7 +206,7 @@ class Planner:
         placed = set(found.grid.ravel().tolist())
         spare = [int(d) for d in self.eligible(n_stages, local) if int(d) not in placed and int(d) not in servers]
         stages = self.model.stages(found.layers, found.servers)
-        settings = self.model.exchange_settings(found.share, found.local_steps)
+        settings = self.model.exchange_settings(found.share, found.local_steps, int(found.grid.shape[0]))
         assert found.result is not None
         frozen = found.result.frozen
         if n_stages == 1:

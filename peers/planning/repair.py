@@ -94,7 +94,7 @@ def repair(
     spare = [d for d in outside if d not in serving] + [d for d in outside if d in serving]  # free devices first
     model = planner.model
     k = previous.micro_batches_per_share(scenario)
-    settings_x = model.exchange_settings(k, previous.local_steps)
+    settings_x = model.exchange_settings(k, previous.local_steps, int(grid.shape[0]))
     stages = model.stages(layers, servers)
     held = previous.meta.get("prediction")
     frozen = held.frozen if isinstance(held, Throughput) else Frozen(steps_per_s=0.0)

@@ -217,11 +217,13 @@ class ThroughputModel:
         self._last: tuple[object, Prepared] | None = None
 
     def settings(self, plan: Plan) -> ExchangeSettings:
-        return self.exchange_settings(plan.micro_batches_per_share(self.scenario), plan.local_steps)
+        return self.exchange_settings(plan.micro_batches_per_share(self.scenario), plan.local_steps,
+                                      len(plan.pipelines))  # fmt: skip
 
-    def exchange_settings(self, share_micro_batches: int, local_steps: int) -> ExchangeSettings:
+    def exchange_settings(self, share_micro_batches: int, local_steps: int, pipelines: int) -> ExchangeSettings:
         return ExchangeSettings(batch_micro_batches=self.batch_micro_batches, share_micro_batches=share_micro_batches,
-                                local_steps=local_steps, max_staleness=self.max_staleness)  # fmt: skip
+                                local_steps=local_steps, max_staleness=self.max_staleness,
+                                pipelines=max(1, pipelines))  # fmt: skip
 
     def stages(self, layers: tuple[int, ...], shard_servers: tuple[tuple[int, ...], ...]) -> list[StageShards]:
         return stage_shards(self.scenario, layers, shard_servers, self.half)

@@ -36,7 +36,7 @@ class SwarmdPath:
         sim.exchange = ExchangeSettings(
             batch_micro_batches=max(1, sc.batch_sequences // sc.micro_batch),
             share_micro_batches=sim.share_micro_batches, local_steps=sim.local_steps,
-            max_staleness=sim.settings.max_staleness,
+            max_staleness=sim.settings.max_staleness, pipelines=max(1, len(plan.pipelines)),
         )  # fmt: skip
         sim.workload = Workload.of(sc, plan.layers_per_stage, tuple(len(row) for row in plan.shard_servers))
         sim.ledger = ShareLedger(sim.share_micro_batches, sim.settings.lease_s)

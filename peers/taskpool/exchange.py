@@ -39,6 +39,8 @@ class ExchangeSettings:
     optimizer steps on each cell and contributes the pseudo-gradient (the servers step Nesterov)."""
     max_staleness: int = 4
     """Server versions a contribution may lag and still count; beyond, it is dropped."""
+    pipelines: int = 1
+    """N: the pipelines of the assignment in force (an outer step averages about one round of each)."""
     outer_lr: float = DILOCO_OUTER_LR
     outer_momentum: float = DILOCO_OUTER_MOMENTUM
 
@@ -49,6 +51,8 @@ class ExchangeSettings:
             raise ValueError(f"share_micro_batches = {self.share_micro_batches} must be >= 1")
         if not 1 <= self.local_steps <= MAX_LOCAL_STEPS:
             raise ValueError(f"local_steps = {self.local_steps} must be in [1, {MAX_LOCAL_STEPS}]")
+        if self.pipelines < 1:
+            raise ValueError(f"pipelines = {self.pipelines} must be >= 1")
         if self.max_staleness < 0:
             raise ValueError(f"max_staleness = {self.max_staleness} must be >= 0")
         if not (self.outer_lr > 0 and math.isfinite(self.outer_lr)):
@@ -74,9 +78,15 @@ gone must not hold the others). The daemons' cells and the simulator both follow
 
 def step_micro_batches(settings: ExchangeSettings) -> int:
     """The weighted micro-batches a server buffers before it steps: the run's batch for
-    gradients; H times it for pseudo-gradients, so that an outer step averages about as many
-    pipelines' rounds as a gradient step averages shares."""
-    return settings.batch_micro_batches * settings.local_steps
+    gradients; for pseudo-gradients H times the batch or one round of every pipeline, whichever
+    is less, so that an outer step averages about one round of each pipeline (DiLoCo's outer
+    batch) and never waits for more rounds than the pipelines may hold open: with ``N x k``
+    under the batch, ``H x batch`` would be more rounds than N pipelines run before their
+    open shares (and contributions) must be committed, and no server would ever step."""
+    if settings.mode == "gradient":
+        return settings.batch_micro_batches
+    per_round = min(settings.batch_micro_batches, settings.pipelines * settings.share_micro_batches)
+    return per_round * settings.local_steps
 
 
 def staleness_weight(staleness: int, settings: ExchangeSettings) -> float:

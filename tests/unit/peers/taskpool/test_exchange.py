@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -36,7 +37,9 @@ def test_gradients_count_in_full_within_the_bound_and_pseudo_gradients_fade() ->
     assert staleness_weight(0, local) == 1.0
     assert staleness_weight(3, local) == pytest.approx(0.5)
     assert staleness_weight(4, local) == 0.0
-    assert step_micro_batches(grad) == 8 and step_micro_batches(local) == 80
+    # An outer step: H times the lesser of the batch and one share of every pipeline.
+    assert step_micro_batches(grad) == 8 and step_micro_batches(local) == 40
+    assert step_micro_batches(replace(local, pipelines=2)) == 80 == step_micro_batches(replace(local, pipelines=5))
     with pytest.raises(ValueError, match="from the future"):
         staleness_weight(-1, grad)
 
