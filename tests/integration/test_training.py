@@ -13,15 +13,19 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from swarmd.local_swarm import LocalDaemon, wait_for
+from swarmd.local_swarm import LocalDaemon, create_run, wait_for
+from swarmd.models.presets import DEFAULT_RUN
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -114,19 +118,41 @@ def test_a_daemon_alone_trains_everything_and_a_second_takes_its_share(
             d.stop(timeout=60)
 
 
-@pytest.fixture
-def pair(workdir: Path, make_run: Callable[..., str]) -> Iterator[tuple[str, LocalDaemon, LocalDaemon]]:
-    """Two training daemons of a fresh run, both running; stopped afterwards."""
-    run_id = make_run(workdir / "d0")
+def start_pair(workdir: Path) -> tuple[str, LocalDaemon, LocalDaemon]:
+    spec = workdir / "tiny-bytes.json"
+    spec.write_text(json.dumps({**DEFAULT_RUN, "name": "tiny-bytes"}))
+    run_id = create_run(workdir / "d0", spec)
     d0 = LocalDaemon(workdir / "d0", run_id, TRAINING)
     d1 = LocalDaemon(workdir / "d1", run_id, TRAINING)
+    addrs = d0.start().wait_running()["addrs"]
+    d1.start(addrs).wait_running()
+    return run_id, d0, d1
+
+
+@pytest.fixture
+def pair(workdir: Path) -> Iterator[tuple[str, LocalDaemon, LocalDaemon]]:
+    """Two training daemons of a fresh run, both running; stopped afterwards."""
+    run_id, d0, d1 = start_pair(workdir)
     try:
-        addrs = d0.start().wait_running()["addrs"]
-        d1.start(addrs).wait_running()
         yield run_id, d0, d1
     finally:
         for d in (d0, d1):
             d.stop(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def shared_pair() -> Iterator[tuple[Path, str, LocalDaemon, LocalDaemon]]:
+    """The same, for the tests that leave both daemons running: one swarm serves them all
+    (each costs a minute of two cores to start and spread)."""
+    workdir = Path(tempfile.mkdtemp(prefix="swd-", dir="/tmp"))
+    run_id, d0, d1 = start_pair(workdir)
+    try:
+        yield workdir, run_id, d0, d1
+    finally:
+        for d in (d0, d1):
+            d.stop(timeout=60)
+        if not os.environ.get("SWARMD_KEEP_TEST_DIRS"):
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def test_a_killed_shard_server_is_taken_over_by_its_standby_with_no_update_lost(
@@ -153,8 +179,10 @@ def test_a_killed_shard_server_is_taken_over_by_its_standby_with_no_update_lost(
     wait_for(lambda: served(d0)[stage] > at_kill + 2, 90, "training to go on past the kill")
 
 
-def test_a_stranger_cannot_claim_a_shard_nor_plant_its_weights(pair: tuple[str, LocalDaemon, LocalDaemon]) -> None:
-    run_id, d0, d1 = pair
+def test_a_stranger_cannot_claim_a_shard_nor_plant_its_weights(
+    shared_pair: tuple[Path, str, LocalDaemon, LocalDaemon],
+) -> None:
+    _, run_id, d0, d1 = shared_pair
 
     def stage0_holder() -> tuple[LocalDaemon, int] | None:  # each status read once: serving can change
         for d in (d0, d1):
@@ -175,8 +203,8 @@ def test_a_stranger_cannot_claim_a_shard_nor_plant_its_weights(pair: tuple[str, 
     assert 0 in served(holder)
 
 
-def test_export_gathers_the_stages_from_the_swarm(workdir: Path, pair: tuple[str, LocalDaemon, LocalDaemon]) -> None:
-    run_id, d0, d1 = pair
+def test_export_gathers_the_stages_from_the_swarm(shared_pair: tuple[Path, str, LocalDaemon, LocalDaemon]) -> None:
+    workdir, run_id, d0, d1 = shared_pair
     wait_for(lambda: len(served(d1)) == 1 and len(served(d0)) == 1 and min(served(d1).values()) >= 2, 120,
              "the shards to spread and train")  # fmt: skip
     ((s, version),) = served(d1).items()  # d1's shard: the export on d0 must fetch it
@@ -191,9 +219,6 @@ def test_export_gathers_the_stages_from_the_swarm(workdir: Path, pair: tuple[str
 
 
 def test_a_corpus_missing_here_fails_training_not_the_daemon(workdir: Path) -> None:
-    from swarmd.local_swarm import create_run
-    from swarmd.models.presets import DEFAULT_RUN
-
     spec = workdir / "spec.json"
     spec.write_text(json.dumps({**DEFAULT_RUN, "name": "elsewhere", "data": {"corpus": "/nonexistent/corpus.txt"}}))
     run_id = create_run(workdir / "d0", spec)
