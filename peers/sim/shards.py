@@ -27,7 +27,7 @@ issued again, as the daemon's standby does. Trained tokens are counted at that s
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -93,7 +93,7 @@ class Shard:
     steps: deque[tuple[int, list[Contribution], float]] = field(default_factory=deque)
     """Applied, not yet committed: (version, its contributions, when it stepped)."""
     in_flight: dict[int, Contribution] = field(default_factory=dict)
-    done: dict[int, None] = field(default_factory=dict)
+    done: OrderedDict[int, None] = field(default_factory=OrderedDict)
     """Share IDs committed here, oldest first (bounded)."""
     replicas: dict[int, int] = field(default_factory=dict)
     """Device -> the committed version its copy of the shard holds."""
@@ -107,7 +107,7 @@ class ShardServers:
         self.sim = sim
         self.stages: list[list[Shard]] = [[Shard(s, k, d) for k, d in enumerate(row)] for s, row in enumerate(servers)]
         self.step_mb = step_micro_batches(sim.exchange)
-        self.version_mb: dict[int, int] = {}  # shard (0, 0)'s recent committed versions -> micro-batches
+        self.version_mb: OrderedDict[int, int] = OrderedDict()  # shard (0, 0)'s recent versions -> micro-batches
         self._cid = 0
         for shard in self.all():
             # Every peer builds the initial weights from the run's seed: a standby needs no copy.
@@ -223,12 +223,12 @@ class ShardServers:
                     shard.done[i] = None
                 self._settle(now, c, dropped=False)
             while len(shard.done) > MAX_DONE_SHARES:
-                del shard.done[next(iter(shard.done))]
+                shard.done.popitem(last=False)  # O(1): a dict's first key is O(deletions) to find
             if first:
                 trained += mb
                 self.version_mb[version] = mb
                 if len(self.version_mb) > MAX_VERSION_TOKENS:
-                    del self.version_mb[next(iter(self.version_mb))]
+                    self.version_mb.popitem(last=False)
         shard.committed = upto
         if shard.standby is not None and shard.standby_ready:
             shard.replicas[shard.standby] = upto

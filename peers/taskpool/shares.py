@@ -21,7 +21,7 @@ a failover (its first holder may still finish it; the servers then take one of t
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import asdict, dataclass
 
 MAX_METADATA_SHARES = 100_000
@@ -72,6 +72,7 @@ class ShareLedger:
         """Every micro-batch below it has been issued at least once."""
         self.next_id = 0
         self._open: dict[int, _Open] = {}
+        self._held: Counter[str] = Counter()  # holder -> its open shares (issue checks it per share)
         self._again: OrderedDict[int, Share] = OrderedDict()  # to be issued again, oldest first
         self.counters = LedgerCounters()
 
@@ -79,7 +80,7 @@ class ShareLedger:
 
     def issue(self, holder: str, now: float, limit: int) -> Share:
         """The next share for ``holder``, which may hold at most ``limit`` open at once."""
-        held = sum(1 for o in self._open.values() if o.holder == holder)
+        held = self._held[holder]
         if held >= limit:
             raise LedgerError(f"{holder[:16]} holds {held} open shares; the limit is {limit}")
         if self._again:
@@ -91,7 +92,17 @@ class ShareLedger:
             self.cursor += share.count
         self.counters.issued += 1
         self._open[share.share_id] = _Open(share, holder, now + self.lease_s)
+        self._held[holder] += 1
         return share
+
+    def _close(self, share_id: int) -> _Open | None:
+        """Take a share out of the open ones (None if it was not open)."""
+        o = self._open.pop(share_id, None)
+        if o is not None:
+            self._held[o.holder] -= 1
+            if not self._held[o.holder]:
+                del self._held[o.holder]
+        return o
 
     def renew(self, share_ids: list[int], holder: str, now: float) -> list[int]:
         """Extend ``holder``'s leases on these shares; returns those it still holds."""
@@ -108,7 +119,7 @@ class ShareLedger:
         waiting to be issued again. Whoever trained a share, it is trained once it is in."""
         done = []
         for sid in share_ids:
-            if self._open.pop(sid, None) is not None or self._again.pop(sid, None) is not None:
+            if self._close(sid) is not None or self._again.pop(sid, None) is not None:
                 done.append(sid)
         self.counters.completed += len(done)
         return done
@@ -119,7 +130,7 @@ class ShareLedger:
         for sid in share_ids:
             o = self._open.get(sid)
             if o is not None and o.holder == holder:
-                del self._open[sid]
+                self._close(sid)
                 self._again[sid] = o.share
                 gone.append(sid)
         self.counters.abandoned += len(gone)
@@ -129,7 +140,7 @@ class ShareLedger:
         """Shares whose lease lapsed (their holder vanished) go to be issued again."""
         lapsed = [o for o in self._open.values() if o.expires_at <= now]
         for o in lapsed:
-            del self._open[o.share.share_id]
+            self._close(o.share.share_id)
             self._again[o.share.share_id] = o.share
         self.counters.expired += len(lapsed)
         return [o.share for o in lapsed]
@@ -138,7 +149,7 @@ class ShareLedger:
         """A holder left the swarm: its shares go to be issued again now, not at expiry."""
         gone = [o for o in self._open.values() if o.holder == holder]
         for o in gone:
-            del self._open[o.share.share_id]
+            self._close(o.share.share_id)
             self._again[o.share.share_id] = o.share
         self.counters.expired += len(gone)
         return [o.share for o in gone]
