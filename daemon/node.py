@@ -230,7 +230,7 @@ class Node:
 
         self.router = router
         self.trainer = Trainer(self.spec, self.identity, self.dht, run_checkpoint_dir(self.state_dir, self.run_id),
-                               members, coordination, send)  # fmt: skip
+                               members, coordination, send, lambda: membership.scans > 0)  # fmt: skip
         for request_type, handler in self.trainer.handlers.table().items():
             self.rpc.register(request_type, handler)
         self._spawn("trainer", lambda: TRAINER_TICK_S, self.trainer.tick)

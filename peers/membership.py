@@ -48,9 +48,12 @@ class Membership:
     def __init__(self, own_peer_id: str) -> None:
         self.own_peer_id = own_peer_id
         self.peers: dict[str, PeerView] = {}
+        self.scans = 0
+        """Scans merged so far: until the first, nobody else is known, not even to be absent."""
 
     def update(self, live: list[Heartbeat], leaving: list[str], now: float) -> tuple[list[str], list[str]]:
         """Merge a scan of live heartbeats; return the peer IDs that joined and that left."""
+        self.scans += 1
         latest: dict[str, Heartbeat] = {}
         for hb in live:
             if hb.peer_id == self.own_peer_id or not hb.is_live(now):

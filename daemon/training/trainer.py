@@ -79,9 +79,13 @@ class Trainer:
     def __init__(
         self, spec: SignedRunSpec, identity: Identity, dht: SwarmDHT, checkpoint_dir: Path,
         members: Callable[[], list[dict[str, Any]]], roles: RoleView, send: Send,
+        members_known: Callable[[], bool] = lambda: True,
     ) -> None:  # fmt: skip
         """``members``: the live members' heartbeat summaries (``Membership.snapshot``), this peer
-        not among them. ``send``: one request to a peer, direct or through a relay."""
+        not among them. ``send``: one request to a peer, direct or through a relay.
+        ``members_known``: whether the swarm's heartbeats have been read at least once: before,
+        this peer would take itself for the only member and open every shard afresh."""
+        self.members_known = members_known
         self.spec = spec
         self.identity = identity
         self.own = identity.peer_id
@@ -134,6 +138,9 @@ class Trainer:
                 self.error = str(e)
                 logger.error("Cannot train run %s: %s", self.spec.run_id, e)
                 return
+        if not self.members_known():
+            self.state = "waiting for the swarm's membership"
+            return
         now = time.time()
         members = self.members()
         self.live = {m["peer_id"] for m in members if "worker" in m["roles"]} | {self.own}
