@@ -160,19 +160,23 @@ class Router:
         refusal's exception (the target's, or the relay's own)."""
         header, out = request.encode(blobs)
         started = time.perf_counter()
-        (answer, answer_blobs), direct = await self._send(p2p, peer, header, out, timeout_s + request.server_wait_s())
+        (answer, answer_blobs), direct = await self._send(p2p, peer, header, out, timeout_s + request.server_wait_s(),
+                                                          relayable=request.RELAYABLE)  # fmt: skip
         if self.on_transfer is not None and direct:
             moved = sum(len(b) for b in out) + sum(len(b) for b in answer_blobs)
             self.on_transfer(peer, request, moved, time.perf_counter() - started)
         return rpc.answer_of(request, peer, answer, answer_blobs)
 
     async def _send(
-        self, p2p: Any, peer: str, header: dict[str, Any], blobs: Sequence[bytes], timeout_s: float
-    ) -> tuple[rpc.Frame, bool]:
-        """The answer, and whether it came over the direct path."""
+        self, p2p: Any, peer: str, header: dict[str, Any], blobs: Sequence[bytes], timeout_s: float,
+        relayable: bool = True,
+    ) -> tuple[rpc.Frame, bool]:  # fmt: skip
+        """The answer, and whether it came over the direct path. A request relays refuse to pass
+        on (probes, replication to a named standby) goes direct whatever the routing mode."""
         nbytes = sum(len(b) for b in blobs)
         blocked = self.paths.blocked(peer, time.monotonic())
-        via = choose_route(self.own, peer, self.relays(), self.matrix(), nbytes, direct_blocked=blocked, mode=self.mode)
+        mode = self.mode if relayable else "never"
+        via = choose_route(self.own, peer, self.relays(), self.matrix(), nbytes, direct_blocked=blocked, mode=mode)
         if via is not None:
             try:
                 return await self._relayed(p2p, via, peer, header, blobs, timeout_s), False
@@ -184,9 +188,9 @@ class Router:
             self.counters.direct_unreachable += 1
             self.paths.failed(peer, time.monotonic())
             fallback = None
-            if via is None and self.mode != "never":
+            if via is None and mode != "never":
                 fallback = choose_route(
-                    self.own, peer, self.relays(), self.matrix(), nbytes, direct_blocked=True, mode=self.mode
+                    self.own, peer, self.relays(), self.matrix(), nbytes, direct_blocked=True, mode=mode
                 )
             if fallback is None:
                 raise

@@ -180,3 +180,16 @@ def test_the_router_reports_direct_transfers_only_for_passive_link_measurement(m
     relayed.on_transfer = router.on_transfer
     asyncio.run(relayed.call("w", "h", forward(), [b"x" * 1000]))
     assert len(seen) == 1 and relayed.counters.relayed == 1  # a relayed time says nothing of the direct link
+
+
+def test_a_request_relays_do_not_pass_on_goes_direct_even_in_always_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A daemon told to relay everything still sends its probes (and its replication to the
+    # standby) direct: a relay refuses them, and a standby that never gets a copy is no standby.
+    swarm = Swarm(monkeypatch)
+    router = Router("w", lambda: ["r"], lambda: None, mode="always")
+    answer, _ = asyncio.run(router.call("w", "h", Probe(run_id=RUN), [b"x" * 100]))
+    assert answer.bytes == 100 and [c[1] for c in swarm.net.calls] == ["h"] and router.counters.direct == 1
+    swarm.net.unreachable = {"h"}
+    with pytest.raises(Unreachable):  # no relay fallback either
+        asyncio.run(router.call("w", "h", Probe(run_id=RUN), [b"x"]))
+    assert [c[1] for c in swarm.net.calls] == ["h", "h"]
