@@ -12,20 +12,26 @@
    delay it adds to other connections' packets); and on the daemons' own data path (hivemind
    P2P streams, swarmd's framing, the shim) a bulk request's goodput and how much longer a
    small request takes beside it on the same connection. The scenario's links get the data
-   path's goodput, the simulation both delays. The daemons train the default run; once every
-   stage is hosted by the server the daemons' plan names (``hosted_as_planned``), stage 0's
-   finished micro-batches are sampled for ``--seconds``, and at ``--kill-at`` one worker that
-   hosts nothing is killed (SIGKILL). The workers' requests, tasks and weight pulls, and the
-   hosts' push phases, are counted over the window.
+   path's goodput, the simulation both delays. The daemons train the default run
+   (``docs/data-path.md``: cells, shards, shares); once every daemon follows the coordinator's
+   plan (its status shows the plan's version, works the cells the plan's grid gives it and
+   serves shard ``(s, 0)`` of the stages the plan names it server of) and ``--warmup-updates``
+   more updates are in, the trained micro-batches are sampled for ``--seconds`` at whichever
+   daemon serves shard ``(0, 0)`` (its ``trained_micro_batches``, or its version times a step's
+   micro-batches across a hand-over), and at ``--kill-at`` one daemon that works a cell and
+   serves no shard (else any cell's worker) is killed (SIGKILL). The bytes each device sent
+   and received, the share ledger's counters and shard ``(0, 0)``'s updates are counted over
+   the window.
 3. **The simulated swarm.** The same devices, links and model as a scenario file, simulated
-   by ``swarmd.peers.sim.simulator`` with swarmd's planner, the same number of seconds, and the
-   same worker leaving at the same moment. The real window starts in a swarm that has
-   trained a while, so the simulation runs ``SIM_WINDOWS`` windows, each after its own
-   warm-up, and averages them.
-4. **The comparison.** Tokens/s before the kill, after it, and over the whole window; the
-   time until throughput was back to 90% of what it was (``recovery_times``, on 2 s buckets
-   against the 20 s before the kill); real against simulated, with the ratio. A JSON file, a
-   markdown table and a plot of both timelines go to ``--out``.
+   by ``swarmd.peers.sim.simulator`` with swarmd's planner (as the daemons' coordinator runs
+   it: the run's stages and H fixed, the layers cut evenly), from the plan the daemons
+   followed (and, apart, from its own plan), the same number of seconds, and the same daemon
+   leaving at the same moment. The real window starts in a swarm that has trained a while, so
+   the simulation runs ``SIM_WINDOWS`` windows, each after its own warm-up, and averages them.
+4. **The comparison.** Trained tokens/s before the kill, after it, and over the whole window;
+   the time until throughput was back to 90% of what it was (``recovery_times``, on 2 s
+   buckets against the 20 s before the kill); real against simulated, with the ratio. A JSON
+   file, a markdown table and a plot of both timelines go to ``--out``.
 
 Figures, not assertions: the note of the change says how far apart they are. Every
 namespace and process made here is removed on the way out, also when a step fails or the
@@ -43,7 +49,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -56,11 +61,11 @@ from swarmd.models.presets import DEFAULT_RUN
 from swarmd.models.shape import ModelShape
 from swarmd.peers.election import coordination_round_s
 from swarmd.peers.planning.plan_cost import Plan, stage_flops_per_sequence
-from swarmd.peers.planning.scenario import Scenario, Shape, parse_scenario
+from swarmd.peers.planning.planner import PlannerSettings, plan, repair
+from swarmd.peers.planning.scenario import Scenario, parse_scenario
 from swarmd.peers.sim.churn import ChurnEvent
 from swarmd.peers.sim.results import recovery_times
 from swarmd.peers.sim.simulator import SimSettings, Simulation, Strategy
-from swarmd.peers.sim.strategies import make_strategies
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the namespaces' helpers
 from tests.integration.netns import EmulatedNetwork  # noqa: E402
@@ -77,7 +82,10 @@ WARMUP_STEP_S = 2.0
 HEARTBEAT_INTERVAL_S = 1.0
 HEARTBEAT_TTL_S = 6.0
 HEARTBEAT = ["--heartbeat-interval", f"{HEARTBEAT_INTERVAL_S:g}", "--heartbeat-ttl", f"{HEARTBEAT_TTL_S:g}"]
-LEASE_S = 30.0  # the daemon's worker lease (``PipelineWorker``'s ``lease_s``)
+SHARE_LEASE_S = 600.0  # a share's lease at the daemon's ledger (``swarmd.training.ledger_host.LEASE_S``)
+PLAN_BUDGET_S = 0.5  # the daemons' coordinator's planning budget (``swarmd.coordination.PLAN_BUDGET_S``)
+FOLLOW_TIMEOUT_S = 300.0
+LEDGER_COUNTS = ("issued", "reissued", "completed", "abandoned", "expired")
 
 COMPUTE_PROBE = r"""
 import sys, time, torch
@@ -291,18 +299,16 @@ class Side:
     after_kill: float
     recovery_s: float | None
     timeline: list[int]
-    """Micro-batches finished at stage 0 per ``BUCKET_S`` from the start of the window."""
+    """Micro-batches trained (applied in committed updates of shard ``(0, 0)``) per ``BUCKET_S``
+    from the start of the window."""
 
 
 def model_shape() -> ModelShape:
     return ModelShape.from_dict(DEFAULT_RUN["model"])
 
 
-def stage_param_bytes() -> float:
-    """Bytes of the larger stage's weights as the hosts send them (float32)."""
-    model = build_model(model_shape(), 0)
-    total = sum(p.numel() for p in model.parameters())
-    return 4.0 * total / DEFAULT_RUN["stages"]
+def tokens_per_micro_batch() -> int:
+    return DEFAULT_RUN["batch"]["micro_batch"] * model_shape().seq_len
 
 
 def measure_tflops(processes: int, seconds: float) -> tuple[float, list[float]]:
@@ -321,7 +327,8 @@ def calibration_scenario(tflops: float, rates_Bps: list[float], access_latency_s
                          efficiency: float | list[float]) -> Scenario:  # fmt: skip
     """The emulated swarm as a scenario: a link runs at the slower of its ends' shaped rates
     times their ``efficiency`` (the data path's goodput over the shaped rate, measured per
-    device or once for all), and takes the sum of its ends' access latencies."""
+    device or once for all), and takes the sum of its ends' access latencies. Messages are
+    priced by the data path's own sizes (``swarmd.peers.wire.sizes``), from the model."""
     e = efficiency if isinstance(efficiency, list) else [efficiency] * len(rates_Bps)
     goodput = [rate * factor for rate, factor in zip(rates_Bps, e, strict=True)]
     shape, run = model_shape(), DEFAULT_RUN
@@ -333,22 +340,19 @@ def calibration_scenario(tflops: float, rates_Bps: list[float], access_latency_s
         "latency_s": [[0.0 if i == j else access_latency_s[i] + access_latency_s[j] for j in range(n)]
                       for i in range(n)],
         "bandwidth_Bps": [[None if i == j else min(goodput[i], goodput[j]) for j in range(n)] for i in range(n)],
-        # Activations travel as float16 (the wire's dtype), weights and gradients as float32.
+        # activations travel in fp16 (gpt2: the wire's half dtype)
         "model": {"layers": shape.layers, "hidden": shape.hidden, "seq_len": shape.seq_len, "vocab": shape.vocab,
                   "params": float(params), "dtype_bytes": 2},
         "batch": {"sequences": run["batch"]["sequences"], "micro_batch": run["batch"]["micro_batch"]},
         "parallelism": {"stages": run["stages"], "data_parallel": max(1, n // run["stages"])},
-        "cost": {"grad_bytes": 4.0 * params / run["stages"],
-                 "activation_bytes": run["batch"]["sequences"] / max(1, n // run["stages"]) * shape.seq_len
-                 * shape.hidden * 2},
     })  # fmt: skip
 
 
-def summarize(timeline: list[int], kill_s: float, tokens_per_micro_batch: int) -> Side:
-    rate = tokens_per_micro_batch / BUCKET_S
+def summarize(timeline: list[int], kill_s: float, tokens_per_mb: int) -> Side:
+    rate = tokens_per_mb / BUCKET_S
     k = int(kill_s // BUCKET_S)
-    # the first buckets fill the pipeline (the simulator starts cold): the window before the
-    # kill is its last WINDOW_BUCKETS buckets, the one after starts once recovery is over
+    # the window before the kill is its last WINDOW_BUCKETS buckets, the one after starts once
+    # recovery is over
     before = timeline[max(0, k - WINDOW_BUCKETS) : k]
     recovered = recovery_times(timeline, BUCKET_S, [kill_s], window=WINDOW_BUCKETS, back=0.9)
     settle = int((kill_s + (recovered[0] if recovered else 0.0)) // BUCKET_S) + 1
@@ -365,72 +369,103 @@ def summarize(timeline: list[int], kill_s: float, tokens_per_micro_batch: int) -
 # --- the real swarm --------------------------------------------------------------------------
 
 
-def hosts_of(daemons: list[LocalDaemon]) -> dict[int, tuple[int, dict[str, Any]]]:
-    found = {}
-    for i, daemon in enumerate(daemons):
-        if daemon.proc is None or daemon.proc.poll() is not None:
-            continue
-        status = daemon.status() or {}
-        for stage, info in ((status.get("training") or {}).get("hosts") or {}).items():
-            found[int(stage)] = (i, info)
-    return found
-
-
-def newest_plan(statuses: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
-    """The newest plan any daemon follows, as its status shows it."""
-    plans = [p for st in statuses if (p := (st.get("swarm") or {}).get("plan"))]
-    return max(plans, key=lambda p: p["version"]) if plans else None
+def alive(daemon: LocalDaemon) -> bool:
+    return daemon.proc is not None and daemon.proc.poll() is None
 
 
 def statuses_of(daemons: list[LocalDaemon]) -> dict[int, dict[str, Any]]:
-    """The status of each daemon still running, by daemon index (one request each)."""
-    return {i: d.status() or {} for i, d in enumerate(daemons) if d.proc is not None and d.proc.poll() is None}
+    """The status of each daemon still running that answers, by daemon index (one request each)."""
+    out = {}
+    for i, d in enumerate(daemons):
+        if alive(d) and (status := d.status()):
+            out[i] = status
+    return out
 
 
-def hosted_as_planned(daemons: list[LocalDaemon]) -> bool:
-    """Whether every stage is hosted by the server the newest plan names for it, as in the
-    simulation (the daemons hand a stage there once the plan has settled)."""
-    statuses = statuses_of(daemons).values()
-    plan = newest_plan(statuses)
-    if plan is None:
-        return False
-    hosting = {int(stage): st.get("peer_id")
-               for st in statuses for stage in (st.get("training") or {}).get("hosts") or {}}  # fmt: skip
-    servers = plan["parameter_servers"]
-    return bool(servers) and all(hosting.get(s) == server for s, server in enumerate(servers))
+def newest_plan(statuses: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """The newest plan any daemon knows, as its status shows it (``swarm.plan``)."""
+    plans = [p for st in statuses.values() if (p := (st.get("swarm") or {}).get("plan"))]
+    return max(plans, key=lambda p: p["version"]) if plans else None
 
 
-def plan_of(statuses: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
-    """The newest plan any daemon follows, by daemon index: the placement the simulation takes."""
-    plan = newest_plan(statuses.values())
-    index = {st.get("peer_id"): i for i, st in statuses.items()}
-    if plan is None or not all(p in index for row in plan["grid"] for p in row):
+def cells_of(status: dict[str, Any]) -> set[tuple[int, int]]:
+    return {(c["pipeline"], c["stage"]) for c in (status.get("training") or {}).get("cells") or []}
+
+
+def shards_of(status: dict[str, Any]) -> dict[tuple[int, int], dict[str, Any]]:
+    return {(s["stage"], s["shard"]): s for s in (status.get("training") or {}).get("shards") or []}
+
+
+def following_plan(statuses: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """The newest plan, if every daemon that answers follows it: its trainer's assignment is
+    that plan's version, it works exactly the cells the plan's grid gives it, and it serves
+    shard ``(s, 0)`` of each stage the plan names it server of."""
+    plan_ = newest_plan(statuses)
+    if plan_ is None or not statuses:
         return None
-    return {"pipelines": [[index[p] for p in row] for row in plan["grid"]],
-            "layers_per_stage": plan["layers_per_stage"],
-            "parameter_servers": [index[p] for p in plan["parameter_servers"]]}  # fmt: skip
+    for st in statuses.values():
+        assignment = (st.get("training") or {}).get("assignment") or {}
+        if assignment.get("provisional", True) or assignment.get("version") != plan_["version"]:
+            return None
+        me = st.get("peer_id")
+        planned = {(p, s) for p, row in enumerate(plan_["grid"]) for s, peer in enumerate(row) if peer == me}
+        if cells_of(st) != planned:
+            return None
+        served = shards_of(st)
+        if any(server == me and (s, 0) not in served for s, server in enumerate(plan_["parameter_servers"])):
+            return None
+    return plan_
 
 
-def roles_of(statuses: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    """Who hosts each stage, its standby (where its pushes are logged), and each daemon's
-    reliability score as the others measured it (as daemon 0 sees them), by daemon index."""
-    index = {st.get("peer_id"): i for i, st in statuses.items()}
-    hosts, standbys = {}, {}
+def first_shard(statuses: dict[int, dict[str, Any]]) -> tuple[int, dict[str, Any]] | None:
+    """Which daemon serves shard ``(0, 0)`` (and keeps the ledger), and its training status."""
     for i, st in statuses.items():
-        training = st.get("training") or {}
-        for stage in training.get("hosting") or []:
-            hosts[stage], standbys[stage] = i, index.get(training.get("standby"))
-    scores = (((statuses.get(0) or {}).get("swarm") or {}).get("reliability")) or {}
-    plan = newest_plan(statuses.values()) or {}
-    return {"hosts": hosts, "standbys": standbys, "scores": {index[p]: v for p, v in scores.items() if p in index},
-            "planned_servers": [index.get(p) for p in plan.get("parameter_servers") or []]}  # fmt: skip
+        if (0, 0) in shards_of(st):
+            return i, st["training"]
+    return None
 
 
-def log_phases_of(daemon: LocalDaemon) -> dict[str, Any]:
-    """How long the daemon took to log the pushes it received as a standby, by phase."""
-    if daemon.proc is None or daemon.proc.poll() is not None:
-        return {}
-    return ((daemon.status() or {}).get("standby_copies") or {}).get("log_phases") or {}
+def plan_of(statuses: dict[int, dict[str, Any]], plan_: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The plan the daemons follow, by daemon index: the placement the simulation starts from.
+    The plan's status names no shard servers beyond each stage's first, nor spares: the shards'
+    servers are who serves them now (all of them found, and distinct), else one shard a stage."""
+    if plan_ is None:
+        return None
+    index = {st.get("peer_id"): i for i, st in statuses.items()}
+    if not all(p in index for row in plan_["grid"] for p in row) or not all(
+        p in index for p in plan_["parameter_servers"]
+    ):
+        return None
+    servers = [index[p] for p in plan_["parameter_servers"]]
+    held = {key: i for i, st in statuses.items() for key in shards_of(st)}
+    assignment = next(iter(statuses.values()))["training"]["assignment"]
+    counts = assignment.get("shards") or [1] * len(servers)
+    rows = [[held.get((s, k)) for k in range(counts[s])] for s in range(len(servers))]
+    whole = all(None not in row and row[0] == servers[s] and len(set(row)) == len(row) for s, row in enumerate(rows))
+    return {
+        "version": plan_["version"],
+        "pipelines": [[index[p] for p in row] for row in plan_["grid"]],
+        "layers_per_stage": plan_["layers_per_stage"],
+        "parameter_servers": servers,
+        "shard_servers": rows if whole else [[s] for s in servers],
+        "local_steps": assignment.get("local_steps") or 1,
+        "share_micro_batches": assignment.get("share_micro_batches") or 0,
+    }
+
+
+def roles_of(statuses: dict[int, dict[str, Any]]) -> dict[int, list[str]]:
+    """Each daemon's cells, the shards it serves and the daemon it names its standby, by daemon
+    index (as the simulation's ``SimResult.roles`` names cells and shards)."""
+    index = {st.get("peer_id"): i for i, st in statuses.items()}
+    out: dict[int, list[str]] = {}
+    for i, st in statuses.items():
+        roles = [f"cell {p}/{s}" for p, s in sorted(cells_of(st))]
+        roles += [f"shard {s}/{k}" for s, k in sorted(shards_of(st))]
+        standby = (st.get("training") or {}).get("standby")
+        if standby:
+            roles.append(f"its standby d{index[standby]}" if standby in index else f"its standby {standby[:12]}")
+        out[i] = roles or ["nothing"]
+    return out
 
 
 def cpu_times() -> tuple[int, int]:
@@ -446,26 +481,30 @@ def busy_fraction(start: tuple[int, int], end: tuple[int, int]) -> float:
     return (end[0] - start[0]) / max(1, end[1] - start[1])
 
 
-def training_of(daemon: LocalDaemon) -> dict[str, Any]:
-    """The daemon's training status, empty when it does not answer (not running, or killed)."""
-    if daemon.proc is None or daemon.proc.poll() is not None:
-        return {}
-    return (daemon.status() or {}).get("training") or {}
+def pick_victim(statuses: dict[int, dict[str, Any]]) -> int | None:
+    """A daemon that works a cell and serves no shard (the highest index), else one that works a
+    cell and does not keep the ledger, else any cell's worker."""
+    workers = [i for i, st in statuses.items() if cells_of(st)]
+    for choice in (
+        [i for i in workers if not shards_of(statuses[i])],
+        [i for i in workers if (0, 0) not in shards_of(statuses[i])],
+        workers,
+    ):
+        if choice:
+            return max(choice)
+    return None
 
 
-def worker_ops(training: dict[str, Any]) -> dict[str, Any] | None:
-    return (training.get("worker") or {}).get("requests_by_op")
-
-
-WORK_COUNTS = ("tasks_forward", "tasks_backward", "tasks_last", "weight_pulls")
-
-
-def worker_counts(training: dict[str, Any]) -> dict[str, int]:
-    """The worker's tasks by kind and weight pulls so far (``swarmd status``)."""
-    worker = training.get("worker") or {}
-    tasks = worker.get("tasks") or {}
-    return {**{f"tasks_{kind}": int(tasks.get(kind, 0)) for kind in ("forward", "backward", "last")},
-            "weight_pulls": int(worker.get("weight_pulls", 0))}  # fmt: skip
+def timeline_of(samples: list[tuple[float, int, int, int]], seconds: float, step_mb: int) -> list[int]:
+    """Micro-batches trained per ``BUCKET_S`` from samples of ``(t, holder of shard (0, 0), its
+    version, its trained_micro_batches)``: the server's own count while the holder stays, its
+    version's growth times a step's micro-batches across a hand-over (the count restarts there,
+    the version goes on)."""
+    timeline = [0] * int(np.ceil(seconds / BUCKET_S))
+    for (_, h0, v0, m0), (t1, h1, v1, m1) in zip(samples, samples[1:], strict=False):
+        gained = m1 - m0 if h0 == h1 and m1 >= m0 else max(0, v1 - v0) * step_mb
+        timeline[min(len(timeline) - 1, int(t1 // BUCKET_S))] += gained
+    return timeline
 
 
 def real_run(net: EmulatedNetwork, workdir: Path, seconds: float, kill_at: float, warmup_updates: int) -> dict:
@@ -490,86 +529,83 @@ def real_run(net: EmulatedNetwork, workdir: Path, seconds: float, kill_at: float
             daemon.start(addrs)
         for daemon in daemons:
             daemon.wait_running()
-        print("daemons running; waiting for each stage to be hosted by the plan's server, and the first updates",
-              flush=True)  # fmt: skip
-        # Stages move to the plan's servers once the plan has settled: the window starts
-        # after that, in the swarm as it stays.
-        try:
-            wait_for(lambda: hosted_as_planned(daemons), 240, "each stage hosted by the plan's server")
-        except TimeoutError:  # the planned servers cannot host, or hosting did not follow the plan
-            print("the stages are not hosted by the plan's servers after 240 s; measuring anyway", flush=True)
-        wait_for(lambda: min((info["version"] for _, info in hosts_of(daemons).values()), default=0)
-                 >= warmup_updates, 300, f"{warmup_updates} updates")  # fmt: skip
-        samples: list[tuple[float, int, int]] = []  # (t, stage-0 host, its micro_batches_finished)
-        bytes_at_start = [net.interface_bytes(i) for i in range(net.n)]
-        at_start = [training_of(d) for d in daemons]  # the window's requests are the counters' growth
-        hosts_at_start = hosts_of(daemons)
-        statuses = statuses_of(daemons)
-        roles_at_start, plan_at_start = roles_of(statuses), plan_of(statuses)
-        logs_at_start = [log_phases_of(d) for d in daemons]
-        cpu_at_start = cpu_times()
+        print("daemons running; waiting for every daemon to follow the coordinator's plan", flush=True)
         started = time.monotonic()
-        victim = None
-        first = hosts_at_start[0][0] if 0 in hosts_at_start else 0  # sampling asks stage 0's host alone
-        while (t := time.monotonic() - started) < seconds:
-            info = (training_of(daemons[first]).get("hosts") or {}).get("0")
-            if info is None and (found := hosts_of(daemons).get(0)) is not None:
-                first, info = found  # stage 0 changed hands
-            if info is not None:
-                samples.append((t, first, int(info["host"]["micro_batches_finished"])))
+        try:
+            wait_for(lambda: following_plan(statuses_of(daemons)), FOLLOW_TIMEOUT_S, "the daemons to follow a plan",
+                     poll_s=1.0)  # fmt: skip
+        except TimeoutError:
+            print(f"the daemons do not follow one plan after {FOLLOW_TIMEOUT_S:.0f} s; measuring anyway", flush=True)
+        found = wait_for(lambda: first_shard(statuses_of(daemons)), 120, "a server of shard (0, 0)", poll_s=1.0)
+        base = shards_of({"training": found[1]})[(0, 0)]["version"]
+        print(f"following after {time.monotonic() - started:.0f} s at update {base}; waiting for "
+              f"{warmup_updates} more", flush=True)  # fmt: skip
+
+        def warmed() -> bool:
+            now = first_shard(statuses_of(daemons))
+            return now is not None and shards_of({"training": now[1]})[(0, 0)]["version"] >= base + warmup_updates
+
+        wait_for(warmed, 300, f"{warmup_updates} updates", poll_s=1.0)
+        statuses = statuses_of(daemons)
+        plan_at_start = following_plan(statuses) or newest_plan(statuses)
+        placement = plan_of(statuses, plan_at_start)
+        roles_at_start = roles_of(statuses)
+        first = first_shard(statuses)
+        assert first is not None
+        holder, training = first
+        ledger_at_start = (holder, training.get("ledger") or {})
+        version_at_start = shards_of({"training": training})[(0, 0)]["version"]
+        bytes_at_start = [net.interface_bytes(i) for i in range(net.n)]
+        cpu_at_start = cpu_times()
+        samples: list[tuple[float, int, int, int]] = []  # (t, holder of shard (0, 0), version, trained mb)
+        per_update: list[float] = []  # trained tokens per update, as the holder counts them
+        victim: int | None = None
+        killed_at: float | None = None
+        t0 = time.monotonic()
+        while (t := time.monotonic() - t0) < seconds:
+            status = daemons[holder].status() if alive(daemons[holder]) else None
+            info = shards_of(status or {}).get((0, 0))
+            if info is None and (moved := first_shard(statuses_of(daemons))) is not None:
+                holder, training = moved  # shard (0, 0) changed hands
+                info = shards_of({"training": training})[(0, 0)]
+                status = {"training": training}
+            if info is not None and status is not None:
+                samples.append((t, holder, int(info["version"]), int(info["trained_micro_batches"])))
+                tokens = status["training"].get("trained_tokens")
+                if tokens and info["version"]:
+                    per_update.append(tokens / info["version"])
             if victim is None and t >= kill_at:
-                hosting = {i for i, _ in hosts_of(daemons).values()}
-                victim = max(set(range(net.n)) - hosting)
-                last_words = training_of(daemons[victim])  # its counters, as close to the kill as can be
-                daemons[victim].kill()
-                print(f"killed d{victim} at {t:.1f} s (it hosted nothing)", flush=True)
+                at_kill = statuses_of(daemons)
+                victim = pick_victim(at_kill)
+                if victim is not None:
+                    daemons[victim].kill()
+                    killed_at = t
+                    print(f"killed d{victim} at {t:.1f} s ({', '.join(roles_of(at_kill)[victim])})", flush=True)
             time.sleep(SAMPLE_S)  # sync-ok: the sampling interval of a measurement
         bytes_at_end = [net.interface_bytes(i) for i in range(net.n)]
         cpu_busy = busy_fraction(cpu_at_start, cpu_times())
-        roles = {"start": roles_at_start, "end": roles_of(statuses_of(daemons))}
-        standby_log_in_window = op_sums(
-            op_delta(log_phases_of(d), start) for d, start in zip(daemons, logs_at_start, strict=True)
-        )
-        versions = [info["version"] for _, info in hosts_of(daemons).values()]
-        # what each daemon did, to explain a difference: tasks, weight pulls, time spent where
-        trainers = [training_of(d) for d in daemons]
-        if victim is not None:
-            trainers[victim] = last_words
-        hosts_at_end = hosts_of(daemons)
-        host_figures = {s: {"daemon": i, "host": info["host"], "server": info["server"],
-                            "push_phases": info["push_phases"]} for s, (i, info) in hosts_at_end.items()}  # fmt: skip
-        requests_in_window = op_sums(
-            op_delta(worker_ops(end), worker_ops(start)) for start, end in zip(at_start, trainers, strict=True)
-        )  # fmt: skip
-        work_in_window = {
-            key: sum(max(0, worker_counts(end)[key] - worker_counts(start)[key])
-                     for start, end in zip(at_start, trainers, strict=True))
-            for key in WORK_COUNTS
-        }  # fmt: skip
-        push_phases_in_window = op_sums(
-            op_delta(info["push_phases"], hosts_at_start[s][1]["push_phases"]
-                     if s in hosts_at_start and hosts_at_start[s][0] == i else None)
-            for s, (i, info) in hosts_at_end.items()
-        )  # fmt: skip
-        timeline = [0] * int(np.ceil(seconds / BUCKET_S))
-        for (_, h0, c0), (t1, h1, c1) in zip(samples, samples[1:], strict=False):
-            if h0 == h1 and c1 >= c0:  # a stage that changed hands restarts its counter
-                timeline[min(len(timeline) - 1, int(t1 // BUCKET_S))] += c1 - c0
+        statuses = statuses_of(daemons)
+        end = first_shard(statuses)
+        ledger_in_window = None
+        if end is not None and end[0] == ledger_at_start[0] and ledger_at_start[1] and end[1].get("ledger"):
+            ledger_in_window = {key: end[1]["ledger"][key] - ledger_at_start[1][key] for key in LEDGER_COUNTS}
+        step_mb = round(statistics.median(per_update) / tokens_per_micro_batch()) if per_update else 0
+        timeline = timeline_of(samples, seconds, step_mb)
         return {
             "timeline": timeline,
             "victim": victim,
-            "versions": versions,
+            "killed_at": killed_at,
             "samples": len(samples),
-            "workers": [t.get("worker") for t in trainers],
-            "served": [t.get("served_by_op") for t in trainers],
-            "hosts": host_figures,
-            "requests_in_window": requests_in_window,
-            "push_phases_in_window": push_phases_in_window,
-            "work_in_window": work_in_window,
+            "step_micro_batches": step_mb,
+            "updates_in_window": samples[-1][2] - version_at_start if samples else 0,
+            "ledger_in_window": ledger_in_window,
             "cpu_busy": cpu_busy,
-            "roles": roles,
-            "plan": plan_at_start,
-            "standby_log_in_window": standby_log_in_window,
+            "plan": placement,
+            "roles": {"start": roles_at_start, "end": roles_of(statuses)},
+            "plan_at_end": (newest_plan(statuses) or {}).get("version"),
+            "training_at_end": {
+                i: {k: v for k, v in (st.get("training") or {}).items() if k != "losses"} for i, st in statuses.items()
+            },  # fmt: skip
             "sent_MB": [(b[0] - a[0]) / 1e6 for a, b in zip(bytes_at_start, bytes_at_end, strict=True)],
             "received_MB": [(b[1] - a[1]) / 1e6 for a, b in zip(bytes_at_start, bytes_at_end, strict=True)],
         }
@@ -679,28 +715,68 @@ def per_device(value: str, devices: int, name: str) -> list[float]:
     return figures
 
 
+def swarmd_strategy(name: str, fixed: Plan | None = None) -> Strategy:
+    """swarmd's planner as the daemons' coordinator runs it (the run's stages and H fixed, the
+    layers cut evenly): its own full plan, or ``fixed`` to start from; its repair on changes."""
+    fixed_h = DEFAULT_RUN["exchange"]["local_steps"] or None
+    settings = PlannerSettings(
+        time_budget_s=PLAN_BUDGET_S, seed=0, stages=DEFAULT_RUN["stages"], local_steps=fixed_h, even_layers=True
+    )
+
+    def full(view: Scenario) -> Plan:
+        return fixed if fixed is not None else plan(view, settings)
+
+    def mend(view: Scenario, previous: Plan, previous_ids: list[str]) -> Plan:
+        return repair(view, previous, previous_ids, settings).plan
+
+    def mend_live(scenario: Scenario, live: np.ndarray, previous: Plan) -> Plan:
+        return repair(scenario, previous, scenario.ids, settings, live=live).plan
+
+    return Strategy(name, full, mend, mend_live)
+
+
+def recorded_plan(recorded: dict[str, Any]) -> Plan:
+    return Plan(
+        pipelines=tuple(tuple(row) for row in recorded["pipelines"]),
+        layers_per_stage=tuple(recorded["layers_per_stage"]),
+        parameter_servers=tuple(recorded["parameter_servers"]),
+        shard_servers=tuple(tuple(row) for row in recorded["shard_servers"]),
+        local_steps=recorded["local_steps"],
+        share_micro_batches=recorded["share_micro_batches"],
+    )
+
+
+def describe(p: Plan) -> str:
+    """A plan's cells and shard servers, by daemon index."""
+    stages = "; ".join(
+        f"stage {s} on {', '.join(f'd{row[s]}' for row in p.pipelines)}, shards at "
+        f"{', '.join(f'd{d}' for d in p.shard_servers[s])}"
+        for s in range(len(p.layers_per_stage))
+    )
+    return f"{stages} (H = {p.local_steps}, k = {p.share_micro_batches or 'from the batch'})"
+
+
 def compare(args: argparse.Namespace, scenario: Scenario, tflops: float, real: dict) -> None:
-    """Simulate the scenario for as long, with the worker killed in the real run leaving at the
+    """Simulate the scenario for as long, with the daemon killed in the real run leaving at the
     kill: ``SIM_WINDOWS`` windows, each after its own warm-up, averaged. The simulation starts
     from the placement the real daemons followed (their coordinator planned on the links it
-    measured, which can differ from the emulated ones), and repairs it with swarmd's planner;
-    it is also run from its own plan of the emulated links, and both are reported."""
-    shape = Shape(DEFAULT_RUN["stages"], max(1, args.devices // DEFAULT_RUN["stages"]))
-    (own,) = make_strategies(["swarmd"], shape, 0.5, 0)
+    measured, which can differ from the emulated ones) and repairs it with swarmd's planner; it
+    is also run from its own plan of the emulated links, and both are reported."""
+    own = swarmd_strategy("swarmd")
     own_plan = own.full_plan(scenario)
     recorded = real.get("plan")
     if recorded:
-        real_plan = Plan(pipelines=tuple(tuple(row) for row in recorded["pipelines"]),
-                         layers_per_stage=tuple(recorded["layers_per_stage"]),
-                         parameter_servers=tuple(recorded["parameter_servers"]))  # fmt: skip
-        strategy = Strategy("swarmd on the real plan", lambda view: real_plan, own.mend, own.mend_live)
-    else:  # a run recorded before the plan was kept
+        real_plan = recorded_plan(recorded)
+        strategy = swarmd_strategy("swarmd on the real plan", real_plan)
+    else:  # the daemons followed no plan the harness could read
         real_plan, strategy = own_plan, own
     victim = real.get("victim")
     if victim is None:
-        victim = max(set(range(args.devices)) - set(real_plan.parameter_servers))
+        workers = {d for row in real_plan.pipelines for d in row}
+        victim = max(workers - {d for row in real_plan.shard_servers for d in row} or workers)
     data_path = real.get("data_path") or {}
-    settings = SimSettings(churn=False, detect_s=HEARTBEAT_TTL_S, join_s=5.0, lease_s=LEASE_S, bucket_s=BUCKET_S,
+    settings = SimSettings(churn=False, detect_s=HEARTBEAT_TTL_S, join_s=5.0, lease_s=SHARE_LEASE_S, bucket_s=BUCKET_S,
+                           max_staleness=DEFAULT_RUN["optimizer"]["max_staleness"],
                            standing_queue_s=real.get("standing_queue_s", 0.0),
                            # beside a transfer on its connection a request also met both ends'
                            # standing queues, which the simulation adds on its own
@@ -713,10 +789,9 @@ def compare(args: argparse.Namespace, scenario: Scenario, tflops: float, real: d
                                                   - 2 * float(scenario.latency_s[0, 1])),
                            # the daemons' coordination rounds at their heartbeat, and no relays
                            coordinate_s=coordination_round_s(HEARTBEAT_INTERVAL_S), data_via_relay="never")  # fmt: skip
-    tokens = DEFAULT_RUN["batch"]["micro_batch"] * model_shape().seq_len
-    standbys = real_standbys(real) if recorded else {}
+    tokens = tokens_per_micro_batch()
     windows = [
-        simulate_window(scenario, strategy, settings, WARMUP_S + k * WARMUP_STEP_S, args, victim, standbys)
+        simulate_window(scenario, strategy, settings, WARMUP_S + k * WARMUP_STEP_S, args, victim)
         for k in range(SIM_WINDOWS)
     ]
     simulated = [summarize(timeline, args.kill_at, tokens) for timeline, _ in windows]
@@ -729,16 +804,13 @@ def compare(args: argparse.Namespace, scenario: Scenario, tflops: float, real: d
         ]  # fmt: skip
         sides["simulated on its own plan"] = mean_side(own_windows)
     detail = {
-        "plans": {
-            "real": recorded,
-            "own": {"pipelines": own_plan.pipelines, "parameter_servers": own_plan.parameter_servers},
-        },  # fmt: skip
+        "plans": {"real": describe(real_plan) if recorded else None, "own": describe(own_plan)},
+        "victim": victim,
         "windows": [asdict(side) for side in simulated],
         "sent_MB": np.mean([d["sent_MB"] for _, d in windows], axis=0).round(1).tolist(),
         "received_MB": np.mean([d["received_MB"] for _, d in windows], axis=0).round(1).tolist(),
-        "requests_by_op": op_mean([d["requests_by_op"] for _, d in windows]),
-        "push_phases": op_mean([d["push_phases"] for _, d in windows]),
-        "work": {key: statistics.mean(d["work"][key] for _, d in windows) for key in WORK_COUNTS},
+        "updates": statistics.mean(d["updates"] for _, d in windows),
+        "ledger": {key: statistics.mean(d["ledger"][key] for _, d in windows) for key in LEDGER_COUNTS},
         "roles": windows[0][1]["roles"],
         "standing_queue_s": settings.standing_queue_s,
         "connection_queue_bytes": settings.connection_queue_bytes,
@@ -747,44 +819,27 @@ def compare(args: argparse.Namespace, scenario: Scenario, tflops: float, real: d
     report(args, sides, tflops, real, detail)
 
 
-def real_standbys(real: dict[str, Any]) -> dict[int, list[int]]:
-    """Each stage's standbys in the real run, at the window's start and then at its end: the
-    simulation on the real placement takes them (the daemons chose them on the links they
-    measured, which can differ from the emulated ones)."""
-    roles = real.get("roles") or {}
-    out: dict[int, list[int]] = {}
-    for moment in ("start", "end"):
-        for stage, standby in ((roles.get(moment) or {}).get("standbys") or {}).items():
-            if standby is not None and int(standby) not in out.setdefault(int(stage), []):
-                out[int(stage)].append(int(standby))
-    return out
-
-
-def simulate_window(scenario: Scenario, strategy: Any, settings: SimSettings, warm_s: float,
-                    args: argparse.Namespace, victim: int,
-                    standbys: dict[int, list[int]] | None = None) -> tuple[list[int], dict[str, Any]]:  # fmt: skip
+def simulate_window(scenario: Scenario, strategy: Strategy, settings: SimSettings, warm_s: float,
+                    args: argparse.Namespace, victim: int) -> tuple[list[int], dict[str, Any]]:  # fmt: skip
     """A window of ``args.seconds`` after ``warm_s`` of simulated training (the real window
     starts in a swarm that has trained a while, too), with ``victim`` leaving ``args.kill_at``
-    into it: the window's timeline, and the bytes and requests in it (the counters as they
-    stood when the window began are taken off)."""
+    into it: the window's timeline, and the bytes, updates of shard (0, 0) and ledger counts in
+    it (the counters as they stood when the window began are taken off)."""
     churn = [ChurnEvent(warm_s + args.kill_at, victim, False)]
     sim = Simulation(scenario, strategy, replace(settings, hours=(warm_s + args.seconds) / 3600),
                      (np.ones(args.devices, dtype=bool), churn))  # fmt: skip
-    sim.standby_preference = standbys or {}
     sim.advance(warm_s)
-    sent, received, counts = sim.sent.copy(), sim.received.copy(), dict(sim.counts)
-    requests, push_phases = sim.requests.status(), sim.push_phases.status()
-    timeline = sim.run().timeline
+    sent, received = sim.engine.carried(warm_s)
+    updates, ledger = sim.updates, asdict(sim.ledger.counters)
+    result = sim.run()
     first = int(round(warm_s / BUCKET_S))
-    return timeline[first : first + int(np.ceil(args.seconds / BUCKET_S))], {
-        "sent_MB": ((sim.sent - sent) / 1e6).tolist(),
-        "received_MB": ((sim.received - received) / 1e6).tolist(),
-        "requests_by_op": op_delta(sim.requests.status(), requests),
-        "push_phases": op_delta(sim.push_phases.status(), push_phases),
-        "work": {key: sim.counts[key] - counts.get(key, 0) for key in WORK_COUNTS},
-        "roles": {"hosts": {s: stage.host for s, stage in enumerate(sim.stages)},
-                  "standbys": {s: stage.standby for s, stage in enumerate(sim.stages)}},
-    }  # fmt: skip
+    return result.timeline[first : first + int(np.ceil(args.seconds / BUCKET_S))], {
+        "sent_MB": ((np.array(result.sent_bytes) - sent) / 1e6).tolist(),
+        "received_MB": ((np.array(result.received_bytes) - received) / 1e6).tolist(),
+        "updates": result.updates - updates,
+        "ledger": {key: getattr(sim.ledger.counters, key) - ledger[key] for key in LEDGER_COUNTS},
+        "roles": {int(d): r for d, r in sorted(result.roles.items())},
+    }
 
 
 def mean_side(sides: list[Side]) -> Side:
@@ -799,12 +854,6 @@ def mean_side(sides: list[Side]) -> Side:
     )
 
 
-def op_mean(parts: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
-    """Per operation: the mean count per window, and the mean time over all of them."""
-    summed = op_sums(parts)
-    return {op: {"n": round(f["n"] / len(parts), 1), "mean_ms": f["mean_ms"]} for op, f in summed.items()}
-
-
 def simulate_again(args: argparse.Namespace) -> int:
     """The simulated side only, against a real run recorded before (for work on the simulator)."""
     recorded = json.loads(args.real_from.read_text())
@@ -814,47 +863,14 @@ def simulate_again(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     rates_Bps = [v * 1e6 / 8 for v in per_device(args.rate_mbps, args.devices, "rate_mbps")]
     latency_s = [v / 1000 for v in per_device(args.access_latency_ms, args.devices, "access_latency_ms")]
-    # Runs recorded before the data path was measured have only one TCP stream's goodput.
-    data_path = recorded["real"].get("data_path") or {}
-    shaped = min(rates_Bps[0], rates_Bps[1])
-    goodput = data_path.get("goodput_Bps") or recorded["real"].get("goodput_Bps", shaped)
-    efficiency = recorded["real"].get("efficiency") or goodput / shaped
-    scenario = calibration_scenario(recorded["tflops"], rates_Bps, latency_s, efficiency)
+    scenario = calibration_scenario(recorded["tflops"], rates_Bps, latency_s, recorded["real"]["efficiency"])
     compare(args, scenario, recorded["tflops"], recorded["real"])
     return 0
 
 
-def op_delta(end: dict[str, Any] | None, start: dict[str, Any] | None) -> dict[str, dict[str, float]]:
-    """What an ``OpTimes`` status gained from ``start`` to ``end``: the operations in between."""
-    out = {}
-    for op, figures in (end or {}).items():
-        before = (start or {}).get(op, {"n": 0, "mean_ms": 0.0})
-        n = figures["n"] - before["n"]
-        if n > 0:
-            total = figures["n"] * figures["mean_ms"] - before["n"] * before["mean_ms"]
-            out[op] = {"n": n, "mean_ms": round(max(0.0, total) / n, 1)}
-    return out
-
-
-def op_sums(parts: Iterable[dict[str, Any] | None], key: str | None = None) -> dict[str, dict[str, float]]:
-    """Counts and mean times by operation (an ``OpTimes`` status, or each part's ``key`` of one)
-    summed over the daemons' parts (those alive at the end)."""
-    n: dict[str, int] = {}
-    total: dict[str, float] = {}
-    for part in parts:
-        by_op = (part or {}).get(key) if key else part
-        for op, figures in (by_op or {}).items():
-            n[op] = n.get(op, 0) + figures["n"]
-            total[op] = total.get(op, 0.0) + figures["n"] * figures["mean_ms"]
-    return {op: {"n": n[op], "mean_ms": round(total[op] / n[op], 1)} for op in n if n[op]}
-
-
 def links_lines(real: dict[str, Any], simulated: dict[str, Any]) -> list[str]:
     """What was measured of the links, and what the simulation took."""
-    data_path = real.get("data_path")
-    if not data_path:
-        return []
-    dp = DataPath(**data_path)
+    dp = DataPath(**real["data_path"])
     return [
         f"Links: one TCP stream gets {real['goodput_Bps'] / 1e6:.2f} MB/s and keeps "
         f"{real['standing_queue_s'] * 1e3:.0f} ms queued in the shaper; the daemons' data path gets "
@@ -866,37 +882,20 @@ def links_lines(real: dict[str, Any], simulated: dict[str, Any]) -> list[str]:
     ]
 
 
-NOT_SIMULATED: dict[str, dict[str, float]] = {}
-"""The phases of a standby's logging: its link is simulated, its disk and checks are not."""
+def roles_line(real: dict[str, Any], simulated: dict[Any, list[str]]) -> str:
+    """What each daemon held, real (at the window's start and end) and simulated (at the end)."""
 
+    def where(roles: dict[Any, list[str]]) -> str:
+        return "; ".join(f"d{i} {', '.join(r)}" for i, r in sorted(roles.items(), key=lambda kv: int(kv[0])))
 
-def roles_line(real: dict[str, Any], simulated: dict[str, Any]) -> str:
-    """Where the stages were hosted and logged, real (at the window's start and end) and simulated."""
-
-    def where(roles: dict[str, Any]) -> str:
-        return ", ".join(f"stage {s} on d{h} (standby d{roles['standbys'].get(s)})"
-                         for s, h in sorted(roles["hosts"].items(), key=lambda kv: int(kv[0])))  # fmt: skip
-
-    scores = sorted(real["start"]["scores"].items(), key=lambda kv: int(kv[0]))
-    servers = real["start"].get("planned_servers")
-    named = f" (the real plan's servers: {', '.join(f'd{i}' for i in servers)})" if servers else ""
-    return (f"Hosts: real {where(real['start'])} at the start{named}, {where(real['end'])} at the end; simulated "
-            f"{where(simulated)}. Reliability as measured: {', '.join(f'd{i} {v}' for i, v in scores)}.")  # fmt: skip
-
-
-def describe_plan(plan: dict[str, Any]) -> str:
-    """A plan's stage groups and servers, by daemon index."""
-    pipelines, servers = plan["pipelines"], plan["parameter_servers"]
-    return "; ".join(
-        f"stage {s} on {', '.join(f'd{row[s]}' for row in pipelines)} served by d{server}"
-        for s, server in enumerate(servers)
-    )
+    return (f"Roles: real at the start {where(real['start'])}; real at the end {where(real['end'])}; "
+            f"simulated at the end {where(simulated)}.")  # fmt: skip
 
 
 def report(args: argparse.Namespace, sides: dict[str, Side], tflops: float, real: dict,
            simulated: dict[str, Any]) -> None:  # fmt: skip
     r, s = sides["real"], sides["simulated"]
-    windows = [w["tokens_per_s"] for w in simulated.get("windows") or [asdict(s)]]
+    windows = [w["tokens_per_s"] for w in simulated["windows"]]
 
     def ratio(a: float | None, b: float | None) -> str:
         return f"{b / a:.2f}" if a and b is not None else "-"
@@ -904,13 +903,16 @@ def report(args: argparse.Namespace, sides: dict[str, Side], tflops: float, real
     def fmt(v: float | None) -> str:
         return "not back" if v is None else f"{v:,.1f}"
 
-    rows = [("tokens/s over the window", r.tokens_per_s, s.tokens_per_s),
-            ("tokens/s before the kill", r.before_kill, s.before_kill),
-            ("tokens/s after recovery", r.after_kill, s.after_kill),
+    rows = [("trained tokens/s over the window", r.tokens_per_s, s.tokens_per_s),
+            ("trained tokens/s before the kill", r.before_kill, s.before_kill),
+            ("trained tokens/s after recovery", r.after_kill, s.after_kill),
             ("recovery after the kill, s", r.recovery_s, s.recovery_s)]  # fmt: skip
+    victim = real.get("victim")
+    killed = f"d{victim} killed" if victim is not None else "nobody killed"
     lines = [
         f"# Calibration: {args.devices} daemons, {args.rate_mbps} Mbit/s up and down each, "
-        f"{args.access_latency_ms} ms one way to the switch each, {args.seconds:g} s with a kill at {args.kill_at:g} s",
+        f"{args.access_latency_ms} ms one way to the switch each, {args.seconds:g} s with {killed} at "
+        f"{args.kill_at:g} s",
         "",
         f"Devices measured at {tflops * 1e3:.2f} GFLOPS each ({args.devices} processes at once, one thread each).",
         "",
@@ -923,66 +925,38 @@ def report(args: argparse.Namespace, sides: dict[str, Side], tflops: float, real
         "|---|---:|---:|---:|",
         *(f"| {name} | {fmt(a)} | {fmt(b)} | {ratio(a, b)} |" for name, a, b in rows),
     ]
-    plans = simulated.get("plans") or {}
+    plans = simulated["plans"]
     if plans.get("real"):
-        lines += ["", "The simulation starts from the plan the real daemons followed: stage groups "
-                  + describe_plan(plans["real"]) + "; and takes the standbys they chose (at the start, "
-                  "then at the end)."]  # fmt: skip
+        lines += ["", f"The simulation starts from the plan the real daemons followed (v{real['plan']['version']}): "
+                  f"{plans['real']}."]  # fmt: skip
     own = sides.get("simulated on its own plan")
     if own is not None:
         lines += [
             "",
-            "From its own plan of the emulated links instead (" + describe_plan(plans["own"]) + "), the simulation "
-            f"makes {own.tokens_per_s:,.1f} tokens/s over the window ({ratio(r.tokens_per_s, own.tokens_per_s)} of "
-            f"real), {own.before_kill:,.1f} before the kill and {own.after_kill:,.1f} after: what the real swarm "
-            "would gain, or lose, had its coordinator measured the links as they are.",
+            f"From its own plan of the emulated links instead ({plans['own']}), the simulation makes "
+            f"{own.tokens_per_s:,.1f} tokens/s over the window ({ratio(r.tokens_per_s, own.tokens_per_s)} of real), "
+            f"{own.before_kill:,.1f} before the kill and {own.after_kill:,.1f} after: what the real swarm would gain, "
+            "or lose, had its coordinator measured the links as they are.",
         ]
-    if "sent_MB" in real:  # what crossed each device's link: where the time went
-        lines += ["", "| MB over the window | " + " | ".join(f"d{i}" for i in range(args.devices)) + " |",
-                  "|---|" + "---:|" * args.devices]  # fmt: skip
-        for key in ("sent_MB", "received_MB"):
-            lines.append(f"| {key[:-3]}, real | " + " | ".join(f"{v:.1f}" for v in real[key]) + " |")
-            lines.append(f"| {key[:-3]}, simulated | " + " | ".join(f"{v:.1f}" for v in simulated[key]) + " |")
-    if "roles" in real:
-        lines += ["", roles_line(real["roles"], simulated["roles"])]
-    if "cpu_busy" in real:
-        lines += ["", f"This machine's {os.cpu_count()} cores were {real['cpu_busy']:.0%} busy over the real window."]
-    if real.get("work_in_window"):  # what the workers did for the micro-batches: where the bytes went
-        finished = {"real": sum(r.timeline), "simulated": sum(s.timeline)}
-        lines += ["", "| work in the window (all workers) | real | simulated | per micro-batch, real | "
-                  "per micro-batch, simulated |", "|---|---:|---:|---:|---:|"]  # fmt: skip
-        for key in WORK_COUNTS:
-            a, b = real["work_in_window"][key], simulated["work"][key]
-            lines.append(f"| {key.replace('_', ' ')} | {a} | {b:.1f} | {a / max(1, finished['real']):.2f} | "
-                         f"{b / max(1, finished['simulated']):.2f} |")  # fmt: skip
-    # Runs recorded before the window's own counts were kept have the daemons' whole lives.
-    real_requests = real.get("requests_in_window") or op_sums(real.get("workers") or [], "requests_by_op")
-    real_phases = real.get("push_phases_in_window") or op_sums(
-        host.get("push_phases") for host in (real.get("hosts") or {}).values()
-    )
-    for title, real_ops, simulated_ops in (
-        ("request in the window (all workers)", real_requests, simulated["requests_by_op"]),
-        ("push at its host in the window (all hosts)", real_phases, simulated.get("push_phases", {})),
-        ("push logged at a standby in the window", real.get("standby_log_in_window") or {}, NOT_SIMULATED),
-    ):  # which requests the simulator makes faster than they are, and which part of a push
-        if not real_ops:
-            continue
-        lines += [
-            "",
-            f"| {title} | real n | real mean ms | simulated n | simulated mean ms |",
-            "|---|---:|---:|---:|---:|",
-        ]
-        for op in sorted(set(real_ops) | set(simulated_ops)):
-            a, b = real_ops.get(op, {}), simulated_ops.get(op, {})
-            lines.append(f"| {op} | {a.get('n', 0)} | {a.get('mean_ms', '-')} | {b.get('n', 0)} | "
-                         f"{b.get('mean_ms', '-')} |")  # fmt: skip
+    lines += ["", "| MB over the window | " + " | ".join(f"d{i}" for i in range(args.devices)) + " |",
+              "|---|" + "---:|" * args.devices]  # fmt: skip
+    for key in ("sent_MB", "received_MB"):
+        lines.append(f"| {key[:-3]}, real | " + " | ".join(f"{v:.1f}" for v in real[key]) + " |")
+        lines.append(f"| {key[:-3]}, simulated | " + " | ".join(f"{v:.1f}" for v in simulated[key]) + " |")
+    counts = [("updates of shard (0, 0)", real["updates_in_window"], simulated["updates"])]
+    if real.get("ledger_in_window"):  # the ledger stayed with one daemon over the window
+        counts += [(f"shares {key}", real["ledger_in_window"][key], simulated["ledger"][key]) for key in LEDGER_COUNTS]
+    lines += ["", "| in the window | real | simulated |", "|---|---:|---:|"]
+    lines += [f"| {name} | {a} | {b:.1f} |" for name, a, b in counts]
+    lines += ["", roles_line(real["roles"], simulated["roles"])]
+    lines += ["", f"This machine's {os.cpu_count()} cores were {real['cpu_busy']:.0%} busy over the real window."]
     text = "\n".join(lines) + "\n"
     print(text)
     (args.out / "calibration.md").write_text(text)
     (args.out / "calibration.json").write_text(json.dumps({
         "args": {k: str(v) for k, v in vars(args).items()}, "tflops": tflops,
         "sides": {k: asdict(v) for k, v in sides.items()}, "real": real, "simulated": simulated,
-    }, indent=1))  # fmt: skip
+    }, indent=1, default=str))  # fmt: skip
     try:
         import matplotlib
 
@@ -991,11 +965,11 @@ def report(args: argparse.Namespace, sides: dict[str, Side], tflops: float, real
     except ImportError:
         return
     fig, ax = plt.subplots(figsize=(8, 3.5))
-    tokens = DEFAULT_RUN["batch"]["micro_batch"] * model_shape().seq_len / BUCKET_S
+    tokens = tokens_per_micro_batch() / BUCKET_S
     for name, side in sides.items():
         ax.plot([i * BUCKET_S for i in range(len(side.timeline))], [n * tokens for n in side.timeline], label=name)
     ax.axvline(args.kill_at, color="grey", linestyle="--", label="kill")
-    ax.set(xlabel="seconds", ylabel="tokens/s", title="Real daemons against the simulator")
+    ax.set(xlabel="seconds", ylabel="trained tokens/s", title="Real daemons against the simulator")
     ax.legend()
     fig.tight_layout()
     fig.savefig(args.out / "calibration.png", dpi=120)
