@@ -257,6 +257,8 @@ class CellWorker:
             if share is None:
                 await self._sleep(ISSUE_RETRY_S)
                 continue
+            if not self._round_shares:
+                self.puller.round_started()  # the weights applied just now are the round's base
             self._shares_in_round += 1
             round_end = self._shares_in_round >= self.settings.local_steps
             epoch = self.view.epoch
@@ -398,6 +400,8 @@ class CellWorker:
             await self._sleep(0.05)
             waited += 0.05
             await self._between_shares()
+        if not self._round_shares:
+            self.puller.round_started()  # the weights applied just now are the round's base
         self._share = _Share(message.share_id, message.share_first, message.share_count, message.round_end,
                              message.epoch, message.attempt)  # fmt: skip
 
@@ -481,7 +485,6 @@ class CellWorker:
             if self.settings.mode == "gradient":
                 self._sync_after = bases
             self._round_shares, self._shares_in_round = [], 0
-            self.puller.round_started()
         if not self.is_first:
             await self._between_shares()
         self._share_done.set()
