@@ -190,6 +190,7 @@ def main() -> None:
     parser.add_argument("--hours", type=float, default=1.0)
     parser.add_argument("--sizes", type=int, nargs="+", default=[16, 64, 256, 1000])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--churn", choices=("both", "on", "off"), default="both", help="which churn settings to run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--time-budget", type=float, default=0.5, help="the planner's search time per plan")
     parser.add_argument("--out", type=Path, default=Path("bench-scaling"))
@@ -197,7 +198,7 @@ def main() -> None:
     rows = []
     for model in args.models:
         for n in args.sizes:
-            for churn in (False, True):
+            for churn in {"both": (False, True), "on": (True,), "off": (False,)}[args.churn]:
                 started = time.perf_counter()
                 row = run_one(model, n, churn, args.hours, args.seed, args.time_budget)
                 rows.append(row)
