@@ -43,6 +43,13 @@ class LedgerHost:
     def state(self) -> str:
         return self.ledger.to_metadata()
 
+    def follow(self, share_micro_batches: int) -> None:
+        """New shares take the assignment's k (a share issued before keeps its own): after a
+        re-plan from two pipelines to one, shares of the old k = batch / 2 made every other
+        gradient round wait out the synchronous wait for a batch that was not complete."""
+        if share_micro_batches >= 1:
+            self.ledger.share_micro_batches = share_micro_batches
+
     def _holder(self, sender: str, pipeline: int) -> str:
         holder = self.stage0_holder(pipeline)
         if holder != sender:

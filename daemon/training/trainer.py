@@ -156,6 +156,7 @@ class Trainer:
         self._update_views(assignment)
         ledger = self.handlers.ledger
         if ledger is not None:
+            ledger.follow(assignment.share_micro_batches)
             ledger.tick(now, self.live)
         first = self.servers.get((0, 0))
         if first is not None:
