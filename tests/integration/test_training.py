@@ -191,16 +191,21 @@ def test_a_stranger_cannot_claim_a_shard_nor_plant_its_weights(
                 return d, version
         return None
 
-    holder, before = wait_for(stage0_holder, 120, "the shards to spread")
+    _, before = wait_for(stage0_holder, 120, "the shards to spread")
     result = subprocess.run([sys.executable, "-c", STRANGER, d0.status()["addrs"][0], run_id],
                             capture_output=True, text=True, timeout=90)  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert "refused NotMember" in result.stdout, result.stdout
+
     # Its lease (signed, well formed, claimed an hour ago, at version 10**6) counts for nothing:
-    # the shard stays where it was and trains on from where it was.
-    wait_for(lambda: served(holder).get(0, 0) >= before + 3, 90, "shard (0, 0) to train on at its holder")
+    # the shard stays with the swarm's members (the first plan may move it from one to the
+    # other) and trains on from where it was.
+    def stage0_version() -> int:
+        return max(served(d).get(0, 0) for d in (d0, d1))
+
+    wait_for(lambda: stage0_version() >= before + 3, 90, "shard (0, 0) to train on at a member")
     assert all(v < 10**5 for d in (d0, d1) for v in served(d).values())
-    assert 0 in served(holder)
+    assert any(0 in served(d) for d in (d0, d1))
 
 
 def test_export_gathers_the_stages_from_the_swarm(shared_pair: tuple[Path, str, LocalDaemon, LocalDaemon]) -> None:
