@@ -129,3 +129,12 @@ class LocalDaemon:
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
+
+
+def start_swarm(daemons: list[LocalDaemon]) -> None:
+    """Start the first daemon, the others joining through its addresses; wait until all run."""
+    addrs = daemons[0].start().wait_running()["addrs"]
+    for daemon in daemons[1:]:
+        daemon.start(addrs)
+    for daemon in daemons:
+        daemon.wait_running()

@@ -25,7 +25,7 @@ from typing import Any
 
 from transformers import AutoModelForCausalLM
 
-from swarmd.local_swarm import LocalDaemon, create_run, wait_for
+from swarmd.local_swarm import LocalDaemon, create_run, start_swarm, wait_for
 from swarmd.models.build import build_model
 from swarmd.models.corpus import load_corpus, train_eval_split
 from swarmd.models.presets import DEFAULT_RUN
@@ -56,11 +56,7 @@ def swarm_loss(n: int, local_steps: int, batches: int) -> tuple[str, float, floa
     daemons = [LocalDaemon(root / f"d{i}", run_id, FLAGS) for i in range(n)]
     batch_tokens = DEFAULT_RUN["batch"]["sequences"] * DEFAULT_RUN["model"]["seq_len"]
     try:
-        addrs = daemons[0].start().wait_running()["addrs"]
-        for d in daemons[1:]:
-            d.start(addrs)
-        for d in daemons:
-            d.wait_running()
+        start_swarm(daemons)
         started = time.monotonic()
         wait_for(lambda: trained_batches(daemons, batch_tokens) >= batches, 1800, f"{batches} batches trained")
         seconds = time.monotonic() - started

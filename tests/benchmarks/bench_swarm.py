@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from swarmd.local_swarm import LocalDaemon, create_run, wait_for
+from swarmd.local_swarm import LocalDaemon, create_run, start_swarm, wait_for
 from swarmd.models.corpus import load_corpus, train_eval_split
 from swarmd.models.presets import DEFAULT_RUN
 from swarmd.models.reference import TrainSettings, train_reference
@@ -59,11 +59,7 @@ def bench_swarm(n: int, threads: int, seconds: float, warmup: float) -> dict[str
     flags = ["--heartbeat-interval", "1", "--heartbeat-ttl", "6", "--threads", str(max(1, threads // n))]
     daemons = [LocalDaemon(root / f"d{i}", run_id, flags) for i in range(n)]
     try:
-        addrs = daemons[0].start().wait_running()["addrs"]
-        for d in daemons[1:]:
-            d.start(addrs)
-        for d in daemons:
-            d.wait_running()
+        start_swarm(daemons)
 
         def settled() -> bool:  # a plan (not the provisional rule) followed, and trained on
             statuses = [training(d) for d in daemons]

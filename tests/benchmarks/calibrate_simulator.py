@@ -55,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from swarmd.local_swarm import LocalDaemon, create_run, wait_for
+from swarmd.local_swarm import LocalDaemon, create_run, start_swarm, wait_for
 from swarmd.models.build import build_model
 from swarmd.models.presets import DEFAULT_RUN
 from swarmd.models.shape import ModelShape
@@ -524,11 +524,7 @@ def real_run(net: EmulatedNetwork, workdir: Path, seconds: float, kill_at: float
         for i in range(net.n)
     ]
     try:
-        addrs = daemons[0].start().wait_running()["addrs"]
-        for daemon in daemons[1:]:
-            daemon.start(addrs)
-        for daemon in daemons:
-            daemon.wait_running()
+        start_swarm(daemons)
         print("daemons running; waiting for every daemon to follow the coordinator's plan", flush=True)
         started = time.monotonic()
         try:
