@@ -160,15 +160,18 @@ def test_a_killed_shard_server_is_taken_over_by_its_standby_with_no_update_lost(
 ) -> None:
     _, d0, d1 = pair
 
-    def one_each() -> bool:  # each daemon's status read once: serving can change between reads
+    def replicated_at_d0() -> tuple[int, int] | None:
+        """(stage, version) of the one shard d1 serves, once d0 serves the other and holds a
+        replica of d1's: each status read once, since a re-plan can move a shard between reads."""
         s1, s0 = served(d1), served(d0)
-        return len(s1) == 1 and max(s1.values()) >= 15 and len(s0) == 1
+        if len(s1) != 1 or len(s0) != 1 or max(s1.values()) < 15:
+            return None
+        ((stage, version),) = s1.items()
+        replicas = training(d0).get("replicas", {}).get("shards") or {}
+        return (stage, version) if f"{stage}/0" in replicas else None
 
-    wait_for(one_each, 150, "d1 to serve a shard through 15 updates, d0 the other")
-    ((stage, _),) = served(d1).items()
     # d1 logs every step at its standby, d0, before anyone sees it: committed means replicated.
-    wait_for(lambda: bool(training(d0)["replicas"]["shards"]), 30, "d0 to hold d1's replica")
-    at_kill = served(d1)[stage]
+    stage, at_kill = wait_for(replicated_at_d0, 180, "d1 to serve a shard through 15 updates, replicated at d0")
     d1.kill()  # SIGKILL: no release, no last copy
     # d0 sees d1's heartbeat go (TTL 8 s) and takes the shard over from its replica: every step
     # d1 made and let a cell see survives.
