@@ -11,7 +11,12 @@
 - ``stream``: the messages of one share across one pipeline boundary, as one flow. Through a
   relay both hops carry it at once: each message is forwarded as soon as it is in, so the
   slower hop sets the pace.
-- ``cut``: a departed device's flows stop, and their handlers never run.
+- ``cut``: a departed device's flows stop, and their handlers never run. A message (not a
+  share's stream) that a departure cut, or that was sent while one of its ends was away, is
+  **parked**: the daemon's sender retries it with backoff while the peer's lease stands, so
+  if that end comes back before its departure is noticed (a network blip, its process and
+  state kept) the message goes again ``RETRY_S`` after the return (``returned``); once the
+  departure is noticed (``forget``) the protocol's own take-over resends what matters.
 - ``route``: the relay a message takes, by the daemon's rule (``choose_route``).
 
 A message's latency: the path's one-way latency, the stack's cost of a request
@@ -36,6 +41,10 @@ from swarmd.peers.sim.shared_links import SharedLinks
 from swarmd.peers.wire.routing import RELAY_GAIN, Matrix, choose_route
 
 Handler = Callable[..., None]
+RETRY_S = 1.0
+"""After a peer comes back, when a parked message goes again: the daemon's senders retry a
+broken send with backoff from 0.2-0.25 s up to 4-5 s (``contributions.RETRY_S``,
+``puller.RETRY_S``), so a few retries in, about a second after the peer is reachable."""
 MAX_ROUTES = 1 << 20
 """Routes cached at most (a few sizes per pair of peers that talk); the cache is then cleared."""
 
@@ -77,6 +86,9 @@ class Engine:
         self._seq = itertools.count()
         self.events_run = 0
         self.now = 0.0
+        self._parked: dict[int, _Message] = {}
+        """Messages cut or unsent because an end was away, by ``id``, until that end comes back
+        (``returned``) or its departure is noticed (``forget``)."""
 
     # --- events -----------------------------------------------------------------------------
 
@@ -132,6 +144,8 @@ class Engine:
             self.at(now + after, then, *args)
             return
         if not (self.up[src] and self.up[dst]):
+            if not stream:
+                self._park(_Message(src, dst, nbytes, then, args, after, via, stream))
             return
         if via in (src, dst):
             via = None
@@ -167,6 +181,32 @@ class Engine:
                 self.counts["relay_gone"] += 1
                 self._message(now, msg.src, msg.dst, msg.nbytes, msg.then, msg.args, None, msg.after,
                               stream=msg.stream)  # fmt: skip
+            elif not msg.stream:
+                self._park(msg)
+
+    def _park(self, msg: _Message) -> None:
+        msg.parts = 1
+        self._parked[id(msg)] = msg
+        self.counts["parked"] += 1
+
+    def returned(self, now: float, device: int) -> None:
+        """``device`` is back before its departure was noticed: what was parked between it and
+        a peer that is up goes again (the senders' retries get through)."""
+        for key, msg in list(self._parked.items()):
+            if device in (msg.src, msg.dst) and self.up[msg.src] and self.up[msg.dst]:
+                del self._parked[key]
+                self.counts["retried"] += 1
+                via = msg.via if msg.via is not None and self.up[msg.via] else None
+                self.at(now + RETRY_S, self._retry, msg, via)
+
+    def _retry(self, now: float, msg: _Message, via: int | None) -> None:
+        self._message(now, msg.src, msg.dst, msg.nbytes, msg.then, msg.args, via, msg.after, stream=False)
+
+    def forget(self, device: int) -> None:
+        """``device``'s departure is noticed: its leases lapsed, and what it held is taken over
+        (contributions resent to the new holder, pulls redone there): its parked messages go."""
+        for key in [k for k, m in self._parked.items() if device in (m.src, m.dst)]:
+            del self._parked[key]
 
     def carried(self, now: float) -> tuple[np.ndarray, np.ndarray]:
         """The bytes each device sent and received by ``now``: ``sent`` and ``received`` less

@@ -444,13 +444,10 @@ class Pipelines:
             self.try_start(now, cell.pipeline)
 
     def round_settled(self, now: float, group: RoundGroup) -> None:
-        """A stage-0 round is through at every shard of stage 0: its shares complete at the
-        ledger, or, if one shard dropped it as stale, go to be trained again."""
+        """A stage-0 round is through at every shard of stage 0 (applied, or dropped as stale
+        as the daemon's shards drop it): its shares complete at the ledger."""
         sim = self.sim
-        if group.dropped:
-            done = sim.ledger.abandon(list(group.share_ids), group.holder)
-        else:
-            done = sim.ledger.complete(list(group.share_ids))
+        done = sim.ledger.complete(list(group.share_ids))
         self.held.get(group.holder, set()).difference_update(done)
         self.ledger_changed(now)
 

@@ -5,7 +5,9 @@ Each shard ``(s, k)`` of a stage's parameters has a holder and a standby:
 - **Contributions** arrive as flows from the cells of stage ``s`` (one per cell per round per
   shard). One for shares this shard already committed (a recompute) is acknowledged and not
   applied again; the others are weighed by ``exchange.staleness_weight`` (weight 0: dropped
-  as stale, and counted) and buffered.
+  as stale, counted, and its share IDs settled here as done, as the daemon's
+  ``ParameterShard`` settles them: its work is not applied at this shard, and its shares are
+  not trained again) and buffered.
 - **Steps**: once the weighted micro-batches buffered reach ``exchange.step_micro_batches``
   the shard steps; the step's delta (fp16) is logged at the standby, a flow on the holder's
   uplink, and the step is **committed** when it is there (and the standby holds a checkpoint
@@ -49,13 +51,13 @@ MAX_VERSION_TOKENS = 4096
 @dataclass(eq=False)
 class RoundGroup:
     """A stage-0 cell's contributions of one round, one per shard of stage 0: the round's
-    shares complete at the ledger once each is committed or acknowledged, and are issued
-    again if any was dropped as stale."""
+    shares complete at the ledger once each is committed, acknowledged or dropped as stale
+    (the daemon's cell settles a refused slice and completes its round: recomputing a round
+    that one of K shards found stale would train 1/K of the model again at the cost of all)."""
 
     holder: str
     share_ids: tuple[int, ...]
     left: int
-    dropped: bool = False
 
 
 @dataclass(eq=False)
@@ -142,21 +144,23 @@ class ShardServers:
     def _arrived(self, now: float, shard: Shard, epoch: int, c: Contribution) -> None:
         if epoch != shard.epoch:
             return  # the shard changed hands meanwhile: it was sent again to the new holder
+        if shard.in_flight.pop(c.cid, None) is None:
+            return  # given up when its cell's holder left (an engine retry after a blip)
         sim = self.sim
-        shard.in_flight.pop(c.cid, None)
         sim.phases.add("contribution", now - c.sent_at)
         if c.cell.serial == c.serial:
             c.cell.in_flight.discard(c.cid)
             sim.pipelines.delivered(now, c.cell)
         if all(i in shard.done for i in c.share_ids):
             sim.counts["duplicates"] += 1
-            self._settle(now, c, dropped=False)
+            self._settle(now, c)
             return
         staleness = max(0, shard.version - c.base)
         weight = staleness_weight(staleness, sim.exchange)
         if weight == 0.0:
             sim.counts["stale_dropped"] += 1
-            self._settle(now, c, dropped=True)
+            self._remember(shard, c.share_ids)
+            self._settle(now, c)
             return
         sim.staleness[staleness] += 1
         shard.buffer.append(c)
@@ -164,16 +168,22 @@ class ShardServers:
         if shard.buffered >= self.step_mb:
             self._step(now, shard)
 
-    def _settle(self, now: float, c: Contribution, dropped: bool) -> None:
+    def _settle(self, now: float, c: Contribution) -> None:
         """A stage-0 contribution is through at its shard: once every shard of stage 0 has
-        its round's, the round's shares complete at the ledger (or go to be issued again)."""
+        its round's, the round's shares complete at the ledger."""
         group = c.group
         if group is None:
             return
         group.left -= 1
-        group.dropped |= dropped
         if group.left == 0:
             self.sim.pipelines.round_settled(now, group)
+
+    @staticmethod
+    def _remember(shard: Shard, share_ids: Iterable[int]) -> None:
+        for i in share_ids:
+            shard.done[i] = None
+        while len(shard.done) > MAX_DONE_SHARES:
+            shard.done.popitem(last=False)  # O(1): a dict's first key is O(deletions) to find
 
     # --- steps and commits ----------------------------------------------------------------------
 
@@ -219,11 +229,8 @@ class ShardServers:
             for c in contributions:
                 new = [i for i in c.share_ids if i not in shard.done]
                 mb += len(new) * sim.share_micro_batches if first else 0
-                for i in new:
-                    shard.done[i] = None
-                self._settle(now, c, dropped=False)
-            while len(shard.done) > MAX_DONE_SHARES:
-                shard.done.popitem(last=False)  # O(1): a dict's first key is O(deletions) to find
+                self._remember(shard, new)
+                self._settle(now, c)
             if first:
                 trained += mb
                 self.version_mb[version] = mb

@@ -240,6 +240,7 @@ class Simulation:
             self.engine.relay_changed()
         if up:
             self.counts["returns"] += 1
+            self.engine.returned(now, device)
             self.engine.at(now + self.settings.join_s, self._notice, device, True, int(self.epoch[device]))
             return
         self.counts["departures"] += 1
@@ -260,6 +261,7 @@ class Simulation:
         self.member_since[device] = now
         self.control.elect()
         if not up:
+            self.engine.forget(device)
             self.plane.noticed_departure(now, device)
         self.control.want_plan(now)
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from swarmd.peers.sim.engine import Engine, Overheads
+from swarmd.peers.sim.engine import RETRY_S, Engine, Overheads
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -89,3 +89,38 @@ def test_a_request_pays_the_stacks_overhead_each_way_and_a_busy_interface_its_qu
     e.send(0.0, 0, 1, 1e8)
     assert e.one_way(0, 2) == pytest.approx(0.051) and e.one_way(0, 1) == pytest.approx(0.101)
     assert e.one_way(2, 3) == pytest.approx(0.001)
+
+
+def test_a_message_cut_by_a_blip_goes_again_once_its_end_is_back() -> None:
+    # d1 drops off half-way through a 10 ms message and is back at 50 ms, before anyone
+    # noticed: the sender's retry gets through RETRY_S later, the whole message again.
+    e, log = engine()
+    e.send(0.0, 0, 1, 1e6, landed(log), ("landed",))
+    e.run_until(0.005, 1000)
+    e.up[1] = False
+    e.cut(0.005, 1)
+    e.send(0.01, 2, 1, 1e6, landed(log), ("sent while away",))  # nothing goes to a peer that is away
+    e.run_until(0.05, 1000)
+    assert log == []
+    e.up[1] = True
+    e.returned(0.05, 1)
+    e.run_until(5.0, 1000)
+    # Both go again at 0.05 + RETRY_S, sharing d1's downlink: 20 ms of bytes, then 1 ms.
+    at = 0.05 + RETRY_S + 0.021
+    assert sorted(log) == [(pytest.approx(at), "landed"), (pytest.approx(at), "sent while away")]
+    assert e.counts["retried"] == 2
+
+
+def test_a_message_to_a_departure_that_is_noticed_is_not_sent_again() -> None:
+    # Once d1's departure is noticed its leases lapse and the protocol's take-over resends what
+    # matters (to the new holder): the engine forgets what it parked, even if d1 comes back.
+    e, log = engine()
+    e.send(0.0, 0, 1, 1e6, landed(log), ("landed",))
+    e.run_until(0.005, 1000)
+    e.up[1] = False
+    e.cut(0.005, 1)
+    e.forget(1)
+    e.up[1] = True
+    e.returned(100.0, 1)
+    e.run_until(200.0, 1000)
+    assert log == [] and e.counts["retried"] == 0

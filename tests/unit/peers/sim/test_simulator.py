@@ -184,6 +184,25 @@ def test_a_departed_server_fails_over_to_its_standby_and_no_committed_update_is_
     assert sum(r.timeline[12:]) > 0
 
 
+def test_a_server_that_drops_off_and_is_back_before_anyone_notices_gets_its_contributions_again() -> None:
+    # d1 (stage 1's server, and a cell) is away for 10 s, under the 30 s it takes to notice:
+    # no failover. The contributions cut on their way to it, and those sent while it was
+    # away, go again once it is back (the daemon's cells retry): its shard steps on, and
+    # training does not stall on a round that never arrives.
+    sc, strategy = two_by_two()
+    events = [ChurnEvent(600.0, 1, False), ChurnEvent(610.0, 1, True)]
+    sim = Simulation(sc, strategy, SimSettings(hours=0.5, detect_s=30.0), (np.ones(5, dtype=bool), events))
+    sim.advance(599.0)
+    version = sim.shards.stages[1][0].version
+    r = sim.run()
+    assert r.failovers == 0 and sim.engine.counts["retried"] >= 1
+    assert sim.shards.stages[1][0].version > version + 10
+    # Every minute after the blip trains at least 90% of what a minute before it did (without
+    # the retry, pipeline 1 waited forever on its cut contribution: 5%).
+    before = np.mean(r.timeline[1:10])
+    assert min(r.timeline[12:29]) >= 0.9 * before
+
+
 def test_a_server_and_its_standby_leaving_together_lose_the_committed_updates_and_count_them() -> None:
     sc, strategy = two_by_two(availability=[0.9, 0.9, 0.9, 0.9, 0.99])
     events = [ChurnEvent(600.0, 0, False), ChurnEvent(600.0, 4, False)]
@@ -195,17 +214,19 @@ def test_a_server_and_its_standby_leaving_together_lose_the_committed_updates_an
     assert r.tokens < r.updates * sim.exchange.batch_micro_batches * 128  # lost updates' tokens are taken off
 
 
-def test_a_contribution_that_arrives_too_many_versions_late_is_dropped_and_its_shares_trained_again() -> None:
+def test_a_contribution_that_arrives_too_many_versions_late_is_dropped_and_its_shares_settled() -> None:
     # Three replicas of one stage; a share of 4 is a batch, so every contribution steps alone.
     # d2's uplink to the server is 10 kB/s: its 2 MB contribution takes minutes, while the
-    # others step every two seconds. With max_staleness 4 it is dropped (and its shares are
-    # issued again); with a bound past the horizon's steps it is applied.
+    # others step every two seconds. With max_staleness 4 it is dropped, and its shares are
+    # settled as the daemon's shard settles them (not trained again: with K shards, one that
+    # finds a round stale would otherwise cost the whole round for 1/K of the model); with a
+    # bound past the horizon's steps it is applied.
     bw = np.full((3, 3), 1e9)
     bw[2, 0] = 1e4
     sc = scenario(3, bw=bw, batch=4)
     strategy = fixed(((0,), (1,), (2,)), (4,), (0,), k=4)
     r = run(sc, strategy, hours=0.5)
-    assert r.stale_dropped >= 1 and r.shares_recomputed >= r.stale_dropped
+    assert r.stale_dropped >= 1 and r.shares_recomputed == 0
     assert r.phases["wait_backpressure"]["n"] >= 1  # d2's pipeline waits for its last contribution
     lenient = run(sc, strategy, hours=0.5, max_staleness=100_000)
     assert lenient.stale_dropped == 0 and max(lenient.staleness) > 4
