@@ -91,14 +91,20 @@ def test_a_request_pays_the_stacks_overhead_each_way_and_a_busy_interface_its_qu
     assert e.one_way(2, 3) == pytest.approx(0.001)
 
 
-def test_a_message_cut_by_a_blip_goes_again_once_its_end_is_back() -> None:
-    # d1 drops off half-way through a 10 ms message and is back at 50 ms, before anyone
-    # noticed: the sender's retry gets through RETRY_S later, the whole message again.
+def cut_half_way() -> tuple[Engine, list[tuple[float, str]]]:
+    """d0 sends d1 a 10 ms message, and d1 drops off half-way through it."""
     e, log = engine()
     e.send(0.0, 0, 1, 1e6, landed(log), ("landed",))
     e.run_until(0.005, 1000)
     e.up[1] = False
     e.cut(0.005, 1)
+    return e, log
+
+
+def test_a_message_cut_by_a_blip_goes_again_once_its_end_is_back() -> None:
+    # d1 is back at 50 ms, before anyone noticed: the sender's retry gets through RETRY_S
+    # later, the whole message again.
+    e, log = cut_half_way()
     e.send(0.01, 2, 1, 1e6, landed(log), ("sent while away",))  # nothing goes to a peer that is away
     e.run_until(0.05, 1000)
     assert log == []
@@ -114,11 +120,7 @@ def test_a_message_cut_by_a_blip_goes_again_once_its_end_is_back() -> None:
 def test_a_message_to_a_departure_that_is_noticed_is_not_sent_again() -> None:
     # Once d1's departure is noticed its leases lapse and the protocol's take-over resends what
     # matters (to the new holder): the engine forgets what it parked, even if d1 comes back.
-    e, log = engine()
-    e.send(0.0, 0, 1, 1e6, landed(log), ("landed",))
-    e.run_until(0.005, 1000)
-    e.up[1] = False
-    e.cut(0.005, 1)
+    e, log = cut_half_way()
     e.forget(1)
     e.up[1] = True
     e.returned(100.0, 1)
