@@ -16,7 +16,8 @@ own serving.
 
 **Routing** (``Router``). Every request of ours to another cell or a shard goes direct, unless
 ``swarmd.peers.wire.routing.choose_route`` picks a relay: the direct path failed to open
-(remembered with back-off), the measured relay path is clearly faster, or the operator set
+(remembered with back-off), the measured relay path is clearly faster (only for the requests
+that ask it, ``Request.RELAY_FOR_SPEED``: a pipeline link's tensors), or the operator set
 ``[swarm] data_via_relay = "always"``. A relayed request whose relay cannot be reached falls
 back to the direct path, and a direct one that cannot open falls over to a relay. Either way
 the caller gets the target's typed answer, or the target's refusal as its own exception (a
@@ -161,7 +162,8 @@ class Router:
         header, out = request.encode(blobs)
         started = time.perf_counter()
         (answer, answer_blobs), direct = await self._send(p2p, peer, header, out, timeout_s + request.server_wait_s(),
-                                                          relayable=request.RELAYABLE)  # fmt: skip
+                                                          relayable=request.RELAYABLE,
+                                                          for_speed=request.RELAY_FOR_SPEED)  # fmt: skip
         if self.on_transfer is not None and direct:
             moved = sum(len(b) for b in out) + sum(len(b) for b in answer_blobs)
             self.on_transfer(peer, request, moved, time.perf_counter() - started)
@@ -169,14 +171,15 @@ class Router:
 
     async def _send(
         self, p2p: Any, peer: str, header: dict[str, Any], blobs: Sequence[bytes], timeout_s: float,
-        relayable: bool = True,
+        relayable: bool = True, for_speed: bool = True,
     ) -> tuple[rpc.Frame, bool]:  # fmt: skip
         """The answer, and whether it came over the direct path. A request relays refuse to pass
         on (probes, replication to a named standby) goes direct whatever the routing mode."""
         nbytes = sum(len(b) for b in blobs)
         blocked = self.paths.blocked(peer, time.monotonic())
         mode = self.mode if relayable else "never"
-        via = choose_route(self.own, peer, self.relays(), self.matrix(), nbytes, direct_blocked=blocked, mode=mode)
+        via = choose_route(self.own, peer, self.relays(), self.matrix(), nbytes, direct_blocked=blocked, mode=mode,
+                           for_speed=for_speed)  # fmt: skip
         if via is not None:
             try:
                 return await self._relayed(p2p, via, peer, header, blobs, timeout_s), False

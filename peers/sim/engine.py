@@ -240,12 +240,16 @@ class Engine:
         """A relay left or came back: routes avoid relays that are down."""
         self._routes.clear()
 
-    def route(self, a: int, b: int, nbytes: float) -> int | None:
+    def route(self, a: int, b: int, nbytes: float, for_speed: bool = True) -> int | None:
         """The relay a message of ``nbytes`` from ``a`` to ``b`` goes through, or None for the
         direct path: the daemon's rule on the scenario's matrix among the relays that are up.
         (The daemon tries a relay that left unnoticed and falls back to the direct path; that
-        failed dial is not simulated.) Cached per pair and size until the relays change."""
+        failed dial is not simulated.) Cached per pair and size until the relays change.
+        ``for_speed`` False (the exchange: ``Request.RELAY_FOR_SPEED``): relayed only in mode
+        always, since every direct path here opens."""
         if a == b or not self.relays or self.relay_mode == "never":
+            return None
+        if not for_speed and self.relay_mode != "always":
             return None
         key = (a, b, nbytes)
         if key not in self._routes:

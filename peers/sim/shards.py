@@ -138,7 +138,7 @@ class ShardServers:
             c.cell.in_flight.add(c.cid)
         c.sent_at = now
         nbytes = sim.workload.contribution_bytes(c.stage, c.shard, sim.engine.path_rate(c.device, shard.holder, None))
-        via = sim.engine.route(c.device, shard.holder, nbytes)
+        via = sim.engine.route(c.device, shard.holder, nbytes, for_speed=False)
         sim.engine.send(now, c.device, shard.holder, nbytes, self._arrived, (shard, shard.epoch, c), via)
 
     def _arrived(self, now: float, shard: Shard, epoch: int, c: Contribution) -> None:
@@ -257,7 +257,7 @@ class ShardServers:
             return
         nbytes = sim.workload.pull_bytes(shard.stage, k, behind, sim.settings.keep_versions)
         cell.pulling[k] = True
-        via = sim.engine.route(shard.holder, cell.device, nbytes)
+        via = sim.engine.route(shard.holder, cell.device, nbytes, for_speed=False)
         sim.engine.send(now, shard.holder, cell.device, nbytes, self._pulled,
                         (shard, shard.epoch, cell, cell.serial, shard.committed, now), via)  # fmt: skip
 
@@ -283,7 +283,7 @@ class ShardServers:
         if not sim.up[shard.holder] or cell.device is None:
             return  # its holder left: the failover sends it
         nbytes = sim.workload.slice_bytes(shard.stage, shard.index)
-        via = sim.engine.route(shard.holder, cell.device, nbytes)
+        via = sim.engine.route(shard.holder, cell.device, nbytes, for_speed=False)
         sim.engine.send(now, shard.holder, cell.device, nbytes, self._slice_in,
                         (shard, shard.epoch, cell, cell.serial, shard.committed), via)  # fmt: skip
 

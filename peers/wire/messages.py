@@ -99,6 +99,7 @@ def _shard_of(message: Any) -> None:
 class _CellTensor(Request[Ack]):
     BLOBS = 1
     RELAYABLE = True
+    RELAY_FOR_SPEED = True
 
     pipeline: int = _pipeline()
     stage: int = _stage()

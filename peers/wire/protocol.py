@@ -291,6 +291,12 @@ class Request(Message, Generic[A]):
     RELAYABLE: ClassVar[bool] = False
     """Whether a relay passes it on: the data path's tensors and task records, never probes
     (a relay would distort what they measure) nor replication (it goes to a named standby)."""
+    RELAY_FOR_SPEED: ClassVar[bool] = False
+    """Whether a relay is taken because the measured path through it is faster, not only
+    when the direct path fails: a pipeline link's tensors, for which the plan elects relays.
+    The exchange (N cells to K shards) and task records go direct while the direct path
+    opens: sent for speed through the few elected relays, the whole swarm's exchange would
+    cross their links (``swarmd.peers.wire.routing``)."""
 
     run_id: str = bound(max_len=80, check=check_run_id)
 

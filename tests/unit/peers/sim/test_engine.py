@@ -126,3 +126,14 @@ def test_a_message_to_a_departure_that_is_noticed_is_not_sent_again() -> None:
     e.returned(100.0, 1)
     e.run_until(200.0, 1000)
     assert log == [] and e.counts["retried"] == 0
+
+
+def test_the_exchange_takes_the_relay_only_when_told_to_always() -> None:
+    # d0 -> d1 is slow, through d2 both hops are fast: an activation (for speed) takes d2, a
+    # contribution goes direct unless the operator set data_via_relay = always.
+    e, _ = engine()
+    e.bandwidth_Bps[0, 1] = 1e6
+    e.relays = [2]
+    assert e.route(0, 1, 1e7) == 2 and e.route(0, 1, 1e7, for_speed=False) is None
+    e.relay_mode = "always"
+    assert e.route(0, 1, 1e7, for_speed=False) == 2

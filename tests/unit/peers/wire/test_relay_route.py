@@ -42,6 +42,14 @@ def test_direct_unless_a_relay_is_clearly_faster() -> None:
     assert choose_route("a", "b", ["r"], near, 10 * MB, direct_blocked=False) is None
 
 
+def test_the_exchange_takes_a_relay_only_when_the_direct_path_fails() -> None:
+    # Through r is 45x faster for 10 MB, but a contribution (for_speed False) goes direct:
+    # every cell's exchange through the few relays would load their links with the swarm's.
+    assert choose_route("a", "b", ["r"], LINKS, 10 * MB, direct_blocked=False, for_speed=False) is None
+    assert choose_route("a", "b", ["r"], LINKS, 10 * MB, direct_blocked=True, for_speed=False) == "r"
+    assert choose_route("a", "b", ["r"], LINKS, 100, direct_blocked=False, mode="always", for_speed=False) == "r"
+
+
 def test_a_blocked_direct_path_takes_the_best_relay_measured_or_not() -> None:
     assert choose_route("a", "b", ["s", "r"], LINKS, 100, direct_blocked=True) == "r"
     assert choose_route("a", "b", ["x", "s"], LINKS, 100, direct_blocked=True) == "s"  # x unmeasured: after s
