@@ -95,8 +95,12 @@ class Shard:
     steps: deque[tuple[int, list[Contribution], float]] = field(default_factory=deque)
     """Applied, not yet committed: (version, its contributions, when it stepped)."""
     in_flight: dict[int, Contribution] = field(default_factory=dict)
-    done: OrderedDict[int, None] = field(default_factory=OrderedDict)
-    """Share IDs committed here, oldest first (bounded)."""
+    done: set[int] = field(default_factory=set)
+    """Share IDs committed (or settled) here: the recent ``MAX_DONE_SHARES`` or so."""
+    done_batches: deque[tuple[int, ...]] = field(default_factory=deque)
+    """``done``'s IDs in the batches they came in, oldest first: forgotten a batch at a time
+    (a contribution's H shares at once, in C: per ID it was most of a 200M run's time)."""
+    done_count: int = 0
     replicas: dict[int, int] = field(default_factory=dict)
     """Device -> the committed version its copy of the shard holds."""
     epoch: int = 0
@@ -179,11 +183,14 @@ class ShardServers:
             self.sim.pipelines.round_settled(now, group)
 
     @staticmethod
-    def _remember(shard: Shard, share_ids: Iterable[int]) -> None:
-        for i in share_ids:
-            shard.done[i] = None
-        while len(shard.done) > MAX_DONE_SHARES:
-            shard.done.popitem(last=False)  # O(1): a dict's first key is O(deletions) to find
+    def _remember(shard: Shard, share_ids: tuple[int, ...]) -> None:
+        shard.done.update(share_ids)
+        shard.done_batches.append(share_ids)
+        shard.done_count += len(share_ids)
+        while shard.done_count > MAX_DONE_SHARES and len(shard.done_batches) > 1:
+            oldest = shard.done_batches.popleft()
+            shard.done_count -= len(oldest)
+            shard.done.difference_update(oldest)
 
     # --- steps and commits ----------------------------------------------------------------------
 
@@ -227,9 +234,9 @@ class ShardServers:
             sim.phases.add("commit_lag", now - stepped)
             mb = 0
             for c in contributions:
-                new = [i for i in c.share_ids if i not in shard.done]
-                mb += len(new) * sim.share_micro_batches if first else 0
-                self._remember(shard, new)
+                if first:  # only shard (0, 0) counts what is trained
+                    mb += sum(i not in shard.done for i in c.share_ids) * sim.share_micro_batches
+                self._remember(shard, c.share_ids)
                 self._settle(now, c)
             if first:
                 trained += mb
