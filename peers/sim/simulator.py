@@ -44,6 +44,7 @@ from swarmd.peers.election import Thresholds
 from swarmd.peers.op_times import OpTimes
 from swarmd.peers.planning.plan_cost import Plan
 from swarmd.peers.planning.scenario import Scenario
+from swarmd.peers.planning.transfers import KEEP_VERSIONS
 from swarmd.peers.sim.churn import ChurnEvent, churn_schedule
 from swarmd.peers.sim.control import Control
 from swarmd.peers.sim.engine import Engine, Overheads
@@ -75,7 +76,7 @@ class SimSettings:
     bucket_s: float = 60.0
     checkpoint_every: int = 10
     """Steps between the checkpoints a shard's holder sends its standby."""
-    keep_versions: int = 8
+    keep_versions: int = KEEP_VERSIONS
     """Deltas a shard keeps for pulls; a cell further behind gets the whole slice."""
     standing_queue_s: float = 0.0
     """The delay a busy interface's buffer adds to every packet through it (bufferbloat)."""

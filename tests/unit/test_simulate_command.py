@@ -10,7 +10,9 @@ import pytest
 
 from swarmd.cli import main
 from swarmd.config import HeartbeatConfig, RolesConfig, SwarmConfig
+from swarmd.models.parameter_shard import ShardConfig
 from swarmd.peers.election import Thresholds, coordination_round_s
+from swarmd.peers.planning.transfers import KEEP_VERSIONS
 from swarmd.peers.sim.simulator import SimSettings
 
 pytestmark = pytest.mark.timeout(300)
@@ -81,6 +83,8 @@ def test_the_simulators_defaults_are_the_daemons() -> None:
         min_connectivity_Bps=roles.min_connectivity_Bps, hysteresis=roles.hysteresis,
     )  # fmt: skip
     assert settings.data_via_relay == SwarmConfig().data_via_relay
+    # A cell further behind than this gets the whole slice: the planner prices it the same way.
+    assert settings.keep_versions == KEEP_VERSIONS == ShardConfig(mode="gradient", lr=1e-3).keep_versions
 
 
 def test_a_strategy_that_cannot_place_the_swarm_is_reported_not_fatal(tmp_path: Path) -> None:
