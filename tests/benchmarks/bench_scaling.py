@@ -1,6 +1,7 @@
 """Does training get faster as the swarm grows? Issue 14's table (figures, no assertions).
 
     .venv/bin/python tests/benchmarks/bench_scaling.py [--hours 1] [--sizes 16 64 256 1000] [--out DIR]
+    .venv/bin/python tests/benchmarks/bench_scaling.py --plot-from A/scaling.json B/scaling.json --out DIR
 
 Synthetic scenarios (``swarmd.peers.planning.scenario_gen``, three regions) of each size, with
 and without churn, for two models: one that fits one large device (``SMALL_MODEL``, 200M) and
@@ -150,7 +151,9 @@ def verdict(rows: list[Row]) -> list[str]:
     return out
 
 
-def plot(rows: list[Row], out: Path) -> Path | None:
+def plot(records: list[dict[str, Any]], out: Path) -> Path | None:
+    """Tokens/s against devices, a panel per model present, from ``record``'s dictionaries (a
+    run's, or those of several runs' ``scaling.json``: ``--plot-from``)."""
     try:
         import matplotlib
 
@@ -159,18 +162,22 @@ def plot(rows: list[Row], out: Path) -> Path | None:
     except ImportError:
         print("matplotlib is not installed (pip install 'swarmd[sim]'): no plot", file=sys.stderr)
         return None
-    fig, axes = plt.subplots(1, len(MODELS), figsize=(12, 4.5), sharey=True)
-    for ax, model in zip(np.atleast_1d(axes), MODELS, strict=True):
+    models = [m for m in MODELS if any(r["model"] == m for r in records)]
+    if not models:
+        return None
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.5), sharey=True)
+    for ax, model in zip(np.atleast_1d(axes), models, strict=True):
         for churn, style in ((False, "-o"), (True, "--s")):
-            series = sorted((r for r in rows if r.model == model and r.churn == churn), key=lambda r: r.devices)
+            series = sorted((r for r in records if r["model"] == model and r["churn"] == churn),
+                            key=lambda r: r["devices"])  # fmt: skip
             if not series:
                 continue
-            xs = [r.devices for r in series]
+            xs = [r["devices"] for r in series]
             label = "churn" if churn else "no churn"
-            ax.plot(xs, [r.result.tokens_per_s for r in series], style, label=f"trained, {label}")
-            ax.plot(xs, [r.result.compute_bound_tokens_per_s for r in series], style, alpha=0.35,
+            ax.plot(xs, [r["tokens_per_s"] for r in series], style, label=f"trained, {label}")
+            ax.plot(xs, [r["compute_bound_tokens_per_s"] for r in series], style, alpha=0.35,
                     label=f"compute bound, {label}")  # fmt: skip
-            alone = [r.alone for r in series if r.alone]
+            alone = [r["single_device"] for r in series if r["single_device"]]
             if alone:
                 ax.axhline(max(alone), color="grey", linestyle=":", label="fastest single device" if churn else None)
         ax.set(xscale="log", yscale="log", xlabel="devices", title=f"{model} model")
@@ -194,7 +201,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--time-budget", type=float, default=0.5, help="the planner's search time per plan")
     parser.add_argument("--out", type=Path, default=Path("bench-scaling"))
+    parser.add_argument("--plot-from", type=Path, nargs="+", metavar="JSON",
+                        help="plot these scaling.json files' rows (several runs, one figure) to --out")  # fmt: skip
     args = parser.parse_args()
+    if args.plot_from:
+        records = [r for f in args.plot_from for r in json.loads(f.read_text())]
+        print(plot(records, args.out) or "nothing plotted")
+        return
     rows = []
     for model in args.models:
         for n in args.sizes:
@@ -207,16 +220,16 @@ def main() -> None:
     print(table(rows))
     print()
     print("\n".join(verdict(rows)))
-    path = plot(rows, args.out)
-    args.out.mkdir(parents=True, exist_ok=True)
     records: list[dict[str, Any]] = [
-        {"model": r.model, "devices": r.devices, "churn": r.churn, "plan_s": r.plan_s, "single_device": r.alone,
-         "busiest": r.busiest, "tokens_per_s": r.result.tokens_per_s,
+        {"model": r.model, "devices": r.devices, "churn": r.churn, "hours": r.result.hours, "plan_s": r.plan_s,
+         "single_device": r.alone, "busiest": r.busiest, "tokens_per_s": r.result.tokens_per_s,
          "compute_bound_tokens_per_s": r.result.compute_bound_tokens_per_s, "shape": r.result.shape,
          "shards": r.result.shards, "local_steps": r.result.local_steps,
          "share_micro_batches": r.result.share_micro_batches, "phases": r.result.phases}
         for r in rows
     ]  # fmt: skip
+    path = plot(records, args.out)
+    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "scaling.json").write_text(json.dumps(records, indent=1))
     print(f"\nwrote {args.out / 'scaling.json'}" + (f", {path}" if path else ""))
 
