@@ -62,7 +62,8 @@ class ShardError(SwarmdError):
 class ContributionError(ShardError):
     """A contribution is refused before it touches the weights. ``reason`` says why without text
     to parse: ``length``, ``dtype``, ``finite``, ``norm``, ``version``, ``micro_batches``,
-    ``share_ids`` or ``weight``."""
+    ``share_ids``, ``weight`` or ``overlap`` (a sum of several cells' contributions, some of
+    whose shares are already in)."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
@@ -244,7 +245,14 @@ class ParameterShard:
     # --- contributions ---------------------------------------------------------------------
 
     def contribute(
-        self, vector: torch.Tensor, base_version: int, micro_batches: int, share_ids: Sequence[int], weight: float
+        self,
+        vector: torch.Tensor,
+        base_version: int,
+        micro_batches: int,
+        share_ids: Sequence[int],
+        weight: float,
+        *,
+        parts: int = 1,
     ) -> ContributeResult:
         """Take one cell's contribution to this slice: its mean gradient or pseudo-gradient over
         ``micro_batches`` micro-batches computed on weights ``base_version``, for ``share_ids``,
@@ -253,13 +261,25 @@ class ParameterShard:
         Raises ContributionError (nothing changes but ``counters.refused``) for a malformed
         contribution; returns DUPLICATE when a share ID is already buffered or applied (its new
         IDs, if any, are settled with it), DROPPED for weight 0 (its IDs settled), else BUFFERED,
-        with the step when this one completed it."""
+        with the step when this one completed it. ``parts``: the cells' contributions this one
+        sums (a reduction head's); such a sum is taken whole or refused (``overlap``)."""
         try:
             ids = self._check(vector, base_version, micro_batches, share_ids, weight)
         except ContributionError:
             self.counters.refused += 1
             raise
         if any(i in self._buffered_ids or i in self._done_ids for i in ids):
+            if parts > 1:
+                # A reduction head's sum, some of whose shares came in by themselves (a member
+                # that gave up on its head): no part of a sum can be taken out, so none is
+                # settled; the head sends the parts one by one.
+                self.counters.refused += 1
+                taken = [i for i in ids if i in self._buffered_ids or i in self._done_ids]
+                raise ContributionError(
+                    "overlap",
+                    f"a sum of {parts} contributions names shares already taken here ({taken[:3]}); "
+                    "send its parts one by one",
+                )
             self.counters.duplicates += 1
             self._settle([i for i in ids if i not in self._buffered_ids and i not in self._done_ids])
             return ContributeResult(Outcome.DUPLICATE, self.version)

@@ -16,6 +16,7 @@ from swarmd.errors import RecordError
 from swarmd.peers.heartbeat import CLOCK_SKEW_S, check_subject, check_times
 from swarmd.peers.identity import Identity
 from swarmd.peers.records import Fields, open_record, sign_record
+from swarmd.peers.taskpool.reduction import MAX_GROUP
 
 KIND = "plan"
 MAX_PLAN_BYTES = 256 * 1024
@@ -57,6 +58,9 @@ class PlanRecord:
     """k: micro-batches per share (0: the run's batch over the pipelines)."""
     spares: list[int] = field(default_factory=list)
     """Devices outside the grid the plan gives a role (a server, a relay, a spare for a cell)."""
+    reduce_groups: list[int] = field(default_factory=list)
+    """G per stage: its pipelines reduce their contributions in groups of G before the servers
+    (``swarmd.peers.taskpool.reduction``); empty or 1: each cell sends to the servers itself."""
 
     def stage_of(self, peer_id: str) -> int | None:
         """The stage the plan gives ``peer_id`` (None: the plan leaves it out)."""
@@ -82,6 +86,7 @@ class PlanRecord:
             "parameter_servers": self.parameter_servers, "relays": self.relays, "predicted": self.predicted,
             "shard_servers": self.shard_servers, "local_steps": self.local_steps,
             "share_micro_batches": self.share_micro_batches, "spares": self.spares,
+            "reduce_groups": self.reduce_groups,
         }  # fmt: skip
         return sign_record(identity, KIND, body)
 
@@ -103,7 +108,7 @@ def parse_plan(raw: object, *, run_id: str | None, now: float | None, peer_id: s
     f.only({
         "run_id", "peer_id", "issued_at", "expires_at", "version", "kind", "devices", "pipelines",
         "layers_per_stage", "parameter_servers", "relays", "predicted", "shard_servers", "local_steps",
-        "share_micro_batches", "spares",
+        "share_micro_batches", "spares", "reduce_groups",
     })  # fmt: skip
     claimed, found_run = check_subject(f, record.signer, KIND, run_id=run_id, peer_id=peer_id)
     # An expired plan is still read (now=None for the clock): the newest one stands until replaced.
@@ -138,6 +143,10 @@ def parse_plan(raw: object, *, run_id: str | None, now: float | None, peer_id: s
     spares = _index_list(record.body.get("spares", []), "spares", n, MAX_PLAN_DEVICES)
     local_steps = f.integer("local_steps", 1, MAX_LOCAL_STEPS) if "local_steps" in record.body else 1
     share = f.integer("share_micro_batches", 0, MAX_SHARE) if "share_micro_batches" in record.body else 0
+    reduce_groups = _index_list(record.body.get("reduce_groups", []), "reduce_groups", MAX_GROUP + 1, MAX_STAGES)
+    if reduce_groups and (len(reduce_groups) != stages or min(reduce_groups) < 1):
+        raise RecordError(f"plan of {claimed}: reduce_groups must give each of {stages} stages a group size "
+                          f"of 1 to {MAX_GROUP}, got {reduce_groups[:8]}")  # fmt: skip
     predicted_raw = record.body.get("predicted")
     if not isinstance(predicted_raw, dict) or len(predicted_raw) > 16:
         raise RecordError(f"plan of {claimed}: predicted must be an object of at most 16 figures")
@@ -152,6 +161,7 @@ def parse_plan(raw: object, *, run_id: str | None, now: float | None, peer_id: s
         version=f.integer("version", 0, 2**53), kind=kind, devices=devices, pipelines=pipelines,
         layers_per_stage=layers, parameter_servers=servers, relays=relays, predicted=predicted,
         shard_servers=shard_servers, local_steps=local_steps, share_micro_batches=share, spares=spares,
+        reduce_groups=reduce_groups,
     )  # fmt: skip
 
 

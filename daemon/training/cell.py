@@ -87,6 +87,9 @@ class CellView:
     """The holders of this stage's shards, by shard index."""
     ledger: str | None = None
     """The holder of shard (0, 0), who keeps the share ledger."""
+    heads: list[str | None] = field(default_factory=list)
+    """By shard index, who reduces this cell's slice of it with its group's (this peer
+    included: its own slices go through its reducer too); None: straight to the server."""
 
 
 @dataclass
@@ -342,6 +345,12 @@ class CellWorker:
                 # finish here; stage 0 feeds it again (or another pipeline does).
                 logger.info("cell %s: micro-batch %d failed (%s); dropping the share", self.cell, item.micro_batch, e)
                 self._abandon_share()
+
+    def round_seconds(self) -> float:
+        """How long a round takes here lately (H shares; 0 before the first share is done)."""
+        if not self._share_seconds:
+            return 0.0
+        return self.settings.local_steps * sum(self._share_seconds) / len(self._share_seconds)
 
     def stall_limit_s(self) -> float:
         """How long a share may make no progress here before it is abandoned (``SHARE_STALL_S``)."""

@@ -8,6 +8,10 @@ holder changes first, the slice goes again to the new holder, which takes it onc
 Once every shard of stage 0 has committed a round, its stage-0 cell tells the ledger the
 shares are complete.
 
+Where the plan groups the stage's pipelines, a slice goes to its group's head for that shard
+(``Reduce``, ``swarmd.training.reducer``), which answers with what the server answered the
+group's sum; a slice whose head fails it goes to the server itself from then on.
+
 Backpressure: a cell may start a round only when the previous one is delivered (``room``): a
 slow link slows its cell rather than piling contributions up. Rounds may wait to be committed
 for long (a server steps once the whole batch is in, from every pipeline), so only the newest
@@ -28,7 +32,7 @@ import torch
 from swarmd.peers.taskpool.exchange import shard_range
 from swarmd.peers.wire.codecs import ErrorFeedback
 from swarmd.peers.wire.errors import BadRequest, RpcError, Stale
-from swarmd.peers.wire.messages import Contribute, LedgerComplete
+from swarmd.peers.wire.messages import Contribute, Contributed, LedgerComplete, Reduce
 from swarmd.peers.wire.sizes import codec_for
 
 if TYPE_CHECKING:
@@ -53,6 +57,8 @@ class _Round:
     delivered_to: list[str | None]
     committed: list[bool]
     dropped: list[bool] = field(default_factory=list)
+    direct: list[bool] = field(default_factory=list)
+    """Slices that go straight to the server: their reduction head failed them once."""
     lost: bool = False
     """A slice could not be resent (its blob was let go): the shares are trained again."""
 
@@ -76,6 +82,8 @@ class ContributionStats:
     lost: int = 0
     """Rounds given up (a server changed hands before committing them): their shares are trained again."""
     bytes_sent: int = 0
+    direct: int = 0
+    """Slices sent to the server after their reduction head failed them."""
 
 
 class Contributions:
@@ -100,12 +108,12 @@ class Contributions:
         blobs, codecs = [], []
         for k in range(shards):
             lo, hi = shard_range(vector.numel(), shards, k)
-            server = self.cell.view.servers[k] if k < len(self.cell.view.servers) else None
-            codec = codec_for("contribution", self.cell.link_Bps(server or ""), half=self.cell.half)
+            to = self._head(k) or (self.cell.view.servers[k] if k < len(self.cell.view.servers) else None)
+            codec = codec_for("contribution", self.cell.link_Bps(to or ""), half=self.cell.half)
             blobs.append(self._feedback.encode(k, vector[lo:hi], codec))
             codecs.append(codec)
         self.rounds.append(_Round(list(share_ids), micro_batches, list(bases), blobs, codecs, [None] * shards,
-                                  [False] * shards, [False] * shards))  # fmt: skip
+                                  [False] * shards, [False] * shards, [False] * shards))  # fmt: skip
         self.stats.rounds += 1
         for old in self.rounds[:-KEEP_BLOBS]:
             if old.delivered:
@@ -171,16 +179,25 @@ class Contributions:
         results = await asyncio.gather(*(self._send_slice(r, k, servers[k]) for k in todo))  # type: ignore[arg-type]
         return all(results)
 
+    def _head(self, k: int) -> str | None:
+        heads = self.cell.view.heads
+        return heads[k] if k < len(heads) else None
+
     async def _send_slice(self, r: _Round, k: int, server: str) -> bool:
+        """Send slice ``k`` to its reduction head (``swarmd.training.reducer``), which answers
+        with what the server answered, or, when there is none or it failed this slice once,
+        to the server itself."""
         cell = self.cell
-        request = Contribute(
+        fields = dict(
             run_id=cell.run_id, stage=cell.stage, shard=k, shards=len(r.committed), share_ids=r.share_ids,
             base_version=r.bases[k], micro_batches=r.micro_batches,
             kind="gradient" if cell.settings.mode == "gradient" else "pseudo", codec=r.codecs[k],
         )  # fmt: skip
+        head = None if r.direct[k] else self._head(k)
+        request = Contribute(**fields) if head is None else Reduce(**fields, pipeline=cell.pipeline)
         again = r.delivered_to[k] is not None
         try:
-            answer, _ = await cell.send(server, request, [r.blobs[k]], DELIVER_TIMEOUT_S)
+            answer, _ = await cell.send(head or server, request, [r.blobs[k]], DELIVER_TIMEOUT_S)
         except (BadRequest, Stale) as e:
             # Refused for good (malformed, or from a lineage the server cannot use): nothing to
             # wait for; the round's work on this slice is not applied.
@@ -190,8 +207,20 @@ class Contributions:
             self._settle()
             return True
         except RpcError as e:
-            logger.debug("cell %s: contribution to shard %d at %s failed (%s); retrying", cell.cell, k, server, e)
+            if head is not None:
+                # The head is gone, or no longer heads this shard: the server takes the slice
+                # once, whether or not the head's sum of it got there first.
+                logger.debug("cell %s: reduction head %s failed slice %d (%s); sending it to the server",
+                             cell.cell, head[:16], k, e)  # fmt: skip
+                r.direct[k] = True
+                self.stats.direct += 1
+            else:
+                logger.debug("cell %s: contribution to shard %d at %s failed (%s); retrying", cell.cell, k, server, e)
             return False
+        return self._delivered(r, k, server, answer, again)
+
+    def _delivered(self, r: _Round, k: int, server: str, answer: Contributed, again: bool) -> bool:
+        cell = self.cell
         r.delivered_to[k] = server
         self.progress.set()
         self.stats.sent += 1
@@ -232,4 +261,5 @@ class Contributions:
         return {
             "waiting": len(self.rounds), "rounds": s.rounds, "sent": s.sent, "resent": s.resent,
             "dropped": s.dropped, "committed_rounds": s.committed_rounds, "lost": s.lost, "bytes_sent": s.bytes_sent,
+            "direct": s.direct,
         }  # fmt: skip

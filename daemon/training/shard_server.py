@@ -34,7 +34,7 @@ from swarmd.models.parameter_shard import ContributionError, Outcome, ParameterS
 from swarmd.peers.taskpool.exchange import ExchangeSettings, staleness_weight
 from swarmd.peers.taskpool.servers import Shard
 from swarmd.peers.wire.codecs import decode_vector, encode_vector
-from swarmd.peers.wire.errors import BadRequest, FrameError, RpcError, Stale
+from swarmd.peers.wire.errors import AlreadyApplied, BadRequest, FrameError, RpcError, Stale
 from swarmd.peers.wire.messages import Contribute, Contributed, Pull, Pulled
 
 logger = logging.getLogger(__name__)
@@ -113,10 +113,12 @@ class ShardServer:
             try:
                 result = await asyncio.to_thread(
                     self.shard.contribute, vector, request.base_version, request.micro_batches,
-                    request.share_ids, weight,
+                    request.share_ids, weight, parts=request.parts,
                 )  # fmt: skip
             except ContributionError as e:
                 self.stats.refused += 1
+                if e.reason == "overlap":
+                    raise AlreadyApplied(f"shard {self.key}: {e}") from None
                 raise BadRequest(f"shard {self.key}: {e} ({e.reason})") from None
             self.stats.contributions += 1
             self.stats.staleness[staleness] = self.stats.staleness.get(staleness, 0) + 1

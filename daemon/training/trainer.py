@@ -36,6 +36,7 @@ from swarmd.peers.run_spec import SignedRunSpec, run_seed
 from swarmd.peers.taskpool.assignment import Assignment, from_plan, provisional
 from swarmd.peers.taskpool.cells import Cell, CellLease, cells_to_hold, open_cells, pipeline_epoch, resolve_cells
 from swarmd.peers.taskpool.exchange import ExchangeSettings, shard_range, step_micro_batches
+from swarmd.peers.taskpool.reduction import group_of, head_of
 from swarmd.peers.taskpool.servers import SeenVersions, Shard, ShardLease, encode_proof, resolve_shards
 from swarmd.peers.wire.codecs import decode_vector
 from swarmd.peers.wire.errors import NotHolder, RpcError
@@ -44,6 +45,7 @@ from swarmd.peers.wire.protocol import Request
 from swarmd.training.cell import CellView, CellWorker
 from swarmd.training.handlers import TrainingHandlers
 from swarmd.training.opening import ShardOpener, make_cell, stage_module
+from swarmd.training.reducer import Reducer
 from swarmd.training.replicas import ReplicaStore
 from swarmd.training.shard_server import ShardServer
 
@@ -122,6 +124,7 @@ class Trainer:
         self._trained: deque[tuple[float, int]] = deque(maxlen=30)  # (time, version of shard (0, 0))
         self.opener = ShardOpener(self)
         self.handlers = TrainingHandlers(self)
+        self.reducer = Reducer(self)
 
     # --- the round ----------------------------------------------------------------------------
 
@@ -286,6 +289,9 @@ class Trainer:
         pipelines |= {p for p, _ in self._cell_claims} | {p for p, _ in open_cells(named, self.live)}
         pipelines |= {p for p in self._extra_pipelines if p < assignment.pipelines}
         pipelines |= {p for p in range(assignment.pipelines)} if (0, 0) in self.servers else set()
+        # The reduction groups of our pipelines: their heads (ours to send to) and members (ours to wait for).
+        pipelines |= {q for p in list(pipelines) if p < assignment.pipelines for s in range(assignment.stages)
+                      for q in group_of(p, assignment.pipelines, assignment.group_size(s))}  # fmt: skip
         self._extra_pipelines.clear()
         cells = [(p, s) for p in sorted(pipelines) for s in range(assignment.stages)]
         scans = await asyncio.gather(*(self.dht.scan_cell(p, s, now) for p, s in cells))
@@ -351,6 +357,8 @@ class Trainer:
                 next=row[s + 1] if s + 1 < assignment.stages else None,
                 servers=[servers.get((s, k)) for k in range(counts[s])],
                 ledger=servers.get((0, 0)),
+                heads=[_holder(holders, head_of(p, assignment.pipelines, assignment.group_size(s), k), s)
+                       for k in range(counts[s])],
             ))  # fmt: skip
 
     # --- what others ask of the pool ------------------------------------------------------------
@@ -367,6 +375,15 @@ class Trainer:
 
     def _holder_of(self, key: Shard) -> str | None:
         lease = self.shard_holders.get(key)
+        return None if lease is None else lease.peer_id
+
+    def shard_holder(self, key: Shard) -> str | None:
+        """Who holds shard ``key``, as of the last scan of the pool."""
+        return self._holder_of(key)
+
+    def cell_holder(self, cell: Cell) -> str | None:
+        """Who holds ``cell``, as of the last scan of the pool."""
+        lease = self.cell_holders.get(cell)
         return None if lease is None else lease.peer_id
 
     def stage0_holder(self, pipeline: int) -> str | None:
@@ -448,6 +465,7 @@ class Trainer:
         now = time.time()
         for cell in list(self.cells):
             await self._close_cell(cell)
+        await self.reducer.stop()
         for key in list(self.servers):
             await self._close_shard(key)
         for cell in list(self._cell_claims):
@@ -492,9 +510,15 @@ class Trainer:
                 "shards": [len(row) for row in a.servers],
             },
             "cells": cells, "shards": shards, "ledger": None if ledger is None else ledger.info(),
+            "reducer": self.reducer.info(),
             "replicas": self.replicas.status(), "standby": self._standby,
             "updates": max(versions, default=0),
             "loss": round(sum(recent) / len(recent), 4) if recent else None,
             "losses": [[m, round(loss, 4)] for m, loss in losses[-512:]],
             "trained_tokens": tokens, "tokens_per_s": rate,
         }  # fmt: skip
+
+
+def _holder(holders: dict[Cell, str], pipeline: int | None, stage: int) -> str | None:
+    """Who holds cell ``(pipeline, stage)`` (None for no pipeline)."""
+    return None if pipeline is None else holders.get((pipeline, stage))

@@ -32,6 +32,8 @@ class Assignment:
     local_steps: int
     share_micro_batches: int
     relays: tuple[str, ...] = ()
+    reduce_groups: tuple[int, ...] = ()
+    """G per stage (``reduction``); empty: no stage reduces."""
 
     @property
     def stages(self) -> int:
@@ -53,6 +55,9 @@ class Assignment:
 
     def shard_counts(self) -> dict[int, int]:
         return {s: len(row) for s, row in enumerate(self.servers)}
+
+    def group_size(self, stage: int) -> int:
+        return self.reduce_groups[stage] if stage < len(self.reduce_groups) else 1
 
     def cells_of(self, peer: str) -> list[Cell]:
         return [cell for cell, named in self.named_cells().items() if named == peer]
@@ -83,6 +88,7 @@ def from_plan(record: PlanRecord, stages: int, batch_micro_batches: int) -> Assi
         local_steps=record.local_steps,
         share_micro_batches=share,
         relays=tuple(names[d] for d in record.relays),
+        reduce_groups=tuple(record.reduce_groups),
     )
 
 

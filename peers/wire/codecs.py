@@ -252,6 +252,14 @@ class ErrorFeedback:
     def residual(self, key: Hashable) -> torch.Tensor | None:
         return self._residuals.get(key)
 
+    def put_back(self, key: Hashable, residual: torch.Tensor | None) -> None:
+        """A frame of ``key`` was not used after all: its residual goes back to what it was
+        before (``residual(key)`` then), so that its rounding is not carried twice."""
+        if residual is None:
+            self._residuals.pop(key, None)
+        else:
+            self._residuals[key] = residual
+
     def reset(self, key: Hashable | None = None) -> None:
         """Forget the residual of ``key`` (of every key when None): the tensor it belonged to is gone."""
         if key is None:

@@ -1,7 +1,8 @@
 """Every request and answer between peers (``docs/data-path.md``), as checked dataclasses.
 
 - the data path: ``CellForward`` and ``CellBackward`` between the cells of a pipeline;
-  ``Contribute`` and ``Pull`` between a cell and a shard server; ``LedgerIssue``,
+  ``Contribute`` and ``Pull`` between a cell and a shard server, ``Reduce`` from a cell to the
+  head of its reduction group; ``LedgerIssue``,
   ``LedgerComplete`` and ``LedgerAbandon`` at the ledger (the holder of shard (0, 0));
   ``ReplicaLog``, ``ReplicaCheckpoint`` and ``ReplicaFetch`` between a shard server and its
   standby;
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from swarmd.peers.links import MAX_PROBE_BYTES
+from swarmd.peers.taskpool.reduction import MAX_GROUP, REDUCE_WAIT_S
 from swarmd.peers.wire.errors import SchemaError
 from swarmd.peers.wire.protocol import MAX_BLOBS, Ack, Answer, Request, bound
 from swarmd.peers.wire.sizes import CODECS
@@ -178,10 +180,28 @@ class Contribute(Request[Contributed]):
     micro_batches: int = bound(min_value=1, max_value=MAX_MICRO_BATCHES)
     kind: str = bound(choices=CONTRIBUTION_KINDS)
     codec: str = bound(choices=CODECS)
+    parts: int = bound(min_value=1, max_value=MAX_GROUP, default=1)
+    """The cells' contributions this one sums: more than one from a reduction group's head
+    (taken whole or refused ``AlreadyApplied``, never in part)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _shard_of(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reduce(Contribute):
+    """A cell's slice for one shard, to the head of its reduction group
+    (``swarmd.peers.taskpool.reduction``), who sums the group's and answers with what the
+    server answered the sum (or, refused, this slice alone)."""
+
+    METHOD = "cell.reduce"
+
+    pipeline: int = _pipeline()
+    """The sender's pipeline: the head checks it is in its group."""
+
+    def server_wait_s(self) -> float:
+        return REDUCE_WAIT_S[1]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -154,3 +154,71 @@ def test_local_steps_contribute_a_pseudo_gradient_every_h_shares_and_learn(tmp_p
     assert all(c["rounds"] * 4 <= c["shares"] + 4 and c["rounds"] >= 1 for c in cells), cells
     losses = [loss for s in statuses for _, loss in s["losses"]]
     assert statistics.mean(losses[-8:]) < statistics.mean(losses[:8]) - 0.3, losses
+
+
+def grouped_plan(swarm: Swarm, devices: list[str], pipelines: list[list[int]], servers: list[int]) -> PlanRecord:
+    """A plan whose stages reduce in groups of 2: pipeline 0's cells head the one shard of each
+    stage, so pipeline 1's cells send their slices to them, not to the servers."""
+    return PlanRecord(run_id=swarm.spec.run_id, peer_id=devices[0], issued_at=time.time(),
+                      expires_at=time.time() + 600, version=1, kind="full", devices=devices, pipelines=pipelines,
+                      layers_per_stage=[2, 2], parameter_servers=servers, reduce_groups=[2, 2])  # fmt: skip
+
+
+def test_a_reduction_group_sums_its_cells_slices_before_the_server_and_learns(tmp_path: Path) -> None:
+    async def scenario(swarm: Swarm) -> list[dict[str, Any]]:
+        peers = sorted(swarm.members)
+        record = grouped_plan(swarm, peers, [[0, 1], [2, 3]], [0, 1])
+        for member in swarm.members.values():
+            member.trainer.roles.plan = record
+        await swarm.wait_for("10 updates", lambda: swarm.updates() >= 10, 200)
+        return [m.trainer.status() for m in swarm.members.values()]
+
+    statuses = run(tmp_path, 4, scenario)
+    reducers = [s["reducer"] for s in statuses]
+    # The heads sent sums of both pipelines' slices: one contribution per shard and round where
+    # there were two, and none of pipeline 1's cells had to go to the server itself.
+    assert sum(r["sums"] for r in reducers) >= 4, str(reducers)
+    assert sum(r["summed"] for r in reducers) >= 2 * sum(r["sums"] for r in reducers)
+    cells = [c for s in statuses for c in s["cells"]]
+    assert all(c["contributions"]["direct"] == 0 for c in cells), cells
+    losses = [loss for s in statuses for _, loss in s["losses"]]
+    assert statistics.mean(losses[-8:]) < statistics.mean(losses[:8]) - 0.3, losses
+
+
+def test_a_head_killed_during_a_reduction_loses_no_update_and_its_members_go_to_the_server(tmp_path: Path) -> None:
+    async def scenario(swarm: Swarm) -> tuple[int, int, int, list[dict[str, Any]]]:
+        peers = sorted(swarm.members)
+        # Pipelines 0 and 1 (peers 0-3) reduce in a group; peer 4 serves both stages' shards;
+        # peer 5 is a spare that takes the dead head's cell.
+        record = grouped_plan(swarm, peers, [[0, 1], [2, 3]], [4, 4])
+        for member in swarm.members.values():
+            member.trainer.roles.plan = record
+        head = peers[0]
+        await swarm.wait_for("4 updates", lambda: swarm.updates() >= 4, 200)
+        # Kill the head the moment it holds a member's slice waiting for its own, mid-reduction.
+        reducer = swarm.members[head].trainer.reducer
+        killed = asyncio.Event()
+        original = reducer.reduce
+
+        async def reduce_then_die(sender: str, request: Any, blob: bytes) -> Any:
+            if sender != head and not killed.is_set():
+                killed.set()
+                asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(swarm.kill(head)))
+            return await original(sender, request, blob)
+
+        reducer.reduce = reduce_then_die  # type: ignore[method-assign]
+        await asyncio.wait_for(killed.wait(), 120)
+        server = swarm.members[peers[4]].trainer.servers
+        committed = min(s.version for s in server.values())
+        await swarm.wait_for("4 more updates", lambda: min(s.version for s in server.values()) >= committed + 4, 200)
+        after = min(s.version for s in server.values())
+        statuses = [m.trainer.status() for p, m in swarm.members.items() if m.alive]
+        return committed, after, len(server), statuses
+
+    committed, after, shards, statuses = run(tmp_path, 6, scenario)
+    assert shards == 2 and after >= committed + 4  # the server never went back: no update lost
+    cells = [c for s in statuses for c in s["cells"]]
+    # The member whose slice was at the dead head sent it (and later ones, until the spare
+    # headed again) to the server itself.
+    assert sum(c["contributions"]["direct"] for c in cells) >= 1, cells
+    assert all(c["contributions"]["lost"] == 0 for c in cells), cells

@@ -1,0 +1,261 @@
+"""A reduction group's head: the group's slices of a shard, summed, go to the server once.
+
+Where the plan groups a stage's pipelines (``swarmd.peers.taskpool.reduction``), each cell sends
+its slice of shard ``k`` to the cell of its group that heads ``k`` (``Reduce``), not to the
+server. The head keeps the slices that build on the same version in one bucket; the bucket goes
+when every live member of the group has sent one, or ``reduce_wait_s`` after the first came:
+
+- one slice: forwarded as it came (no decoding, no second rounding);
+- several: their mean weighted by micro-batches, encoded for the head's link to the server
+  (int8 with error feedback kept here on a slow link), sent as one ``Contribute`` of ``parts``
+  cells covering all their shares. If the server refuses the sum (``AlreadyApplied``: a member
+  sent a part by itself meanwhile; or a part is malformed or too large), the parts go one by
+  one, each answered as the server answers it.
+
+Every member waits for its answer: it counts its slice delivered only when the server took it,
+so a head that dies mid-reduction leaves its members' requests failed, and they send their
+slices straight to the server (``Contributions``), which takes each once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from swarmd.peers.taskpool.exchange import shard_range
+from swarmd.peers.taskpool.reduction import group_of, head_of, mean_factors, reduce_wait_s
+from swarmd.peers.wire.codecs import ErrorFeedback, decode_vector
+from swarmd.peers.wire.errors import AlreadyApplied, BadRequest, FrameError, NotHolder, RpcError, Stale, Unavailable
+from swarmd.peers.wire.messages import MAX_SHARE_IDS, Contribute, Contributed, Reduce
+from swarmd.peers.wire.sizes import codec_for
+
+if TYPE_CHECKING:
+    from swarmd.training.cell import CellWorker
+    from swarmd.training.trainer import Trainer
+
+logger = logging.getLogger(__name__)
+
+FORWARD_TIMEOUT_S = 120.0
+"""A head's contribution to the server: as long as a cell's own (``contributions.DELIVER_TIMEOUT_S``)."""
+MAX_BUCKETS = 256
+"""Buckets open at once (a shard, a base version each): a group's members build on a version or
+two, so more is a member that sends nonsense; past it, the oldest bucket goes at once."""
+
+
+@dataclass
+class _Part:
+    request: Reduce
+    blob: bytes
+    vector: torch.Tensor
+    waiters: list[asyncio.Future[Contributed]] = field(default_factory=list)
+
+
+@dataclass
+class _Bucket:
+    key: tuple[int, int, int, int, str]
+    head: int
+    """The pipeline of the cell that heads this shard here."""
+    parts: dict[int, _Part] = field(default_factory=dict)
+    """By the sender's pipeline."""
+    timer: asyncio.TimerHandle | None = None
+
+
+@dataclass
+class ReducerStats:
+    slices: int = 0
+    """Members' slices taken."""
+    sums: int = 0
+    """Contributions of two slices or more sent to a server."""
+    summed: int = 0
+    """Slices that went in those sums."""
+    singles: int = 0
+    """Slices forwarded alone (nobody else's came in time, or a sum was refused)."""
+    refused_sums: int = 0
+    bytes_sent: int = 0
+
+
+class Reducer:
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+        self.buckets: dict[tuple[int, int, int, int, str], _Bucket] = {}
+        self.stats = ReducerStats()
+        self._feedback = ErrorFeedback()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # --- members' slices ----------------------------------------------------------------------
+
+    async def reduce(self, sender: str, request: Reduce, blob: bytes) -> Contributed:
+        head_cell, head = self._head_for(request)
+        if sender != self.trainer.cell_holder((request.pipeline, request.stage)):
+            raise NotHolder(f"{sender[:16]} does not hold cell ({request.pipeline}, {request.stage}) here; "
+                            "send the slice to the shard's server")  # fmt: skip
+        if request.parts != 1:
+            raise BadRequest(f"a member sends its own slice (parts = 1), not {request.parts}")
+        lo, hi = shard_range(self.trainer.opener.initial_vector(request.stage).numel(), request.shards, request.shard)
+        try:
+            vector = await asyncio.to_thread(decode_vector, blob, hi - lo, request.codec)
+        except FrameError as e:
+            raise BadRequest(f"slice of shard ({request.stage}, {request.shard}): {e}") from None
+        key = (request.stage, request.shard, request.shards, request.base_version, request.kind)
+        bucket = self.buckets.get(key)
+        if bucket is None:
+            if len(self.buckets) >= MAX_BUCKETS:
+                self._flush(next(iter(self.buckets.values())))
+            bucket = self.buckets[key] = _Bucket(key, head)
+            loop = asyncio.get_running_loop()
+            bucket.timer = loop.call_later(reduce_wait_s(head_cell.round_seconds()), self._flush, bucket)
+        part = bucket.parts.get(request.pipeline)
+        if part is None or part.request.share_ids != request.share_ids:
+            if part is not None:  # a newer round of the same member: the older goes by itself
+                self._spawn(self._send_parts([part], request.stage, request.shard))
+            part = bucket.parts[request.pipeline] = _Part(request, blob, vector)
+        waiter: asyncio.Future[Contributed] = asyncio.get_running_loop().create_future()
+        part.waiters.append(waiter)  # a resend of the same slice waits on the same sum
+        self.stats.slices += 1
+        if len(bucket.parts) >= self._expected(request.stage, head):
+            self._flush(bucket)
+        return await waiter
+
+    def _head_for(self, request: Reduce) -> tuple[CellWorker, int]:
+        """The cell here that heads the request's shard for the sender's group."""
+        trainer = self.trainer
+        a = trainer.assignment
+        if a is None or request.pipeline >= a.pipelines or request.stage >= a.stages:
+            raise NotHolder(f"no plan here places cell ({request.pipeline}, {request.stage})")
+        if request.shards != a.shard_counts()[request.stage]:
+            raise BadRequest(f"stage {request.stage} has {a.shard_counts()[request.stage]} shards in the plan "
+                             f"in force here, not {request.shards}")  # fmt: skip
+        head = head_of(request.pipeline, a.pipelines, a.group_size(request.stage), request.shard)
+        worker = None if head is None else trainer.cells.get((head, request.stage))
+        if head is None or worker is None:
+            raise NotHolder(f"this peer does not head shard ({request.stage}, {request.shard}) for pipeline "
+                            f"{request.pipeline}'s group; send the slice to the shard's server")  # fmt: skip
+        return worker, head
+
+    def _expected(self, stage: int, head: int) -> int:
+        """The group's members whose cell of ``stage`` someone holds now."""
+        a = self.trainer.assignment
+        if a is None:
+            return 1
+        members = group_of(head, a.pipelines, a.group_size(stage))
+        return max(1, sum(self.trainer.cell_holder((p, stage)) is not None for p in members))
+
+    # --- sums to the server -------------------------------------------------------------------
+
+    def _flush(self, bucket: _Bucket) -> None:
+        if self.buckets.get(bucket.key) is not bucket:
+            return  # gone already (full, then its timer)
+        del self.buckets[bucket.key]
+        if bucket.timer is not None:
+            bucket.timer.cancel()
+        stage, shard = bucket.key[0], bucket.key[1]
+        chunk: list[_Part] = []
+        for part in bucket.parts.values():
+            if chunk and sum(len(p.request.share_ids) for p in chunk) + len(part.request.share_ids) > MAX_SHARE_IDS:
+                self._spawn(self._send_parts(chunk, stage, shard))
+                chunk = []
+            chunk.append(part)
+        if chunk:
+            self._spawn(self._send_parts(chunk, stage, shard))
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send_parts(self, parts: list[_Part], stage: int, shard: int) -> None:
+        if len(parts) > 1:
+            try:
+                answer = await self._send_sum(parts, stage, shard)
+            except (AlreadyApplied, BadRequest, Stale) as e:
+                self.stats.refused_sums += 1
+                logger.info("shard (%d, %d) refused a sum of %d slices (%s); sending them one by one",
+                            stage, shard, len(parts), e)  # fmt: skip
+            except RpcError as e:
+                for part in parts:
+                    _fail(part, e)
+                return
+            else:
+                self.stats.sums += 1
+                self.stats.summed += len(parts)
+                for part in parts:
+                    _answer(part, answer)
+                return
+        await asyncio.gather(*(self._send_single(part, stage, shard) for part in parts))
+
+    async def _send_single(self, part: _Part, stage: int, shard: int) -> None:
+        r = part.request
+        request = Contribute(run_id=r.run_id, stage=r.stage, shard=r.shard, shards=r.shards, share_ids=r.share_ids,
+                             base_version=r.base_version, micro_batches=r.micro_batches, kind=r.kind,
+                             codec=r.codec)  # fmt: skip
+        try:
+            answer, _ = await self.trainer.send(self._server(stage, shard), request, [part.blob], FORWARD_TIMEOUT_S)
+        except RpcError as e:
+            _fail(part, e)
+            return
+        self.stats.singles += 1
+        self.stats.bytes_sent += len(part.blob)
+        _answer(part, answer)
+
+    async def _send_sum(self, parts: list[_Part], stage: int, shard: int) -> Contributed:
+        server = self._server(stage, shard)
+        first = parts[0].request
+        factors = mean_factors([p.request.micro_batches for p in parts])
+        total = torch.zeros_like(parts[0].vector)
+        for part, factor in zip(parts, factors, strict=True):
+            total.add_(part.vector, alpha=factor)
+        half = "bf16" if self.trainer.spec.spec.model.family == "llama" else "fp16"
+        codec = codec_for("contribution", self.trainer.roles.link_Bps(self.trainer.own, server), half=half)
+        key = (stage, shard)
+        before = self._feedback.residual(key)
+        blob = bytes(await asyncio.to_thread(self._feedback.encode, key, total, codec))
+        request = Contribute(
+            run_id=first.run_id, stage=stage, shard=shard, shards=first.shards,
+            share_ids=[i for p in parts for i in p.request.share_ids], base_version=first.base_version,
+            micro_batches=sum(p.request.micro_batches for p in parts), kind=first.kind, codec=codec, parts=len(parts),
+        )  # fmt: skip
+        try:
+            answer, _ = await self.trainer.send(server, request, [blob], FORWARD_TIMEOUT_S)
+        except RpcError:
+            self._feedback.put_back(key, before)  # the sum was not taken: neither is its rounding
+            raise
+        self.stats.bytes_sent += len(blob)
+        return answer
+
+    def _server(self, stage: int, shard: int) -> str:
+        holder = self.trainer.shard_holder((stage, shard))
+        if holder is None:
+            raise Unavailable(f"no holder of shard ({stage}, {shard}) is known here yet")
+        return holder
+
+    async def stop(self) -> None:
+        """Send what is waiting now (members are owed an answer), then end."""
+        for bucket in list(self.buckets.values()):
+            self._flush(bucket)
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=FORWARD_TIMEOUT_S / 4)
+        for task in list(self._tasks):
+            task.cancel()
+
+    def info(self) -> dict[str, Any]:
+        s = self.stats
+        return {
+            "waiting": sum(len(b.parts) for b in self.buckets.values()), "slices": s.slices, "sums": s.sums,
+            "summed": s.summed, "singles": s.singles, "refused_sums": s.refused_sums, "bytes_sent": s.bytes_sent,
+        }  # fmt: skip
+
+
+def _answer(part: _Part, answer: Contributed) -> None:
+    for waiter in part.waiters:
+        if not waiter.done():
+            waiter.set_result(answer)
+
+
+def _fail(part: _Part, error: BaseException) -> None:
+    for waiter in part.waiters:
+        if not waiter.done():
+            waiter.set_exception(error)

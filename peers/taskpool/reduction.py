@@ -1,0 +1,98 @@
+"""Reduction groups: a stage's cells sum their contributions before the shard servers.
+
+With ``N`` pipelines and ``K`` shards, every round each server takes ``N`` slices of ``P / K``
+elements: ``N / K`` cells' worth of bytes through one link. Where ``N > K`` the plan cuts each
+stage's pipelines into **groups** of ``G = ceil(N / K)`` consecutive pipelines (the planner
+orders pipelines so that neighbours are near each other). For shard ``k`` one member of the
+group, its **head** (``group[k mod |group|]``, so the shards' heads are spread over the
+members), takes the group's slices of that shard, sums those that build on the same version
+(weighted by their micro-batches: a mean over all of them) and sends the server one
+contribution that covers all their shares. A server then takes about ``K`` slices per round,
+one cell's worth of bytes, and each member sends and receives about one stage's worth (the
+reduce-scatter of an all-reduce, ending at the servers instead of going round again).
+
+The group tolerates a member that is slow or gone: a head waits for the group's live members
+at most ``reduce_wait_s`` (a share of the round, bounded), then sends what it has; a member
+whose head does not answer sends its slice straight to the server. A combined contribution is
+taken whole or not at all (``AlreadyApplied`` when any of its shares is already in, after a
+member's direct resend): the head then forwards the members' own slices one by one, which the
+server takes once each. So a head that dies mid-reduction costs the time until its members
+notice, never an update.
+
+Pure functions: the daemon's cells and reducers, the planner's cost model and the simulator
+use the same ones.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+MAX_GROUP = 64
+"""The most pipelines one group reduces (a head takes one slice from each member per shard it
+heads: past this, a head's own link is the bottleneck the group was meant to remove)."""
+REDUCE_WAIT_FRACTION = 0.25
+"""A head waits for its group at most this share of a round: the server steps once the swarm's
+batch is in, so a member's slice that waits at the head for the others costs little, as long as
+the wait is short next to the round."""
+REDUCE_WAIT_S = (1.0, 60.0)
+"""The bounds of that wait: a round of a few seconds still gives late members a second; a round
+of an hour does not hold its members' slices back for more than a minute."""
+
+
+def group_size(pipelines: int, shards: int) -> int:
+    """G: the pipelines per group of a stage with ``shards`` shards, so that each server takes
+    about one slice per round (1: no reduction, each cell sends to the servers itself)."""
+    if pipelines < 1 or shards < 1:
+        raise ValueError(f"{pipelines} pipelines, {shards} shards: both must be >= 1")
+    if pipelines <= shards:
+        return 1
+    return min(MAX_GROUP, math.ceil(pipelines / shards))
+
+
+def groups(pipelines: int, size: int) -> list[range]:
+    """The groups of consecutive pipeline indices, ``size`` each (the last may be smaller)."""
+    if pipelines < 0 or size < 1:
+        raise ValueError(f"{pipelines} pipelines in groups of {size}: need pipelines >= 0 and size >= 1")
+    return [range(g, min(g + size, pipelines)) for g in range(0, pipelines, size)]
+
+
+def group_of(pipeline: int, pipelines: int, size: int) -> range:
+    """The group pipeline ``pipeline`` belongs to."""
+    if not 0 <= pipeline < pipelines:
+        raise ValueError(f"pipeline {pipeline} is not one of {pipelines}")
+    first = (pipeline // size) * size
+    return range(first, min(first + size, pipelines))
+
+
+def head_of(pipeline: int, pipelines: int, size: int, shard: int) -> int | None:
+    """The pipeline whose cell reduces ``pipeline``'s slices of ``shard`` (None: the cell sends
+    them to the server itself, being in no group of two or more)."""
+    members = group_of(pipeline, pipelines, size)
+    if len(members) < 2:
+        return None
+    return members[shard % len(members)]
+
+
+def headed_by(head: int, pipelines: int, size: int, shards: int) -> list[int]:
+    """The shards whose group's slices the cell of pipeline ``head`` reduces."""
+    members = group_of(head, pipelines, size)
+    if len(members) < 2:
+        return []
+    return [k for k in range(shards) if members[k % len(members)] == head]
+
+
+def reduce_wait_s(round_s: float) -> float:
+    """How long a head waits for its group's slices after the first one, for rounds of ``round_s``."""
+    low, high = REDUCE_WAIT_S
+    return min(high, max(low, REDUCE_WAIT_FRACTION * max(0.0, round_s)))
+
+
+def mean_factors(micro_batches: Sequence[int]) -> list[float]:
+    """The factor of each part of a combined contribution: each part is a mean over its
+    micro-batches, so the combined mean weighs each by its share of all of them."""
+    total = sum(micro_batches)
+    if not micro_batches or min(micro_batches) < 1:
+        shown = list(micro_batches)[:8]
+        raise ValueError(f"a combined contribution needs parts of at least one micro-batch each, got {shown}")
+    return [m / total for m in micro_batches]
