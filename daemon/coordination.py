@@ -332,6 +332,7 @@ class Coordination:
             predicted={k: float(v) for k, v in list(predicted.items())[:16]},
             shard_servers=[list(row) for row in result.shard_servers], local_steps=result.local_steps,
             share_micro_batches=result.share_micro_batches, spares=list(result.spares),
+            reduce_groups=list(result.reduce_groups),
         )  # fmt: skip
         shape = f"{len(record.pipelines)} pipelines of {len(record.layers_per_stage)} stages"
         logger.info("Plan v%d (%s): %s, predicted %.0f tokens/s", record.version, kind, shape,
@@ -494,4 +495,5 @@ def record_plan(record: PlanRecord) -> Plan:
         local_steps=record.local_steps,
         share_micro_batches=record.share_micro_batches,
         spares=tuple(record.spares),
+        reduce_groups=tuple(record.reduce_groups),
     )

@@ -22,6 +22,7 @@ from swarmd.peers.planning.scenario import Scenario, Shape
 from swarmd.peers.planning.schedule import (
     choose_local_steps,
     choose_servers,
+    reduction_options,
     routing_relays,
     server_pool,
     shard_counts,
@@ -59,6 +60,7 @@ class Candidate:
     local_steps: int
     share: int
     result: Throughput | None = field(default=None, repr=False)
+    groups: tuple[int, ...] = ()
 
     @property
     def tokens_per_s(self) -> float:
@@ -75,6 +77,7 @@ class Candidate:
             local_steps=self.local_steps,
             share_micro_batches=self.share,
             spares=spares,
+            reduce_groups=self.groups,
         )
 
 
@@ -139,12 +142,16 @@ class Planner:
         fixed = self.settings.local_steps
         gradient = fixed == 1 if fixed is not None else not local
         k = share_micro_batches(times, self.model.batch_micro_batches, gradient=gradient)
-        base = Candidate(grid, layers, servers, 1 if fixed is None else fixed, k).plan()
-        if fixed is not None or not local:
-            h, result = base.local_steps, self.model.evaluate(base)
-        else:
-            h, result = choose_local_steps(self.model, base, start=LOCAL)
-        return Candidate(grid, layers, servers, h, k, result)
+        best: Candidate | None = None
+        for groups in reduction_options(grid.shape[0], servers):
+            base = Candidate(grid, layers, servers, 1 if fixed is None else fixed, k, groups=groups).plan()
+            if fixed is not None or not local:
+                h, result = base.local_steps, self.model.evaluate(base)
+            else:
+                h, result = choose_local_steps(self.model, base, start=LOCAL)
+            if best is None or result.tokens_per_s > best.tokens_per_s * (1 + 1e-9):
+                best = Candidate(grid, layers, servers, h, k, result, groups)
+        return best
 
     def build(self, shape: Shape, local: bool, candidates: np.ndarray) -> Candidate | None:
         """The best construction of ``shape`` from ``candidates`` (best first), scheduled."""
@@ -205,7 +212,7 @@ class Planner:
         servers = {d for row in found.servers for d in row}
         placed = set(found.grid.ravel().tolist())
         spare = [int(d) for d in self.eligible(n_stages, local) if int(d) not in placed and int(d) not in servers]
-        stages = self.model.stages(found.layers, found.servers)
+        stages = self.model.stages(found.layers, found.servers, found.groups)
         settings = self.model.exchange_settings(found.share, found.local_steps, int(found.grid.shape[0]))
         assert found.result is not None
         frozen = found.result.frozen

@@ -75,6 +75,9 @@ class Plan:
     spares: tuple[int, ...] = field(default=(), kw_only=True)
     """Devices outside the grid that the plan gives a role: shard servers, relays, and spares
     that take a lapsed cell (in the order they should be asked)."""
+    reduce_groups: tuple[int, ...] = field(default=(), kw_only=True)
+    """G per stage: its pipelines reduce their contributions in groups of G consecutive ones
+    before the servers (``swarmd.peers.taskpool.reduction``); empty or 1: no reduction."""
 
     def __post_init__(self) -> None:
         stages = len(self.layers_per_stage)
@@ -157,6 +160,7 @@ class Plan:
             "local_steps": self.local_steps,
             "share_micro_batches": self.micro_batches_per_share(scenario),
             "spares": [ids[d] for d in self.spares],
+            "reduce_groups": list(self.reduce_groups),
             "roles": {ids[d]: roles for d, roles in self.roles().items()},
         }
 

@@ -27,7 +27,13 @@ from swarmd.peers.planning.builder import Candidate, Planner
 from swarmd.peers.planning.construction import pipelines_first
 from swarmd.peers.planning.plan_cost import Plan
 from swarmd.peers.planning.scenario import Scenario, Shape
-from swarmd.peers.planning.schedule import choose_local_steps, choose_servers, server_pool, share_micro_batches
+from swarmd.peers.planning.schedule import (
+    choose_local_steps,
+    choose_servers,
+    regroup,
+    server_pool,
+    share_micro_batches,
+)
 from swarmd.peers.planning.search import Search
 from swarmd.peers.planning.settings import PlanError, PlannerSettings
 from swarmd.peers.planning.throughput import Frozen, Throughput
@@ -95,7 +101,8 @@ def repair(
     model = planner.model
     k = previous.micro_batches_per_share(scenario)
     settings_x = model.exchange_settings(k, previous.local_steps, int(grid.shape[0]))
-    stages = model.stages(layers, servers)
+    groups = regroup(previous.reduce_groups, int(grid.shape[0]), servers)
+    stages = model.stages(layers, servers, groups)
     held = previous.meta.get("prediction")
     frozen = held.frozen if isinstance(held, Throughput) else Frozen(steps_per_s=0.0)
     fixed = scenario.parallelism is not None
@@ -160,7 +167,8 @@ def repair(
                             "model's layers: plan afresh")  # fmt: skip
     else:
         k = min(k, math.ceil(model.batch_micro_batches / grid.shape[0]))  # within the batch split
-        found = Candidate(grid, layers, servers, previous.local_steps, k)
+        found = Candidate(grid, layers, servers, previous.local_steps, k,
+                          groups=regroup(previous.reduce_groups, int(grid.shape[0]), servers))  # fmt: skip
     relays = tuple(r for r in here(previous.relays) if r >= 0)
     result = planner.finish(found, started, relays=relays)
     return Repair(result, tuple(touched), dropped, added)
@@ -194,7 +202,8 @@ def _grow(
     def tokens(g: np.ndarray) -> float:
         k = share_micro_batches(model.times(g, layers, model.stages(layers, servers)), model.batch_micro_batches,
                                 gradient=previous.local_steps == 1)  # fmt: skip
-        trial = Candidate(g, layers, servers, previous.local_steps, k).plan()
+        trial = Candidate(g, layers, servers, previous.local_steps, k,
+                          groups=regroup(previous.reduce_groups, int(g.shape[0]), servers)).plan()  # fmt: skip
         if planner.settings.local_steps is None and previous.local_steps > 1:
             return choose_local_steps(model, trial, start=previous.local_steps)[1].tokens_per_s
         return model.evaluate(trial).tokens_per_s

@@ -17,6 +17,7 @@ from swarmd.peers.planning.scenario import Scenario
 from swarmd.peers.planning.throughput import Throughput, ThroughputModel
 from swarmd.peers.planning.transfers import Links, PipelineTimes
 from swarmd.peers.taskpool.exchange import MAX_LOCAL_STEPS
+from swarmd.peers.taskpool.reduction import group_size
 
 FILL_TARGET = 0.1
 """The share of a pipeline's time k may leave to filling and draining at each flush."""
@@ -154,6 +155,23 @@ def choose_servers(
             load[i] += 1
         out.append(tuple(chosen))
     return tuple(out)
+
+
+def reduction_options(pipelines: int, servers: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
+    """The reductions a grid of ``pipelines`` may use: none, and, where some stage has more
+    pipelines than shards (each server would take several cells' slices a round), groups of
+    ``reduction.group_size`` in every stage. The planner prices both and keeps the faster: a
+    group moves a server's load onto its members' links, which is a loss where servers have
+    far faster links than the cells."""
+    sizes = tuple(group_size(pipelines, len(row)) for row in servers)
+    return [()] if max(sizes, default=1) <= 1 else [(), sizes]
+
+
+def regroup(previous: Sequence[int], pipelines: int, servers: Sequence[Sequence[int]]) -> tuple[int, ...]:
+    """A repair's reduction: the previous plan's choice (to reduce or not) at the new sizes."""
+    if max(previous, default=1) <= 1:
+        return ()
+    return reduction_options(pipelines, servers)[-1]
 
 
 def choose_local_steps(model: ThroughputModel, plan: Plan, *, start: int = 2) -> tuple[int, Throughput]:

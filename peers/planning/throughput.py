@@ -225,8 +225,10 @@ class ThroughputModel:
                                 local_steps=local_steps, max_staleness=self.max_staleness,
                                 pipelines=max(1, pipelines))  # fmt: skip
 
-    def stages(self, layers: tuple[int, ...], shard_servers: tuple[tuple[int, ...], ...]) -> list[StageShards]:
-        return stage_shards(self.scenario, layers, shard_servers, self.half)
+    def stages(
+        self, layers: tuple[int, ...], shard_servers: tuple[tuple[int, ...], ...], groups: tuple[int, ...] = ()
+    ) -> list[StageShards]:
+        return stage_shards(self.scenario, layers, shard_servers, self.half, groups)
 
     def times(self, rows: np.ndarray, layers: tuple[int, ...], stages: list[StageShards]) -> PipelineTimes:
         """``rows``' pipeline times, the ledger at shard (0, 0)'s server."""
@@ -295,18 +297,18 @@ class ThroughputModel:
         up, down = loads
         sent, pulled = found.sent / period[:, None], found.pulled / period[:, None]
         np.add.at(up, cl.cells, sent.sum(axis=1) + carried / period)
-        np.add.at(down, cl.cells, pulled.sum(axis=1) + carried / period)
-        np.add.at(down, cl.servers, sent.sum(axis=0))
+        np.add.at(down, cl.cells, pulled.sum(axis=1) + (found.received + carried) / period)
+        np.add.at(down, cl.servers, (found.to_server / period[:, None]).sum(axis=0))
         np.add.at(up, cl.servers, pulled.sum(axis=0))
 
     # -- a whole plan ----------------------------------------------------------------------------
 
     def _prepared(
         self, grid: np.ndarray, layers: tuple[int, ...], servers: tuple[tuple[int, ...], ...],
-        stages: list[StageShards], k: int,
+        stages: list[StageShards], k: int, groups: tuple[int, ...] = (),
     ) -> Prepared:  # fmt: skip
         """``prepare`` for a whole grid, the last one kept: choosing H evaluates one grid several times."""
-        key = (grid.tobytes(), grid.shape, layers, servers, k)
+        key = (grid.tobytes(), grid.shape, layers, servers, k, groups)
         if self._last is None or self._last[0] != key:
             self._last = (key, self.prepare(grid, layers, stages, k))
         return self._last[1]
@@ -315,10 +317,11 @@ class ThroughputModel:
         """The plan's predicted throughput (module doc), its swarm-wide figures settled."""
         grid, layers = plan.grid(), plan.layers_per_stage
         settings = self.settings(plan)
-        stages = self.stages(layers, plan.shard_servers)
+        stages = self.stages(layers, plan.shard_servers, plan.reduce_groups)
         servers = np.unique(np.concatenate([st.servers for st in stages]))
         step_mb, round_mb = step_micro_batches(settings), settings.round_micro_batches
-        prepared = self._prepared(grid, layers, plan.shard_servers, stages, settings.share_micro_batches)
+        prepared = self._prepared(grid, layers, plan.shard_servers, stages, settings.share_micro_batches,
+                                  plan.reduce_groups)  # fmt: skip
         times = prepared.times
 
         def gives(steps: float) -> float:

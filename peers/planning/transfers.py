@@ -12,7 +12,9 @@ use (``swarmd.peers.taskpool.exchange``, ``swarmd.peers.wire.sizes``):
   same way), the activation bytes each cell carries, and the stage-0 cell's round trip to the
   ledger at shard (0, 0), which it asks for every share once the last one drained;
 - ``StageShards``: one stage's servers and the bytes of each shard's messages;
-- ``cell_links`` and ``exchange``: a round's contributions and pulls for cells of one stage.
+- ``cell_links`` and ``exchange``: a round's contributions and pulls for cells of one stage,
+  each slice to its server or, where the stage reduces in groups
+  (``swarmd.peers.taskpool.reduction``), to its group's head, who sends the sum on.
 """
 
 from __future__ import annotations
@@ -122,13 +124,16 @@ class StageShards(NamedTuple):
     """A contribution slice on a link below ``SLOW_LINK_Bps`` (int8)."""
     delta: np.ndarray
     whole: np.ndarray
+    group: int = 1
+    """G: the pipelines that reduce together before the servers (1: none)."""
 
 
 def stage_shards(
-    scenario: Scenario, layers: tuple[int, ...], shard_servers: tuple[tuple[int, ...], ...], half: str = "fp16"
-) -> list[StageShards]:
+    scenario: Scenario, layers: tuple[int, ...], shard_servers: tuple[tuple[int, ...], ...], half: str = "fp16",
+    groups: tuple[int, ...] = (),
+) -> list[StageShards]:  # fmt: skip
     out = []
-    for params, servers in zip(stage_parameters(scenario, layers), shard_servers, strict=True):
+    for s, (params, servers) in enumerate(zip(stage_parameters(scenario, layers), shard_servers, strict=True)):
         sizes = shard_sizes(params, len(servers))
 
         def each(kind: str, bw: float, sizes: list[int] = sizes) -> np.ndarray:
@@ -137,7 +142,9 @@ def stage_shards(
             return np.array([priced[e] for e in sizes], dtype=float)
 
         fast, slow = each("contribution", 0.0), each("contribution", SLOW_LINK_Bps / 2)
-        out.append(StageShards(np.asarray(servers, dtype=int), fast, slow, each("delta", 0.0), each("weights", 0.0)))
+        group = groups[s] if s < len(groups) else 1
+        out.append(StageShards(np.asarray(servers, dtype=int), fast, slow, each("delta", 0.0), each("weights", 0.0),
+                               group))  # fmt: skip
     return out
 
 
@@ -148,9 +155,14 @@ class CellLinks(NamedTuple):
     cells: np.ndarray
     servers: np.ndarray
     sent: np.ndarray
-    """[c, k]: contribution bytes to shard k per round (0 for a cell's own shard)."""
+    """[c, k]: contribution bytes the cell sends for shard k per round: its slice to its group's
+    head, or (a head, or no group) to the server (0 where that is the cell itself)."""
+    to_server: np.ndarray
+    """[c, k]: of those, the bytes that reach shard k's server (a head's sum, a lone cell's slice)."""
+    received: np.ndarray
+    """[c]: the group's slices a head takes per round."""
     send_s: np.ndarray
-    """[c]: the longest contribution link, latency included."""
+    """[c]: the longest contribution link, latency included (to the head, then the head's on)."""
     latency_down: np.ndarray
     """[c, k]: from shard k's server to the cell."""
     inverse_down: np.ndarray
@@ -164,18 +176,54 @@ class CellLinks(NamedTuple):
 
 
 def cell_links(links: Links, cells: np.ndarray, stage: StageShards) -> CellLinks:
+    """``cells`` (one stage's, in pipeline order: a stage reducing in groups groups them as the
+    plan does, ``reduction.head_of``) and their links to the stage's servers and heads."""
     servers = stage.servers
     lat_up, bw_up = links.latency[np.ix_(cells, servers)], links.bandwidth[np.ix_(cells, servers)]
     lat_down, bw_down = links.latency[np.ix_(servers, cells)].T, links.bandwidth[np.ix_(servers, cells)].T
-    slow = (bw_up > 0) & (bw_up < SLOW_LINK_Bps)
     local = servers[None, :] == cells[:, None]  # a cell's own shard stays local
-    sent = np.where(local, 0.0, np.where(slow, stage.contribution_slow[None, :], stage.contribution_fast[None, :]))
+
+    def slice_bytes(bw: np.ndarray) -> np.ndarray:
+        slow = (bw > 0) & (bw < SLOW_LINK_Bps)
+        return np.where(slow, stage.contribution_slow[None, :], stage.contribution_fast[None, :])
+
+    to_server = np.where(local, 0.0, slice_bytes(bw_up))
+    server_s = lat_up + to_server / bw_up
+    n, shards = len(cells), len(servers)
+    heads, members = _heads(n, shards, stage.group)
+    received = np.zeros(n)
+    send_s = server_s.max(axis=1)
+    sent = to_server
+    if heads is not None:
+        head_cells = cells[heads]
+        own = heads == np.arange(n)[:, None]
+        hop_bw = np.where(own, np.inf, links.bandwidth[cells[:, None], head_cells])
+        hop_lat = np.where(own, 0.0, links.latency[cells[:, None], head_cells])
+        to_head = np.where(own, 0.0, slice_bytes(hop_bw))
+        to_server = np.where(own, to_server, 0.0)  # only heads reach the servers
+        sent = to_head + to_server
+        # A head takes each other member's slice of every shard it heads (priced fast: the
+        # members' links to it are mostly fast where a plan groups them).
+        received = (np.where(own, members - 1, 0) * stage.contribution_fast[None, :]).sum(axis=1)
+        send_s = (hop_lat + to_head / hop_bw).max(axis=1) + np.where(own, server_s, 0.0).max(axis=1)
     inverse_down = np.where(local, 0.0, 1.0 / bw_down)
     up, down = links.up_Bps[cells], links.down_Bps[cells]
     whole = np.where(local, 0.0, stage.whole[None, :])
     refetch = np.maximum((lat_down + whole * inverse_down).max(axis=1), whole.sum(axis=1) / down)
-    return CellLinks(cells, servers, sent, (lat_up + sent / bw_up).max(axis=1), lat_down, inverse_down,
+    return CellLinks(cells, servers, sent, to_server, received, send_s, lat_down, inverse_down,
                      np.where(local, 0.0, stage.delta[None, :]), whole, up, down, refetch)  # fmt: skip
+
+
+def _heads(n: int, shards: int, group: int) -> tuple[np.ndarray | None, np.ndarray]:
+    """[c, k]: the row of cell c's head for shard k (None: no groups), and [c, 1]: the size of
+    c's group; ``reduction.head_of`` over whole arrays."""
+    row = np.arange(n)
+    first = (row // max(1, group)) * max(1, group)
+    size = np.minimum(max(1, group), n - first)[:, None]
+    if group < 2 or n < 2:
+        return None, size
+    heads = first[:, None] + np.arange(shards)[None, :] % size
+    return np.where(size >= 2, heads, row[:, None]), size
 
 
 class Exchange(NamedTuple):
@@ -183,7 +231,11 @@ class Exchange(NamedTuple):
     """[c]: the round's exchange: the longest shard link either way, or all of it through the
     cell's interface (its contributions, pulls and activations)."""
     sent: np.ndarray
-    """[c, k]: contribution bytes to shard k per round."""
+    """[c, k]: contribution bytes the cell sends for shard k per round."""
+    to_server: np.ndarray
+    """[c, k]: of those, the bytes that reach shard k's server."""
+    received: np.ndarray
+    """[c]: the group's slices the cell takes as a head per round."""
     pulled: np.ndarray
     """[c, k]: delta (or whole slice) bytes from shard k per round."""
 
@@ -195,5 +247,6 @@ def exchange(cl: CellLinks, deltas: np.ndarray, carried: np.ndarray) -> Exchange
     behind = deltas[:, None]
     pulled = np.where(behind <= KEEP_VERSIONS, behind * cl.delta, cl.whole)
     each = np.maximum(cl.send_s, (cl.latency_down + pulled * cl.inverse_down).max(axis=1))
-    through = np.maximum((cl.sent.sum(axis=1) + carried) / cl.up_Bps, (pulled.sum(axis=1) + carried) / cl.down_Bps)
-    return Exchange(np.maximum(each, through), cl.sent, pulled)
+    through = np.maximum((cl.sent.sum(axis=1) + carried) / cl.up_Bps,
+                         (pulled.sum(axis=1) + cl.received + carried) / cl.down_Bps)  # fmt: skip
+    return Exchange(np.maximum(each, through), cl.sent, cl.to_server, cl.received, pulled)

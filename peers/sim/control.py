@@ -164,6 +164,7 @@ class Control:
             parameter_servers=plan.parameter_servers, relays=tuple(self.relays), shard_servers=plan.shard_servers,
             local_steps=plan.local_steps, share_micro_batches=plan.share_micro_batches,
             spares=tuple(d for d in plan.spares if d not in plan.devices()), meta=plan.meta,
+            reduce_groups=plan.reduce_groups,
         )  # fmt: skip
         return self.plan
 

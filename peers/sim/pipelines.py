@@ -403,6 +403,7 @@ class Pipelines:
         self._waited(now, p)
         sim = self.sim
         shards = sim.shards
+        index = self.pipelines.index(p)
         for cell in p.cells:
             assert cell.device is not None
             ids = tuple(cell.round_shares)
@@ -410,10 +411,12 @@ class Pipelines:
             if cell.stage == 0:
                 group = RoundGroup(sim.ids[cell.device], ids, len(shards.stages[0]))
             for shard in shards.stages[cell.stage]:
-                shards.contribute(now, Contribution(
+                c = Contribution(
                     shards.next_cid(), cell.device, cell, cell.serial, cell.stage, shard.index, ids,
                     len(ids) * sim.share_micro_batches, cell.base[shard.index], group,
-                ))  # fmt: skip
+                )  # fmt: skip
+                if not sim.reducers.send(now, c, index):
+                    shards.contribute(now, c)
             cell.round_shares = []
         sim.phases.add("round", now - p.round_started)
         p.round_started, p.shares_done = now, 0

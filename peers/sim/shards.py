@@ -75,6 +75,9 @@ class Contribution:
     """The shard version the cell's weights held when its last share of the round began."""
     group: RoundGroup | None
     sent_at: float = 0.0
+    parts: list[Contribution] = field(default_factory=list)
+    """A reduction head's sum (``swarmd.peers.sim.reduction``): the members' contributions it
+    covers, each delivered, settled or sent again as its own; empty for a cell's own."""
 
 
 @dataclass(eq=False)
@@ -133,17 +136,19 @@ class ShardServers:
 
     # --- contributions ------------------------------------------------------------------------
 
-    def contribute(self, now: float, c: Contribution) -> None:
-        """Cell ``c.device`` sends ``c`` to its shard's holder (again, after a failover)."""
+    def contribute(self, now: float, c: Contribution, sender: int | None = None) -> None:
+        """Cell ``c.device`` (or ``sender``: the head of its reduction group, forwarding it)
+        sends ``c`` to its shard's holder (again, after a failover)."""
         sim = self.sim
         shard = self.stages[c.stage][c.shard]
         shard.in_flight[c.cid] = c
         if c.cell.serial == c.serial:
             c.cell.in_flight.add(c.cid)
         c.sent_at = now
-        nbytes = sim.workload.contribution_bytes(c.stage, c.shard, sim.engine.path_rate(c.device, shard.holder, None))
-        via = sim.engine.route(c.device, shard.holder, nbytes, for_speed=False)
-        sim.engine.send(now, c.device, shard.holder, nbytes, self._arrived, (shard, shard.epoch, c), via)
+        src = c.device if sender is None else sender
+        nbytes = sim.workload.contribution_bytes(c.stage, c.shard, sim.engine.path_rate(src, shard.holder, None))
+        via = sim.engine.route(src, shard.holder, nbytes, for_speed=False)
+        sim.engine.send(now, src, shard.holder, nbytes, self._arrived, (shard, shard.epoch, c), via)
 
     def _arrived(self, now: float, shard: Shard, epoch: int, c: Contribution) -> None:
         if epoch != shard.epoch:
@@ -152,9 +157,28 @@ class ShardServers:
             return  # given up when its cell's holder left (an engine retry after a blip)
         sim = self.sim
         sim.phases.add("contribution", now - c.sent_at)
+        if c.parts:
+            return self._sum_arrived(now, shard, c)
         if c.cell.serial == c.serial:
             c.cell.in_flight.discard(c.cid)
             sim.pipelines.delivered(now, c.cell)
+        self._take(now, shard, c)
+
+    def _sum_arrived(self, now: float, shard: Shard, c: Contribution) -> None:
+        """A head's sum: delivered for every part; taken whole, or, when some part's shares are
+        in already (a member's own resend), taken part by part, as the daemon's head resends."""
+        for part in c.parts:
+            if part.cell.serial == part.serial:
+                part.cell.in_flight.discard(part.cid)
+                self.sim.pipelines.delivered(now, part.cell)
+        if any(i in shard.done for i in c.share_ids):
+            for part in c.parts:
+                self._take(now, shard, part)
+            return
+        self._take(now, shard, c)
+
+    def _take(self, now: float, shard: Shard, c: Contribution) -> None:
+        sim = self.sim
         if all(i in shard.done for i in c.share_ids):
             sim.counts["duplicates"] += 1
             self._settle(now, c)
@@ -175,6 +199,8 @@ class ShardServers:
     def _settle(self, now: float, c: Contribution) -> None:
         """A stage-0 contribution is through at its shard: once every shard of stage 0 has
         its round's, the round's shares complete at the ledger."""
+        for part in c.parts:
+            self._settle(now, part)
         group = c.group
         if group is None:
             return
@@ -399,7 +425,7 @@ class ShardServers:
         shard.replicas.pop(successor, None)
         shard.epoch += 1
         self._elect_standby(now, shard)
-        for c in resend:
+        for c in [part for sent in resend for part in (sent.parts or [sent])]:  # a head's sum: its members resend
             if sim.up[c.device]:
                 self.contribute(now, c)
             elif c.group is None:

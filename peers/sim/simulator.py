@@ -54,6 +54,7 @@ from swarmd.peers.sim.sync_path import POLICIES, SyncPath
 
 if TYPE_CHECKING:
     from swarmd.peers.sim.pipelines import Pipelines
+    from swarmd.peers.sim.reduction import Reducers
     from swarmd.peers.sim.shards import ShardServers
     from swarmd.peers.sim.workload import Workload
     from swarmd.peers.taskpool.exchange import ExchangeSettings
@@ -152,6 +153,7 @@ class Simulation:
     ledger: ShareLedger
     pipelines: Pipelines
     shards: ShardServers
+    reducers: Reducers
 
     def __init__(self, scenario: Scenario, strategy: Strategy, settings: SimSettings,
                  schedule: tuple[np.ndarray, list[ChurnEvent]] | None = None) -> None:  # fmt: skip

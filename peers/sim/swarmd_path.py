@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from swarmd.peers.planning.plan_cost import Plan
 from swarmd.peers.sim.pipelines import Pipelines
+from swarmd.peers.sim.reduction import Reducers
 from swarmd.peers.sim.results import PathFigures
 from swarmd.peers.sim.shards import ShardServers
 from swarmd.peers.sim.workload import Workload
@@ -42,6 +43,8 @@ class SwarmdPath:
         sim.ledger = ShareLedger(sim.share_micro_batches, sim.settings.lease_s)
         sim.pipelines = Pipelines(sim)
         sim.shards = ShardServers(sim, plan.shard_servers)
+        sim.reducers = Reducers(sim)
+        sim.reducers.follow(plan.reduce_groups)
         sim.pipelines.apply(0.0, plan.pipelines, seeded=True)
 
     def follow(self, now: float, plan: Plan) -> None:
@@ -51,6 +54,7 @@ class SwarmdPath:
             return  # a plan for another number of stages is not followed
         sim.pipelines.apply(now, plan.pipelines)
         sim.shards.follow_plan(now, plan.shard_servers)
+        sim.reducers.follow(plan.reduce_groups)
 
     def assignment(self) -> Plan:
         """What holds what now, as a plan for the coordinator's repair."""
@@ -63,7 +67,7 @@ class SwarmdPath:
             pipelines=sim.pipelines.grid(), layers_per_stage=plan.layers_per_stage,
             parameter_servers=tuple(row[0] for row in holders), relays=tuple(sim.control.relays),
             shard_servers=holders if distinct else (), local_steps=sim.local_steps,
-            share_micro_batches=sim.share_micro_batches,
+            share_micro_batches=sim.share_micro_batches, reduce_groups=sim.reducers.groups,
         )  # fmt: skip
 
     def departed(self, now: float, device: int) -> None:
@@ -71,6 +75,7 @@ class SwarmdPath:
 
     def noticed_departure(self, now: float, device: int) -> None:
         self.sim.shards.noticed_departure(now, device)
+        self.sim.reducers.noticed_departure(now, device)
         self.sim.pipelines.noticed_departure(now, device)
 
     def planned(self, device: int) -> bool:

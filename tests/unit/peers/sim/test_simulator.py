@@ -45,11 +45,11 @@ def scenario(n: int, bw: np.ndarray | None = None, availability: list[float] | N
 
 
 def fixed(rows: tuple[tuple[int, ...], ...], layers: tuple[int, ...], servers: tuple[int, ...], k: int,
-          local_steps: int = 1) -> Strategy:  # fmt: skip
+          local_steps: int = 1, groups: tuple[int, ...] = ()) -> Strategy:  # fmt: skip
     """A hand-made plan (device indices of the scenario, all up at the start); a repair keeps
     every live holder and fills a hole with the first live device that holds nothing."""
     first = Plan(pipelines=rows, layers_per_stage=layers, parameter_servers=servers, local_steps=local_steps,
-                 share_micro_batches=k)  # fmt: skip
+                 share_micro_batches=k, reduce_groups=groups)  # fmt: skip
 
     def mend(view: Scenario, previous: Plan, ids: list[str]) -> Plan:
         index = view.index()
@@ -63,7 +63,7 @@ def fixed(rows: tuple[tuple[int, ...], ...], layers: tuple[int, ...], servers: t
                     row[s] = free.pop(0)
         ps = tuple(index.get(ids[d], grid[0][s]) for s, d in enumerate(previous.parameter_servers))
         return Plan(pipelines=tuple(tuple(r) for r in grid), layers_per_stage=layers, parameter_servers=ps,
-                    local_steps=local_steps, share_micro_batches=k)  # fmt: skip
+                    local_steps=local_steps, share_micro_batches=k, reduce_groups=groups)  # fmt: skip
 
     return Strategy("fixed", lambda view: first, mend)
 
@@ -121,6 +121,36 @@ def test_two_pipelines_train_twice_as_fast_and_pay_exactly_their_contributions()
     assert r.sent_bytes[1] == pytest.approx(r.updates * contribution, abs=contribution)
     # ... and d0 a delta a step to its standby and one to d1's pull, and every 10 a checkpoint.
     assert r.sent_bytes[0] == pytest.approx(2 * r.updates * delta + r.updates // 10 * checkpoint, abs=2 * delta)
+
+
+def test_a_reduction_group_sends_the_server_one_sum_of_its_members_slices_a_round() -> None:
+    # Four one-stage pipelines (d0-d3) in groups of two, d4 the server: d0 heads (d0, d1), d2
+    # heads (d2, d3). Each round the server takes two sums instead of four slices, and the swarm
+    # trains as fast as without the groups (the links are fast: the extra hop costs ms).
+    sc = scenario(5)
+    rows = ((0,), (1,), (2,), (3,))
+    plain = run(sc, fixed(rows, (4,), (4,), k=2), hours=0.25)
+    sim = Simulation(sc, fixed(rows, (4,), (4,), k=2, groups=(2,)), SimSettings(hours=0.25),
+                     (np.ones(5, dtype=bool), []))  # fmt: skip
+    r = sim.run()
+    assert r.tokens_per_s == pytest.approx(plain.tokens_per_s, rel=0.05)
+    assert sim.counts["reduced_parts"] == 2 * sim.counts["reduced_sums"]
+    assert sim.counts["reduced_sums"] >= 2 * (r.updates - 2)  # two groups, one round an update
+    assert r.updates_lost == r.stale_dropped == 0
+    # The members' slices go to their heads and only the heads' sums to the server.
+    assert r.sent_bytes[1] == pytest.approx(r.sent_bytes[3], rel=0.05)
+
+
+def test_a_head_that_leaves_mid_reduction_has_its_members_send_to_the_server() -> None:
+    # d0 heads its group and leaves at 600 s: the slices at it or on their way go straight to
+    # the server once its departure is noticed, nothing committed is lost, and training goes on.
+    sc = scenario(5)
+    strategy = fixed(((0,), (1,), (2,), (3,)), (4,), (4,), k=2, groups=(2,))
+    sim = Simulation(sc, strategy, SimSettings(hours=0.5, detect_s=30.0),
+                     (np.ones(5, dtype=bool), [ChurnEvent(600.0, 0, False)]))  # fmt: skip
+    r = sim.run()
+    assert r.updates_lost == 0
+    assert sum(r.timeline[12:]) > 0.5 * sum(r.timeline[:10])  # trains on after the departure
 
 
 def two_by_two(availability: list[float] | None = None) -> tuple[Scenario, Strategy]:

@@ -1,0 +1,157 @@
+"""Reduction groups in the simulated data path, as the daemons' reducers run them
+(``swarmd.peers.taskpool.reduction``, ``swarmd.training.reducer``).
+
+Where the plan groups a stage's pipelines, a cell's contribution to shard ``k`` goes to the
+cell that heads ``k`` in its group (a flow on the member's link; nothing crosses for the head's
+own), which keeps it in a bucket per shard and base version. A bucket goes to the server once
+every group member whose cell is held has sent one, or ``reduce_wait_s`` of the head's round
+after the first arrived: one part as it came, several as one contribution of their summed
+micro-batches, whose shares and settling are all its parts' (``shards.Contribution.parts``).
+
+A head that leaves: once its departure is noticed, every part at it or on its way to or from
+it is sent by its own cell straight to the server (the daemon's members see their request to
+the head fail, and go direct); a part whose cell left too is lost with it, as a cell's own is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from swarmd.peers.sim.shards import Contribution
+from swarmd.peers.taskpool.reduction import group_of, head_of, reduce_wait_s
+
+if TYPE_CHECKING:
+    from swarmd.peers.sim.pipelines import Cell
+    from swarmd.peers.sim.simulator import Simulation
+
+
+@dataclass(eq=False)
+class Bucket:
+    head: int
+    """The head's device."""
+    stage: int
+    shard: int
+    base: int
+    head_pipeline: int
+    parts: list[Contribution] = field(default_factory=list)
+
+
+class Reducers:
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+        self.groups: tuple[int, ...] = ()
+        self.buckets: dict[tuple[int, int, int, int], Bucket] = {}
+        self.to_head: dict[int, tuple[int, Contribution]] = {}
+        """Parts on their way to a head or in its bucket, by contribution ID: (head, part)."""
+
+    def follow(self, groups: tuple[int, ...]) -> None:
+        self.groups = tuple(groups)
+
+    def group_size(self, stage: int) -> int:
+        return self.groups[stage] if stage < len(self.groups) else 1
+
+    def head_cell(self, pipeline: int, stage: int, shard: int) -> Cell | None:
+        """The held cell that reduces ``pipeline``'s slices of ``shard`` (None: none, go direct)."""
+        pipes = self.sim.pipelines.pipelines
+        head = head_of(pipeline, len(pipes), self.group_size(stage), shard)
+        if head is None:
+            return None
+        cell = pipes[head].cells[stage]
+        return cell if cell.device is not None and self.sim.up[cell.device] else None
+
+    # --- members' slices ----------------------------------------------------------------------
+
+    def send(self, now: float, c: Contribution, pipeline: int) -> bool:
+        """Send ``c`` to its head; False when it goes to the server itself."""
+        head = self.head_cell(pipeline, c.stage, c.shard)
+        if head is None:
+            return False
+        sim = self.sim
+        assert head.device is not None
+        c.cell.in_flight.add(c.cid)
+        c.sent_at = now
+        self.to_head[c.cid] = (head.device, c)
+        args = (head.device, head.pipeline.pid, c)
+        if head.device == c.device:
+            self._arrived(now, *args)
+        else:
+            rate = sim.engine.path_rate(c.device, head.device, None)
+            nbytes = sim.workload.contribution_bytes(c.stage, c.shard, rate)
+            via = sim.engine.route(c.device, head.device, nbytes, for_speed=False)
+            sim.engine.send(now, c.device, head.device, nbytes, self._arrived, args, via)
+        return True
+
+    def _arrived(self, now: float, head: int, head_pid: int, c: Contribution) -> None:
+        if self.to_head.get(c.cid, (None, None))[1] is not c:
+            return  # sent to the server meanwhile (its head left)
+        pipes = self.sim.pipelines.pipelines
+        index = next((i for i, p in enumerate(pipes) if p.pid == head_pid), None)
+        if index is None:
+            return self._direct(now, c)  # the head's pipeline is gone from the plan
+        key = (head, c.stage, c.shard, c.base)
+        bucket = self.buckets.get(key)
+        if bucket is None:
+            bucket = self.buckets[key] = Bucket(head, c.stage, c.shard, c.base, index)
+            cell = pipes[index].cells[c.stage]
+            wait = reduce_wait_s(self._round_s(cell))
+            self.sim.engine.at(now + wait, self._flush, key, bucket)
+        bucket.parts.append(c)
+        if len(bucket.parts) >= self._expected(bucket):
+            self._flush(now, key, bucket)
+
+    def _round_s(self, cell: Cell) -> float:
+        p = cell.pipeline
+        return p.per_share_s * self.sim.local_steps
+
+    def _expected(self, bucket: Bucket) -> int:
+        pipes = self.sim.pipelines.pipelines
+        members = group_of(bucket.head_pipeline, len(pipes), self.group_size(bucket.stage))
+        return max(1, sum(pipes[p].cells[bucket.stage].device is not None for p in members))
+
+    def _flush(self, now: float, key: tuple[int, int, int, int], bucket: Bucket) -> None:
+        if self.buckets.get(key) is not bucket:
+            return
+        del self.buckets[key]
+        sim = self.sim
+        for part in bucket.parts:
+            self.to_head.pop(part.cid, None)
+        if len(bucket.parts) == 1:
+            part = bucket.parts[0]
+            sim.shards.contribute(now, part, sender=bucket.head)
+            return
+        sim.counts["reduced_sums"] += 1
+        sim.counts["reduced_parts"] += len(bucket.parts)
+        parts = bucket.parts
+        combined = Contribution(
+            sim.shards.next_cid(), bucket.head, parts[0].cell, -1, bucket.stage, bucket.shard,
+            tuple(i for p in parts for i in p.share_ids), sum(p.micro_batches for p in parts), bucket.base, None,
+            parts=parts,
+        )  # fmt: skip
+        sim.shards.contribute(now, combined)
+
+    # --- faults -------------------------------------------------------------------------------
+
+    def noticed_departure(self, now: float, device: int) -> None:
+        """A head left: its members send what it held or was sent straight to the servers."""
+        for key, bucket in list(self.buckets.items()):
+            if bucket.head == device:
+                del self.buckets[key]
+        for cid, (head, part) in list(self.to_head.items()):
+            if head == device:
+                del self.to_head[cid]
+                self._direct(now, part)
+        for shard in self.sim.shards.all():
+            for cid, c in list(shard.in_flight.items()):
+                if c.parts and c.device == device:
+                    del shard.in_flight[cid]
+                    for part in c.parts:
+                        self._direct(now, part)
+
+    def _direct(self, now: float, part: Contribution) -> None:
+        sim = self.sim
+        part.cell.in_flight.discard(part.cid)
+        if sim.up[part.device]:
+            sim.shards.contribute(now, part)
+        elif part.group is None:
+            sim.counts["contributions_lost"] += 1
