@@ -51,6 +51,7 @@ from swarmd.peers.wire.protocol import Request
 from swarmd.peers.wire.sizes import codec_for
 from swarmd.training.contributions import Contributions
 from swarmd.training.puller import Puller
+from swarmd.training.reducer import Reducer
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +91,8 @@ class CellView:
     heads: list[str | None] = field(default_factory=list)
     """By shard index, who reduces this cell's slice of it with its group's (this peer
     included: its own slices go through its reducer too); None: straight to the server."""
+    head_pipelines: list[int | None] = field(default_factory=list)
+    """By shard index, the pipeline whose cell heads it for this cell's group (None: no group)."""
 
 
 @dataclass
@@ -174,6 +177,9 @@ class CellWorker:
         self._tasks: list[asyncio.Task[None]] = []
         self.puller = Puller(self)
         self.contributions = Contributions(self)
+        self.reducer: Reducer | None = None
+        """This peer's reducer (``swarmd.training.reducer``), set by the trainer: a cell that heads
+        a shard for its group hands it what it pulls."""
 
     # --- the trainer's side -----------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from swarmd.peers.wire.messages import (
     LedgerIssue,
     Pull,
     Pulled,
+    PullFromHead,
     Reduce,
     ReplicaCheckpoint,
     ReplicaFetch,
@@ -56,7 +57,7 @@ class TrainingHandlers:
     def table(self) -> dict[type[Request[Any]], Handler]:
         return {
             CellForward: self.cell_tensor, CellBackward: self.cell_tensor,
-            Contribute: self.contribute, Pull: self.pull, Reduce: self.reduce,
+            Contribute: self.contribute, Pull: self.pull, Reduce: self.reduce, PullFromHead: self.pull_from_head,
             LedgerIssue: self.ledger_issue, LedgerComplete: self.ledger_complete, LedgerAbandon: self.ledger_abandon,
             ReplicaLog: self.replica_log, ReplicaCheckpoint: self.replica_checkpoint, ReplicaFetch: self.replica_fetch,
         }  # fmt: skip
@@ -79,6 +80,12 @@ class TrainingHandlers:
     async def reduce(self, sender: str, request: Reduce, blobs: list[bytes]) -> tuple[Contributed, list[bytes]]:
         self._member(sender)
         return await self.trainer.reducer.reduce(sender, request, blobs[0]), []
+
+    async def pull_from_head(
+        self, sender: str, request: PullFromHead, blobs: list[bytes]
+    ) -> tuple[Pulled, list[bytes]]:
+        self._member(sender)
+        return await self.trainer.reducer.pull(sender, request)
 
     async def pull(self, sender: str, request: Pull, blobs: list[bytes]) -> tuple[Pulled, list[bytes]]:
         self._member(sender)

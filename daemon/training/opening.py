@@ -260,8 +260,10 @@ def make_cell(trainer: Trainer, cell: Cell, assignment: Assignment, dataset: Dat
     s = trainer.spec.spec
     compute = CellCompute(stage_module(trainer, cell[1]), mode=trainer.mode, window=window(trainer.stages), lr=s.lr,
                           weight_decay=s.weight_decay)  # fmt: skip
-    return CellWorker(
+    worker = CellWorker(
         cell, trainer.stages, trainer.exchange_settings(), compute, dataset, s.micro_batch, trainer.spec.run_id,
         trainer.send, lambda peer: trainer.roles.link_Bps(trainer.own, peer), shape=s.model,
         shards=assignment.shard_counts()[cell[1]], half="bf16" if s.model.family == "llama" else "fp16",
     )  # fmt: skip
+    worker.reducer = trainer.reducer
+    return worker

@@ -11,6 +11,12 @@ onto it (``CellCompute.rebase``).
 A holder whose version is older than what this cell fetched (a take-over that could not
 replay everything) is a new lineage: the cell pulls the whole slice again rather than adding
 deltas to weights the server never had.
+
+Where the plan groups the stage's pipelines, a shard this cell does not head is pulled from its
+group's head for it (``PullFromHead``, ``swarmd.training.reducer``), and one it heads is pulled
+from the server for the group: what comes is offered to the head's relay, and the pull asks
+about the members' share IDs too. A head that cannot answer (gone, or the cell is new or too
+far behind) sends the cell to the server for ``HEAD_RETRY_S``.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +33,7 @@ import torch
 from swarmd.peers.taskpool.exchange import shard_range
 from swarmd.peers.wire.codecs import decode_vector
 from swarmd.peers.wire.errors import FrameError, RpcError
-from swarmd.peers.wire.messages import Pull
+from swarmd.peers.wire.messages import Pull, PullFromHead
 
 if TYPE_CHECKING:
     from swarmd.training.cell import CellWorker
@@ -35,6 +42,8 @@ logger = logging.getLogger(__name__)
 
 POLL_WAIT_S = 10.0
 RETRY_S = (0.2, 5.0)
+HEAD_RETRY_S = 30.0
+"""After its group's head failed a pull, the cell pulls that shard from the server this long."""
 
 
 @dataclass
@@ -48,6 +57,7 @@ class _ShardWeights:
     full: tuple[int, torch.Tensor] | None = None
     deltas: list[tuple[int, torch.Tensor]] = field(default_factory=list)
     holder: str | None = None
+    head_failed_at: float = -HEAD_RETRY_S
 
 
 class Puller:
@@ -60,6 +70,7 @@ class Puller:
         self._arrived = asyncio.Event()
         self.full_pulls = 0
         self.delta_pulls = 0
+        self.head_pulls = 0
 
     def start(self) -> list[asyncio.Task[None]]:
         return [asyncio.create_task(self._poll(k), name=f"cell {self.cell.cell} pull {k}") for k in
@@ -138,24 +149,52 @@ class Puller:
                 continue
             if holder != s.holder:
                 s.holder = holder
+            head = self._head(k, s)
+            pending = self.cell.contributions.pending_for(k)
+            reducer = self.cell.reducer
+            heading = reducer is not None and self._heads(k)
+            if heading:  # the members' IDs first: past the message's limit, the oldest go
+                pending = reducer.asked(self.cell.stage, k) + pending  # type: ignore[union-attr]
             # A long poll for the version after the newest fetched (applied or not): it also brings
             # the commits of our pending contributions, which happen with new versions only.
-            request = Pull(
+            fields = dict(
                 run_id=self.cell.run_id, stage=self.cell.stage, shard=k, shards=len(self.shards),
-                have_version=s.fetched, pending_share_ids=self.cell.contributions.pending_for(k)[-4096:],
+                have_version=s.fetched, pending_share_ids=list(dict.fromkeys(pending))[-4096:],
                 wait_s=0.0 if s.fetched < 0 else POLL_WAIT_S,
             )  # fmt: skip
+            request = Pull(**fields) if head is None else PullFromHead(**fields, pipeline=self.cell.pipeline)
             try:
-                answer, blobs = await self.cell.send(holder, request, [], POLL_WAIT_S + 30.0)
+                answer, blobs = await self.cell.send(head or holder, request, [], POLL_WAIT_S + 30.0)
                 self._take(s, answer, blobs)
             except (RpcError, FrameError) as e:
-                logger.debug("cell %s: pull of shard %d from %s failed (%s)", self.cell.cell, k, holder, e)
+                logger.debug("cell %s: pull of shard %d from %s failed (%s)", self.cell.cell, k, head or holder, e)
+                if head is not None:  # the server answers instead, at once
+                    s.head_failed_at = time.monotonic()
+                    continue
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_S[1])
                 continue
+            self.head_pulls += head is not None
+            if heading:
+                await reducer.offer(self.cell.stage, k, answer, blobs)  # type: ignore[union-attr]
             delay = RETRY_S[0]
             self._arrived.set()
             self.cell.contributions.committed(k, set(answer.committed))
+
+    def _heads(self, k: int) -> bool:
+        """Whether this cell heads shard ``k`` for a group of two or more."""
+        heads = self.cell.view.head_pipelines
+        return k < len(heads) and heads[k] == self.cell.pipeline
+
+    def _head(self, k: int, s: _ShardWeights) -> str | None:
+        """Whom to pull shard ``k`` from instead of its server: the group's head for it, unless
+        this cell is that head, or the head failed a pull lately (None: the server)."""
+        heads, pipelines = self.cell.view.heads, self.cell.view.head_pipelines
+        if k >= len(heads) or heads[k] is None or pipelines[k] in (None, self.cell.pipeline):
+            return None
+        if s.fetched < 0 or time.monotonic() - s.head_failed_at < HEAD_RETRY_S:
+            return None
+        return heads[k]
 
     def _take(self, s: _ShardWeights, answer: Any, blobs: list[bytes]) -> None:
         if answer.kind == "full":
@@ -175,5 +214,5 @@ class Puller:
     def info(self) -> dict[str, Any]:
         return {
             "versions": [s.applied for s in self.shards], "full_pulls": self.full_pulls,
-            "delta_pulls": self.delta_pulls,
+            "delta_pulls": self.delta_pulls, "head_pulls": self.head_pulls,
         }  # fmt: skip

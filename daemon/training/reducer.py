@@ -15,22 +15,41 @@ when every live member of the group has sent one, or ``reduce_wait_s`` after the
 Every member waits for its answer: it counts its slice delivered only when the server took it,
 so a head that dies mid-reduction leaves its members' requests failed, and they send their
 slices straight to the server (``Contributions``), which takes each once.
+
+The deltas go back the same way (``PullFromHead``): the head's cell pulls each shard it heads
+from the server as every cell does, and hands what came (``offer``) to a **relay** that keeps
+the last ``HEAD_KEEP_VERSIONS`` deltas as they came (no decoding) and the committed share IDs
+the server reported; the members long-poll the relay. The head's pulls ask the server about
+its members' pending share IDs too (those of the sums it sent, and those the members ask
+about), so a member learns its commits from its head. A pull the relay cannot answer (a new
+cell, or one further behind than it keeps) is refused ``UNAVAILABLE``: the member pulls from
+the server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from swarmd.peers.taskpool.exchange import shard_range
-from swarmd.peers.taskpool.reduction import group_of, head_of, mean_factors, reduce_wait_s
+from swarmd.peers.taskpool.reduction import HEAD_KEEP_VERSIONS, group_of, head_of, mean_factors, reduce_wait_s
 from swarmd.peers.wire.codecs import ErrorFeedback, decode_vector
 from swarmd.peers.wire.errors import AlreadyApplied, BadRequest, FrameError, NotHolder, RpcError, Stale, Unavailable
-from swarmd.peers.wire.messages import MAX_SHARE_IDS, Contribute, Contributed, Reduce
+from swarmd.peers.wire.messages import (
+    MAX_SHARE_IDS,
+    MAX_WAIT_S,
+    Contribute,
+    Contributed,
+    Pulled,
+    PullFromHead,
+    Reduce,
+)
 from swarmd.peers.wire.sizes import codec_for
 
 if TYPE_CHECKING:
@@ -41,6 +60,9 @@ logger = logging.getLogger(__name__)
 
 FORWARD_TIMEOUT_S = 120.0
 """A head's contribution to the server: as long as a cell's own (``contributions.DELIVER_TIMEOUT_S``)."""
+STOP_WAIT_S = 10.0
+"""On stop, how long the sums on their way may take before they are cancelled (their members
+then send their slices to the server themselves)."""
 MAX_BUCKETS = 256
 """Buckets open at once (a shard, a base version each): a group's members build on a version or
 two, so more is a member that sends nonsense; past it, the oldest bucket goes at once."""
@@ -64,6 +86,30 @@ class _Bucket:
     timer: asyncio.TimerHandle | None = None
 
 
+MAX_RELAY_IDS = 65_536
+"""Share IDs a relay remembers as committed, and as asked about (oldest forgotten first)."""
+
+
+@dataclass
+class _Relay:
+    """One shard's deltas as the head's cell pulled them, for the group's members."""
+
+    version: int = -1
+    deltas: deque[tuple[int, bytes]] = field(default_factory=lambda: deque(maxlen=HEAD_KEEP_VERSIONS))
+    committed: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    asked: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    """Members' share IDs not known committed yet: the head's pulls ask the server about them."""
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+
+def _remember(ids: OrderedDict[int, None], new: list[int]) -> None:
+    for i in new:
+        ids[i] = None
+        ids.move_to_end(i)
+    while len(ids) > MAX_RELAY_IDS:
+        ids.popitem(last=False)
+
+
 @dataclass
 class ReducerStats:
     slices: int = 0
@@ -76,6 +122,10 @@ class ReducerStats:
     """Slices forwarded alone (nobody else's came in time, or a sum was refused)."""
     refused_sums: int = 0
     bytes_sent: int = 0
+    pulls: int = 0
+    """Members' pulls answered from a relay."""
+    pulls_refused: int = 0
+    """Members' pulls sent to the server (the relay was new, or they were too far behind)."""
 
 
 class Reducer:
@@ -85,6 +135,7 @@ class Reducer:
         self.stats = ReducerStats()
         self._feedback = ErrorFeedback()
         self._tasks: set[asyncio.Task[None]] = set()
+        self.relays: dict[tuple[int, int], _Relay] = {}
 
     # --- members' slices ----------------------------------------------------------------------
 
@@ -120,15 +171,15 @@ class Reducer:
             self._flush(bucket)
         return await waiter
 
-    def _head_for(self, request: Reduce) -> tuple[CellWorker, int]:
+    def _head_for(self, request: Reduce | PullFromHead) -> tuple[CellWorker, int]:
         """The cell here that heads the request's shard for the sender's group."""
         trainer = self.trainer
         a = trainer.assignment
         if a is None or request.pipeline >= a.pipelines or request.stage >= a.stages:
             raise NotHolder(f"no plan here places cell ({request.pipeline}, {request.stage})")
         if request.shards != a.shard_counts()[request.stage]:
-            raise BadRequest(f"stage {request.stage} has {a.shard_counts()[request.stage]} shards in the plan "
-                             f"in force here, not {request.shards}")  # fmt: skip
+            raise NotHolder(f"stage {request.stage} has {a.shard_counts()[request.stage]} shards in the plan "
+                            f"in force here, not {request.shards}")  # fmt: skip
         head = head_of(request.pipeline, a.pipelines, a.group_size(request.stage), request.shard)
         worker = None if head is None else trainer.cells.get((head, request.stage))
         if head is None or worker is None:
@@ -168,6 +219,7 @@ class Reducer:
         task.add_done_callback(self._tasks.discard)
 
     async def _send_parts(self, parts: list[_Part], stage: int, shard: int) -> None:
+        self._ask(stage, shard, [i for p in parts for i in p.request.share_ids])
         if len(parts) > 1:
             try:
                 answer = await self._send_sum(parts, stage, shard)
@@ -226,6 +278,82 @@ class Reducer:
         self.stats.bytes_sent += len(blob)
         return answer
 
+    # --- deltas back to the members -----------------------------------------------------------
+
+    def _relay(self, stage: int, shard: int) -> _Relay:
+        relay = self.relays.get((stage, shard))
+        if relay is None:
+            relay = self.relays[(stage, shard)] = _Relay()
+        return relay
+
+    def _ask(self, stage: int, shard: int, share_ids: list[int]) -> None:
+        relay = self._relay(stage, shard)
+        _remember(relay.asked, [i for i in share_ids if i not in relay.committed])
+
+    def asked(self, stage: int, shard: int) -> list[int]:
+        """Members' share IDs of this shard to ask the server about (the head's pulls carry them)."""
+        relay = self.relays.get((stage, shard))
+        return [] if relay is None else list(relay.asked)
+
+    async def offer(self, stage: int, shard: int, answer: Pulled, blobs: list[bytes]) -> None:
+        """What the head's cell pulled of a shard it heads: kept for the members' pulls."""
+        relay = self._relay(stage, shard)
+        _remember(relay.committed, answer.committed)
+        for i in answer.committed:
+            relay.asked.pop(i, None)
+        if answer.kind == "full":
+            relay.deltas.clear()  # members further behind than this pull from the server
+            relay.version = answer.version
+        elif answer.kind == "deltas":
+            if relay.version >= 0 and answer.versions[0] != relay.version + 1:
+                relay.deltas.clear()
+            relay.deltas.extend(zip(answer.versions, blobs, strict=True))
+            relay.version = answer.versions[-1]
+        elif answer.version < relay.version:  # the server is another lineage now: start over
+            relay.deltas.clear()
+            relay.version = -1
+        async with relay.changed:
+            relay.changed.notify_all()
+
+    async def pull(self, sender: str, request: PullFromHead) -> tuple[Pulled, list[bytes]]:
+        """A member's long poll of a shard this peer's cell heads, answered from its relay."""
+        self._head_for(request)
+        if sender != self.trainer.cell_holder((request.pipeline, request.stage)):
+            raise NotHolder(f"{sender[:16]} does not hold cell ({request.pipeline}, {request.stage}) here; "
+                            "pull from the shard's server")  # fmt: skip
+        relay = self._relay(request.stage, request.shard)
+        have = request.have_version
+        if have < 0:
+            self.stats.pulls_refused += 1
+            raise Unavailable(f"a whole slice of shard ({request.stage}, {request.shard}) comes from its server")
+        pending = request.pending_share_ids
+        _remember(relay.asked, [i for i in pending if i not in relay.committed])
+
+        def news() -> bool:
+            return relay.version > have or any(i in relay.committed for i in pending)
+
+        if request.wait_s > 0 and not news():
+            async with relay.changed:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(relay.changed.wait_for(news), min(request.wait_s, MAX_WAIT_S))
+        if relay.version < have:  # this head has nothing yet, or is behind the cell: the server answers
+            self.stats.pulls_refused += 1
+            raise Unavailable(f"this head holds shard ({request.stage}, {request.shard}) at version {relay.version}, "
+                              f"behind the cell's {have}; pull from the shard's server")  # fmt: skip
+        committed = [i for i in pending if i in relay.committed]
+        if relay.version == have:
+            self.stats.pulls += 1
+            return Pulled(version=have, kind="none", versions=[], committed=committed), []
+        newer = [(v, blob) for v, blob in relay.deltas if v > have]
+        if relay.version < have or not newer or newer[0][0] != have + 1:
+            self.stats.pulls_refused += 1
+            raise Unavailable(f"shard ({request.stage}, {request.shard}) at version {have} is further behind than "
+                              f"this head keeps (from {newer[0][0] if newer else relay.version}); pull from the "
+                              "shard's server")  # fmt: skip
+        self.stats.pulls += 1
+        return Pulled(version=relay.version, kind="deltas", versions=[v for v, _ in newer],
+                      committed=committed), [blob for _, blob in newer]  # fmt: skip
+
     def _server(self, stage: int, shard: int) -> str:
         holder = self.trainer.shard_holder((stage, shard))
         if holder is None:
@@ -237,7 +365,7 @@ class Reducer:
         for bucket in list(self.buckets.values()):
             self._flush(bucket)
         if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=FORWARD_TIMEOUT_S / 4)
+            await asyncio.wait(list(self._tasks), timeout=STOP_WAIT_S)
         for task in list(self._tasks):
             task.cancel()
 
@@ -246,6 +374,7 @@ class Reducer:
         return {
             "waiting": sum(len(b.parts) for b in self.buckets.values()), "slices": s.slices, "sums": s.sums,
             "summed": s.summed, "singles": s.singles, "refused_sums": s.refused_sums, "bytes_sent": s.bytes_sent,
+            "pulls": s.pulls, "pulls_refused": s.pulls_refused,
         }  # fmt: skip
 
 

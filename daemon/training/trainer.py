@@ -351,14 +351,15 @@ class Trainer:
         counts = assignment.shard_counts()
         for (p, s), worker in self.cells.items():
             row = [holders.get((p, t)) for t in range(assignment.stages)]
+            heads = [head_of(p, assignment.pipelines, assignment.group_size(s), k) for k in range(counts[s])]
             worker.update(CellView(
                 epoch=pipeline_epoch(p, row),
                 prev=row[s - 1] if s > 0 else None,
                 next=row[s + 1] if s + 1 < assignment.stages else None,
                 servers=[servers.get((s, k)) for k in range(counts[s])],
                 ledger=servers.get((0, 0)),
-                heads=[_holder(holders, head_of(p, assignment.pipelines, assignment.group_size(s), k), s)
-                       for k in range(counts[s])],
+                heads=[_holder(holders, head, s) for head in heads],
+                head_pipelines=heads,
             ))  # fmt: skip
 
     # --- what others ask of the pool ------------------------------------------------------------

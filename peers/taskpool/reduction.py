@@ -11,6 +11,11 @@ contribution that covers all their shares. A server then takes about ``K`` slice
 one cell's worth of bytes, and each member sends and receives about one stage's worth (the
 reduce-scatter of an all-reduce, ending at the servers instead of going round again).
 
+The deltas come back the same way: a member pulls shard ``k`` from its head for ``k``, which
+pulls it from the server and keeps the last ``HEAD_KEEP_VERSIONS`` deltas as they came, and
+asks the server, with its own pulls, which of its members' share IDs are committed. A server
+then sends each delta to about ``K`` heads instead of ``N`` cells.
+
 The group tolerates a member that is slow or gone: a head waits for the group's live members
 at most ``reduce_wait_s`` (a share of the round, bounded), then sends what it has; a member
 whose head does not answer sends its slice straight to the server. A combined contribution is
@@ -31,6 +36,9 @@ from collections.abc import Sequence
 MAX_GROUP = 64
 """The most pipelines one group reduces (a head takes one slice from each member per shard it
 heads: past this, a head's own link is the bottleneck the group was meant to remove)."""
+HEAD_KEEP_VERSIONS = 4
+"""Deltas a head keeps of each shard it heads, for its members' pulls: members pull as soon as
+the head has a version, so a few cover them; one further behind pulls from the server."""
 REDUCE_WAIT_FRACTION = 0.25
 """A head waits for its group at most this share of a round: the server steps once the swarm's
 batch is in, so a member's slice that waits at the head for the others costs little, as long as
@@ -72,14 +80,6 @@ def head_of(pipeline: int, pipelines: int, size: int, shard: int) -> int | None:
     if len(members) < 2:
         return None
     return members[shard % len(members)]
-
-
-def headed_by(head: int, pipelines: int, size: int, shards: int) -> list[int]:
-    """The shards whose group's slices the cell of pipeline ``head`` reduces."""
-    members = group_of(head, pipelines, size)
-    if len(members) < 2:
-        return []
-    return [k for k in range(shards) if members[k % len(members)] == head]
 
 
 def reduce_wait_s(round_s: float) -> float:

@@ -1,8 +1,8 @@
 """Every request and answer between peers (``docs/data-path.md``), as checked dataclasses.
 
 - the data path: ``CellForward`` and ``CellBackward`` between the cells of a pipeline;
-  ``Contribute`` and ``Pull`` between a cell and a shard server, ``Reduce`` from a cell to the
-  head of its reduction group; ``LedgerIssue``,
+  ``Contribute`` and ``Pull`` between a cell and a shard server, ``Reduce`` and
+  ``PullFromHead`` from a cell to the head of its reduction group; ``LedgerIssue``,
   ``LedgerComplete`` and ``LedgerAbandon`` at the ledger (the holder of shard (0, 0));
   ``ReplicaLog``, ``ReplicaCheckpoint`` and ``ReplicaFetch`` between a shard server and its
   standby;
@@ -284,6 +284,19 @@ class Pull(Request[Pulled]):
 
 
 # --- at the ledger -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class PullFromHead(Pull):
+    """A pull of one shard from the head of the cell's reduction group, which relays the deltas
+    it pulled from the server (``swarmd.peers.taskpool.reduction``). Refused ``UNAVAILABLE``
+    when the head cannot answer it (the cell is new, or further behind than the head keeps):
+    the cell pulls from the server."""
+
+    METHOD = "cell.pull"
+
+    pipeline: int = _pipeline()
+    """The sender's pipeline: the head checks it is in its group."""
 
 
 @dataclass(frozen=True, kw_only=True)

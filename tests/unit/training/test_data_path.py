@@ -158,7 +158,7 @@ def test_local_steps_contribute_a_pseudo_gradient_every_h_shares_and_learn(tmp_p
 
 def grouped_plan(swarm: Swarm, devices: list[str], pipelines: list[list[int]], servers: list[int]) -> PlanRecord:
     """A plan whose stages reduce in groups of 2: pipeline 0's cells head the one shard of each
-    stage, so pipeline 1's cells send their slices to them, not to the servers."""
+    stage, so pipeline 1's cells send their slices to them and pull the deltas from them."""
     return PlanRecord(run_id=swarm.spec.run_id, peer_id=devices[0], issued_at=time.time(),
                       expires_at=time.time() + 600, version=1, kind="full", devices=devices, pipelines=pipelines,
                       layers_per_stage=[2, 2], parameter_servers=servers, reduce_groups=[2, 2])  # fmt: skip
@@ -181,6 +181,10 @@ def test_a_reduction_group_sums_its_cells_slices_before_the_server_and_learns(tm
     assert sum(r["summed"] for r in reducers) >= 2 * sum(r["sums"] for r in reducers)
     cells = [c for s in statuses for c in s["cells"]]
     assert all(c["contributions"]["direct"] == 0 for c in cells), cells
+    # The deltas came back the same way: pipeline 1's cells pulled them from their heads, which
+    # pulled them from the servers.
+    assert all(c["weights"]["head_pulls"] >= 4 for c in cells if c["pipeline"] == 1), str(cells)
+    assert sum(r["pulls"] for r in reducers) >= 8, str(reducers)
     losses = [loss for s in statuses for _, loss in s["losses"]]
     assert statistics.mean(losses[-8:]) < statistics.mean(losses[:8]) - 0.3, losses
 

@@ -49,6 +49,7 @@ def largest(cls: type[Message], **overrides: Any) -> Any:
 ADJUST: dict[str, dict[str, Any]] = {
     "Contribute": {"shard": m.MAX_SHARDS - 1},
     "Reduce": {"shard": m.MAX_SHARDS - 1},
+    "PullFromHead": {"shard": m.MAX_SHARDS - 1},
     "Pull": {"shard": m.MAX_SHARDS - 1},
     "Pulled": {"kind": "deltas", "unknown": [], "versions": list(range(m.MAX_INDEX - 63, m.MAX_INDEX + 1))},
     "Fetched": {"kind": "log", "versions": list(range(m.MAX_INDEX - 63, m.MAX_INDEX + 1))},
@@ -60,7 +61,7 @@ ADJUST: dict[str, dict[str, Any]] = {
 
 
 def test_every_message_builds_its_schema_and_every_request_is_registered() -> None:
-    assert len(REQUESTS) == 14
+    assert len(REQUESTS) == 15
     for cls in MESSAGES:
         schema_of(cls)
     for cls in REQUESTS:
@@ -103,7 +104,7 @@ def test_the_largest_answers_of_relayable_requests_fit_a_forwarded_answer() -> N
 
 def test_only_the_data_paths_tensors_and_records_are_relayed() -> None:
     relayed = {cls.__name__ for cls in REQUESTS if cls.RELAYABLE}
-    assert relayed == {"CellForward", "CellBackward", "Contribute", "Reduce", "Pull", "LedgerIssue",
+    assert relayed == {"CellForward", "CellBackward", "Contribute", "Reduce", "Pull", "PullFromHead", "LedgerIssue",
                        "LedgerComplete", "LedgerAbandon"}  # fmt: skip
 
 
