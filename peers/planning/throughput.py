@@ -296,10 +296,10 @@ class ThroughputModel:
     ) -> None:
         up, down = loads
         sent, pulled = found.sent / period[:, None], found.pulled / period[:, None]
-        np.add.at(up, cl.cells, sent.sum(axis=1) + carried / period)
+        np.add.at(up, cl.cells, sent.sum(axis=1) + (found.relayed + carried) / period)
         np.add.at(down, cl.cells, pulled.sum(axis=1) + (found.received + carried) / period)
         np.add.at(down, cl.servers, (found.to_server / period[:, None]).sum(axis=0))
-        np.add.at(up, cl.servers, pulled.sum(axis=0))
+        np.add.at(up, cl.servers, (pulled * cl.from_server).sum(axis=0))
 
     # -- a whole plan ----------------------------------------------------------------------------
 

@@ -164,9 +164,13 @@ class CellLinks(NamedTuple):
     send_s: np.ndarray
     """[c]: the longest contribution link, latency included (to the head, then the head's on)."""
     latency_down: np.ndarray
-    """[c, k]: from shard k's server to the cell."""
+    """[c, k]: from where the cell pulls shard k (its server, or its group's head for k)."""
     inverse_down: np.ndarray
-    """[c, k]: 1 / bandwidth from the server, 0 for a cell's own shard (nothing crosses)."""
+    """[c, k]: 1 / bandwidth from there, 0 where that is the cell itself (nothing crosses)."""
+    from_server: np.ndarray
+    """[c, k]: 1 where the cell pulls shard k from its server, 0 from its group's head."""
+    relays: np.ndarray
+    """[c, k]: the members the cell passes shard k's deltas on to (a head's group less itself)."""
     delta: np.ndarray
     whole: np.ndarray
     up_Bps: np.ndarray
@@ -194,6 +198,9 @@ def cell_links(links: Links, cells: np.ndarray, stage: StageShards) -> CellLinks
     received = np.zeros(n)
     send_s = server_s.max(axis=1)
     sent = to_server
+    inverse_down = np.where(local, 0.0, 1.0 / bw_down)
+    pull_lat, pull_inverse = lat_down, inverse_down
+    from_server, relays = np.ones((n, shards)), np.zeros((n, shards))
     if heads is not None:
         head_cells = cells[heads]
         own = heads == np.arange(n)[:, None]
@@ -206,11 +213,16 @@ def cell_links(links: Links, cells: np.ndarray, stage: StageShards) -> CellLinks
         # members' links to it are mostly fast where a plan groups them).
         received = (np.where(own, members - 1, 0) * stage.contribution_fast[None, :]).sum(axis=1)
         send_s = (hop_lat + to_head / hop_bw).max(axis=1) + np.where(own, server_s, 0.0).max(axis=1)
-    inverse_down = np.where(local, 0.0, 1.0 / bw_down)
+        # The deltas come back the same way: a member pulls from its head, the head from the server.
+        back_bw = links.bandwidth[head_cells, cells[:, None]]
+        pull_lat = np.where(own, lat_down, links.latency[head_cells, cells[:, None]])
+        pull_inverse = np.where(own, inverse_down, 1.0 / np.where(own, 1.0, back_bw))
+        from_server = own.astype(float)
+        relays = np.where(own, members - 1, 0).astype(float)
     up, down = links.up_Bps[cells], links.down_Bps[cells]
     whole = np.where(local, 0.0, stage.whole[None, :])
     refetch = np.maximum((lat_down + whole * inverse_down).max(axis=1), whole.sum(axis=1) / down)
-    return CellLinks(cells, servers, sent, to_server, received, send_s, lat_down, inverse_down,
+    return CellLinks(cells, servers, sent, to_server, received, send_s, pull_lat, pull_inverse, from_server, relays,
                      np.where(local, 0.0, stage.delta[None, :]), whole, up, down, refetch)  # fmt: skip
 
 
@@ -236,6 +248,8 @@ class Exchange(NamedTuple):
     """[c, k]: of those, the bytes that reach shard k's server."""
     received: np.ndarray
     """[c]: the group's slices the cell takes as a head per round."""
+    relayed: np.ndarray
+    """[c]: the deltas the cell passes on to its group's members per round (a head)."""
     pulled: np.ndarray
     """[c, k]: delta (or whole slice) bytes from shard k per round."""
 
@@ -247,6 +261,7 @@ def exchange(cl: CellLinks, deltas: np.ndarray, carried: np.ndarray) -> Exchange
     behind = deltas[:, None]
     pulled = np.where(behind <= KEEP_VERSIONS, behind * cl.delta, cl.whole)
     each = np.maximum(cl.send_s, (cl.latency_down + pulled * cl.inverse_down).max(axis=1))
-    through = np.maximum((cl.sent.sum(axis=1) + carried) / cl.up_Bps,
+    relayed = (cl.relays * behind * cl.delta).sum(axis=1)
+    through = np.maximum((cl.sent.sum(axis=1) + relayed + carried) / cl.up_Bps,
                          (pulled.sum(axis=1) + cl.received + carried) / cl.down_Bps)  # fmt: skip
-    return Exchange(np.maximum(each, through), cl.sent, cl.to_server, cl.received, pulled)
+    return Exchange(np.maximum(each, through), cl.sent, cl.to_server, cl.received, relayed, pulled)

@@ -8,6 +8,10 @@ every group member whose cell is held has sent one, or ``reduce_wait_s`` of the 
 after the first arrived: one part as it came, several as one contribution of their summed
 micro-batches, whose shares and settling are all its parts' (``shards.Contribution.parts``).
 
+The deltas come back the same way: a member pulls a shard from its head for it once the head's
+own pull brought a newer version (within ``HEAD_KEEP_VERSIONS`` of the member's), else from the
+server (``shards.ShardServers.pull``).
+
 A head that leaves: once its departure is noticed, every part at it or on its way to or from
 it is sent by its own cell straight to the server (the daemon's members see their request to
 the head fail, and go direct); a part whose cell left too is lost with it, as a cell's own is.
@@ -44,6 +48,8 @@ class Reducers:
         self.buckets: dict[tuple[int, int, int, int], Bucket] = {}
         self.to_head: dict[int, tuple[int, Contribution]] = {}
         """Parts on their way to a head or in its bucket, by contribution ID: (head, part)."""
+        self._positions: dict[int, int] = {}
+        """id(pipeline) -> its index in the simulation's list, rebuilt when the list changed."""
 
     def follow(self, groups: tuple[int, ...]) -> None:
         self.groups = tuple(groups)
@@ -59,6 +65,38 @@ class Reducers:
             return None
         cell = pipes[head].cells[stage]
         return cell if cell.device is not None and self.sim.up[cell.device] else None
+
+    def pull_head(self, cell: Cell, shard: int) -> Cell | None:
+        """The held, ready cell ``cell`` pulls ``shard`` from (None: from the server)."""
+        pipes = self.sim.pipelines.pipelines
+        index = self._index(cell)
+        if index is None:
+            return None
+        head = head_of(index, len(pipes), self.group_size(cell.stage), shard)
+        if head is None or head == index:
+            return None
+        found = pipes[head].cells[cell.stage]
+        up = found.device is not None and self.sim.up[found.device] and found.ready
+        return found if up else None
+
+    def members_of(self, head: Cell, shard: int) -> list[Cell]:
+        """The cells that pull ``shard`` from ``head`` (none when it heads no group for it)."""
+        pipes = self.sim.pipelines.pipelines
+        index = self._index(head)
+        size = self.group_size(head.stage)
+        if index is None or size < 2 or head_of(index, len(pipes), size, shard) != index:
+            return []
+        return [pipes[p].cells[head.stage] for p in group_of(index, len(pipes), size) if p != index]
+
+    def _index(self, cell: Cell) -> int | None:
+        if self.group_size(cell.stage) < 2:
+            return None
+        pipes = self.sim.pipelines.pipelines
+        at = self._positions.get(id(cell.pipeline))
+        if at is None or at >= len(pipes) or pipes[at] is not cell.pipeline:
+            self._positions = {id(p): i for i, p in enumerate(pipes)}
+            at = self._positions.get(id(cell.pipeline))
+        return at
 
     # --- members' slices ----------------------------------------------------------------------
 

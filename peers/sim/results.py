@@ -50,6 +50,8 @@ class PathFigures:
     micro_batches_recomputed: int
     pipelines: int
     tokens_per_micro_batch: int
+    reduce_groups: tuple[int, ...] = ()
+    """G per stage at the end (empty: no stage reduces in groups)."""
 
 
 @dataclass
@@ -96,6 +98,8 @@ class SimResult:
     local_steps: int
     share_micro_batches: int
     compute_bound_tokens_per_s: float
+    reduce_groups: tuple[int, ...] = ()
+    """G per stage at the end of the run (empty: no reduction groups)."""
     coordinator_changes: int = 0
     plans_lost: int = 0
     relays: int = 0

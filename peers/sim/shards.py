@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 from swarmd.peers.election import elect_standby
 from swarmd.peers.taskpool.exchange import staleness_weight, step_micro_batches
+from swarmd.peers.taskpool.reduction import HEAD_KEEP_VERSIONS
 from swarmd.peers.taskpool.shares import ShareLedger
 
 if TYPE_CHECKING:
@@ -280,19 +281,31 @@ class ShardServers:
     # --- pulls --------------------------------------------------------------------------------
 
     def pull(self, now: float, shard: Shard, cell: Cell) -> None:
-        """The cell's long poll of this shard answers when it lacks a committed version."""
+        """The cell's long poll of this shard answers when it lacks a committed version: from
+        its group's head for the shard where it has one that holds a newer version within the
+        deltas it keeps (``reduction.HEAD_KEEP_VERSIONS``), else from the server."""
         sim = self.sim
         k = shard.index
-        if cell.pulling[k] or not cell.ready or not sim.up[shard.holder]:
+        if cell.pulling[k] or not cell.ready:
             return
-        behind = shard.committed - cell.arrived[k]
+        source, version = shard.holder, shard.committed
+        head = sim.reducers.pull_head(cell, k)
+        if head is not None:
+            if head.arrived[k] <= cell.arrived[k]:
+                return  # the head's own pull brings it first, then this one goes
+            if head.arrived[k] - cell.arrived[k] <= HEAD_KEEP_VERSIONS:
+                assert head.device is not None
+                source, version = head.device, head.arrived[k]
+        if not sim.up[source]:
+            return
+        behind = version - cell.arrived[k]
         if behind <= 0:
             return
         nbytes = sim.workload.pull_bytes(shard.stage, k, behind, sim.settings.keep_versions)
         cell.pulling[k] = True
-        via = sim.engine.route(shard.holder, cell.device, nbytes, for_speed=False)
-        sim.engine.send(now, shard.holder, cell.device, nbytes, self._pulled,
-                        (shard, shard.epoch, cell, cell.serial, shard.committed, now), via)  # fmt: skip
+        via = sim.engine.route(source, cell.device, nbytes, for_speed=False)
+        sim.engine.send(now, source, cell.device, nbytes, self._pulled,
+                        (shard, shard.epoch, cell, cell.serial, version, now), via)  # fmt: skip
 
     def _pulled(self, now: float, shard: Shard, epoch: int, cell: Cell, serial: int, version: int,
                 asked: float) -> None:  # fmt: skip
@@ -302,6 +315,8 @@ class ShardServers:
         cell.arrived[shard.index] = max(cell.arrived[shard.index], version)
         self.sim.phases.add("pull", now - asked)
         self.pull(now, shard, cell)
+        for member in self.sim.reducers.members_of(cell, shard.index):  # a head passes it on
+            self.pull(now, shard, member)
         self.sim.pipelines.pulled(now, cell)
 
     def load(self, now: float, cell: Cell) -> None:

@@ -302,6 +302,7 @@ class Simulation:
             recovery_s=recovery_times(self.timeline, self.settings.bucket_s, self.departure_times),
             wall_s=self._wall_s, events=self.engine.events_run, failovers=c["failovers"], shape=self.shape,
             shards=path.shards, local_steps=path.local_steps, share_micro_batches=path.share_micro_batches,
+            reduce_groups=path.reduce_groups,
             compute_bound_tokens_per_s=compute_bound_tokens_per_s(self.scenario, self.up0, self.churn, self.horizon),
             coordinator_changes=c["coordinator_changes"], plans_lost=c["plans_lost"], relays=len(self.control.relays),
             relayed_transfers=self.engine.counts["relayed_transfers"], spare_claims=c["spare_claims"],

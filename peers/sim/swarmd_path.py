@@ -104,5 +104,5 @@ class SwarmdPath:
             shards=tuple(len(row) for row in sim.shards.stages), local_steps=sim.local_steps,
             share_micro_batches=sim.share_micro_batches, shares_recomputed=recomputed,
             micro_batches_recomputed=recomputed * sim.share_micro_batches, pipelines=len(sim.pipelines.pipelines),
-            tokens_per_micro_batch=sim.workload.tokens_per_micro_batch,
+            tokens_per_micro_batch=sim.workload.tokens_per_micro_batch, reduce_groups=sim.reducers.groups,
         )  # fmt: skip

@@ -93,9 +93,14 @@ def run_one(model: str, n: int, churn: bool, hours: float, seed: int, time_budge
                busiest_interface(scenario, result))  # fmt: skip
 
 
+def groups(sizes: tuple[int, ...]) -> str:
+    """The reduction groups after the shard counts, where a stage has them."""
+    return f" (G {'/'.join(map(str, sizes))})" if max(sizes, default=1) > 1 else ""
+
+
 def table(rows: list[Row]) -> str:
     lines = [
-        "| model | devices | churn | shape S x N | K per stage | H | k | plan s | trained tokens/s | compute bound "
+        "| model | devices | churn | shape S x N | K per stage (G) | H | k | plan s | trained tokens/s | compute bound "
         "| of bound | single device | x single | updates | lost | shares recomputed | stale dropped | sim s |",
         "|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -105,7 +110,8 @@ def table(rows: list[Row]) -> str:
         times = f"{r.tokens_per_s / row.alone:.2f}" if row.alone else "-"
         lines.append(
             f"| {row.model} | {row.devices:,} | {'yes' if row.churn else 'no'} | {r.shape[0]} x {r.shape[1]} "
-            f"| {'/'.join(map(str, r.shards))} | {r.local_steps} | {r.share_micro_batches} | {row.plan_s:.1f} "
+            f"| {'/'.join(map(str, r.shards))}{groups(r.reduce_groups)} | {r.local_steps} | {r.share_micro_batches} "
+            f"| {row.plan_s:.1f} "
             f"| {r.tokens_per_s:,.0f} | {r.compute_bound_tokens_per_s:,.0f} "
             f"| {r.tokens_per_s / r.compute_bound_tokens_per_s:.2%} | {alone} | {times} | {r.updates:,} "
             f"| {r.updates_lost} | {r.shares_recomputed:,} | {r.stale_dropped:,} | {r.wall_s:.0f} |"
@@ -224,7 +230,7 @@ def main() -> None:
         {"model": r.model, "devices": r.devices, "churn": r.churn, "hours": r.result.hours, "plan_s": r.plan_s,
          "single_device": r.alone, "busiest": r.busiest, "tokens_per_s": r.result.tokens_per_s,
          "compute_bound_tokens_per_s": r.result.compute_bound_tokens_per_s, "shape": r.result.shape,
-         "shards": r.result.shards, "local_steps": r.result.local_steps,
+         "shards": r.result.shards, "reduce_groups": r.result.reduce_groups, "local_steps": r.result.local_steps,
          "share_micro_batches": r.result.share_micro_batches, "phases": r.result.phases}
         for r in rows
     ]  # fmt: skip

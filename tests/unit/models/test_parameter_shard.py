@@ -179,6 +179,20 @@ def test_duplicates_are_acknowledged_not_applied() -> None:
     assert shard.counters.duplicates == 2 and shard.counters.applied == 2 and shard.version == 1
 
 
+def test_a_sum_of_several_cells_is_taken_whole_or_refused_never_in_part() -> None:
+    # A reduction head's sum names shares of two cells; one of them sent its slice by itself
+    # first (it gave up on its head): the sum cannot be taken apart, so it is refused and
+    # nothing of it is settled: the head sends the parts one by one.
+    shard = ParameterShard(0, SIZE, vector(6), adamw(), step_micro_batches=8)
+    assert shard.contribute(vector(1, 0.01), 0, 2, [1], 1.0).outcome is Outcome.BUFFERED
+    with pytest.raises(ContributionError) as refused:
+        shard.contribute(vector(2, 0.01), 0, 4, [1, 2], 1.0, parts=2)
+    assert refused.value.reason == "overlap" and shard.buffered_micro_batches == 2
+    assert shard.committed([2]) == set()  # the other cell's share is not settled unapplied
+    assert shard.contribute(vector(3, 0.01), 0, 2, [2], 1.0).outcome is Outcome.BUFFERED
+    assert shard.contribute(vector(4, 0.01), 0, 4, [3, 4], 1.0, parts=2).outcome is Outcome.BUFFERED
+
+
 def test_recent_share_ids_are_bounded() -> None:
     shard = ParameterShard(0, SIZE, vector(7), adamw(recent_share_ids=3), step_micro_batches=1)
     for i in range(5):

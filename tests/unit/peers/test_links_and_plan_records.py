@@ -90,7 +90,8 @@ def test_plan_record_round_trip_and_lookups() -> None:
     assert parsed == plan
     assert parsed.stage_of(C.peer_id) == 1 and parsed.stage_of(B.peer_id) is None
     assert parsed.server_of(1) == C.peer_id
-    sharded = plan_of(shard_servers=[[0, 1], [2]], local_steps=20, share_micro_batches=8, spares=[1])
+    sharded = plan_of(shard_servers=[[0, 1], [2]], local_steps=20, share_micro_batches=8, spares=[1],
+                      reduce_groups=[1, 2])  # fmt: skip
     assert parse_plan(sharded.sign(A), run_id=RUN, now=T0) == sharded
 
 
@@ -109,6 +110,9 @@ def test_plan_record_round_trip_and_lookups() -> None:
         ({"devices": [A.peer_id, A.peer_id, C.peer_id]}, "twice"),
         ({"kind": "guess"}, "kind"),
         ({"predicted": {"iteration_s": -1}}, "not a figure"),
+        ({"reduce_groups": [2]}, "reduce_groups must give each of 2 stages"),
+        ({"reduce_groups": [2, 0]}, "reduce_groups must give each of 2 stages"),
+        ({"reduce_groups": [2, 65]}, "reduce_groups holds"),
     ],
 )
 def test_a_malformed_plan_is_refused(change: dict[str, object], message: str) -> None:

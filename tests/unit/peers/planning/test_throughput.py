@@ -90,6 +90,30 @@ def test_a_busy_server_caps_the_swarm() -> None:
     assert predict_throughput(sc, spread).tokens_per_s > alone.tokens_per_s
 
 
+def test_reduction_groups_take_a_busy_servers_load_onto_their_members_links() -> None:
+    # The same sixteen cells and one server, in groups of four: the server takes four sums a
+    # round and sends each delta to four heads; its load falls about fourfold and the swarm
+    # trains faster. Where the server's link is far faster than the cells', a head's link is
+    # the new bottleneck, and the groups train less than the server alone.
+    sc = uniform(17)
+    one = Plan(tuple((d,) for d in range(16)), (12,), (16,), local_steps=20, share_micro_batches=16)
+    alone = predict_throughput(sc, one)
+    grouped = predict_throughput(sc, replace(one, reduce_groups=(4,)))
+    assert grouped.server_utilisation < alone.server_utilisation / 3
+    assert grouped.tokens_per_s > alone.tokens_per_s
+    raw = synthetic_scenario_dict(17, regions=1, seed=1)
+    bw = np.full((17, 17), 1e7)
+    bw[16, :] = bw[:, 16] = 1e10  # a data-centre server among home links
+    raw["latency_s"], raw["bandwidth_Bps"] = np.full((17, 17), 0.01).tolist(), bw.tolist()
+    for d in raw["devices"]:
+        d["tflops"], d["memory_gib"] = 100.0, 80
+    fast = parse_scenario(raw)
+    assert (
+        predict_throughput(fast, replace(one, reduce_groups=(4,))).tokens_per_s
+        < predict_throughput(fast, one).tokens_per_s
+    )
+
+
 def test_faster_links_and_devices_never_train_less() -> None:
     base = uniform(6, bw=2e7)
     p = Plan(((0, 1), (2, 3)), (8, 4), (4, 5), shard_servers=((4, 5), (5, 4)), local_steps=4, share_micro_batches=8)

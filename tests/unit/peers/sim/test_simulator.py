@@ -123,10 +123,11 @@ def test_two_pipelines_train_twice_as_fast_and_pay_exactly_their_contributions()
     assert r.sent_bytes[0] == pytest.approx(2 * r.updates * delta + r.updates // 10 * checkpoint, abs=2 * delta)
 
 
-def test_a_reduction_group_sends_the_server_one_sum_of_its_members_slices_a_round() -> None:
+def test_a_reduction_group_sends_the_server_one_sum_a_round_and_relays_its_deltas() -> None:
     # Four one-stage pipelines (d0-d3) in groups of two, d4 the server: d0 heads (d0, d1), d2
-    # heads (d2, d3). Each round the server takes two sums instead of four slices, and the swarm
-    # trains as fast as without the groups (the links are fast: the extra hop costs ms).
+    # heads (d2, d3). Each round the server takes two sums instead of four slices and sends
+    # two deltas instead of four, and the swarm trains as fast as without the groups (the links
+    # are fast: the extra hop costs ms).
     sc = scenario(5)
     rows = ((0,), (1,), (2,), (3,))
     plain = run(sc, fixed(rows, (4,), (4,), k=2), hours=0.25)
@@ -137,8 +138,12 @@ def test_a_reduction_group_sends_the_server_one_sum_of_its_members_slices_a_roun
     assert sim.counts["reduced_parts"] == 2 * sim.counts["reduced_sums"]
     assert sim.counts["reduced_sums"] >= 2 * (r.updates - 2)  # two groups, one round an update
     assert r.updates_lost == r.stale_dropped == 0
-    # The members' slices go to their heads and only the heads' sums to the server.
+    # The members' slices go to their heads and only the heads' sums to the server; the deltas
+    # come back the same way: the server sends each step to the two heads (and its standby's
+    # log), not to four cells, and each head passes it on to its member.
     assert r.sent_bytes[1] == pytest.approx(r.sent_bytes[3], rel=0.05)
+    assert r.sent_bytes[4] < 0.7 * plain.sent_bytes[4]
+    assert r.sent_bytes[0] > 1.5 * r.sent_bytes[1]
 
 
 def test_a_head_that_leaves_mid_reduction_has_its_members_send_to_the_server() -> None:
