@@ -2,8 +2,9 @@
 
 Where the plan groups a stage's pipelines (``swarmd.peers.taskpool.reduction``), each cell sends
 its slice of shard ``k`` to the cell of its group that heads ``k`` (``Reduce``), not to the
-server. The head keeps the slices that build on the same version in one bucket; the bucket goes
-when every live member of the group has sent one, or ``reduce_wait_s`` after the first came:
+server. The head keeps the slices of a shard in one bucket; the bucket goes when every live
+member of the group has sent one, or ``reduce_wait_s`` after the first came, and those whose
+bases ``summable`` takes go as one sum at the oldest of their bases (the rest alone):
 
 - one slice: forwarded as it came (no decoding, no second rounding);
 - several: their mean weighted by micro-batches, encoded for the head's link to the server
@@ -38,7 +39,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from swarmd.peers.taskpool.exchange import shard_range
-from swarmd.peers.taskpool.reduction import HEAD_KEEP_VERSIONS, group_of, head_of, mean_factors, reduce_wait_s
+from swarmd.peers.taskpool.reduction import (
+    HEAD_KEEP_VERSIONS,
+    group_of,
+    head_of,
+    mean_factors,
+    reduce_wait_s,
+    summable,
+)
 from swarmd.peers.wire.codecs import ErrorFeedback, decode_vector
 from swarmd.peers.wire.errors import AlreadyApplied, BadRequest, FrameError, NotHolder, RpcError, Stale, Unavailable
 from swarmd.peers.wire.messages import (
@@ -78,7 +86,7 @@ class _Part:
 
 @dataclass
 class _Bucket:
-    key: tuple[int, int, int, int, str]
+    key: tuple[int, int, int, str]
     head: int
     """The pipeline of the cell that heads this shard here."""
     parts: dict[int, _Part] = field(default_factory=dict)
@@ -131,7 +139,7 @@ class ReducerStats:
 class Reducer:
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
-        self.buckets: dict[tuple[int, int, int, int, str], _Bucket] = {}
+        self.buckets: dict[tuple[int, int, int, str], _Bucket] = {}
         self.stats = ReducerStats()
         self._feedback = ErrorFeedback()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -151,7 +159,7 @@ class Reducer:
             vector = await asyncio.to_thread(decode_vector, blob, hi - lo, request.codec)
         except FrameError as e:
             raise BadRequest(f"slice of shard ({request.stage}, {request.shard}): {e}") from None
-        key = (request.stage, request.shard, request.shards, request.base_version, request.kind)
+        key = (request.stage, request.shard, request.shards, request.kind)
         bucket = self.buckets.get(key)
         if bucket is None:
             if len(self.buckets) >= MAX_BUCKETS:
@@ -204,8 +212,13 @@ class Reducer:
         if bucket.timer is not None:
             bucket.timer.cancel()
         stage, shard = bucket.key[0], bucket.key[1]
+        parts = list(bucket.parts.values())
+        chosen, _ = summable([p.request.base_version for p in parts])
+        for i, part in enumerate(parts):
+            if i not in chosen:  # too far behind the others' base to share their staleness
+                self._spawn(self._send_parts([part], stage, shard))
         chunk: list[_Part] = []
-        for part in bucket.parts.values():
+        for part in [parts[i] for i in chosen]:
             if chunk and sum(len(p.request.share_ids) for p in chunk) + len(part.request.share_ids) > MAX_SHARE_IDS:
                 self._spawn(self._send_parts(chunk, stage, shard))
                 chunk = []
@@ -267,7 +280,8 @@ class Reducer:
         blob = bytes(await asyncio.to_thread(self._feedback.encode, key, total, codec))
         request = Contribute(
             run_id=first.run_id, stage=stage, shard=shard, shards=first.shards,
-            share_ids=[i for p in parts for i in p.request.share_ids], base_version=first.base_version,
+            share_ids=[i for p in parts for i in p.request.share_ids],
+            base_version=min(p.request.base_version for p in parts),
             micro_batches=sum(p.request.micro_batches for p in parts), kind=first.kind, codec=codec, parts=len(parts),
         )  # fmt: skip
         try:

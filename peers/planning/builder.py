@@ -20,6 +20,7 @@ from swarmd.peers.planning.layers import LayerSplitter
 from swarmd.peers.planning.plan_cost import Plan, cell_layer_caps
 from swarmd.peers.planning.scenario import Scenario, Shape
 from swarmd.peers.planning.schedule import (
+    REDUCE_GAIN,
     choose_local_steps,
     choose_servers,
     reduction_options,
@@ -143,13 +144,13 @@ class Planner:
         gradient = fixed == 1 if fixed is not None else not local
         k = share_micro_batches(times, self.model.batch_micro_batches, gradient=gradient)
         best: Candidate | None = None
-        for groups in reduction_options(grid.shape[0], servers):
+        for groups in reduction_options(grid.shape[0], servers, gradient):
             base = Candidate(grid, layers, servers, 1 if fixed is None else fixed, k, groups=groups).plan()
             if fixed is not None or not local:
                 h, result = base.local_steps, self.model.evaluate(base)
             else:
                 h, result = choose_local_steps(self.model, base, start=LOCAL)
-            if best is None or result.tokens_per_s > best.tokens_per_s * (1 + 1e-9):
+            if best is None or result.tokens_per_s > best.tokens_per_s * (REDUCE_GAIN if groups else 1 + 1e-9):
                 best = Candidate(grid, layers, servers, h, k, result, groups)
         return best
 

@@ -3,10 +3,11 @@
 
 Where the plan groups a stage's pipelines, a cell's contribution to shard ``k`` goes to the
 cell that heads ``k`` in its group (a flow on the member's link; nothing crosses for the head's
-own), which keeps it in a bucket per shard and base version. A bucket goes to the server once
-every group member whose cell is held has sent one, or ``reduce_wait_s`` of the head's round
-after the first arrived: one part as it came, several as one contribution of their summed
-micro-batches, whose shares and settling are all its parts' (``shards.Contribution.parts``).
+own), which keeps it in a bucket per shard. A bucket goes to the server once every group member
+whose cell is held has sent one, or ``reduce_wait_s`` of the head's round after the first
+arrived: one part as it came, several (those ``reduction.summable`` takes; the others alone) as
+one contribution at the oldest of their bases, covering their summed micro-batches, whose
+shares and settling are all its parts' (``shards.Contribution.parts``).
 
 The deltas come back the same way: a member pulls a shard from its head for it once the head's
 own pull brought a newer version (within ``HEAD_KEEP_VERSIONS`` of the member's), else from the
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from swarmd.peers.sim.shards import Contribution
-from swarmd.peers.taskpool.reduction import group_of, head_of, reduce_wait_s
+from swarmd.peers.taskpool.reduction import group_of, head_of, reduce_wait_s, summable
 
 if TYPE_CHECKING:
     from swarmd.peers.sim.pipelines import Cell
@@ -36,7 +37,6 @@ class Bucket:
     """The head's device."""
     stage: int
     shard: int
-    base: int
     head_pipeline: int
     parts: list[Contribution] = field(default_factory=list)
 
@@ -45,7 +45,7 @@ class Reducers:
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
         self.groups: tuple[int, ...] = ()
-        self.buckets: dict[tuple[int, int, int, int], Bucket] = {}
+        self.buckets: dict[tuple[int, int, int], Bucket] = {}
         self.to_head: dict[int, tuple[int, Contribution]] = {}
         """Parts on their way to a head or in its bucket, by contribution ID: (head, part)."""
         self._positions: dict[int, int] = {}
@@ -127,10 +127,10 @@ class Reducers:
         index = next((i for i, p in enumerate(pipes) if p.pid == head_pid), None)
         if index is None:
             return self._direct(now, c)  # the head's pipeline is gone from the plan
-        key = (head, c.stage, c.shard, c.base)
+        key = (head, c.stage, c.shard)
         bucket = self.buckets.get(key)
         if bucket is None:
-            bucket = self.buckets[key] = Bucket(head, c.stage, c.shard, c.base, index)
+            bucket = self.buckets[key] = Bucket(head, c.stage, c.shard, index)
             cell = pipes[index].cells[c.stage]
             wait = reduce_wait_s(self._round_s(cell))
             self.sim.engine.at(now + wait, self._flush, key, bucket)
@@ -147,23 +147,25 @@ class Reducers:
         members = group_of(bucket.head_pipeline, len(pipes), self.group_size(bucket.stage))
         return max(1, sum(pipes[p].cells[bucket.stage].device is not None for p in members))
 
-    def _flush(self, now: float, key: tuple[int, int, int, int], bucket: Bucket) -> None:
+    def _flush(self, now: float, key: tuple[int, int, int], bucket: Bucket) -> None:
         if self.buckets.get(key) is not bucket:
             return
         del self.buckets[key]
         sim = self.sim
         for part in bucket.parts:
             self.to_head.pop(part.cid, None)
-        if len(bucket.parts) == 1:
-            part = bucket.parts[0]
+        chosen, base = summable([p.base for p in bucket.parts])
+        alone = [p for i, p in enumerate(bucket.parts) if i not in chosen or len(chosen) == 1]
+        for part in alone:
             sim.shards.contribute(now, part, sender=bucket.head)
+        if len(chosen) < 2:
             return
+        parts = [bucket.parts[i] for i in chosen]
         sim.counts["reduced_sums"] += 1
-        sim.counts["reduced_parts"] += len(bucket.parts)
-        parts = bucket.parts
+        sim.counts["reduced_parts"] += len(parts)
         combined = Contribution(
             sim.shards.next_cid(), bucket.head, parts[0].cell, -1, bucket.stage, bucket.shard,
-            tuple(i for p in parts for i in p.share_ids), sum(p.micro_batches for p in parts), bucket.base, None,
+            tuple(i for p in parts for i in p.share_ids), sum(p.micro_batches for p in parts), base, None,
             parts=parts,
         )  # fmt: skip
         sim.shards.contribute(now, combined)

@@ -14,6 +14,7 @@ from swarmd.peers.taskpool.reduction import (
     head_of,
     mean_factors,
     reduce_wait_s,
+    summable,
 )
 
 pytestmark = pytest.mark.timeout(10)
@@ -40,10 +41,17 @@ def test_a_groups_shards_are_headed_in_turn_by_its_members_and_a_lone_pipeline_h
     assert head_of(0, 4, 1, 3) is None  # no groups
 
 
-def test_a_head_waits_a_quarter_round_within_its_bounds() -> None:
+def test_a_head_waits_a_round_within_its_bounds() -> None:
     low, high = REDUCE_WAIT_S
     assert reduce_wait_s(0.0) == low and reduce_wait_s(1e6) == high
-    assert reduce_wait_s(40.0) == pytest.approx(10.0)
+    assert reduce_wait_s(40.0) == pytest.approx(40.0)
+
+
+def test_a_sum_takes_the_parts_within_a_version_of_the_newest_at_the_oldest_of_their_bases() -> None:
+    assert summable([7, 7, 7]) == ([0, 1, 2], 7)
+    assert summable([6, 7, 4]) == ([0, 1], 6)  # the part at 4 goes by itself
+    with pytest.raises(ValueError):
+        summable([])
 
 
 def test_a_sums_parts_count_by_their_micro_batches() -> None:
