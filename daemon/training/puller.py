@@ -42,8 +42,9 @@ logger = logging.getLogger(__name__)
 
 POLL_WAIT_S = 10.0
 RETRY_S = (0.2, 5.0)
-HEAD_RETRY_S = 30.0
-"""After its group's head failed a pull, the cell pulls that shard from the server this long."""
+HEAD_RETRY_S = 5.0
+"""After its group's head failed a pull, the cell pulls that shard from the server this long (a
+head that has just opened its cell, or not yet read the member's lease, refuses at first)."""
 
 
 @dataclass

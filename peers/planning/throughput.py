@@ -21,7 +21,10 @@ functions (``swarmd.peers.taskpool.exchange``, ``swarmd.peers.wire.sizes``):
   at most one outstanding, so a round takes ``max(H x share, exchange)``. With H = 1 the
   rounds are synchronous (a cell waits for the step its contribution went into, the daemon's
   ``SYNC_WAIT_S``): a round takes ``share + exchange`` (its contribution is as stale as the steps
-  the other pipelines' contributions make meanwhile, none when the batch is one round of all).
+  the other pipelines' contributions make meanwhile, none when the batch is one round of all),
+  and the exchange is the contributions' time, then the pulls': each at least its shard
+  server's burst (every cell's slice in, then every delta out) and, in a reduction group, a hop
+  more through the heads (``transfers.exchange``, ``sequential``).
 - **Staleness**: a contribution is as many versions behind as the shards step between the
   version the cell last applied (it applies deltas between shares) and the contribution's
   arrival, about one share and one exchange; it counts ``exchange.staleness_weight`` of it
@@ -267,7 +270,7 @@ class ThroughputModel:
             exchange_s = np.zeros(len(rows))
             deltas = frozen.steps_per_s * period
             for s, cl in enumerate(prepared.links):
-                found = exchange(cl, deltas, activation_round[:, s])
+                found = exchange(cl, deltas, activation_round[:, s], sequential=h == 1)
                 exchange_s = np.maximum(exchange_s, found.seconds)
                 if last and loads is not None:
                     self._add_loads(loads, cl, found, activation_round[:, s], period)

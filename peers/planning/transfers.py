@@ -171,6 +171,13 @@ class CellLinks(NamedTuple):
     """[c, k]: 1 where the cell pulls shard k from its server, 0 from its group's head."""
     relays: np.ndarray
     """[c, k]: the members the cell passes shard k's deltas on to (a head's group less itself)."""
+    head_rows: np.ndarray
+    """[c, k]: the row (in ``cells``) of the cell's head for shard k (its own where it has none):
+    a member's slice goes on only once its head has the group's, and its delta only once the
+    head has it."""
+    server_up: np.ndarray
+    server_down: np.ndarray
+    """[k]: shard k's server's interface rates."""
     delta: np.ndarray
     whole: np.ndarray
     up_Bps: np.ndarray
@@ -201,7 +208,9 @@ def cell_links(links: Links, cells: np.ndarray, stage: StageShards) -> CellLinks
     inverse_down = np.where(local, 0.0, 1.0 / bw_down)
     pull_lat, pull_inverse = lat_down, inverse_down
     from_server, relays = np.ones((n, shards)), np.zeros((n, shards))
+    head_rows = np.repeat(np.arange(n)[:, None], shards, axis=1)
     if heads is not None:
+        head_rows = heads
         head_cells = cells[heads]
         own = heads == np.arange(n)[:, None]
         hop_bw = np.where(own, np.inf, links.bandwidth[cells[:, None], head_cells])
@@ -223,6 +232,7 @@ def cell_links(links: Links, cells: np.ndarray, stage: StageShards) -> CellLinks
     whole = np.where(local, 0.0, stage.whole[None, :])
     refetch = np.maximum((lat_down + whole * inverse_down).max(axis=1), whole.sum(axis=1) / down)
     return CellLinks(cells, servers, sent, to_server, received, send_s, pull_lat, pull_inverse, from_server, relays,
+                     head_rows, links.up_Bps[servers], links.down_Bps[servers],
                      np.where(local, 0.0, stage.delta[None, :]), whole, up, down, refetch)  # fmt: skip
 
 
@@ -254,14 +264,36 @@ class Exchange(NamedTuple):
     """[c, k]: delta (or whole slice) bytes from shard k per round."""
 
 
-def exchange(cl: CellLinks, deltas: np.ndarray, carried: np.ndarray) -> Exchange:
+def exchange(cl: CellLinks, deltas: np.ndarray, carried: np.ndarray, sequential: bool = False) -> Exchange:
     """A round's exchange for the cells of ``cl`` that pull ``deltas`` steps each and carry
     ``carried`` activation bytes each way in the round: a delta per step, the whole slice in
-    fp32 past ``KEEP_VERSIONS`` (``docs/data-path.md``)."""
+    fp32 past ``KEEP_VERSIONS`` (``docs/data-path.md``).
+
+    ``sequential`` (gradient mode): the deltas come only after the step the contributions went
+    into, so the round's exchange is the contributions' time and then the pulls' (each the
+    longest link, or its bytes through the interface; the activations ran during the share).
+    Otherwise (local steps) the next round computes meanwhile and everything overlaps: the
+    longest link either way, or all of the round's bytes through the interface."""
     behind = deltas[:, None]
     pulled = np.where(behind <= KEEP_VERSIONS, behind * cl.delta, cl.whole)
-    each = np.maximum(cl.send_s, (cl.latency_down + pulled * cl.inverse_down).max(axis=1))
+    pull_s = (cl.latency_down + pulled * cl.inverse_down).max(axis=1)
     relayed = (cl.relays * behind * cl.delta).sum(axis=1)
+    if sequential:
+        # Every contribution of the round reaches its server before the step, and every pull
+        # leaves it after: a shard's server takes them all in one burst each way. In a group,
+        # the sums go once the heads have every member's slice, and a member's delta comes once
+        # its head has passed it on: one more hop each way, after (or before) the server's.
+        burst_in = (cl.to_server.sum(axis=0) / cl.server_down).max()
+        burst_out = ((pulled * cl.from_server).sum(axis=0) / cl.server_up).max()
+        gather, spread = cl.received / cl.down_Bps, relayed / cl.up_Bps
+        send = np.maximum(np.maximum(cl.send_s, cl.sent.sum(axis=1) / cl.up_Bps), burst_in)
+        back = np.maximum(np.maximum(pull_s, pulled.sum(axis=1) / cl.down_Bps), burst_out)
+        send = send + gather[cl.head_rows].max(axis=1)
+        back = back + spread[cl.head_rows].max(axis=1)
+        return Exchange(send + back, cl.sent, cl.to_server, cl.received, relayed, pulled)
+    each = np.maximum(cl.send_s, pull_s)
     through = np.maximum((cl.sent.sum(axis=1) + relayed + carried) / cl.up_Bps,
                          (pulled.sum(axis=1) + cl.received + carried) / cl.down_Bps)  # fmt: skip
-    return Exchange(np.maximum(each, through), cl.sent, cl.to_server, cl.received, relayed, pulled)
+    seconds = np.maximum(each, through)
+    return Exchange(np.maximum(seconds, seconds[cl.head_rows].max(axis=1)), cl.sent, cl.to_server, cl.received,
+                    relayed, pulled)  # fmt: skip

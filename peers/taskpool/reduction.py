@@ -53,13 +53,19 @@ SUM_BASE_SPREAD = 1
 
 
 def group_size(pipelines: int, shards: int) -> int:
-    """G: the pipelines per group of a stage with ``shards`` shards, so that each server takes
-    about one slice per round (1: no reduction, each cell sends to the servers itself)."""
+    """G: the pipelines per group of a stage with ``shards`` shards (1: no reduction, each cell
+    sends to the servers itself).
+
+    With ``K >= G`` every member heads about ``K / G`` shards and takes about one stage's worth
+    of slices; ``G = ceil(N / K)`` then leaves each server about one slice a round. With fewer
+    shards than that, only ``K`` members head and each takes ``(G - 1) / K`` stages' worth,
+    while a server takes ``N / G / K``: the two balance at ``G = sqrt(N)`` (with one shard and
+    64 pipelines, one group of 64 would pour 63 slices into one head)."""
     if pipelines < 1 or shards < 1:
         raise ValueError(f"{pipelines} pipelines, {shards} shards: both must be >= 1")
     if pipelines <= shards:
         return 1
-    return min(MAX_GROUP, math.ceil(pipelines / shards))
+    return min(MAX_GROUP, math.ceil(pipelines / shards), math.ceil(math.sqrt(pipelines)))
 
 
 def groups(pipelines: int, size: int) -> list[range]:

@@ -4,18 +4,21 @@ killed cell recomputed, a killed server failed over, contributions dropped as st
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pytest
 
 from swarmd.peers.planning.plan_cost import Plan
+from swarmd.peers.planning.planner import PlannerSettings, plan
 from swarmd.peers.planning.scenario import Scenario, parse_scenario
 from swarmd.peers.sim.churn import ChurnEvent
 from swarmd.peers.sim.results import SimResult, flops_per_token, single_device
 from swarmd.peers.sim.simulator import SimSettings, Simulation, Strategy, simulate
 from swarmd.peers.sim.workload import Workload
 from swarmd.peers.taskpool.exchange import share_seconds
+from swarmd.peers.taskpool.reduction import group_size
 from swarmd.peers.wire.sizes import message_bytes
 
 pytestmark = pytest.mark.timeout(120)
@@ -144,6 +147,26 @@ def test_a_reduction_group_sends_the_server_one_sum_a_round_and_relays_its_delta
     assert r.sent_bytes[1] == pytest.approx(r.sent_bytes[3], rel=0.05)
     assert r.sent_bytes[4] < 0.7 * plain.sent_bytes[4]
     assert r.sent_bytes[0] > 1.5 * r.sent_bytes[1]
+
+
+def test_the_planner_groups_a_synchronous_swarm_whose_server_binds_and_it_trains_faster() -> None:
+    # 64 replicas of a small model on 30 MB/s links, gradient mode (H = 1): one shard, so every
+    # round the server would take 64 slices and send 64 deltas in a burst while every pipeline
+    # waits. The planner groups the pipelines by about sqrt(N), and the simulator agrees that
+    # the groups train faster, by more than half, and within 30% of what the planner predicted.
+    n = 65
+    sc = scenario(n, bw=np.full((n, n), 3e7), batch=4 * (n - 1))
+    grouped = plan(sc, PlannerSettings(time_budget_s=0.5, seed=0, local_steps=1))
+    assert grouped.reduce_groups == (group_size(len(grouped.pipelines), 1),) and grouped.local_steps == 1
+    assert grouped.reduce_groups[0] >= 8
+    flat = replace(grouped, reduce_groups=())
+    with_groups = simulate(sc, Strategy("grouped", lambda view: grouped, None), SimSettings(hours=0.05),
+                           (np.ones(n, dtype=bool), []))  # fmt: skip
+    without = simulate(sc, Strategy("flat", lambda view: flat, None), SimSettings(hours=0.05),
+                       (np.ones(n, dtype=bool), []))  # fmt: skip
+    assert with_groups.tokens_per_s > 1.5 * without.tokens_per_s
+    predicted = grouped.meta["prediction"].tokens_per_s  # type: ignore[attr-defined]
+    assert with_groups.tokens_per_s == pytest.approx(predicted, rel=0.3)
 
 
 def test_a_head_that_leaves_mid_reduction_has_its_members_send_to_the_server() -> None:

@@ -23,7 +23,8 @@ pytestmark = pytest.mark.timeout(10)
 def test_groups_are_as_large_as_it_takes_for_each_server_to_take_about_one_slice_a_round() -> None:
     assert group_size(8, 8) == group_size(3, 8) == 1  # no more pipelines than shards: no groups
     assert group_size(9, 8) == 2 and group_size(882, 128) == 7
-    assert group_size(10_000, 1) == MAX_GROUP
+    assert group_size(64, 1) == 8  # few shards: as many groups as members in each
+    assert group_size(100_000, 1) == MAX_GROUP
     with pytest.raises(ValueError):
         group_size(0, 4)
 
