@@ -61,9 +61,11 @@ class VersionWatch:
     """Samples every shard's version at whichever daemon serves it and records any decrease;
     and whether the placement ever gave the relay something to carry: a daemon told to relay
     everything (``via_relay``), not the relay itself, holding a cell whose neighbour cell, or a
-    shard of whose stage (or the ledger's shard, for stage 0), is held by a third daemon. (A
-    plan may put the relay and the other such daemon in the one pipeline, holding every
-    shard: then nothing of theirs crosses a relay.)"""
+    shard of whose stage (or the ledger's shard, for stage 0), is held by a third daemon, and
+    working there (its micro-batches counted on between two samples: a cell held for a moment
+    under the provisional assignment, before the plan moved it, may have sent nothing). (A plan
+    may put the relay and the other such daemon in the one pipeline, holding every shard: then
+    nothing of theirs crosses a relay.)"""
 
     def __init__(self, daemons: list[LocalDaemon], via_relay: set[int]) -> None:
         self.daemons = daemons
@@ -71,6 +73,7 @@ class VersionWatch:
         self.highest: dict[tuple[int, int], int] = {}
         self.decreases: list[str] = []
         self.relay_needed = False
+        self._worked: dict[tuple[int, int, int], int] = {}  # (daemon, pipeline, stage) -> micro-batches
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -93,10 +96,16 @@ class VersionWatch:
             cells: dict[tuple[int, int], int] = {}
             shards: dict[tuple[int, int], int] = {}
             relays: set[str] = set()
+            working: set[tuple[int, int]] = set()
             for i, status in statuses.items():
                 t = status.get("training") or {}
                 relays.update(((status.get("routes") or {}).get("relays")) or [])
                 cells.update({(c["pipeline"], c["stage"]): i for c in t.get("cells") or []})
+                for c in t.get("cells") or []:
+                    key, done = (i, c["pipeline"], c["stage"]), c["forwards"] + c["backwards"]
+                    if done > self._worked.get(key, done):
+                        working.add((c["pipeline"], c["stage"]))
+                    self._worked[key] = done
                 for shard in t.get("shards") or []:
                     key, version = (shard["stage"], shard["shard"]), shard["version"]
                     shards[key] = i
@@ -105,7 +114,7 @@ class VersionWatch:
                     self.highest[key] = max(version, self.highest.get(key, 0))
             relay = {i for i, status in statuses.items() if status.get("peer_id") in relays}
             for (p, s), i in cells.items():
-                if i not in self.via_relay or i in relay:
+                if i not in self.via_relay or i in relay or (p, s) not in working:
                     continue
                 peers = {cells.get((p, s - 1)), cells.get((p, s + 1))}
                 peers |= {j for (stage, _), j in shards.items() if stage == s}
