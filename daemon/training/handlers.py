@@ -135,7 +135,7 @@ class TrainingHandlers:
         self._member(sender)
         trainer, key = self.trainer, (request.stage, request.shard)
         named = None if trainer.assignment is None else trainer.assignment.named_shards().get(key)
-        if sender not in (trainer._holder_of(key), named):
+        if sender not in (trainer.shard_holder(key), named):
             raise NotHolder(f"{sender[:16]} does not hold shard {key} here; only its new holder takes its state")
         server = trainer.servers.get(key)
         if server is not None and named == trainer.own:

@@ -263,7 +263,7 @@ def make_cell(trainer: Trainer, cell: Cell, assignment: Assignment, dataset: Dat
     worker = CellWorker(
         cell, trainer.stages, trainer.exchange_settings(), compute, dataset, s.micro_batch, trainer.spec.run_id,
         trainer.send, lambda peer: trainer.roles.link_Bps(trainer.own, peer), shape=s.model,
-        shards=assignment.shard_counts()[cell[1]], half="bf16" if s.model.family == "llama" else "fp16",
+        shards=assignment.shard_counts()[cell[1]], half=trainer.half,
     )  # fmt: skip
     worker.reducer = trainer.reducer
     return worker

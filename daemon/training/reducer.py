@@ -273,8 +273,8 @@ class Reducer:
         total = torch.zeros_like(parts[0].vector)
         for part, factor in zip(parts, factors, strict=True):
             total.add_(part.vector, alpha=factor)
-        half = "bf16" if self.trainer.spec.spec.model.family == "llama" else "fp16"
-        codec = codec_for("contribution", self.trainer.roles.link_Bps(self.trainer.own, server), half=half)
+        codec = codec_for("contribution", self.trainer.roles.link_Bps(self.trainer.own, server),
+                          half=self.trainer.half)  # fmt: skip
         key = (stage, shard)
         before = self._feedback.residual(key)
         blob = bytes(await asyncio.to_thread(self._feedback.encode, key, total, codec))

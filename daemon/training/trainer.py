@@ -99,6 +99,8 @@ class Trainer:
         self.stages = spec.spec.stages
         self.batch_micro_batches = max(1, spec.spec.batch_sequences // spec.spec.micro_batch)
         self.mode = "gradient" if spec.spec.local_steps == 1 else "local"
+        self.half = "bf16" if spec.spec.model.family == "llama" else "fp16"
+        """The half precision tensors travel in (the model's own for llama)."""
         self.state = "starting"
         self.error: str | None = None
         self.assignment: Assignment | None = None
@@ -108,7 +110,7 @@ class Trainer:
         self.cells: dict[Cell, CellWorker] = {}
         self.cell_tasks: dict[Cell, asyncio.Task[None]] = {}
         self.servers: dict[Shard, ShardServer] = {}
-        self.replicas = ReplicaStore(self._holder_of)
+        self.replicas = ReplicaStore(self.shard_holder)
         self.seen = SeenVersions()
         self.lease_holders: dict[Shard, list[ShardLease]] = {}
         self.handed_over: dict[Shard, tuple[int, Path]] = {}
@@ -374,13 +376,10 @@ class Trainer:
             return await asyncio.wait_for(handler(self.own, request, list(blobs)), timeout_s + request.server_wait_s())
         return await self._send(peer, request, blobs, timeout_s)
 
-    def _holder_of(self, key: Shard) -> str | None:
-        lease = self.shard_holders.get(key)
-        return None if lease is None else lease.peer_id
-
     def shard_holder(self, key: Shard) -> str | None:
         """Who holds shard ``key``, as of the last scan of the pool."""
-        return self._holder_of(key)
+        lease = self.shard_holders.get(key)
+        return None if lease is None else lease.peer_id
 
     def cell_holder(self, cell: Cell) -> str | None:
         """Who holds ``cell``, as of the last scan of the pool."""
@@ -441,7 +440,7 @@ class Trainer:
             server = self.servers.get(key)
             if server is not None and (weights := server.weights()) is not None:
                 return server.version, weights
-            holder = self._holder_of(key)
+            holder = self.shard_holder(key)
             why = "it has no holder right now"
             if holder is not None:
                 request = Pull(run_id=self.spec.run_id, stage=key[0], shard=key[1], shards=shards,

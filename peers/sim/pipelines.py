@@ -403,7 +403,6 @@ class Pipelines:
         self._waited(now, p)
         sim = self.sim
         shards = sim.shards
-        index = self.pipelines.index(p)
         for cell in p.cells:
             assert cell.device is not None
             ids = tuple(cell.round_shares)
@@ -415,7 +414,7 @@ class Pipelines:
                     shards.next_cid(), cell.device, cell, cell.serial, cell.stage, shard.index, ids,
                     len(ids) * sim.share_micro_batches, cell.base[shard.index], group,
                 )  # fmt: skip
-                if not sim.reducers.send(now, c, index):
+                if not sim.reducers.send(now, c):
                     shards.contribute(now, c)
             cell.round_shares = []
         sim.phases.add("round", now - p.round_started)

@@ -57,27 +57,20 @@ class Reducers:
     def group_size(self, stage: int) -> int:
         return self.groups[stage] if stage < len(self.groups) else 1
 
-    def head_cell(self, pipeline: int, stage: int, shard: int) -> Cell | None:
-        """The held cell that reduces ``pipeline``'s slices of ``shard`` (None: none, go direct)."""
+    def head_cell(self, cell: Cell, shard: int) -> Cell | None:
+        """The held cell that reduces ``cell``'s slices of ``shard`` (None: none, go direct)."""
         pipes = self.sim.pipelines.pipelines
-        head = head_of(pipeline, len(pipes), self.group_size(stage), shard)
+        index = self._index(cell)
+        head = None if index is None else head_of(index, len(pipes), self.group_size(cell.stage), shard)
         if head is None:
             return None
-        cell = pipes[head].cells[stage]
-        return cell if cell.device is not None and self.sim.up[cell.device] else None
+        found = pipes[head].cells[cell.stage]
+        return found if found.device is not None and self.sim.up[found.device] else None
 
     def pull_head(self, cell: Cell, shard: int) -> Cell | None:
         """The held, ready cell ``cell`` pulls ``shard`` from (None: from the server)."""
-        pipes = self.sim.pipelines.pipelines
-        index = self._index(cell)
-        if index is None:
-            return None
-        head = head_of(index, len(pipes), self.group_size(cell.stage), shard)
-        if head is None or head == index:
-            return None
-        found = pipes[head].cells[cell.stage]
-        up = found.device is not None and self.sim.up[found.device] and found.ready
-        return found if up else None
+        head = self.head_cell(cell, shard)
+        return head if head is not None and head is not cell and head.ready else None
 
     def members_of(self, head: Cell, shard: int) -> list[Cell]:
         """The cells that pull ``shard`` from ``head`` (none when it heads no group for it)."""
@@ -100,9 +93,9 @@ class Reducers:
 
     # --- members' slices ----------------------------------------------------------------------
 
-    def send(self, now: float, c: Contribution, pipeline: int) -> bool:
+    def send(self, now: float, c: Contribution) -> bool:
         """Send ``c`` to its head; False when it goes to the server itself."""
-        head = self.head_cell(pipeline, c.stage, c.shard)
+        head = self.head_cell(c.cell, c.shard)
         if head is None:
             return False
         sim = self.sim
