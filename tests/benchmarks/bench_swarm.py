@@ -1,6 +1,7 @@
 """Throughput of N real daemons on this machine against the same model trained in one process.
 
     .venv/bin/python tests/benchmarks/bench_swarm.py [--daemons 1 2 4] [--seconds 40] [--threads 2]
+        [--batch-sequences 16] [--heartbeat-interval 1]
 
 For each N: create the default run, start N daemons on 127.0.0.1 (each with threads/N torch
 threads, at least one, so the swarm and the reference use the same total where N divides
@@ -8,15 +9,20 @@ it), wait until the coordinator's plan is followed and training, then measure fo
 ``--seconds``: trained tokens/s (the micro-batches of the steps shard (0, 0) committed, as its
 server counts them), and where the cells' time went, summed over the daemons: compute
 (torch), codec (tensor frames), sync (waiting for the step of the round before: gradient mode
-is synchronous) and waiting (for a share, for room to contribute). Then the single-process
-synchronous reference with ``--threads`` threads. Prints a table and the ratios. Figures only;
-nothing is asserted.
+is synchronous) and waiting (for a share, for room to contribute); and where the machine's CPU
+went over the window (``/proc``), in cores: the daemons' worker threads (torch, codecs), their
+event loops (requests, servers' steps, leases), their DHT processes, their p2pd, and idle. The
+cores are the budget on one machine: the swarm is at ``ratio`` of the reference when its worker
+threads get that share of the cores the reference's threads have, at the reference's pace.
+Then the single-process synchronous reference with ``--threads`` threads, on the same batch.
+Prints a table and the ratios. Figures only; nothing is asserted.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -31,15 +37,58 @@ from swarmd.models.reference import TrainSettings, train_reference
 from swarmd.models.shape import ModelShape
 
 PARTS = ("compute", "codec", "sync", "waiting")
+CPU_KINDS = ("workers", "loops", "dht", "p2pd", "idle")
+
+
+def _processes() -> dict[int, tuple[int, str]]:
+    """Every process's parent and command name."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                name, rest = (entry / "stat").read_text().rsplit(")", 1)
+                out[int(entry.name)] = (int(rest.split()[1]), name.split("(", 1)[1])
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile
+    return out
+
+
+def cpu_seconds(roots: set[int]) -> dict[str, float]:
+    """CPU seconds so far of the daemons ``roots`` and their descendants by kind, and the
+    machine's idle seconds (from ``/proc``: clock ticks of user and system time)."""
+    procs, tick = _processes(), os.sysconf("SC_CLK_TCK")
+    kind_of: dict[int, str] = {}
+    for pid in procs:
+        chain, p = [], pid
+        while p in procs and p not in roots and p > 1:
+            chain.append(p)
+            p = procs[p][0]
+        if p in roots:
+            kind_of[pid] = "daemon" if pid in roots else ("p2pd" if procs[pid][1] == "p2pd" else "dht")
+    out = dict.fromkeys(CPU_KINDS, 0.0)
+    for pid, kind in kind_of.items():
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            ticks = int(fields[11]) + int(fields[12])
+            part = kind if kind != "daemon" else ("loops" if int(task.name) == pid else "workers")
+            out[part] += ticks / tick
+    cpu = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    out["idle"] = (cpu[3] + cpu[4]) / tick
+    return out
 
 
 def training(daemon: LocalDaemon) -> dict[str, Any]:
     return ((daemon.status() or {}).get("training")) or {}
 
 
-def snapshot(daemons: list[LocalDaemon]) -> tuple[float, int, dict[str, float], int, int]:
-    """(time, trained tokens, cells' seconds by part, updates, daemons working a cell)."""
+def snapshot(daemons: list[LocalDaemon]) -> tuple[float, int, dict[str, float], int, int, dict[str, float]]:
+    """(time, trained tokens, cells' seconds by part, updates, daemons working a cell, CPU
+    seconds by kind)."""
     now, tokens, seconds, updates, working = time.monotonic(), 0, dict.fromkeys(PARTS, 0.0), 0, 0
+    cpu = cpu_seconds({d.pid for d in daemons})
     for daemon in daemons:
         t = training(daemon)
         tokens += t.get("trained_tokens") or 0
@@ -48,15 +97,28 @@ def snapshot(daemons: list[LocalDaemon]) -> tuple[float, int, dict[str, float], 
         for cell in t.get("cells") or []:
             for part in PARTS:
                 seconds[part] += cell["seconds"].get(part, 0.0)
-    return now, tokens, seconds, updates, working
+    return now, tokens, seconds, updates, working, cpu
 
 
-def bench_swarm(n: int, threads: int, seconds: float, warmup: float) -> dict[str, Any]:
+def run_spec(batch_sequences: int) -> dict[str, Any]:
+    return {**DEFAULT_RUN, "batch": {**DEFAULT_RUN["batch"], "sequences": batch_sequences}}
+
+
+def bench_swarm(
+    n: int, threads: int, seconds: float, warmup: float, batch_sequences: int, heartbeat_s: float
+) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="swarmd-bench-", dir="/tmp"))
     spec = root / "run.json"
-    spec.write_text(json.dumps(DEFAULT_RUN))
+    spec.write_text(json.dumps(run_spec(batch_sequences)))
     run_id = create_run(root / "d0", spec)
-    flags = ["--heartbeat-interval", "1", "--heartbeat-ttl", "6", "--threads", str(max(1, threads // n))]
+    flags = [
+        "--heartbeat-interval",
+        f"{heartbeat_s:g}",
+        "--heartbeat-ttl",
+        f"{6 * heartbeat_s:g}",
+        "--threads",
+        str(max(1, threads // n)),
+    ]
     daemons = [LocalDaemon(root / f"d{i}", run_id, flags) for i in range(n)]
     try:
         start_swarm(daemons)
@@ -68,15 +130,17 @@ def bench_swarm(n: int, threads: int, seconds: float, warmup: float) -> dict[str
 
         wait_for(settled, 180, "the swarm to follow a plan and train")
         time.sleep(warmup)  # sync-ok: the coordinator re-plans on the links measured meanwhile (60 s)
-        t0, tok0, sec0, up0, _ = snapshot(daemons)
+        t0, tok0, sec0, up0, _, cpu0 = snapshot(daemons)
         time.sleep(seconds)  # sync-ok: the measurement window itself
-        t1, tok1, sec1, up1, working = snapshot(daemons)
+        t1, tok1, sec1, up1, working, cpu1 = snapshot(daemons)
         busy = {p: sec1[p] - sec0[p] for p in PARTS}
+        cores = {k: (cpu1[k] - cpu0[k]) / (t1 - t0) for k in CPU_KINDS}
         plan = training(daemons[0]).get("assignment") or {}
         return {
             "tokens_per_s": (tok1 - tok0) / (t1 - t0),
             "updates": up1 - up0,
             "seconds": busy,
+            "cores": cores,
             "window": t1 - t0,
             "working": working,
             "pipelines": plan.get("pipelines"),
@@ -87,10 +151,10 @@ def bench_swarm(n: int, threads: int, seconds: float, warmup: float) -> dict[str
         shutil.rmtree(root, ignore_errors=True)
 
 
-def bench_reference(threads: int, steps: int) -> float:
+def bench_reference(threads: int, steps: int, batch_sequences: int) -> float:
     shape = ModelShape.from_dict(DEFAULT_RUN["model"])
     train, _ = train_eval_split(load_corpus("builtin"), shape.seq_len, seed=0)
-    b = DEFAULT_RUN["batch"]
+    b = run_spec(batch_sequences)["batch"]
     settings = TrainSettings(seed=0, steps=steps, batch_sequences=b["sequences"], micro_batch=b["micro_batch"],
                              lr=DEFAULT_RUN["optimizer"]["lr"], threads=threads)  # fmt: skip
     results, _ = train_reference(shape, train, settings)
@@ -104,24 +168,41 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=40.0)
     parser.add_argument("--threads", type=int, default=2, help="torch threads in all (split among the daemons)")
     parser.add_argument("--warmup", type=float, default=70.0, help="seconds of training before the window")
+    parser.add_argument(
+        "--batch-sequences",
+        type=int,
+        default=DEFAULT_RUN["batch"]["sequences"],
+        help="sequences per update, the swarm's and the reference's (the default run's if not given)",
+    )
+    parser.add_argument(
+        "--heartbeat-interval",
+        type=float,
+        default=1.0,
+        help="the daemons' heartbeat (s): short to settle fast; the service's default is 15",
+    )
     args = parser.parse_args()
-    print(f"default run {DEFAULT_RUN['model']}, batch {DEFAULT_RUN['batch']}, {DEFAULT_RUN['stages']} stages; "
-          f"{args.threads} torch threads in all", flush=True)  # fmt: skip
+    spec = run_spec(args.batch_sequences)
+    print(f"default run {spec['model']}, batch {spec['batch']}, {spec['stages']} stages; "
+          f"{args.threads} torch threads in all; heartbeat {args.heartbeat_interval:g} s", flush=True)  # fmt: skip
     # The reference is measured before and after the swarms: this machine's speed drifts by
     # tens of percent between minutes, and a ratio is only as good as its denominator.
-    reference = bench_reference(args.threads, 40)
+    steps = max(10, 40 * 16 // args.batch_sequences)
+    reference = bench_reference(args.threads, steps, args.batch_sequences)
     print(f"reference (one process, {args.threads} threads): {reference:8.0f} tokens/s", flush=True)
     print(
         f"{'daemons':>7} {'working':>7} {'tokens/s':>9} {'ratio':>6} {'updates/s':>9}   cells' time: "
         + "  ".join(f"{p:>9}" for p in PARTS)
+        + "   cores: "
+        + " ".join(f"{k:>7}" for k in CPU_KINDS)
     )
     for n in args.daemons:
-        r = bench_swarm(n, args.threads, args.seconds, args.warmup)
+        r = bench_swarm(n, args.threads, args.seconds, args.warmup, args.batch_sequences, args.heartbeat_interval)
         total = sum(r["seconds"].values()) or 1.0
         parts = "  ".join(f"{100 * r['seconds'][p] / total:8.1f}%" for p in PARTS)
+        cores = " ".join(f"{r['cores'][k]:7.2f}" for k in CPU_KINDS)
         print(f"{n:>7} {r['working']:>7} {r['tokens_per_s']:9.0f} {r['tokens_per_s'] / reference:6.2f} "
-              f"{r['updates'] / r['window']:9.2f}                " + parts, flush=True)  # fmt: skip
-    after = bench_reference(args.threads, 40)
+              f"{r['updates'] / r['window']:9.2f}                {parts}          {cores}", flush=True)  # fmt: skip
+    after = bench_reference(args.threads, steps, args.batch_sequences)
     print(
         f"reference again, after the swarms: {after:8.0f} tokens/s (ratios above are to the first; "
         f"to the mean of both they are x{2 * reference / (reference + after):.2f})"
