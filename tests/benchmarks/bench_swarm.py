@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -36,47 +35,26 @@ from swarmd.models.presets import DEFAULT_RUN
 from swarmd.models.reference import TrainSettings, train_reference
 from swarmd.models.shape import ModelShape
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the tests' helpers
+from tests.integration.procfs import TICK_S, cpu_times, descendants, processes, thread_cpu_s  # noqa: E402
+
 PARTS = ("compute", "codec", "sync", "waiting")
 CPU_KINDS = ("workers", "loops", "dht", "p2pd", "idle")
 
 
-def _processes() -> dict[int, tuple[int, str]]:
-    """Every process's parent and command name."""
-    out = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                name, rest = (entry / "stat").read_text().rsplit(")", 1)
-                out[int(entry.name)] = (int(rest.split()[1]), name.split("(", 1)[1])
-            except (OSError, IndexError, ValueError):
-                continue  # gone meanwhile
-    return out
-
-
-def cpu_seconds(roots: set[int]) -> dict[str, float]:
-    """CPU seconds so far of the daemons ``roots`` and their descendants by kind, and the
-    machine's idle seconds (from ``/proc``: clock ticks of user and system time)."""
-    procs, tick = _processes(), os.sysconf("SC_CLK_TCK")
-    kind_of: dict[int, str] = {}
-    for pid in procs:
-        chain, p = [], pid
-        while p in procs and p not in roots and p > 1:
-            chain.append(p)
-            p = procs[p][0]
-        if p in roots:
-            kind_of[pid] = "daemon" if pid in roots else ("p2pd" if procs[pid][1] == "p2pd" else "dht")
+def cpu_seconds(daemons: set[int]) -> dict[str, float]:
+    """CPU seconds so far of the ``daemons`` and their descendants by kind (a daemon's main
+    thread runs its event loop, its other threads the workers), and the machine's idle seconds."""
+    procs = processes()
     out = dict.fromkeys(CPU_KINDS, 0.0)
-    for pid, kind in kind_of.items():
-        for task in Path(f"/proc/{pid}/task").glob("*"):
-            try:
-                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            ticks = int(fields[11]) + int(fields[12])
-            part = kind if kind != "daemon" else ("loops" if int(task.name) == pid else "workers")
-            out[part] += ticks / tick
-    cpu = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    out["idle"] = (cpu[3] + cpu[4]) / tick
+    for daemon in daemons:
+        for tid, seconds in thread_cpu_s(daemon).items():
+            out["loops" if tid == daemon else "workers"] += seconds
+        for pid in descendants(daemon, procs):
+            kind = "p2pd" if procs[pid][1] == "p2pd" else "dht"
+            out[kind] += sum(thread_cpu_s(pid).values())
+    busy, every = cpu_times()
+    out["idle"] = (every - busy) * TICK_S
     return out
 
 
@@ -186,7 +164,7 @@ def main() -> None:
           f"{args.threads} torch threads in all; heartbeat {args.heartbeat_interval:g} s", flush=True)  # fmt: skip
     # The reference is measured before and after the swarms: this machine's speed drifts by
     # tens of percent between minutes, and a ratio is only as good as its denominator.
-    steps = max(10, 40 * 16 // args.batch_sequences)
+    steps = max(10, 40 * DEFAULT_RUN["batch"]["sequences"] // args.batch_sequences)  # as many tokens
     reference = bench_reference(args.threads, steps, args.batch_sequences)
     print(f"reference (one process, {args.threads} threads): {reference:8.0f} tokens/s", flush=True)
     print(

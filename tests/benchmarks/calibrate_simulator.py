@@ -69,6 +69,7 @@ from swarmd.peers.sim.simulator import SimSettings, Simulation, Strategy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the namespaces' helpers
 from tests.integration.netns import EmulatedNetwork  # noqa: E402
+from tests.integration.procfs import cpu_times  # noqa: E402
 
 BUCKET_S = 2.0
 WINDOW_BUCKETS = 10
@@ -466,13 +467,6 @@ def roles_of(statuses: dict[int, dict[str, Any]]) -> dict[int, list[str]]:
             roles.append(f"its standby d{index[standby]}" if standby in index else f"its standby {standby[:12]}")
         out[i] = roles or ["nothing"]
     return out
-
-
-def cpu_times() -> tuple[int, int]:
-    """This machine's CPU time so far, in clock ticks: (busy, all) over every core."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + fields[4]  # idle and iowait
-    return sum(fields) - idle, sum(fields)
 
 
 def busy_fraction(start: tuple[int, int], end: tuple[int, int]) -> float:

@@ -20,6 +20,7 @@ import pytest
 
 from swarmd.local_swarm import LocalDaemon, create_run
 from swarmd.models.presets import DEFAULT_RUN
+from tests.integration.procfs import descendants
 
 # Short heartbeats so that a killed daemon is dropped within seconds.
 FAST_HEARTBEAT = ["--heartbeat-interval", "1", "--heartbeat-ttl", "8", "--no-benchmark", "--no-train"]
@@ -27,27 +28,6 @@ FAST_HEARTBEAT = ["--heartbeat-interval", "1", "--heartbeat-ttl", "8", "--no-ben
 TRAINING = ["--heartbeat-interval", "1", "--heartbeat-ttl", "6", "--no-benchmark", "--threads", "1"]
 
 _started: list[LocalDaemon] = []
-
-
-def descendants(pid: int) -> set[int]:
-    """All live descendants of ``pid``, from /proc (children of children included)."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if fields[0] != "Z":  # a zombie has already exited
-            parents[int(entry)] = int(fields[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {p for p, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
 
 
 def alive(pid: int) -> bool:

@@ -251,7 +251,7 @@ def test_lan_discovery_child_is_restarted(
     """LAN discovery is a child process: if it dies, the daemon carries on and starts a new one."""
     from swarmd.local_swarm import LocalDaemon, wait_for
 
-    from .conftest import descendants
+    from .procfs import descendants
 
     ns_a, ip_a, _, _ = lan
     run_id = make_run(workdir / "a")

@@ -15,7 +15,8 @@ import pytest
 
 from swarmd.local_swarm import LOOPBACK_FLAGS, LocalDaemon, wait_for
 
-from .conftest import alive, descendants
+from .conftest import alive
+from .procfs import descendants
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
