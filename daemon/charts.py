@@ -91,8 +91,10 @@ def grouped_bars(
         out.append(f'<text x="{legend_x + 18}" y="{ly + 1}">{escape(label)}</text>')
     if markers is not None and marker_label:
         ly = top + 10 + len(series) * 18
-        out.append(f'<line x1="{legend_x}" x2="{legend_x + 12}" y1="{ly - 3}" y2="{ly - 3}" stroke="black" '
-                   'stroke-dasharray="5,3"/>')  # fmt: skip
+        out.append(
+            f'<line x1="{legend_x}" x2="{legend_x + 12}" y1="{ly - 3}" y2="{ly - 3}" stroke="black" '
+            'stroke-dasharray="5,3"/>'
+        )
         out.append(f'<text x="{legend_x + 18}" y="{ly + 1}">{escape(marker_label)}</text>')
     out.append("</svg>")
     return "\n".join(out)

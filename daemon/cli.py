@@ -95,12 +95,19 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--scenario", type=Path, required=True, metavar="FILE", help="the scenario (JSON)")
     sim.add_argument("--hours", type=float, required=True, metavar="H", help="simulated hours")
     sim.add_argument("--seed", type=int, default=0, metavar="S", help="the churn's and the planners' seed")
-    sim.add_argument("--strategies", metavar="A,B",
-                     help="which to compare (default all: swarmd, its three ablations, dtfm-static, swarm-wiring, "
-                          "petals-greedy)")  # fmt: skip
+    sim.add_argument(
+        "--strategies",
+        metavar="A,B",
+        help="which to compare (default all: swarmd, its three ablations, dtfm-static, swarm-wiring, petals-greedy)",
+    )
     sim.add_argument("--out", type=Path, metavar="DIR", help="where the report and plots go (default simulate-NAME)")
-    sim.add_argument("--time-budget", type=float, default=0.5, metavar="S",
-                     help="the planner's local search time per full plan (default 0.5)")  # fmt: skip
+    sim.add_argument(
+        "--time-budget",
+        type=float,
+        default=0.5,
+        metavar="S",
+        help="the planner's local search time per full plan (default 0.5)",
+    )
     sim.add_argument("--debug", action="store_true")
     return parser
 
@@ -142,9 +149,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     configured_delays()  # a calibration harness's delay file that is wrong stops us here, in one line
     sw = config.swarm
     overrides: dict[str, Any] = {
-        "run_id": args.run_id, "initial_peers": args.initial_peers, "host_maddrs": args.host_maddrs,
-        "lan_maddr": args.lan_maddr, "join_timeout_s": args.join_timeout, "data_via_relay": args.data_via_relay,
-    }  # fmt: skip
+        "run_id": args.run_id,
+        "initial_peers": args.initial_peers,
+        "host_maddrs": args.host_maddrs,
+        "lan_maddr": args.lan_maddr,
+        "join_timeout_s": args.join_timeout,
+        "data_via_relay": args.data_via_relay,
+    }
     values = {**sw.__dict__, **{k: v for k, v in overrides.items() if v is not None}}
     if args.no_mdns:
         values["mdns"] = False
@@ -291,28 +302,40 @@ def _fmt_training(t: dict[str, Any]) -> list[str]:
     following = "nothing yet"
     if a:
         source = "the provisional assignment" if a["provisional"] else f"plan v{a['version']}"
-        following = (f"{source}: {a['pipelines']} pipeline(s) x {t['stages']} stage(s), shards {a['shards']}, "
-                     f"H = {a['local_steps']}, {a['share_micro_batches']} micro-batch(es) a share")  # fmt: skip
+        following = (
+            f"{source}: {a['pipelines']} pipeline(s) x {t['stages']} stage(s), shards {a['shards']}, "
+            f"H = {a['local_steps']}, {a['share_micro_batches']} micro-batch(es) a share"
+        )
     lines = [f"training  {state}; {t['mode']} mode; following {following}"]
     if t.get("trained_tokens") is not None:
-        lines.append(f"swarm     {t['trained_tokens']} trained tokens, {t['tokens_per_s'] or 0:.0f} tokens/s "
-                     f"(as shard (0, 0) applied them), update {t['updates']}")  # fmt: skip
+        lines.append(
+            f"swarm     {t['trained_tokens']} trained tokens, {t['tokens_per_s'] or 0:.0f} tokens/s "
+            f"(as shard (0, 0) applied them), update {t['updates']}"
+        )
     for c in t.get("cells") or []:
         loss = f", loss {c['loss']:.3f}" if c.get("loss") is not None else ""
         x = c["contributions"]
-        lines.append(f"cell      ({c['pipeline']}, {c['stage']}): {c['shares']} share(s), {c['rounds']} round(s), "
-                     f"{c['abandoned']} abandoned{loss}; weights {c['weights']['versions']}")  # fmt: skip
-        lines.append(f"          contributions {x['sent']} sent ({x['resent']} again, {x['dropped']} refused), "
-                     f"{x['waiting']} waiting to be committed")  # fmt: skip
+        lines.append(
+            f"cell      ({c['pipeline']}, {c['stage']}): {c['shares']} share(s), {c['rounds']} round(s), "
+            f"{c['abandoned']} abandoned{loss}; weights {c['weights']['versions']}"
+        )
+        lines.append(
+            f"          contributions {x['sent']} sent ({x['resent']} again, {x['dropped']} refused), "
+            f"{x['waiting']} waiting to be committed"
+        )
     for s in t.get("shards") or []:
-        lines.append(f"shard     ({s['stage']}, {s['shard']}) of {s['shards']}: version {s['version']}, "
-                     f"{s['contributions']} contribution(s) ({s['duplicates']} duplicate, {s['dropped_stale']} too "
-                     f"stale, {s['refused']} refused), {s['unreplicated']} step(s) unreplicated")  # fmt: skip
+        lines.append(
+            f"shard     ({s['stage']}, {s['shard']}) of {s['shards']}: version {s['version']}, "
+            f"{s['contributions']} contribution(s) ({s['duplicates']} duplicate, {s['dropped_stale']} too "
+            f"stale, {s['refused']} refused), {s['unreplicated']} step(s) unreplicated"
+        )
     ledger = t.get("ledger")
     if ledger:
-        lines.append(f"ledger    data cursor {ledger['cursor']} (all below {ledger['done_below']} trained), "
-                     f"{ledger['open']} share(s) open, {ledger['waiting']} to train again; issued {ledger['issued']} "
-                     f"({ledger['reissued']} again), completed {ledger['completed']}")  # fmt: skip
+        lines.append(
+            f"ledger    data cursor {ledger['cursor']} (all below {ledger['done_below']} trained), "
+            f"{ledger['open']} share(s) open, {ledger['waiting']} to train again; issued {ledger['issued']} "
+            f"({ledger['reissued']} again), completed {ledger['completed']}"
+        )
     return lines
 
 
@@ -325,8 +348,10 @@ def _fmt_swarm(sw: dict[str, Any], own: str) -> list[str]:
         predicted = p.get("predicted_iteration_s")
         figure = f"predicted iteration {predicted:.3f} s" if predicted is not None else "no prediction"
         mine = "left out" if p["my_stage"] is None else f"stage {p['my_stage']}"
-        plan_text = (f"v{p['version']} ({p['kind']}) by {p['by'][:16]}...: {p['pipelines']} pipelines x "
-                     f"{p['stages']} stages, layers {p['layers_per_stage']}; {figure}; this peer: {mine}")  # fmt: skip
+        plan_text = (
+            f"v{p['version']} ({p['kind']}) by {p['by'][:16]}...: {p['pipelines']} pipelines x "
+            f"{p['stages']} stages, layers {p['layers_per_stage']}; {figure}; this peer: {mine}"
+        )
     else:
         plan_text = sw.get("plan_error") or "none yet (fewer peers than stages, or still measuring)"
     links = sw["links"]
@@ -397,8 +422,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     if not args.time_budget >= 0:
         raise SwarmdError(f"--time-budget {args.time_budget}: must be a number of seconds >= 0")
-    return run_plan(args.scenario, as_json=args.json, network=not args.no_network, devices=not args.no_devices,
-                    reliability=not args.no_reliability, time_budget_s=args.time_budget)  # fmt: skip
+    return run_plan(
+        args.scenario,
+        as_json=args.json,
+        network=not args.no_network,
+        devices=not args.no_devices,
+        reliability=not args.no_reliability,
+        time_budget_s=args.time_budget,
+    )
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -409,14 +440,22 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise SwarmdError(f"--time-budget {args.time_budget}: must be a number of seconds >= 0")
     names = [n.strip() for n in args.strategies.split(",") if n.strip()] if args.strategies else list(NAMES)
     out = args.out or Path(f"simulate-{args.scenario.stem}")
-    return run_simulate(args.scenario, hours=args.hours, seed=args.seed, strategies=names, out=out,
-                        time_budget_s=args.time_budget)  # fmt: skip
+    return run_simulate(
+        args.scenario, hours=args.hours, seed=args.seed, strategies=names, out=out, time_budget_s=args.time_budget
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handlers = {"run": cmd_run, "status": cmd_status, "peers": cmd_peers, "export": cmd_export, "demo": cmd_demo,
-                "plan": cmd_plan, "simulate": cmd_simulate}  # fmt: skip
+    handlers = {
+        "run": cmd_run,
+        "status": cmd_status,
+        "peers": cmd_peers,
+        "export": cmd_export,
+        "demo": cmd_demo,
+        "plan": cmd_plan,
+        "simulate": cmd_simulate,
+    }
     try:
         return handlers[args.command](args)
     except SwarmdError as e:
@@ -429,6 +468,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         if getattr(args, "debug", False):
             raise
-        print(f"swarmd: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback, "
-              "and please report it)", file=sys.stderr)  # fmt: skip
+        print(
+            f"swarmd: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback, "
+            "and please report it)",
+            file=sys.stderr,
+        )
         return EXIT_FAILURE

@@ -39,7 +39,7 @@ from swarmd.peers.election import (
     elect_standby,
     eligible,
     relays_wanted,
-)  # fmt: skip
+)
 from swarmd.peers.identity import Identity
 from swarmd.peers.links import (
     KIND as LINKS_KIND,
@@ -316,8 +316,9 @@ class Coordination:
         self.plan_error = None
         await self._publish_new(snap, result, kind, previous, now)
 
-    async def _publish_new(self, snap: Snapshot, result: Plan, kind: str, previous: PlanRecord | None,
-                           now: float) -> None:  # fmt: skip
+    async def _publish_new(
+        self, snap: Snapshot, result: Plan, kind: str, previous: PlanRecord | None, now: float
+    ) -> None:
         """Publish a plan of the planner's as the next version, its relays elected."""
         ids = snap.scenario.ids
         current_relays = [] if previous is None else [previous.devices[r] for r in previous.relays]
@@ -325,26 +326,44 @@ class Coordination:
         prediction = result.meta.get("prediction")
         predicted = prediction.to_json() if prediction is not None else {}  # type: ignore[attr-defined]
         record = PlanRecord(
-            run_id=self.run_id, peer_id=self.own, issued_at=now, expires_at=now + PLAN_TTL_S,
-            version=self._highest_version + 1, kind=kind, devices=ids,
-            pipelines=[list(row) for row in result.pipelines], layers_per_stage=list(result.layers_per_stage),
-            parameter_servers=list(result.parameter_servers), relays=relays,
+            run_id=self.run_id,
+            peer_id=self.own,
+            issued_at=now,
+            expires_at=now + PLAN_TTL_S,
+            version=self._highest_version + 1,
+            kind=kind,
+            devices=ids,
+            pipelines=[list(row) for row in result.pipelines],
+            layers_per_stage=list(result.layers_per_stage),
+            parameter_servers=list(result.parameter_servers),
+            relays=relays,
             predicted={k: float(v) for k, v in list(predicted.items())[:16]},
-            shard_servers=[list(row) for row in result.shard_servers], local_steps=result.local_steps,
-            share_micro_batches=result.share_micro_batches, spares=list(result.spares),
+            shard_servers=[list(row) for row in result.shard_servers],
+            local_steps=result.local_steps,
+            share_micro_batches=result.share_micro_batches,
+            spares=list(result.spares),
             reduce_groups=list(result.reduce_groups),
-        )  # fmt: skip
+        )
         shape = f"{len(record.pipelines)} pipelines of {len(record.layers_per_stage)} stages"
-        logger.info("Plan v%d (%s): %s, predicted %.0f tokens/s", record.version, kind, shape,
-                    record.predicted.get("tokens_per_s", 0.0))  # fmt: skip
+        logger.info(
+            "Plan v%d (%s): %s, predicted %.0f tokens/s",
+            record.version,
+            kind,
+            shape,
+            record.predicted.get("tokens_per_s", 0.0),
+        )
         await self._publish_plan(record, now)
 
     async def _better_plan(self, snap: Snapshot, previous: PlanRecord, now: float) -> bool:
         """Plan afresh on what is measured now; publish it if it is predicted ``REPLAN_GAIN``
         faster than the plan in force is on the same measurements (a first plan is made on
         probes alone, before any data flows; hysteresis keeps plans from flapping with noise)."""
-        settings = PlannerSettings(time_budget_s=PLAN_BUDGET_S, stages=self.spec.spec.stages,
-                                   local_steps=self.spec.spec.local_steps or None, even_layers=True)  # fmt: skip
+        settings = PlannerSettings(
+            time_budget_s=PLAN_BUDGET_S,
+            stages=self.spec.spec.stages,
+            local_steps=self.spec.spec.local_steps or None,
+            even_layers=True,
+        )
         ids = snap.scenario.ids
         try:
             fresh = await asyncio.to_thread(plan, snap.scenario, settings)
@@ -359,8 +378,12 @@ class Coordination:
             self._compared_at = now
         if not new_tps > REPLAN_GAIN * now_tps:  # nor when neither is predicted to train at all
             return False
-        logger.info("Re-planning on the links measured since: %.0f tokens/s predicted against %.0f for plan v%d",
-                    new_tps, now_tps, previous.version)  # fmt: skip
+        logger.info(
+            "Re-planning on the links measured since: %.0f tokens/s predicted against %.0f for plan v%d",
+            new_tps,
+            now_tps,
+            previous.version,
+        )
         await self._publish_new(snap, fresh, "full", previous, now)
         return True
 
@@ -404,8 +427,9 @@ class Coordination:
         stay, on the best link from here among the equally reliable (``elect_standby``)."""
         return elect_standby(
             (peer, self.score_of(peer), float(m.get("uptime_s", 0.0)), self.link_Bps(own, peer))
-            for peer, m in self.members.items() if peer != own
-        )  # fmt: skip
+            for peer, m in self.members.items()
+            if peer != own
+        )
 
     def relays(self) -> list[str]:
         """The relays of the plan in force, best first."""
@@ -452,9 +476,14 @@ class Coordination:
         snap = self.snapshot
         return {
             "coordinator": self.coordinator,
-            "plan": None if plan_ is None else {
-                "version": plan_.version, "kind": plan_.kind, "by": plan_.peer_id,
-                "pipelines": len(plan_.pipelines), "stages": len(plan_.layers_per_stage),
+            "plan": None
+            if plan_ is None
+            else {
+                "version": plan_.version,
+                "kind": plan_.kind,
+                "by": plan_.peer_id,
+                "pipelines": len(plan_.pipelines),
+                "stages": len(plan_.layers_per_stage),
                 "layers_per_stage": plan_.layers_per_stage,
                 "predicted_iteration_s": plan_.predicted.get("iteration_s"),
                 "my_stage": plan_.stage_of(self.own),
@@ -463,18 +492,23 @@ class Coordination:
                 "parameter_servers": [plan_.devices[d] for d in plan_.parameter_servers],
                 "shard_servers": [[plan_.devices[d] for d in row] for row in plan_.shard_servers],
                 "spares": [plan_.devices[d] for d in plan_.spares],
-                "local_steps": plan_.local_steps, "share_micro_batches": plan_.share_micro_batches,
+                "local_steps": plan_.local_steps,
+                "share_micro_batches": plan_.share_micro_batches,
                 "relays": self.relays(),
             },
             "plan_error": self.plan_error,
             "reliability": {p: round(r.score, 3) for p, r in sorted(self.reliability.items())},
-            "links": {"measured": len([e for e in self.links.values() if e.samples]),
-                      "unreachable": sorted(p for p, e in self.links.items() if e.unreachable),
-                      "matrix_measured": snap.measured if snap else 0, "matrix_filled": snap.filled if snap else 0,
-                      "probes_sent": self.probes_sent, "probe_failures": self.probe_failures,
-                      "passive_samples": self.passive_samples,
-                      "probe_bytes_last_hour": self.budget.spent_last_hour(time.time())},
-        }  # fmt: skip
+            "links": {
+                "measured": len([e for e in self.links.values() if e.samples]),
+                "unreachable": sorted(p for p, e in self.links.items() if e.unreachable),
+                "matrix_measured": snap.measured if snap else 0,
+                "matrix_filled": snap.filled if snap else 0,
+                "probes_sent": self.probes_sent,
+                "probe_failures": self.probe_failures,
+                "passive_samples": self.passive_samples,
+                "probe_bytes_last_hour": self.budget.spent_last_hour(time.time()),
+            },
+        }
 
 
 def incumbent(plans: list[PlanRecord], live: set[str], now: float) -> str | None:

@@ -61,8 +61,10 @@ def run_demo(peers: int, duration_s: float) -> int:
         from swarmd.cli import main as cli_main
 
         cli_main(["status", "--state-dir", str(daemons[0].state_dir)])
-        print(f"Training with {threads} torch thread(s) per daemon" +
-              (" (Ctrl-C to stop)." if duration_s <= 0 else f" for {duration_s:.0f} s."))  # fmt: skip
+        print(
+            f"Training with {threads} torch thread(s) per daemon"
+            + (" (Ctrl-C to stop)." if duration_s <= 0 else f" for {duration_s:.0f} s.")
+        )
         started = time.monotonic()
         while duration_s <= 0 or time.monotonic() - started < duration_s:
             time.sleep(REFRESH_S)  # a display refresh, not synchronisation
@@ -101,8 +103,11 @@ def _show_progress(daemons: list[LocalDaemon], started: float) -> bool:
         print(f"{elapsed} waiting for the pipelines to form", flush=True)
         return False
     updates = max(t.get("updates") or 0 for t in statuses)
-    print(f"{elapsed} update {updates:5d}  loss {last['loss']:.3f}  {counted.get('tokens_per_s') or 0:8.0f} "
-          f"tokens/s  {counted.get('trained_tokens') or 0:9d} trained tokens", flush=True)  # fmt: skip
+    print(
+        f"{elapsed} update {updates:5d}  loss {last['loss']:.3f}  {counted.get('tokens_per_s') or 0:8.0f} "
+        f"tokens/s  {counted.get('trained_tokens') or 0:9d} trained tokens",
+        flush=True,
+    )
     plan = _plan_line(full)
     if plan:
         print(f"         {plan}", flush=True)
@@ -122,8 +127,10 @@ def _plan_line(statuses: list[dict[str, Any]]) -> str:
     coordinator = f"d{ids.index(p['by'])}" if p["by"] in ids else p["by"][:12]
     predicted = p.get("predicted_iteration_s")
     figure = f", predicted iteration {predicted:.3f} s" if predicted is not None else ""
-    return (f"plan v{p['version']} ({p['kind']}) by {coordinator}: {p['pipelines']} pipeline(s) x {p['stages']} "
-            f"stages, layers {p['layers_per_stage']}{figure}")  # fmt: skip
+    return (
+        f"plan v{p['version']} ({p['kind']}) by {coordinator}: {p['pipelines']} pipeline(s) x {p['stages']} "
+        f"stages, layers {p['layers_per_stage']}{figure}"
+    )
 
 
 def _describe(training: dict[str, Any]) -> str:

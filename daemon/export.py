@@ -48,7 +48,8 @@ def export_run(state_dir: Path, run_id: str, out_dir: Path, *, overwrite: bool =
     merged = merge_stage_state_dicts(parts, shape)  # refuses a gap or an overlap between stages
     corpus = signed.spec.corpus
     digest = BUILTIN_SHA256 if corpus == BUILTIN else None
-    export_pretrained(make_config(shape), merged, out_dir, overwrite=overwrite, corpus=corpus,
-                      corpus_sha256=digest, run_id=run_id)  # fmt: skip
+    export_pretrained(
+        make_config(shape), merged, out_dir, overwrite=overwrite, corpus=corpus, corpus_sha256=digest, run_id=run_id
+    )
     logger.info("Exported run %s (stage versions %s) to %s", run_id, versions, out_dir)
     return out_dir, versions

@@ -60,10 +60,19 @@ class LanDiscoveryProcess:
 
     async def start(self, timeout: float = START_TIMEOUT_S) -> None:
         self._proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "swarmd.lan_process", "--state-dir", str(self.state_dir),
-            "--run-id", self.run_id, "--listen", self.listen_maddr,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=MAX_LINE_BYTES,
-        )  # fmt: skip
+            sys.executable,
+            "-m",
+            "swarmd.lan_process",
+            "--state-dir",
+            str(self.state_dir),
+            "--run-id",
+            self.run_id,
+            "--listen",
+            self.listen_maddr,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            limit=MAX_LINE_BYTES,
+        )
         assert self._proc.stdout is not None
         try:
             line = await asyncio.wait_for(self._proc.stdout.readline(), timeout)

@@ -42,8 +42,11 @@ def create_run(state_dir: Path, spec_path: Path, env: dict[str, str] | None = No
     """``swarmd run create`` in a subprocess; returns the run ID it printed."""
     out = subprocess.run(
         [sys.executable, "-m", "swarmd", "run", "create", "--spec", str(spec_path), "--state-dir", str(state_dir)],
-        capture_output=True, text=True, timeout=60, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     if out.returncode != 0:
         raise SwarmdError(f"swarmd run create failed: {out.stderr.strip()}")
     return out.stdout.strip().splitlines()[0]
@@ -129,6 +132,17 @@ class LocalDaemon:
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
+
+    def export(self, out: Path, timeout: float = 180) -> str:
+        """``swarmd export`` of the run's model into ``out`` through this (running) daemon;
+        returns what it printed. Raises ``SwarmdError`` with its error output when it fails."""
+        command = [sys.executable, "-m", "swarmd", "export", "--run-id", self.run_id, str(out)]
+        result = subprocess.run(
+            [*command, "--state-dir", str(self.state_dir)], capture_output=True, text=True, timeout=timeout
+        )
+        if result.returncode != 0:
+            raise SwarmdError(f"swarmd export exited with {result.returncode}: {result.stderr[-2000:]}")
+        return result.stdout
 
 
 def start_swarm(daemons: list[LocalDaemon]) -> None:

@@ -182,8 +182,9 @@ class Node:
         # never faster than these floors: every round is DHT traffic that heartbeats and leases,
         # which must stay prompt, share.
         self._spawn("probes", lambda: PROBE_ROUND_S, self.coordination.probe)
-        self._spawn("measurements", lambda: _paced(hb.interval_s, 5.0, PUBLISH_MEASUREMENTS_S),
-                    self.coordination.publish)  # fmt: skip
+        self._spawn(
+            "measurements", lambda: _paced(hb.interval_s, 5.0, PUBLISH_MEASUREMENTS_S), self.coordination.publish
+        )
         self._spawn("coordination", lambda: coordination_round_s(hb.interval_s), self.coordination.coordinate)
         if self.config.compute.train:
             await self._start_trainer()
@@ -193,12 +194,18 @@ class Node:
     def _make_coordination(self) -> Coordination:
         assert self.spec is not None and self.identity is not None and self.dht is not None
         probes, roles = self.config.probes, self.config.roles
-        budget = ProbeBudget(interval_s=probes.interval_s, bytes_per_hour=probes.bytes_per_hour,
-                             probe_bytes=probes.probe_bytes, max_peers=probes.max_peers)  # fmt: skip
+        budget = ProbeBudget(
+            interval_s=probes.interval_s,
+            bytes_per_hour=probes.bytes_per_hour,
+            probe_bytes=probes.probe_bytes,
+            max_peers=probes.max_peers,
+        )
         thresholds = Thresholds(
-            min_reliability=roles.min_reliability, min_relay_reliability=roles.min_relay_reliability,
-            min_connectivity_Bps=roles.min_connectivity_Bps, hysteresis=roles.hysteresis,
-        )  # fmt: skip
+            min_reliability=roles.min_reliability,
+            min_relay_reliability=roles.min_relay_reliability,
+            min_connectivity_Bps=roles.min_connectivity_Bps,
+            hysteresis=roles.hysteresis,
+        )
 
         def own_device() -> tuple[float, float]:
             return self.throughput_gflops / 1000, self.device.memory_bytes / (1 << 30)
@@ -229,8 +236,16 @@ class Node:
             return await router.call(self._p2p, peer, request, blobs, timeout_s)
 
         self.router = router
-        self.trainer = Trainer(self.spec, self.identity, self.dht, run_checkpoint_dir(self.state_dir, self.run_id),
-                               members, coordination, send, lambda: membership.scans > 0)  # fmt: skip
+        self.trainer = Trainer(
+            self.spec,
+            self.identity,
+            self.dht,
+            run_checkpoint_dir(self.state_dir, self.run_id),
+            members,
+            coordination,
+            send,
+            lambda: membership.scans > 0,
+        )
         for request_type, handler in self.trainer.handlers.table().items():
             self.rpc.register(request_type, handler)
         self._spawn("trainer", lambda: TRAINER_TICK_S, self.trainer.tick)
@@ -545,9 +560,14 @@ class Node:
             "state": self.state,
             "pid": os.getpid(),
             "run_id": self.run_id,
-            "run": None if spec is None else {
-                "name": spec.name, "model": spec.model.family, "layers": spec.model.layers,
-                "hidden": spec.model.hidden, "stages": spec.stages,
+            "run": None
+            if spec is None
+            else {
+                "name": spec.name,
+                "model": spec.model.family,
+                "layers": spec.model.layers,
+                "hidden": spec.model.hidden,
+                "stages": spec.stages,
                 "creator": self.spec.creator if self.spec else None,
             },
             "roles": self.current_roles(),
@@ -563,7 +583,7 @@ class Node:
             "relaying": self.relay.status() if self.relay is not None else None,
             "routes": self.router.status() if self.router is not None else None,
             "rpc": None if self.rpc is None else asdict(self.rpc.counters),
-        }  # fmt: skip
+        }
 
     async def gather_weights(self, request: dict[str, Any]) -> dict[str, Any]:
         """For ``swarmd export``: every stage's weights from its shards, written to our state directory."""

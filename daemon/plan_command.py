@@ -67,8 +67,10 @@ def describe(scenario: Scenario, result: Plan) -> str:
             f"{s:>5}  {result.layers_per_stage[s]:>6}  {len(result.shard_servers[s]):>6}  {server:>16}  {members}"
         )
     serving = sorted({d for row in result.shard_servers for d in row})
-    lines.append(f"shard servers: {len(serving)} devices, {sum(1 for d in serving if 'cell' not in roles[d])} of them "
-                 "holding no cell")  # fmt: skip
+    lines.append(
+        f"shard servers: {len(serving)} devices, {sum(1 for d in serving if 'cell' not in roles[d])} of them "
+        "holding no cell"
+    )
     if result.relays:
         lines.append(f"relays: {' '.join(ids[r] for r in result.relays)}")
     standby = [d for d in result.spares if roles[d] == ["spare"]]

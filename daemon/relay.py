@@ -84,9 +84,13 @@ def _json_object(text: str, what: str) -> dict[str, Any]:
 
 class RelayService:
     def __init__(
-        self, own: str, is_relay: Callable[[str], bool], is_member: Callable[[str], bool],
-        timeout_s: float = rpc.DEFAULT_TIMEOUT_S, max_forwards: int = MAX_FORWARDS,
-    ) -> None:  # fmt: skip
+        self,
+        own: str,
+        is_relay: Callable[[str], bool],
+        is_member: Callable[[str], bool],
+        timeout_s: float = rpc.DEFAULT_TIMEOUT_S,
+        max_forwards: int = MAX_FORWARDS,
+    ) -> None:
         self.own, self.is_relay, self.is_member, self.timeout_s = own, is_relay, is_member, timeout_s
         self.p2p: Any = None  # set once the data path is up
         self.counters = RelayCounters()
@@ -102,8 +106,9 @@ class RelayService:
         relayed = Relayed(run_id=request.run_id, on_behalf_of=sender, header=request.header)
         async with self._slots:
             try:
-                header, out = await rpc.exchange(self.p2p, request.to, *relayed.encode(blobs),
-                                                 timeout_s=self.timeout_s + wait_s)  # fmt: skip
+                header, out = await rpc.exchange(
+                    self.p2p, request.to, *relayed.encode(blobs), timeout_s=self.timeout_s + wait_s
+                )
             except RpcError as e:
                 self.counters.failed += 1
                 raise Unavailable(f"the relay could not reach {request.to}: {e}") from None
@@ -154,32 +159,49 @@ class Router:
         ways, seconds), so that links are measured as the data path sees them."""
 
     async def call(
-        self, p2p: Any, peer: str, request: Request[A], blobs: Sequence[bytes] = (),
+        self,
+        p2p: Any,
+        peer: str,
+        request: Request[A],
+        blobs: Sequence[bytes] = (),
         timeout_s: float = rpc.DEFAULT_TIMEOUT_S,
-    ) -> tuple[A, list[bytes]]:  # fmt: skip
+    ) -> tuple[A, list[bytes]]:
         """``request`` to ``peer``, direct or relayed: its typed answer and blobs, or the
         refusal's exception (the target's, or the relay's own)."""
         header, out = request.encode(blobs)
         started = time.perf_counter()
-        (answer, answer_blobs), direct = await self._send(p2p, peer, header, out, timeout_s + request.server_wait_s(),
-                                                          relayable=request.RELAYABLE,
-                                                          for_speed=request.RELAY_FOR_SPEED)  # fmt: skip
+        (answer, answer_blobs), direct = await self._send(
+            p2p,
+            peer,
+            header,
+            out,
+            timeout_s + request.server_wait_s(),
+            relayable=request.RELAYABLE,
+            for_speed=request.RELAY_FOR_SPEED,
+        )
         if self.on_transfer is not None and direct:
             moved = sum(len(b) for b in out) + sum(len(b) for b in answer_blobs)
             self.on_transfer(peer, request, moved, time.perf_counter() - started)
         return rpc.answer_of(request, peer, answer, answer_blobs)
 
     async def _send(
-        self, p2p: Any, peer: str, header: dict[str, Any], blobs: Sequence[bytes], timeout_s: float,
-        relayable: bool = True, for_speed: bool = True,
-    ) -> tuple[rpc.Frame, bool]:  # fmt: skip
+        self,
+        p2p: Any,
+        peer: str,
+        header: dict[str, Any],
+        blobs: Sequence[bytes],
+        timeout_s: float,
+        relayable: bool = True,
+        for_speed: bool = True,
+    ) -> tuple[rpc.Frame, bool]:
         """The answer, and whether it came over the direct path. A request relays refuse to pass
         on (probes, replication to a named standby) goes direct whatever the routing mode."""
         nbytes = sum(len(b) for b in blobs)
         blocked = self.paths.blocked(peer, time.monotonic())
         mode = self.mode if relayable else "never"
-        via = choose_route(self.own, peer, self.relays(), self.matrix(), nbytes, direct_blocked=blocked, mode=mode,
-                           for_speed=for_speed)  # fmt: skip
+        via = choose_route(
+            self.own, peer, self.relays(), self.matrix(), nbytes, direct_blocked=blocked, mode=mode, for_speed=for_speed
+        )
         if via is not None:
             try:
                 return await self._relayed(p2p, via, peer, header, blobs, timeout_s), False
@@ -215,5 +237,9 @@ class Router:
         return answer, out
 
     def status(self) -> dict[str, Any]:
-        return {"mode": self.mode, "relays": list(self.relays()), **asdict(self.counters),
-                "direct_blocked_peers": self.paths.count(time.monotonic())}  # fmt: skip
+        return {
+            "mode": self.mode,
+            "relays": list(self.relays()),
+            **asdict(self.counters),
+            "direct_blocked_peers": self.paths.count(time.monotonic()),
+        }

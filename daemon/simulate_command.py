@@ -29,8 +29,18 @@ FAILURE_FREE_HOURS = 2.0
 """The failure-free run of a strategy stops here: without churn its throughput is steady."""
 SMOOTH_BUCKETS = 10
 MAX_HOURS = 24.0 * 30
-PHASES = ("share", "share_compute", "round", "contribution", "pull", "commit_lag", "weights",
-          "wait_cells", "wait_ledger", "wait_backpressure")  # fmt: skip
+PHASES = (
+    "share",
+    "share_compute",
+    "round",
+    "contribution",
+    "pull",
+    "commit_lag",
+    "weights",
+    "wait_cells",
+    "wait_ledger",
+    "wait_backpressure",
+)
 """Where the time goes, in the report's order (``SimResult.phases``)."""
 
 
@@ -112,8 +122,10 @@ def markdown(scenario: Scenario, settings: SimSettings, rows: list[dict[str, Any
     ]
     for r in rows:
         plans = r["plans"]
-        shape = f"{r['shape'][0]} x {r['shape'][1]}, K {'/'.join(map(str, r['shards']))}, H {r['local_steps']}, " \
-                f"k {r['share_micro_batches']}"  # fmt: skip
+        shape = (
+            f"{r['shape'][0]} x {r['shape'][1]}, K {'/'.join(map(str, r['shards']))}, H {r['local_steps']}, "
+            f"k {r['share_micro_batches']}"
+        )
         lines.append(
             f"| {r['strategy']} | {_fmt(r['tokens_per_s'])} | {_fmt(r['failure_free_tokens_per_s'])} "
             f"| {_fmt(r['kept'], 2)} | {_fmt(r['of_compute_bound'], 4)} | {shape} | {_fmt(r['updates'])} "
@@ -188,8 +200,9 @@ def plot(results: list[SimResult], out: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(10, 4))
     for r in results:
         events = [e for e in r.plan_events if not e.kind.startswith("failed")]
-        ax.scatter([e.at_s / 3600 for e in events], [max(e.runtime_s, 1e-5) * 1e3 for e in events], s=8,
-                   label=r.strategy)  # fmt: skip
+        ax.scatter(
+            [e.at_s / 3600 for e in events], [max(e.runtime_s, 1e-5) * 1e3 for e in events], s=8, label=r.strategy
+        )
     ax.set_yscale("log")
     ax.set(xlabel="simulated hours", ylabel="runtime, ms", title="Planner runtime per plan or repair")
     ax.legend(fontsize=8)
@@ -226,9 +239,11 @@ def run_simulate(
     shape = plan(scenario, PlannerSettings(time_budget_s=time_budget_s, seed=seed)).shape
     up0, churn = churn_schedule(scenario, hours * 3600.0, seed)
     departures = sum(not e.up for e in churn)
-    print(f"{scenario.name}: {scenario.n} devices ({int(up0.sum())} up at the start), {departures} departures in "
-          f"{hours:g} h; run shape {shape.stages} stages x up to {shape.data_parallel} pipelines",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"{scenario.name}: {scenario.n} devices ({int(up0.sum())} up at the start), {departures} departures in "
+        f"{hours:g} h; run shape {shape.stages} stages x up to {shape.data_parallel} pipelines",
+        file=sys.stderr,
+    )
     results, rows = [], []
     skipped: list[str] = []
     for strategy in make_strategies(strategies, shape, time_budget_s, seed):
@@ -249,8 +264,14 @@ def run_simulate(
     if skipped:
         report += "\n" + "\n".join(f"- {line}" for line in skipped) + "\n"
     (out / "report.md").write_text(report)
-    data = {"scenario": scenario.name, "devices": scenario.n, "hours": hours, "seed": seed, "rows": rows,
-            "runs": [{**asdict(r), "plan_events": [asdict(e) for e in r.plan_events]} for r in results]}  # fmt: skip
+    data = {
+        "scenario": scenario.name,
+        "devices": scenario.n,
+        "hours": hours,
+        "seed": seed,
+        "rows": rows,
+        "runs": [{**asdict(r), "plan_events": [asdict(e) for e in r.plan_events]} for r in results],
+    }
     (out / "results.json").write_text(json.dumps(data))
     print(report)
     written = plot(results, out)

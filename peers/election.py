@@ -90,9 +90,12 @@ def elect_coordinator(candidates: Sequence[Candidate], current: str | None, thre
 
 
 def elect_relays(
-    candidates: Sequence[Candidate], current: Sequence[str], thresholds: Thresholds, want: int,
+    candidates: Sequence[Candidate],
+    current: Sequence[str],
+    thresholds: Thresholds,
+    want: int,
     preferred: Sequence[str] = (),
-) -> list[str]:  # fmt: skip
+) -> list[str]:
     """Up to ``want`` relays: eligible incumbents first (kept), then eligible peers the planner
     prefers (some pipeline link is faster through them), then the best eligible others.
 
@@ -106,8 +109,11 @@ def elect_relays(
     by_id = {c.peer_id: c for c in candidates}
     kept = [p for p in current if p in by_id and eligible(by_id[p], thresholds, incumbent=True, relay=True)]
     ranked = [p for p in preferred if p in by_id] + [c.peer_id for c in sorted(candidates, key=_rank)]
-    newcomers = [p for p in dict.fromkeys(ranked)
-                 if p not in kept and eligible(by_id[p], thresholds, incumbent=False, relay=True)]  # fmt: skip
+    newcomers = [
+        p
+        for p in dict.fromkeys(ranked)
+        if p not in kept and eligible(by_id[p], thresholds, incumbent=False, relay=True)
+    ]
     chosen = (kept + newcomers)[:want]
     if chosen:
         return chosen

@@ -109,10 +109,22 @@ def parse_heartbeat(raw: object, *, run_id: str | None, now: float | None, peer_
     """
     record = open_record(raw, KIND, MAX_HEARTBEAT_BYTES)
     f = Fields(record.body, KIND)
-    f.only({
-        "run_id", "peer_id", "issued_at", "expires_at", "addrs", "lan_addrs", "device",
-        "throughput_gflops", "version", "roles", "uptime_s", "leaving",
-    })  # fmt: skip
+    f.only(
+        {
+            "run_id",
+            "peer_id",
+            "issued_at",
+            "expires_at",
+            "addrs",
+            "lan_addrs",
+            "device",
+            "throughput_gflops",
+            "version",
+            "roles",
+            "uptime_s",
+            "leaving",
+        }
+    )
     claimed, found_run = check_subject(f, record.signer, KIND, run_id=run_id, peer_id=peer_id)
     issued_at, expires_at = check_times(f, "heartbeat", claimed, now, MAX_TTL_S)
     roles = f.strings("roles", len(ROLES), 32)
@@ -124,9 +136,11 @@ def parse_heartbeat(raw: object, *, run_id: str | None, now: float | None, peer_
     if kind not in ("cpu", "cuda"):
         raise RecordError(f"heartbeat of {claimed} has device kind {kind!r}, not cpu or cuda")
     device = Device(
-        kind=kind, name=d.string("name", 128), memory_bytes=d.integer("memory_bytes", 0, 2**50),
+        kind=kind,
+        name=d.string("name", 128),
+        memory_bytes=d.integer("memory_bytes", 0, 2**50),
         cpus=d.integer("cpus", 1, 4096),
-    )  # fmt: skip
+    )
     return Heartbeat(
         run_id=found_run,
         peer_id=claimed,

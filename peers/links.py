@@ -141,9 +141,14 @@ class LinksRecord:
 
 
 def make_record(
-    run_id: str, peer_id: str, now: float, ttl_s: float, tflops: float, memory_gib: float,
+    run_id: str,
+    peer_id: str,
+    now: float,
+    ttl_s: float,
+    tflops: float,
+    memory_gib: float,
     links: dict[str, LinkEstimate],
-) -> LinksRecord:  # fmt: skip
+) -> LinksRecord:
     """The record of this peer's freshest ``MAX_LINKS`` measurements."""
     fresh = sorted((est.measured_at, p) for p, est in links.items() if est.samples and p != peer_id)[-MAX_LINKS:]
     out = {}
@@ -152,8 +157,15 @@ def make_record(
         one_way = -1.0 if est.rtt_s is None else est.rtt_s / 2
         bandwidth = -1.0 if est.bandwidth_Bps is None else est.bandwidth_Bps
         out[p] = (round(one_way, 6), round(bandwidth, 1), round(max(0.0, now - est.measured_at), 1))
-    return LinksRecord(run_id=run_id, peer_id=peer_id, issued_at=now, expires_at=now + min(ttl_s, MAX_TTL_S),
-                       tflops=tflops, memory_gib=memory_gib, links=out)  # fmt: skip
+    return LinksRecord(
+        run_id=run_id,
+        peer_id=peer_id,
+        issued_at=now,
+        expires_at=now + min(ttl_s, MAX_TTL_S),
+        tflops=tflops,
+        memory_gib=memory_gib,
+        links=out,
+    )
 
 
 def parse_links(raw: object, *, run_id: str | None, now: float | None, peer_id: str | None = None) -> LinksRecord:
@@ -180,9 +192,14 @@ def parse_links(raw: object, *, run_id: str | None, now: float | None, peer_id: 
             raise RecordError(f"links of {claimed}: measurement age {age} out of 0..86400 s")
         links[peer] = (latency, bandwidth, age)
     return LinksRecord(
-        run_id=found_run, peer_id=claimed, issued_at=issued_at, expires_at=expires_at,
-        tflops=f.number("tflops", 0, 1e6), memory_gib=f.number("memory_gib", 0, 1e6), links=links,
-    )  # fmt: skip
+        run_id=found_run,
+        peer_id=claimed,
+        issued_at=issued_at,
+        expires_at=expires_at,
+        tflops=f.number("tflops", 0, 1e6),
+        memory_gib=f.number("memory_gib", 0, 1e6),
+        links=links,
+    )
 
 
 def _is_number(v: object) -> bool:

@@ -62,9 +62,10 @@ class Membership:
                 latest[hb.peer_id] = hb
         joined = [p for p in latest if p not in self.peers]
         left = [
-            p for p, view in self.peers.items()
+            p
+            for p, view in self.peers.items()
             if p not in latest and (p in leaving or not self._still_valid(view, now))
-        ]  # fmt: skip
+        ]
         for peer_id in left:
             del self.peers[peer_id]
             logger.info("Peer left: %s", peer_id)

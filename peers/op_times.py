@@ -16,5 +16,8 @@ class OpTimes:
         self._seconds[op] = self._seconds.get(op, 0.0) + seconds * times
 
     def status(self) -> dict[str, dict[str, float]]:
-        return {op: {"n": n, "mean_ms": round(1e3 * float(self._seconds[op]) / n, 1)}
-                for op, n in sorted(self._count.items()) if n}  # fmt: skip
+        return {
+            op: {"n": n, "mean_ms": round(1e3 * float(self._seconds[op]) / n, 1)}
+            for op, n in sorted(self._count.items())
+            if n
+        }

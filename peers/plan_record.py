@@ -80,14 +80,24 @@ class PlanRecord:
         if identity.peer_id != self.peer_id:
             raise RecordError(f"cannot sign a plan for {self.peer_id} with the key of {identity.peer_id}")
         body = {
-            "run_id": self.run_id, "peer_id": self.peer_id, "issued_at": self.issued_at,
-            "expires_at": self.expires_at, "version": self.version, "kind": self.kind, "devices": self.devices,
-            "pipelines": self.pipelines, "layers_per_stage": self.layers_per_stage,
-            "parameter_servers": self.parameter_servers, "relays": self.relays, "predicted": self.predicted,
-            "shard_servers": self.shard_servers, "local_steps": self.local_steps,
-            "share_micro_batches": self.share_micro_batches, "spares": self.spares,
+            "run_id": self.run_id,
+            "peer_id": self.peer_id,
+            "issued_at": self.issued_at,
+            "expires_at": self.expires_at,
+            "version": self.version,
+            "kind": self.kind,
+            "devices": self.devices,
+            "pipelines": self.pipelines,
+            "layers_per_stage": self.layers_per_stage,
+            "parameter_servers": self.parameter_servers,
+            "relays": self.relays,
+            "predicted": self.predicted,
+            "shard_servers": self.shard_servers,
+            "local_steps": self.local_steps,
+            "share_micro_batches": self.share_micro_batches,
+            "spares": self.spares,
             "reduce_groups": self.reduce_groups,
-        }  # fmt: skip
+        }
         return sign_record(identity, KIND, body)
 
 
@@ -105,11 +115,27 @@ def parse_plan(raw: object, *, run_id: str | None, now: float | None, peer_id: s
     (every pipeline as long as the stage list, no device twice)."""
     record = open_record(raw, KIND, MAX_PLAN_BYTES)
     f = Fields(record.body, KIND)
-    f.only({
-        "run_id", "peer_id", "issued_at", "expires_at", "version", "kind", "devices", "pipelines",
-        "layers_per_stage", "parameter_servers", "relays", "predicted", "shard_servers", "local_steps",
-        "share_micro_batches", "spares", "reduce_groups",
-    })  # fmt: skip
+    f.only(
+        {
+            "run_id",
+            "peer_id",
+            "issued_at",
+            "expires_at",
+            "version",
+            "kind",
+            "devices",
+            "pipelines",
+            "layers_per_stage",
+            "parameter_servers",
+            "relays",
+            "predicted",
+            "shard_servers",
+            "local_steps",
+            "share_micro_batches",
+            "spares",
+            "reduce_groups",
+        }
+    )
     claimed, found_run = check_subject(f, record.signer, KIND, run_id=run_id, peer_id=peer_id)
     # An expired plan is still read (now=None for the clock): the newest one stands until replaced.
     issued_at, expires_at = check_times(f, "plan", claimed, None, MAX_TTL_S)
@@ -145,8 +171,10 @@ def parse_plan(raw: object, *, run_id: str | None, now: float | None, peer_id: s
     share = f.integer("share_micro_batches", 0, MAX_SHARE) if "share_micro_batches" in record.body else 0
     reduce_groups = _index_list(record.body.get("reduce_groups", []), "reduce_groups", MAX_GROUP + 1, MAX_STAGES)
     if reduce_groups and (len(reduce_groups) != stages or min(reduce_groups) < 1):
-        raise RecordError(f"plan of {claimed}: reduce_groups must give each of {stages} stages a group size "
-                          f"of 1 to {MAX_GROUP}, got {reduce_groups[:8]}")  # fmt: skip
+        raise RecordError(
+            f"plan of {claimed}: reduce_groups must give each of {stages} stages a group size "
+            f"of 1 to {MAX_GROUP}, got {reduce_groups[:8]}"
+        )
     predicted_raw = record.body.get("predicted")
     if not isinstance(predicted_raw, dict) or len(predicted_raw) > 16:
         raise RecordError(f"plan of {claimed}: predicted must be an object of at most 16 figures")
@@ -157,12 +185,24 @@ def parse_plan(raw: object, *, run_id: str | None, now: float | None, peer_id: s
             raise RecordError(f"plan of {claimed}: predicted {str(key)[:32]!r} = {str(value)[:30]!r} is not a figure")
         predicted[key] = float(value)
     return PlanRecord(
-        run_id=found_run, peer_id=claimed, issued_at=issued_at, expires_at=expires_at,
-        version=f.integer("version", 0, 2**53), kind=kind, devices=devices, pipelines=pipelines,
-        layers_per_stage=layers, parameter_servers=servers, relays=relays, predicted=predicted,
-        shard_servers=shard_servers, local_steps=local_steps, share_micro_batches=share, spares=spares,
+        run_id=found_run,
+        peer_id=claimed,
+        issued_at=issued_at,
+        expires_at=expires_at,
+        version=f.integer("version", 0, 2**53),
+        kind=kind,
+        devices=devices,
+        pipelines=pipelines,
+        layers_per_stage=layers,
+        parameter_servers=servers,
+        relays=relays,
+        predicted=predicted,
+        shard_servers=shard_servers,
+        local_steps=local_steps,
+        share_micro_batches=share,
+        spares=spares,
         reduce_groups=reduce_groups,
-    )  # fmt: skip
+    )
 
 
 def _shard_servers(value: object, servers: list[int], n: int, claimed: str) -> list[list[int]]:
@@ -174,6 +214,8 @@ def _shard_servers(value: object, servers: list[int], n: int, claimed: str) -> l
     out = [_index_list(row, "a stage's shard servers", n, MAX_SHARDS) for row in value]
     for s, row in enumerate(out):
         if not row or row[0] != servers[s] or len(set(row)) != len(row):
-            raise RecordError(f"plan of {claimed}: stage {s}'s shard servers {row[:8]} must start with its "
-                              f"parameter server {servers[s]} and name no device twice")  # fmt: skip
+            raise RecordError(
+                f"plan of {claimed}: stage {s}'s shard servers {row[:8]} must start with its "
+                f"parameter server {servers[s]} and name no device twice"
+            )
     return out

@@ -184,8 +184,9 @@ class ObservationBook:
     ) -> Observations:
         chosen = sorted(self.watches.items(), key=lambda item: -item[1].watched_s)[: min(limit, MAX_SUBJECTS)]
         peers = {p: (round(w.watched_s, 1), round(min(w.up_s, w.watched_s), 1), w.departures) for p, w in chosen}
-        return Observations(run_id=run_id, observer=observer, issued_at=now, expires_at=now + min(ttl_s, MAX_TTL_S),
-                            peers=peers)  # fmt: skip
+        return Observations(
+            run_id=run_id, observer=observer, issued_at=now, expires_at=now + min(ttl_s, MAX_TTL_S), peers=peers
+        )
 
 
 def _checked_peer(peer: Any) -> str:
@@ -224,8 +225,13 @@ class Observations:
     def sign(self, identity: Identity) -> bytes:
         if identity.peer_id != self.observer:
             raise RecordError(f"cannot sign observations of {self.observer} with the key of {identity.peer_id}")
-        body = {"run_id": self.run_id, "peer_id": self.observer, "issued_at": self.issued_at,
-                "expires_at": self.expires_at, "peers": {p: list(v) for p, v in self.peers.items()}}  # fmt: skip
+        body = {
+            "run_id": self.run_id,
+            "peer_id": self.observer,
+            "issued_at": self.issued_at,
+            "expires_at": self.expires_at,
+            "peers": {p: list(v) for p, v in self.peers.items()},
+        }
         return sign_record(identity, KIND, body)
 
 
@@ -284,6 +290,7 @@ def swarm_reliability(records: Iterable[Observations], subjects: Iterable[str]) 
             continue
         scores = [score(*r) for r in reports]
         ups, downs = zip(*(uptime_estimates(*r) for r in reports), strict=True)
-        out[subject] = Reliability(statistics.median(scores), len(reports), statistics.median(ups),
-                                   statistics.median(downs))  # fmt: skip
+        out[subject] = Reliability(
+            statistics.median(scores), len(reports), statistics.median(ups), statistics.median(downs)
+        )
     return out

@@ -76,20 +76,28 @@ class RunSpec:
         return {
             "name": self.name,
             "model": {
-                "family": self.model.family, "layers": self.model.layers, "hidden": self.model.hidden,
-                "heads": self.model.heads, "vocab": self.model.vocab, "seq_len": self.model.seq_len,
+                "family": self.model.family,
+                "layers": self.model.layers,
+                "hidden": self.model.hidden,
+                "heads": self.model.heads,
+                "vocab": self.model.vocab,
+                "seq_len": self.model.seq_len,
             },
             "data": {"corpus": self.corpus},
             "batch": {"sequences": self.batch_sequences, "micro_batch": self.micro_batch},
             "optimizer": {
-                "name": self.optimizer, "lr": self.lr, "weight_decay": self.weight_decay,
+                "name": self.optimizer,
+                "lr": self.lr,
+                "weight_decay": self.weight_decay,
                 "max_staleness": self.max_staleness,
             },
             "stages": self.stages,
             "exchange": {
-                "local_steps": self.local_steps, "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum,
+                "local_steps": self.local_steps,
+                "outer_lr": self.outer_lr,
+                "outer_momentum": self.outer_momentum,
             },
-        }  # fmt: skip
+        }
 
 
 def parse_spec_body(body: dict[str, Any]) -> RunSpec:
@@ -107,10 +115,13 @@ def parse_spec_body(body: dict[str, Any]) -> RunSpec:
     # Bounds first (a peer's numbers), then the shape's own rules (divisibility, rotary).
     try:
         model = ModelShape(
-            family=family, layers=m.integer("layers", 1, 1024), hidden=m.integer("hidden", 8, 65536),
-            heads=m.integer("heads", 1, 1024), vocab=m.integer("vocab", 2, 1_000_000),
+            family=family,
+            layers=m.integer("layers", 1, 1024),
+            hidden=m.integer("hidden", 8, 65536),
+            heads=m.integer("heads", 1, 1024),
+            vocab=m.integer("vocab", 2, 1_000_000),
             seq_len=m.integer("seq_len", 2, 1_000_000),
-        )  # fmt: skip
+        )
     except ModelError as e:
         raise RecordError(f"run spec: {e}") from None
     d = f.object("data")
@@ -132,14 +143,24 @@ def parse_spec_body(body: dict[str, Any]) -> RunSpec:
     if "exchange" in body:  # specs signed before local steps existed have none
         x = f.object("exchange")
         x.only(set(exchange))
-        exchange = {"local_steps": x.integer("local_steps", 0, 1000), "outer_lr": x.number("outer_lr", 1e-6, 10.0),
-                    "outer_momentum": x.number("outer_momentum", 0.0, 0.999)}  # fmt: skip
+        exchange = {
+            "local_steps": x.integer("local_steps", 0, 1000),
+            "outer_lr": x.number("outer_lr", 1e-6, 10.0),
+            "outer_momentum": x.number("outer_momentum", 0.0, 0.999),
+        }
     return RunSpec(
-        name=name, model=model, corpus=d.string("corpus", 1024), batch_sequences=sequences,
-        micro_batch=micro_batch, optimizer=optimizer, lr=o.number("lr", 0.0, 10.0),
-        weight_decay=o.number("weight_decay", 0.0, 10.0), max_staleness=o.integer("max_staleness", 0, 1000),
-        stages=stages, **exchange,  # type: ignore[arg-type]
-    )  # fmt: skip
+        name=name,
+        model=model,
+        corpus=d.string("corpus", 1024),
+        batch_sequences=sequences,
+        micro_batch=micro_batch,
+        optimizer=optimizer,
+        lr=o.number("lr", 0.0, 10.0),
+        weight_decay=o.number("weight_decay", 0.0, 10.0),
+        max_staleness=o.integer("max_staleness", 0, 1000),
+        stages=stages,
+        **exchange,  # type: ignore[arg-type]
+    )
 
 
 def run_seed(run_id: str) -> int:

@@ -292,8 +292,9 @@ class SwarmDHT:
     async def publish_pool_lease(self, lease: Lease, raw: bytes) -> bool:
         """Store this peer's cell or shard lease under the key its content implies."""
         _, lease_key = LEASE_KINDS[lease.KIND]
-        return bool(await self.dht.store(lease_key(lease), raw, lease.expires_at, subkey=lease.peer_id,
-                                         return_future=True))  # fmt: skip
+        return bool(
+            await self.dht.store(lease_key(lease), raw, lease.expires_at, subkey=lease.peer_id, return_future=True)
+        )
 
     async def scan_cell(self, pipeline: int, stage: int, now: float) -> list[CellLease]:
         """Every verified lease of the cell (live or not: the caller resolves)."""

@@ -119,5 +119,11 @@ def model_for_scenario(layers: int, hidden: int, vocab: int, seq_len: int, dtype
     """The scenario's model object for a run's model shape (GPT-style blocks: 12 hidden^2
     parameters each, plus token and position embeddings)."""
     params = layers * 12 * hidden * hidden + vocab * hidden + seq_len * hidden
-    return {"layers": layers, "hidden": hidden, "seq_len": seq_len, "vocab": vocab, "params": float(params),
-            "dtype_bytes": dtype_bytes}  # fmt: skip
+    return {
+        "layers": layers,
+        "hidden": hidden,
+        "seq_len": seq_len,
+        "vocab": vocab,
+        "params": float(params),
+        "dtype_bytes": dtype_bytes,
+    }

@@ -137,10 +137,21 @@ class CellStats:
 
 class CellWorker:
     def __init__(
-        self, cell: Cell, stages: int, settings: ExchangeSettings, compute: CellCompute, dataset: Dataset,
-        micro_batch: int, run_id: str, send: Send, link_Bps: Callable[[str], float], *, shape: ModelShape,
-        shards: int, half: str = "fp16",
-    ) -> None:  # fmt: skip
+        self,
+        cell: Cell,
+        stages: int,
+        settings: ExchangeSettings,
+        compute: CellCompute,
+        dataset: Dataset,
+        micro_batch: int,
+        run_id: str,
+        send: Send,
+        link_Bps: Callable[[str], float],
+        *,
+        shape: ModelShape,
+        shards: int,
+        half: str = "fp16",
+    ) -> None:
         self.cell = cell
         self.pipeline, self.stage = cell
         self.stages = stages
@@ -208,8 +219,7 @@ class CellWorker:
         if task.cancelled() or self._stop.is_set():
             return
         error = task.exception()
-        logger.error("cell %s: %s ended (%r); stopping the cell", self.cell, task.get_name(), error,
-                     exc_info=error)  # fmt: skip
+        logger.error("cell %s: %s ended (%r); stopping the cell", self.cell, task.get_name(), error, exc_info=error)
         self.failure = f"{task.get_name()}: {type(error).__name__}: {error}"
         self._stop.set()
 
@@ -289,15 +299,21 @@ class CellWorker:
 
     async def _ready_to_feed(self) -> bool:
         v = self.view
-        return (v.epoch is not None and v.ledger is not None and (self.is_last or v.next is not None)
-                and self.puller.loaded and await self.contributions.room())  # fmt: skip
+        return (
+            v.epoch is not None
+            and v.ledger is not None
+            and (self.is_last or v.next is not None)
+            and self.puller.loaded
+            and await self.contributions.room()
+        )
 
     async def _issue(self) -> tuple[int, int, int] | None:
         ledger = self.view.ledger
         if ledger is None:
             return None
-        request = LedgerIssue(run_id=self.run_id, pipeline=self.pipeline, renew=self.contributions.open_shares(),
-                              want=1)  # fmt: skip
+        request = LedgerIssue(
+            run_id=self.run_id, pipeline=self.pipeline, renew=self.contributions.open_shares(), want=1
+        )
         try:
             answer, _ = await self.send(ledger, request, [], 30.0)
         except RpcError as e:
@@ -369,8 +385,9 @@ class CellWorker:
         share = self._share
         limit = self.stall_limit_s()
         if share is not None and time.monotonic() - share.progress_at > limit:
-            logger.warning("cell %s: share %d made no progress for %.0f s; abandoning it", self.cell,
-                           share.share_id, limit)  # fmt: skip
+            logger.warning(
+                "cell %s: share %d made no progress for %.0f s; abandoning it", self.cell, share.share_id, limit
+            )
             self._abandon_share()
 
     async def _one(self, item: _Item) -> None:
@@ -417,8 +434,14 @@ class CellWorker:
             await self._between_shares()
         if not self._round_shares:
             self.puller.round_started()  # the weights applied just now are the round's base
-        self._share = _Share(message.share_id, message.share_first, message.share_count, message.round_end,
-                             message.epoch, message.attempt)  # fmt: skip
+        self._share = _Share(
+            message.share_id,
+            message.share_first,
+            message.share_count,
+            message.round_end,
+            message.epoch,
+            message.attempt,
+        )
 
     async def _forward(self, share: _Share, m: int, message: CellForward | None, blob: bytes | None) -> None:
         if self.is_first:
@@ -437,10 +460,7 @@ class CellWorker:
         out = await self.in_thread(self.compute.forward, m, x)
         codec = codec_for("activation", self.link_Bps(self.view.next or ""), half=self.half)
         frame = await self.in_thread(encode_tensor, out, codec, what="codec")
-        forward = CellForward(run_id=self.run_id, pipeline=self.pipeline, stage=self.stage + 1, epoch=share.epoch,
-                              share_id=share.share_id, share_first=share.first, share_count=share.count,
-                              round_end=share.round_end, attempt=share.attempt, micro_batch=m,
-                              version=self.puller.version)  # fmt: skip
+        forward = CellForward(stage=self.stage + 1, **self._hop(share, m))
         await self._deliver(self.view.next, forward, frame)
         share.progress_at = time.monotonic()
 
@@ -449,19 +469,33 @@ class CellWorker:
             return
         codec = codec_for("activation", self.link_Bps(self.view.prev or ""), half=self.half)
         frame = await self.in_thread(encode_tensor, grad_in, codec, what="codec")
-        backward = CellBackward(run_id=self.run_id, pipeline=self.pipeline, stage=self.stage - 1, epoch=share.epoch,
-                                share_id=share.share_id, share_first=share.first, share_count=share.count,
-                                round_end=share.round_end, attempt=share.attempt, micro_batch=m,
-                                version=self.puller.version)  # fmt: skip
+        backward = CellBackward(stage=self.stage - 1, **self._hop(share, m))
         await self._deliver(self.view.prev, backward, frame)
+
+    def _hop(self, share: _Share, m: int) -> dict[str, Any]:
+        """What a tensor sent along the pipeline says of itself: its share and micro-batch, and
+        the weights' version it was computed with."""
+        return {
+            "run_id": self.run_id,
+            "pipeline": self.pipeline,
+            "epoch": share.epoch,
+            "share_id": share.share_id,
+            "share_first": share.first,
+            "share_count": share.count,
+            "round_end": share.round_end,
+            "attempt": share.attempt,
+            "micro_batch": m,
+            "version": self.puller.version,
+        }
 
     async def _deliver(self, peer: str | None, message: CellForward | CellBackward, frame: bytes) -> None:
         """Send to a neighbour, trying again a few times on a broken path (not on a refusal)."""
         delay = SEND_BACKOFF_S
         for attempt in range(SEND_ATTEMPTS):
             if peer is None or message.epoch != self.view.epoch:
-                raise WrongEpoch(f"cell {self.cell}: the pipeline changed while micro-batch {message.micro_batch} "
-                                 "was on its way")  # fmt: skip
+                raise WrongEpoch(
+                    f"cell {self.cell}: the pipeline changed while micro-batch {message.micro_batch} was on its way"
+                )
             try:
                 await self.send(peer, message, [frame], 30.0)
                 return
@@ -540,11 +574,20 @@ class CellWorker:
         s = self.stats
         recent = [loss for _, loss in list(self.losses)[-16:]]
         return {
-            "pipeline": self.pipeline, "stage": self.stage, "epoch": self.view.epoch,
-            "share": None if self._share is None else self._share.share_id, "shares": s.shares,
-            "abandoned": s.abandoned, "rounds": s.rounds, "forwards": s.forwards, "backwards": s.backwards,
-            "refused_epoch": s.refused_epoch, "send_failures": s.send_failures, "sync_timeouts": s.sync_timeouts,
+            "pipeline": self.pipeline,
+            "stage": self.stage,
+            "epoch": self.view.epoch,
+            "share": None if self._share is None else self._share.share_id,
+            "shares": s.shares,
+            "abandoned": s.abandoned,
+            "rounds": s.rounds,
+            "forwards": s.forwards,
+            "backwards": s.backwards,
+            "refused_epoch": s.refused_epoch,
+            "send_failures": s.send_failures,
+            "sync_timeouts": s.sync_timeouts,
             "seconds": {k: round(v, 2) for k, v in s.seconds.items()},
             "loss": round(sum(recent) / len(recent), 4) if recent else None,
-            "weights": self.puller.info(), "contributions": self.contributions.info(),
-        }  # fmt: skip
+            "weights": self.puller.info(),
+            "contributions": self.contributions.info(),
+        }

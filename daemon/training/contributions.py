@@ -112,8 +112,19 @@ class Contributions:
             codec = codec_for("contribution", self.cell.link_Bps(to or ""), half=self.cell.half)
             blobs.append(self._feedback.encode(k, vector[lo:hi], codec))
             codecs.append(codec)
-        self.rounds.append(_Round(list(share_ids), micro_batches, list(bases), blobs, codecs, [None] * shards,
-                                  [False] * shards, [False] * shards, [False] * shards))  # fmt: skip
+        self.rounds.append(
+            _Round(
+                list(share_ids),
+                micro_batches,
+                list(bases),
+                blobs,
+                codecs,
+                [None] * shards,
+                [False] * shards,
+                [False] * shards,
+                [False] * shards,
+            )
+        )
         self.stats.rounds += 1
         for old in self.rounds[:-KEEP_BLOBS]:
             if old.delivered:
@@ -169,8 +180,11 @@ class Contributions:
     async def _deliver(self, r: _Round) -> bool:
         """Send every slice not yet at its shard's current holder; False if one failed."""
         servers = self.cell.view.servers
-        todo = [k for k in range(len(r.committed)) if not r.committed[k] and k < len(servers)
-                and servers[k] is not None and r.delivered_to[k] != servers[k]]  # fmt: skip
+        todo = [
+            k
+            for k in range(len(r.committed))
+            if not r.committed[k] and k < len(servers) and servers[k] is not None and r.delivered_to[k] != servers[k]
+        ]
         if todo and not r.blobs:  # its server changed hands and we let the slices go
             r.lost = True
             self.stats.lost += 1
@@ -189,10 +203,16 @@ class Contributions:
         to the server itself."""
         cell = self.cell
         fields = dict(
-            run_id=cell.run_id, stage=cell.stage, shard=k, shards=len(r.committed), share_ids=r.share_ids,
-            base_version=r.bases[k], micro_batches=r.micro_batches,
-            kind="gradient" if cell.settings.mode == "gradient" else "pseudo", codec=r.codecs[k],
-        )  # fmt: skip
+            run_id=cell.run_id,
+            stage=cell.stage,
+            shard=k,
+            shards=len(r.committed),
+            share_ids=r.share_ids,
+            base_version=r.bases[k],
+            micro_batches=r.micro_batches,
+            kind="gradient" if cell.settings.mode == "gradient" else "pseudo",
+            codec=r.codecs[k],
+        )
         head = None if r.direct[k] else self._head(k)
         request = Contribute(**fields) if head is None else Reduce(**fields, pipeline=cell.pipeline)
         again = r.delivered_to[k] is not None
@@ -210,8 +230,13 @@ class Contributions:
             if head is not None:
                 # The head is gone, or no longer heads this shard: the server takes the slice
                 # once, whether or not the head's sum of it got there first.
-                logger.debug("cell %s: reduction head %s failed slice %d (%s); sending it to the server",
-                             cell.cell, head[:16], k, e)  # fmt: skip
+                logger.debug(
+                    "cell %s: reduction head %s failed slice %d (%s); sending it to the server",
+                    cell.cell,
+                    head[:16],
+                    k,
+                    e,
+                )
                 r.direct[k] = True
                 self.stats.direct += 1
             else:
@@ -252,14 +277,19 @@ class Contributions:
             r = self.rounds.pop(0)
             self.stats.committed_rounds += not r.lost
             if self.cell.is_first and self.cell.view.ledger is not None and not r.lost:
-                request = LedgerComplete(run_id=self.cell.run_id, pipeline=self.cell.pipeline,
-                                         share_ids=r.share_ids)  # fmt: skip
+                request = LedgerComplete(run_id=self.cell.run_id, pipeline=self.cell.pipeline, share_ids=r.share_ids)
                 asyncio.create_task(self.cell._quietly(self.cell.view.ledger, request))
 
     def info(self) -> dict[str, Any]:
         s = self.stats
         return {
-            "waiting": len(self.rounds), "rounds": s.rounds, "sent": s.sent, "resent": s.resent,
-            "dropped": s.dropped, "committed_rounds": s.committed_rounds, "lost": s.lost, "bytes_sent": s.bytes_sent,
+            "waiting": len(self.rounds),
+            "rounds": s.rounds,
+            "sent": s.sent,
+            "resent": s.resent,
+            "dropped": s.dropped,
+            "committed_rounds": s.committed_rounds,
+            "lost": s.lost,
+            "bytes_sent": s.bytes_sent,
             "direct": s.direct,
-        }  # fmt: skip
+        }

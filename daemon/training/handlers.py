@@ -56,11 +56,19 @@ class TrainingHandlers:
 
     def table(self) -> dict[type[Request[Any]], Handler]:
         return {
-            CellForward: self.cell_tensor, CellBackward: self.cell_tensor,
-            Contribute: self.contribute, Pull: self.pull, Reduce: self.reduce, PullFromHead: self.pull_from_head,
-            LedgerIssue: self.ledger_issue, LedgerComplete: self.ledger_complete, LedgerAbandon: self.ledger_abandon,
-            ReplicaLog: self.replica_log, ReplicaCheckpoint: self.replica_checkpoint, ReplicaFetch: self.replica_fetch,
-        }  # fmt: skip
+            CellForward: self.cell_tensor,
+            CellBackward: self.cell_tensor,
+            Contribute: self.contribute,
+            Pull: self.pull,
+            Reduce: self.reduce,
+            PullFromHead: self.pull_from_head,
+            LedgerIssue: self.ledger_issue,
+            LedgerComplete: self.ledger_complete,
+            LedgerAbandon: self.ledger_abandon,
+            ReplicaLog: self.replica_log,
+            ReplicaCheckpoint: self.replica_checkpoint,
+            ReplicaFetch: self.replica_fetch,
+        }
 
     def _member(self, sender: str) -> None:
         if sender not in self.trainer.live:
@@ -121,8 +129,9 @@ class TrainingHandlers:
         self, sender: str, request: ReplicaCheckpoint, blobs: list[bytes]
     ) -> tuple[Ack, list[bytes]]:
         self._member(sender)
-        self.trainer.replicas.store_checkpoint((request.stage, request.shard), sender, request.lineage,
-                                               request.version, blobs[0])  # fmt: skip
+        self.trainer.replicas.store_checkpoint(
+            (request.stage, request.shard), sender, request.lineage, request.version, blobs[0]
+        )
         return Ack(), []
 
     async def replica_fetch(
@@ -155,6 +164,7 @@ class TrainingHandlers:
         assert trainer.assignment is not None
         shards = trainer.assignment.shard_counts()[key[0]]
         span = shard_range(opener.initial_vector(key[0]).numel(), shards, key[1])
-        version, data = await asyncio.to_thread(replica_checkpoint, replica, opener.config(),
-                                                step_micro_batches(trainer.exchange_settings()), span)  # fmt: skip
+        version, data = await asyncio.to_thread(
+            replica_checkpoint, replica, opener.config(), step_micro_batches(trainer.exchange_settings()), span
+        )
         return Fetched(version=version, kind="checkpoint", versions=[]), [data]

@@ -34,10 +34,18 @@ class LedgerHost:
         self.open_limit = open_limit
 
     @classmethod
-    def from_state(cls, state: str, share_micro_batches: int, stage0_holder: Callable[[int], str | None],
-                   open_limit: Callable[[], int]) -> LedgerHost:  # fmt: skip
-        ledger = ShareLedger.from_metadata(state, share_micro_batches, LEASE_S) if state else ShareLedger(
-            share_micro_batches, LEASE_S)  # fmt: skip
+    def from_state(
+        cls,
+        state: str,
+        share_micro_batches: int,
+        stage0_holder: Callable[[int], str | None],
+        open_limit: Callable[[], int],
+    ) -> LedgerHost:
+        ledger = (
+            ShareLedger.from_metadata(state, share_micro_batches, LEASE_S)
+            if state
+            else ShareLedger(share_micro_batches, LEASE_S)
+        )
         return cls(ledger, stage0_holder, open_limit)
 
     def state(self) -> str:
@@ -53,8 +61,10 @@ class LedgerHost:
     def _holder(self, sender: str, pipeline: int) -> str:
         holder = self.stage0_holder(pipeline)
         if holder != sender:
-            raise NotHolder(f"{sender[:16]} does not hold stage 0 of pipeline {pipeline} here ({str(holder)[:16]}); "
-                            "only that cell asks for its shares")  # fmt: skip
+            raise NotHolder(
+                f"{sender[:16]} does not hold stage 0 of pipeline {pipeline} here ({str(holder)[:16]}); "
+                "only that cell asks for its shares"
+            )
         return f"{pipeline}/{sender}"
 
     def issue(self, sender: str, request: LedgerIssue, now: float) -> Issued:
@@ -85,8 +95,12 @@ class LedgerHost:
             pipeline, peer = holder.split("/", 1)
             if peer not in live or self.stage0_holder(int(pipeline)) != peer:
                 dropped = self.ledger.drop_holder(holder)
-                logger.info("ledger: pipeline %s's stage 0 is no longer %s; its %d open share(s) will be trained "
-                            "again", pipeline, peer[:16], len(dropped))  # fmt: skip
+                logger.info(
+                    "ledger: pipeline %s's stage 0 is no longer %s; its %d open share(s) will be trained again",
+                    pipeline,
+                    peer[:16],
+                    len(dropped),
+                )
         lapsed = self.ledger.expire(now)
         if lapsed:
             logger.info("ledger: %d share(s) lapsed; they will be trained again", len(lapsed))
@@ -94,8 +108,13 @@ class LedgerHost:
     def info(self) -> dict[str, object]:
         c = self.ledger.counters
         return {
-            "cursor": self.ledger.cursor, "done_below": self.ledger.done_below(),
+            "cursor": self.ledger.cursor,
+            "done_below": self.ledger.done_below(),
             "open": len(self.ledger.open_shares()),
-            "waiting": self.ledger.waiting, "issued": c.issued, "reissued": c.reissued, "completed": c.completed,
-            "abandoned": c.abandoned, "expired": c.expired,
-        }  # fmt: skip
+            "waiting": self.ledger.waiting,
+            "issued": c.issued,
+            "reissued": c.reissued,
+            "completed": c.completed,
+            "abandoned": c.abandoned,
+            "expired": c.expired,
+        }

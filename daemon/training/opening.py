@@ -75,8 +75,13 @@ class ShardOpener:
 
     def config(self) -> ShardConfig:
         s = self.trainer.spec.spec
-        return ShardConfig(mode=self.trainer.mode, lr=s.lr, weight_decay=s.weight_decay, outer_lr=s.outer_lr,
-                           outer_momentum=s.outer_momentum)  # fmt: skip
+        return ShardConfig(
+            mode=self.trainer.mode,
+            lr=s.lr,
+            weight_decay=s.weight_decay,
+            outer_lr=s.outer_lr,
+            outer_momentum=s.outer_momentum,
+        )
 
     # --- opening a shard ------------------------------------------------------------------------
 
@@ -93,21 +98,34 @@ class ShardOpener:
         shard.step_micro_batches = step
         lineage = f"{trainer.own[:16]}@{trainer._shard_claims.get(key, time.time()):.3f}"
         server = ShardServer(
-            key, shards, shard, trainer.exchange_settings(), lineage, path,
+            key,
+            shards,
+            shard,
+            trainer.exchange_settings(),
+            lineage,
+            path,
             log_step=lambda step_, ledger: self._log_step(key, lineage, step_, ledger),
             send_checkpoint=lambda version, data: self._send_checkpoint(key, lineage, version, data),
             checkpoint_every=CHECKPOINT_EVERY,
-        )  # fmt: skip
+        )
         if key == (0, 0):
             ledger = LedgerHost.from_state(
-                shard.metadata.get("ledger", ""), assignment.share_micro_batches, trainer.stage0_holder,
+                shard.metadata.get("ledger", ""),
+                assignment.share_micro_batches,
+                trainer.stage0_holder,
                 lambda: trainer.exchange_settings().local_steps + 2,
-            )  # fmt: skip
+            )
             trainer.handlers.ledger = ledger
             server.ledger_state = ledger.state
         self._waiting_since.pop(key, None)
-        logger.info("Serving shard %s (%d of stage %d's %d parameters) from version %d", key, hi - lo, key[0], size,
-                    shard.version)  # fmt: skip
+        logger.info(
+            "Serving shard %s (%d of stage %d's %d parameters) from version %d",
+            key,
+            hi - lo,
+            key[0],
+            size,
+            shard.version,
+        )
         return server
 
     async def _believable_state(
@@ -134,19 +152,32 @@ class ShardOpener:
         if best is not None and best.version >= seen:
             return best
         if best is None and seen == 0:  # nobody ever trained it: the run's seed weights
-            return ParameterShard(*span, self.initial_vector(key[0])[span[0]:span[1]], self.config(),
-                                  step_micro_batches=step)  # fmt: skip
+            return ParameterShard(
+                *span, self.initial_vector(key[0])[span[0] : span[1]], self.config(), step_micro_batches=step
+            )
         since = self._waiting_since.setdefault(key, time.monotonic())
         if time.monotonic() - since < OPEN_GRACE_S:
-            logger.info("shard %s: the newest state here is version %s, the swarm has seen %d; asking again", key,
-                        "none" if best is None else best.version, seen)  # fmt: skip
+            logger.info(
+                "shard %s: the newest state here is version %s, the swarm has seen %d; asking again",
+                key,
+                "none" if best is None else best.version,
+                seen,
+            )
             return None
-        shard = best or ParameterShard(*span, self.initial_vector(key[0])[span[0]:span[1]], self.config(),
-                                       step_micro_batches=step)  # fmt: skip
+        shard = best or ParameterShard(
+            *span, self.initial_vector(key[0])[span[0] : span[1]], self.config(), step_micro_batches=step
+        )
         lost = max(0, seen - shard.version)
         self.versions_lost += lost
-        logger.warning("shard %s: no state newer than version %d could be had in %.0f s; the swarm had seen %d: "
-                       "%d update(s) of this shard are lost", key, shard.version, OPEN_GRACE_S, seen, lost)  # fmt: skip
+        logger.warning(
+            "shard %s: no state newer than version %d could be had in %.0f s; the swarm had seen %d: "
+            "%d update(s) of this shard are lost",
+            key,
+            shard.version,
+            OPEN_GRACE_S,
+            seen,
+            lost,
+        )
         return shard
 
     def _sources(self, key: Shard) -> list[str]:
@@ -170,8 +201,13 @@ class ShardOpener:
         if answer.kind != "checkpoint" or not blobs:
             return None
         if not trainer.seen.admits(key, answer.version):
-            logger.warning("shard %s: %s offers version %d, far past the %d the swarm has seen; refused", key,
-                           peer, answer.version, trainer.seen.of(key))  # fmt: skip
+            logger.warning(
+                "shard %s: %s offers version %d, far past the %d the swarm has seen; refused",
+                key,
+                peer,
+                answer.version,
+                trainer.seen.of(key),
+            )
             return None
         try:
             shard = await asyncio.to_thread(open_checkpoint_bytes, blobs[0], self.config(), step, span)
@@ -179,8 +215,9 @@ class ShardOpener:
             logger.warning("shard %s: the state %s sent is unusable (%s)", key, peer, e)
             return None
         if shard.version != answer.version:
-            logger.warning("shard %s: %s said version %d but sent %d; refused", key, peer, answer.version,
-                           shard.version)  # fmt: skip
+            logger.warning(
+                "shard %s: %s said version %d but sent %d; refused", key, peer, answer.version, shard.version
+            )
             return None
         return shard
 
@@ -200,8 +237,15 @@ class ShardOpener:
         if standby is None:
             return False
         frame = await asyncio.to_thread(encode_vector, step.delta, "fp16")
-        request = ReplicaLog(run_id=self.trainer.spec.run_id, stage=key[0], shard=key[1], lineage=lineage,
-                             version=step.version, share_ids=list(step.share_ids), ledger=ledger)  # fmt: skip
+        request = ReplicaLog(
+            run_id=self.trainer.spec.run_id,
+            stage=key[0],
+            shard=key[1],
+            lineage=lineage,
+            version=step.version,
+            share_ids=list(step.share_ids),
+            ledger=ledger,
+        )
         await self.trainer.send(standby, request, [frame], LOG_TIMEOUT_S)
         return True
 
@@ -209,8 +253,9 @@ class ShardOpener:
         standby = self.trainer._standby
         if standby is None:
             return False
-        request = ReplicaCheckpoint(run_id=self.trainer.spec.run_id, stage=key[0], shard=key[1], lineage=lineage,
-                                    version=version)  # fmt: skip
+        request = ReplicaCheckpoint(
+            run_id=self.trainer.spec.run_id, stage=key[0], shard=key[1], lineage=lineage, version=version
+        )
         await self.trainer.send(standby, request, [data], FETCH_TIMEOUT_S)
         return True
 
@@ -252,18 +297,33 @@ def replica_checkpoint(replica: Replica, config: ShardConfig, step: int, span: t
 
 def stage_module(trainer: Trainer, stage: int) -> StageModule:
     s = trainer.spec.spec
-    return StageModule.from_shape(s.model, run_seed(trainer.spec.run_id), split_layers(s.model.layers, trainer.stages),
-                                  stage)  # fmt: skip
+    return StageModule.from_shape(
+        s.model, run_seed(trainer.spec.run_id), split_layers(s.model.layers, trainer.stages), stage
+    )
 
 
 def make_cell(trainer: Trainer, cell: Cell, assignment: Assignment, dataset: Dataset) -> CellWorker:
     s = trainer.spec.spec
-    compute = CellCompute(stage_module(trainer, cell[1]), mode=trainer.mode, window=window(trainer.stages), lr=s.lr,
-                          weight_decay=s.weight_decay)  # fmt: skip
+    compute = CellCompute(
+        stage_module(trainer, cell[1]),
+        mode=trainer.mode,
+        window=window(trainer.stages),
+        lr=s.lr,
+        weight_decay=s.weight_decay,
+    )
     worker = CellWorker(
-        cell, trainer.stages, trainer.exchange_settings(), compute, dataset, s.micro_batch, trainer.spec.run_id,
-        trainer.send, lambda peer: trainer.roles.link_Bps(trainer.own, peer), shape=s.model,
-        shards=assignment.shard_counts()[cell[1]], half=trainer.half,
-    )  # fmt: skip
+        cell,
+        trainer.stages,
+        trainer.exchange_settings(),
+        compute,
+        dataset,
+        s.micro_batch,
+        trainer.spec.run_id,
+        trainer.send,
+        lambda peer: trainer.roles.link_Bps(trainer.own, peer),
+        shape=s.model,
+        shards=assignment.shard_counts()[cell[1]],
+        half=trainer.half,
+    )
     worker.reducer = trainer.reducer
     return worker

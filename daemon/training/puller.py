@@ -74,8 +74,9 @@ class Puller:
         self.head_pulls = 0
 
     def start(self) -> list[asyncio.Task[None]]:
-        return [asyncio.create_task(self._poll(k), name=f"cell {self.cell.cell} pull {k}") for k in
-                range(len(self.shards))]  # fmt: skip
+        return [
+            asyncio.create_task(self._poll(k), name=f"cell {self.cell.cell} pull {k}") for k in range(len(self.shards))
+        ]
 
     @property
     def loaded(self) -> bool:
@@ -159,10 +160,14 @@ class Puller:
             # A long poll for the version after the newest fetched (applied or not): it also brings
             # the commits of our pending contributions, which happen with new versions only.
             fields = dict(
-                run_id=self.cell.run_id, stage=self.cell.stage, shard=k, shards=len(self.shards),
-                have_version=s.fetched, pending_share_ids=list(dict.fromkeys(pending))[-4096:],
+                run_id=self.cell.run_id,
+                stage=self.cell.stage,
+                shard=k,
+                shards=len(self.shards),
+                have_version=s.fetched,
+                pending_share_ids=list(dict.fromkeys(pending))[-4096:],
                 wait_s=0.0 if s.fetched < 0 else POLL_WAIT_S,
-            )  # fmt: skip
+            )
             request = Pull(**fields) if head is None else PullFromHead(**fields, pipeline=self.cell.pipeline)
             try:
                 answer, blobs = await self.cell.send(head or holder, request, [], POLL_WAIT_S + 30.0)
@@ -208,12 +213,15 @@ class Puller:
             s.fetched = answer.versions[-1]
             self.delta_pulls += 1
         elif answer.version < s.fetched:  # the holder is behind us: another lineage, start over
-            logger.info("cell %s: shard at %d is behind our %d; pulling it whole", self.cell.cell, answer.version,
-                        s.fetched)  # fmt: skip
+            logger.info(
+                "cell %s: shard at %d is behind our %d; pulling it whole", self.cell.cell, answer.version, s.fetched
+            )
             s.fetched = -1
 
     def info(self) -> dict[str, Any]:
         return {
-            "versions": [s.applied for s in self.shards], "full_pulls": self.full_pulls,
-            "delta_pulls": self.delta_pulls, "head_pulls": self.head_pulls,
-        }  # fmt: skip
+            "versions": [s.applied for s in self.shards],
+            "full_pulls": self.full_pulls,
+            "delta_pulls": self.delta_pulls,
+            "head_pulls": self.head_pulls,
+        }

@@ -150,8 +150,10 @@ class Reducer:
     async def reduce(self, sender: str, request: Reduce, blob: bytes) -> Contributed:
         head_cell, head = self._head_for(request)
         if sender != self.trainer.cell_holder((request.pipeline, request.stage)):
-            raise NotHolder(f"{sender[:16]} does not hold cell ({request.pipeline}, {request.stage}) here; "
-                            "send the slice to the shard's server")  # fmt: skip
+            raise NotHolder(
+                f"{sender[:16]} does not hold cell ({request.pipeline}, {request.stage}) here; "
+                "send the slice to the shard's server"
+            )
         if request.parts != 1:
             raise BadRequest(f"a member sends its own slice (parts = 1), not {request.parts}")
         lo, hi = shard_range(self.trainer.opener.initial_vector(request.stage).numel(), request.shards, request.shard)
@@ -186,13 +188,17 @@ class Reducer:
         if a is None or request.pipeline >= a.pipelines or request.stage >= a.stages:
             raise NotHolder(f"no plan here places cell ({request.pipeline}, {request.stage})")
         if request.shards != a.shard_counts()[request.stage]:
-            raise NotHolder(f"stage {request.stage} has {a.shard_counts()[request.stage]} shards in the plan "
-                            f"in force here, not {request.shards}")  # fmt: skip
+            raise NotHolder(
+                f"stage {request.stage} has {a.shard_counts()[request.stage]} shards in the plan "
+                f"in force here, not {request.shards}"
+            )
         head = head_of(request.pipeline, a.pipelines, a.group_size(request.stage), request.shard)
         worker = None if head is None else trainer.cells.get((head, request.stage))
         if head is None or worker is None:
-            raise NotHolder(f"this peer does not head shard ({request.stage}, {request.shard}) for pipeline "
-                            f"{request.pipeline}'s group; send the slice to the shard's server")  # fmt: skip
+            raise NotHolder(
+                f"this peer does not head shard ({request.stage}, {request.shard}) for pipeline "
+                f"{request.pipeline}'s group; send the slice to the shard's server"
+            )
         return worker, head
 
     def _expected(self, stage: int, head: int) -> int:
@@ -238,8 +244,13 @@ class Reducer:
                 answer = await self._send_sum(parts, stage, shard)
             except (AlreadyApplied, BadRequest, Stale) as e:
                 self.stats.refused_sums += 1
-                logger.info("shard (%d, %d) refused a sum of %d slices (%s); sending them one by one",
-                            stage, shard, len(parts), e)  # fmt: skip
+                logger.info(
+                    "shard (%d, %d) refused a sum of %d slices (%s); sending them one by one",
+                    stage,
+                    shard,
+                    len(parts),
+                    e,
+                )
             except RpcError as e:
                 for part in parts:
                     _fail(part, e)
@@ -254,9 +265,17 @@ class Reducer:
 
     async def _send_single(self, part: _Part, stage: int, shard: int) -> None:
         r = part.request
-        request = Contribute(run_id=r.run_id, stage=r.stage, shard=r.shard, shards=r.shards, share_ids=r.share_ids,
-                             base_version=r.base_version, micro_batches=r.micro_batches, kind=r.kind,
-                             codec=r.codec)  # fmt: skip
+        request = Contribute(
+            run_id=r.run_id,
+            stage=r.stage,
+            shard=r.shard,
+            shards=r.shards,
+            share_ids=r.share_ids,
+            base_version=r.base_version,
+            micro_batches=r.micro_batches,
+            kind=r.kind,
+            codec=r.codec,
+        )
         try:
             answer, _ = await self.trainer.send(self._server(stage, shard), request, [part.blob], FORWARD_TIMEOUT_S)
         except RpcError as e:
@@ -273,17 +292,22 @@ class Reducer:
         total = torch.zeros_like(parts[0].vector)
         for part, factor in zip(parts, factors, strict=True):
             total.add_(part.vector, alpha=factor)
-        codec = codec_for("contribution", self.trainer.roles.link_Bps(self.trainer.own, server),
-                          half=self.trainer.half)  # fmt: skip
+        codec = codec_for("contribution", self.trainer.roles.link_Bps(self.trainer.own, server), half=self.trainer.half)
         key = (stage, shard)
         before = self._feedback.residual(key)
         blob = bytes(await asyncio.to_thread(self._feedback.encode, key, total, codec))
         request = Contribute(
-            run_id=first.run_id, stage=stage, shard=shard, shards=first.shards,
+            run_id=first.run_id,
+            stage=stage,
+            shard=shard,
+            shards=first.shards,
             share_ids=[i for p in parts for i in p.request.share_ids],
             base_version=min(p.request.base_version for p in parts),
-            micro_batches=sum(p.request.micro_batches for p in parts), kind=first.kind, codec=codec, parts=len(parts),
-        )  # fmt: skip
+            micro_batches=sum(p.request.micro_batches for p in parts),
+            kind=first.kind,
+            codec=codec,
+            parts=len(parts),
+        )
         try:
             answer, _ = await self.trainer.send(server, request, [blob], FORWARD_TIMEOUT_S)
         except RpcError:
@@ -333,8 +357,10 @@ class Reducer:
         """A member's long poll of a shard this peer's cell heads, answered from its relay."""
         self._head_for(request)
         if sender != self.trainer.cell_holder((request.pipeline, request.stage)):
-            raise NotHolder(f"{sender[:16]} does not hold cell ({request.pipeline}, {request.stage}) here; "
-                            "pull from the shard's server")  # fmt: skip
+            raise NotHolder(
+                f"{sender[:16]} does not hold cell ({request.pipeline}, {request.stage}) here; "
+                "pull from the shard's server"
+            )
         relay = self._relay(request.stage, request.shard)
         have = request.have_version
         if have < 0:
@@ -352,8 +378,10 @@ class Reducer:
                     await asyncio.wait_for(relay.changed.wait_for(news), min(request.wait_s, MAX_WAIT_S))
         if relay.version < have:  # this head has nothing yet, or is behind the cell: the server answers
             self.stats.pulls_refused += 1
-            raise Unavailable(f"this head holds shard ({request.stage}, {request.shard}) at version {relay.version}, "
-                              f"behind the cell's {have}; pull from the shard's server")  # fmt: skip
+            raise Unavailable(
+                f"this head holds shard ({request.stage}, {request.shard}) at version {relay.version}, "
+                f"behind the cell's {have}; pull from the shard's server"
+            )
         committed = [i for i in pending if i in relay.committed]
         if relay.version == have:
             self.stats.pulls += 1
@@ -361,12 +389,15 @@ class Reducer:
         newer = [(v, blob) for v, blob in relay.deltas if v > have]
         if relay.version < have or not newer or newer[0][0] != have + 1:
             self.stats.pulls_refused += 1
-            raise Unavailable(f"shard ({request.stage}, {request.shard}) at version {have} is further behind than "
-                              f"this head keeps (from {newer[0][0] if newer else relay.version}); pull from the "
-                              "shard's server")  # fmt: skip
+            raise Unavailable(
+                f"shard ({request.stage}, {request.shard}) at version {have} is further behind than "
+                f"this head keeps (from {newer[0][0] if newer else relay.version}); pull from the "
+                "shard's server"
+            )
         self.stats.pulls += 1
-        return Pulled(version=relay.version, kind="deltas", versions=[v for v, _ in newer],
-                      committed=committed), [blob for _, blob in newer]  # fmt: skip
+        return Pulled(version=relay.version, kind="deltas", versions=[v for v, _ in newer], committed=committed), [
+            blob for _, blob in newer
+        ]
 
     def _server(self, stage: int, shard: int) -> str:
         holder = self.trainer.shard_holder((stage, shard))
@@ -386,10 +417,16 @@ class Reducer:
     def info(self) -> dict[str, Any]:
         s = self.stats
         return {
-            "waiting": sum(len(b.parts) for b in self.buckets.values()), "slices": s.slices, "sums": s.sums,
-            "summed": s.summed, "singles": s.singles, "refused_sums": s.refused_sums, "bytes_sent": s.bytes_sent,
-            "pulls": s.pulls, "pulls_refused": s.pulls_refused,
-        }  # fmt: skip
+            "waiting": sum(len(b.parts) for b in self.buckets.values()),
+            "slices": s.slices,
+            "sums": s.sums,
+            "summed": s.summed,
+            "singles": s.singles,
+            "refused_sums": s.refused_sums,
+            "bytes_sent": s.bytes_sent,
+            "pulls": s.pulls,
+            "pulls_refused": s.pulls_refused,
+        }
 
 
 def _answer(part: _Part, answer: Contributed) -> None:

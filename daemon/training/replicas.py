@@ -71,8 +71,10 @@ class ReplicaStore:
         holder = self.holder_of(key)
         if holder != sender:
             self.refused += 1
-            raise NotHolder(f"shard {key}: {sender[:16]} is not its holder here ({str(holder)[:16]}); "
-                            "only the rightful holder replicates")  # fmt: skip
+            raise NotHolder(
+                f"shard {key}: {sender[:16]} is not its holder here ({str(holder)[:16]}); "
+                "only the rightful holder replicates"
+            )
 
     def store_checkpoint(self, key: Shard, sender: str, lineage: str, version: int, data: bytes) -> None:
         """A new checkpoint from the holder: the log before it is no longer needed."""
@@ -83,8 +85,9 @@ class ReplicaStore:
         if replica is None or replica.lineage != lineage:
             replica = self.replicas[key] = Replica(lineage=lineage, holder=sender)
         elif version < replica.checkpoint_version:
-            raise BadRequest(f"shard {key}: checkpoint version {version} is older than the one held "
-                             f"({replica.checkpoint_version})")  # fmt: skip
+            raise BadRequest(
+                f"shard {key}: checkpoint version {version} is older than the one held ({replica.checkpoint_version})"
+            )
         replica.checkpoint, replica.checkpoint_version = data, version
         replica.log = [e for e in replica.log if e.version > version]
 
@@ -97,11 +100,14 @@ class ReplicaStore:
         if entry.version <= replica.version:
             return  # sent again after a lost answer: kept once
         if entry.version != replica.version + 1:
-            raise Unavailable(f"shard {key}: step {entry.version} does not follow {replica.version}; "
-                              "send a checkpoint first")  # fmt: skip
+            raise Unavailable(
+                f"shard {key}: step {entry.version} does not follow {replica.version}; send a checkpoint first"
+            )
         if len(replica.log) >= MAX_LOG_ENTRIES or replica.nbytes + len(entry.delta) > MAX_REPLICA_BYTES:
-            raise Unavailable(f"shard {key}: {len(replica.log)} steps logged since the checkpoint, the limit is "
-                              f"{MAX_LOG_ENTRIES}; send a checkpoint")  # fmt: skip
+            raise Unavailable(
+                f"shard {key}: {len(replica.log)} steps logged since the checkpoint, the limit is "
+                f"{MAX_LOG_ENTRIES}; send a checkpoint"
+            )
         replica.log.append(entry)
         self.logged += 1
 
@@ -115,5 +121,6 @@ class ReplicaStore:
     def status(self) -> dict[str, object]:
         return {
             "shards": {f"{s}/{k}": r.version for (s, k), r in sorted(self.replicas.items())},
-            "logged": self.logged, "refused": self.refused,
-        }  # fmt: skip
+            "logged": self.logged,
+            "refused": self.refused,
+        }

@@ -74,10 +74,18 @@ class ServerStats:
 
 class ShardServer:
     def __init__(
-        self, key: Shard, shards: int, shard: ParameterShard, settings: ExchangeSettings, lineage: str,
-        checkpoint_path: Path, log_step: LogStep, send_checkpoint: SendCheckpoint, checkpoint_every: int,
+        self,
+        key: Shard,
+        shards: int,
+        shard: ParameterShard,
+        settings: ExchangeSettings,
+        lineage: str,
+        checkpoint_path: Path,
+        log_step: LogStep,
+        send_checkpoint: SendCheckpoint,
+        checkpoint_every: int,
         ledger_state: Callable[[], str] = lambda: "",
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.key, self.shards, self.shard, self.settings = key, shards, shard, settings
         self.lineage = lineage
         self.checkpoint_path = checkpoint_path
@@ -116,14 +124,21 @@ class ShardServer:
             staleness = self.shard.version - request.base_version
             if staleness < 0:
                 self.stats.refused += 1
-                raise BadRequest(f"shard {self.key}: base version {request.base_version} is ahead of this "
-                                 f"server's {self.shard.version}; pull the whole slice")  # fmt: skip
+                raise BadRequest(
+                    f"shard {self.key}: base version {request.base_version} is ahead of this "
+                    f"server's {self.shard.version}; pull the whole slice"
+                )
             weight = staleness_weight(staleness, self.settings)
             try:
                 result = await asyncio.to_thread(
-                    self.shard.contribute, vector, request.base_version, request.micro_batches,
-                    request.share_ids, weight, parts=request.parts,
-                )  # fmt: skip
+                    self.shard.contribute,
+                    vector,
+                    request.base_version,
+                    request.micro_batches,
+                    request.share_ids,
+                    weight,
+                    parts=request.parts,
+                )
             except ContributionError as e:
                 self.stats.refused += 1
                 if e.reason == "overlap":
@@ -138,9 +153,14 @@ class ShardServer:
             if result.step is not None:
                 await self._commit(result.step)
             committed = set(request.share_ids) <= self.shard.committed(request.share_ids)
-        return Contributed(version=self.version, accepted=result.outcome is Outcome.BUFFERED, staleness=staleness,
-                           weight=weight, duplicate=result.outcome is Outcome.DUPLICATE,
-                           committed=committed)  # fmt: skip
+        return Contributed(
+            version=self.version,
+            accepted=result.outcome is Outcome.BUFFERED,
+            staleness=staleness,
+            weight=weight,
+            duplicate=result.outcome is Outcome.DUPLICATE,
+            committed=committed,
+        )
 
     async def pull(self, request: Pull) -> tuple[Pulled, list[bytes]]:
         self._check_shape(request.stage, request.shard, request.shards)
@@ -162,8 +182,9 @@ class ShardServer:
                 return Pulled(version=self.version, kind="none", versions=[], committed=committed), []
             if deltas is not None:
                 blobs = await asyncio.to_thread(lambda: [encode_vector(d, "fp16") for _, d in deltas])
-                return Pulled(version=self.version, kind="deltas", versions=[v for v, _ in deltas],
-                              committed=committed), blobs  # fmt: skip
+                return Pulled(
+                    version=self.version, kind="deltas", versions=[v for v, _ in deltas], committed=committed
+                ), blobs
             found = self.shard.weights()
             assert found is not None, "no step is pending confirmation outside the lock"
             version, weights = found
@@ -172,8 +193,10 @@ class ShardServer:
 
     def _check_shape(self, stage: int, shard: int, shards: int) -> None:
         if (stage, shard) != self.key or shards != self.shards:
-            raise BadRequest(f"this server holds shard {self.key} of {self.shards}; the request is for "
-                             f"({stage}, {shard}) of {shards}")  # fmt: skip
+            raise BadRequest(
+                f"this server holds shard {self.key} of {self.shards}; the request is for "
+                f"({stage}, {shard}) of {shards}"
+            )
 
     # --- commits and copies -----------------------------------------------------------------
 
@@ -274,10 +297,18 @@ class ShardServer:
     def info(self) -> dict[str, object]:
         s = self.stats
         return {
-            "stage": self.key[0], "shard": self.key[1], "shards": self.shards, "version": self.version,
-            "buffered_micro_batches": self.shard.buffered_micro_batches, "steps": s.steps,
-            "contributions": s.contributions, "duplicates": s.duplicates, "dropped_stale": s.dropped_stale,
-            "refused": s.refused, "unreplicated": s.unreplicated, "pulls": s.pulls,
+            "stage": self.key[0],
+            "shard": self.key[1],
+            "shards": self.shards,
+            "version": self.version,
+            "buffered_micro_batches": self.shard.buffered_micro_batches,
+            "steps": s.steps,
+            "contributions": s.contributions,
+            "duplicates": s.duplicates,
+            "dropped_stale": s.dropped_stale,
+            "refused": s.refused,
+            "unreplicated": s.unreplicated,
+            "pulls": s.pulls,
             "trained_micro_batches": s.trained_micro_batches,
             "staleness": {str(k): v for k, v in sorted(s.staleness.items())},
-        }  # fmt: skip
+        }

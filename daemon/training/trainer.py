@@ -79,10 +79,16 @@ class RoleView(Protocol):
 
 class Trainer:
     def __init__(
-        self, spec: SignedRunSpec, identity: Identity, dht: SwarmDHT, checkpoint_dir: Path,
-        members: Callable[[], list[dict[str, Any]]], roles: RoleView, send: Send,
+        self,
+        spec: SignedRunSpec,
+        identity: Identity,
+        dht: SwarmDHT,
+        checkpoint_dir: Path,
+        members: Callable[[], list[dict[str, Any]]],
+        roles: RoleView,
+        send: Send,
         members_known: Callable[[], bool] = lambda: True,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """``members``: the live members' heartbeat summaries (``Membership.snapshot``), this peer
         not among them. ``send``: one request to a peer, direct or through a relay.
         ``members_known``: whether the swarm's heartbeats have been read at least once: before,
@@ -151,10 +157,14 @@ class Trainer:
         self.live = {m["peer_id"] for m in members if "worker" in m["roles"]} | {self.own}
         assignment = self._assignment()
         if assignment != self.assignment:
-            logger.info("Following %s: %d pipeline(s) of %d stage(s), H = %d, k = %d",
-                        "the provisional assignment" if assignment.provisional else f"plan {assignment.version}",
-                        assignment.pipelines, assignment.stages, assignment.local_steps,
-                        assignment.share_micro_batches)  # fmt: skip
+            logger.info(
+                "Following %s: %d pipeline(s) of %d stage(s), H = %d, k = %d",
+                "the provisional assignment" if assignment.provisional else f"plan {assignment.version}",
+                assignment.pipelines,
+                assignment.stages,
+                assignment.local_steps,
+                assignment.share_micro_batches,
+            )
             self.assignment = assignment
         await self._settle_shards(assignment, now)
         await self._settle_cells(assignment, now)
@@ -185,10 +195,14 @@ class Trainer:
         fixed = s.local_steps
         local_steps = 1 if self.mode == "gradient" else (fixed or max(2, self.assignment.local_steps))
         return ExchangeSettings(
-            batch_micro_batches=self.batch_micro_batches, share_micro_batches=self.assignment.share_micro_batches,
-            local_steps=local_steps, max_staleness=s.max_staleness, outer_lr=s.outer_lr,
-            outer_momentum=s.outer_momentum, pipelines=self.assignment.pipelines,
-        )  # fmt: skip
+            batch_micro_batches=self.batch_micro_batches,
+            share_micro_batches=self.assignment.share_micro_batches,
+            local_steps=local_steps,
+            max_staleness=s.max_staleness,
+            outer_lr=s.outer_lr,
+            outer_momentum=s.outer_momentum,
+            pipelines=self.assignment.pipelines,
+        )
 
     def _load_dataset(self) -> Dataset:
         spec = self.spec.spec
@@ -264,10 +278,19 @@ class Trainer:
             self._proofs[key] = encode_proof(known[1])  # the holder we take over from named us
         proof = self._proofs.get(key, "") if named != self.own else ""
         lease = ShardLease(
-            run_id=self.spec.run_id, stage=key[0], shard=key[1], shards=self.assignment.shard_counts()[key[0]],
-            peer_id=self.own, claimed_at=self._shard_claims[key], issued_at=now, expires_at=now + LEASE_TTL_S,
-            version=max(0, version), standby=self._standby or "", proof=proof, released=released,
-        )  # fmt: skip
+            run_id=self.spec.run_id,
+            stage=key[0],
+            shard=key[1],
+            shards=self.assignment.shard_counts()[key[0]],
+            peer_id=self.own,
+            claimed_at=self._shard_claims[key],
+            issued_at=now,
+            expires_at=now + LEASE_TTL_S,
+            version=max(0, version),
+            standby=self._standby or "",
+            proof=proof,
+            released=released,
+        )
         await self.dht.publish_pool_lease(lease, lease.sign(self.identity))
 
     async def _close_shard(self, key: Shard) -> None:
@@ -292,8 +315,13 @@ class Trainer:
         pipelines |= {p for p in self._extra_pipelines if p < assignment.pipelines}
         pipelines |= {p for p in range(assignment.pipelines)} if (0, 0) in self.servers else set()
         # The reduction groups of our pipelines: their heads (ours to send to) and members (ours to wait for).
-        pipelines |= {q for p in list(pipelines) if p < assignment.pipelines for s in range(assignment.stages)
-                      for q in group_of(p, assignment.pipelines, assignment.group_size(s))}  # fmt: skip
+        pipelines |= {
+            q
+            for p in list(pipelines)
+            if p < assignment.pipelines
+            for s in range(assignment.stages)
+            for q in group_of(p, assignment.pipelines, assignment.group_size(s))
+        }
         self._extra_pipelines.clear()
         cells = [(p, s) for p in sorted(pipelines) for s in range(assignment.stages)]
         scans = await asyncio.gather(*(self.dht.scan_cell(p, s, now) for p, s in cells))
@@ -318,9 +346,16 @@ class Trainer:
                 self._open_cell(cell, assignment)
 
     async def _publish_cell(self, cell: Cell, now: float, released: bool) -> None:
-        lease = CellLease(run_id=self.spec.run_id, pipeline=cell[0], stage=cell[1], peer_id=self.own,
-                          claimed_at=self._cell_claims[cell], issued_at=now, expires_at=now + LEASE_TTL_S,
-                          released=released)  # fmt: skip
+        lease = CellLease(
+            run_id=self.spec.run_id,
+            pipeline=cell[0],
+            stage=cell[1],
+            peer_id=self.own,
+            claimed_at=self._cell_claims[cell],
+            issued_at=now,
+            expires_at=now + LEASE_TTL_S,
+            released=released,
+        )
         await self.dht.publish_pool_lease(lease, lease.sign(self.identity))
 
     def _open_cell(self, cell: Cell, assignment: Assignment) -> None:
@@ -354,15 +389,17 @@ class Trainer:
         for (p, s), worker in self.cells.items():
             row = [holders.get((p, t)) for t in range(assignment.stages)]
             heads = [head_of(p, assignment.pipelines, assignment.group_size(s), k) for k in range(counts[s])]
-            worker.update(CellView(
-                epoch=pipeline_epoch(p, row),
-                prev=row[s - 1] if s > 0 else None,
-                next=row[s + 1] if s + 1 < assignment.stages else None,
-                servers=[servers.get((s, k)) for k in range(counts[s])],
-                ledger=servers.get((0, 0)),
-                heads=[_holder(holders, head, s) for head in heads],
-                head_pipelines=heads,
-            ))  # fmt: skip
+            worker.update(
+                CellView(
+                    epoch=pipeline_epoch(p, row),
+                    prev=row[s - 1] if s > 0 else None,
+                    next=row[s + 1] if s + 1 < assignment.stages else None,
+                    servers=[servers.get((s, k)) for k in range(counts[s])],
+                    ledger=servers.get((0, 0)),
+                    heads=[_holder(holders, head, s) for head in heads],
+                    head_pipelines=heads,
+                )
+            )
 
     # --- what others ask of the pool ------------------------------------------------------------
 
@@ -443,8 +480,15 @@ class Trainer:
             holder = self.shard_holder(key)
             why = "it has no holder right now"
             if holder is not None:
-                request = Pull(run_id=self.spec.run_id, stage=key[0], shard=key[1], shards=shards,
-                               have_version=-1, pending_share_ids=[], wait_s=0.0)  # fmt: skip
+                request = Pull(
+                    run_id=self.spec.run_id,
+                    stage=key[0],
+                    shard=key[1],
+                    shards=shards,
+                    have_version=-1,
+                    pending_share_ids=[],
+                    wait_s=0.0,
+                )
                 try:
                     answer, blobs = await self.send(holder, request, [], 60.0)
                 except RpcError as e:  # the holder is handing it over, or gone
@@ -503,20 +547,32 @@ class Trainer:
             (t0, n0), (t1, n1) = self._trained[0], self._trained[-1]
             rate = round((n1 - n0) * per_update / (t1 - t0), 1)
         return {
-            "state": self.state, "error": self.error, "stages": self.stages, "mode": self.mode,
-            "assignment": None if a is None else {
-                "version": a.version, "provisional": a.provisional, "pipelines": a.pipelines,
-                "local_steps": a.local_steps, "share_micro_batches": a.share_micro_batches,
+            "state": self.state,
+            "error": self.error,
+            "stages": self.stages,
+            "mode": self.mode,
+            "assignment": None
+            if a is None
+            else {
+                "version": a.version,
+                "provisional": a.provisional,
+                "pipelines": a.pipelines,
+                "local_steps": a.local_steps,
+                "share_micro_batches": a.share_micro_batches,
                 "shards": [len(row) for row in a.servers],
             },
-            "cells": cells, "shards": shards, "ledger": None if ledger is None else ledger.info(),
+            "cells": cells,
+            "shards": shards,
+            "ledger": None if ledger is None else ledger.info(),
             "reducer": self.reducer.info(),
-            "replicas": self.replicas.status(), "standby": self._standby,
+            "replicas": self.replicas.status(),
+            "standby": self._standby,
             "updates": max(versions, default=0),
             "loss": round(sum(recent) / len(recent), 4) if recent else None,
             "losses": [[m, round(loss, 4)] for m, loss in losses[-512:]],
-            "trained_tokens": tokens, "tokens_per_s": rate,
-        }  # fmt: skip
+            "trained_tokens": tokens,
+            "tokens_per_s": rate,
+        }
 
 
 def _holder(holders: dict[Cell, str], pipeline: int | None, stage: int) -> str | None:

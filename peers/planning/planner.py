@@ -63,8 +63,10 @@ def plan(scenario: Scenario, settings: PlannerSettings | None = None) -> Plan:
                 break
     else:
         for local in planner.local_mode():
-            built = [(planner.build(shape, local, planner.eligible(shape.stages, local)), local)
-                     for shape in planner.shapes(local)]  # fmt: skip
+            built = [
+                (planner.build(shape, local, planner.eligible(shape.stages, local)), local)
+                for shape in planner.shapes(local)
+            ]
             finalists = sorted(((c, m) for c, m in built if c is not None), key=lambda x: -x[0].tokens_per_s)
             if finalists:
                 break

@@ -91,8 +91,9 @@ def repair(
         planner.view, planner.min_availability, planner.usable, at_least=max(len(row) for row in previous.shard_servers)
     )
     counts = [min(len(row), len(pool)) for row in previous.shard_servers]
-    kept_servers = tuple(tuple(here(row)) if len(row) == k else () for row, k in zip(previous.shard_servers, counts,
-                                                                                       strict=True))  # fmt: skip
+    kept_servers = tuple(
+        tuple(here(row)) if len(row) == k else () for row, k in zip(previous.shard_servers, counts, strict=True)
+    )
     servers = choose_servers(planner.view, grid, layers, pool, counts, kept_servers)
     serving = {d for row in servers for d in row}
     placed = set(grid.ravel().tolist())
@@ -130,8 +131,10 @@ def repair(
                 if fixed
                 else "not even one pipeline of the run's stages can be kept: wait for devices to join"
             )
-            raise PlanError(f"{len(holes) + 1} cell(s) of the plan lost their device and no spare can hold stage {s} "
-                            f"({layers[s]} layers); {why}")  # fmt: skip
+            raise PlanError(
+                f"{len(holes) + 1} cell(s) of the plan lost their device and no spare can hold stage {s} "
+                f"({layers[s]} layers); {why}"
+            )
         rows = np.repeat(grid[p][None, :], len(options), axis=0)
         rows[:, s] = options
         for _, t in [h for h in holes if h[0] == p]:
@@ -151,8 +154,18 @@ def repair(
 
     touched = list(dict.fromkeys(changed))
     if touched:
-        search = Search(model, grid, [d for d in spare if d not in serving], layers, stages, settings_x, frozen, caps,
-                        started + time_budget_s, settings.seed)  # fmt: skip
+        search = Search(
+            model,
+            grid,
+            [d for d in spare if d not in serving],
+            layers,
+            stages,
+            settings_x,
+            frozen,
+            caps,
+            started + time_budget_s,
+            settings.seed,
+        )
         for p, s in touched:
             if time.perf_counter() >= search.deadline:
                 break
@@ -163,12 +176,20 @@ def repair(
     if (shape_changed and moved) or (planner.splitter(n_stages, local).stage_caps(grid) < np.asarray(layers)).any():
         found = planner.schedule(grid, local, servers=servers)
         if found is None:
-            raise PlanError(f"the repaired grid ({grid.shape[1]} stages x {grid.shape[0]} pipelines) cannot hold the "
-                            "model's layers: plan afresh")  # fmt: skip
+            raise PlanError(
+                f"the repaired grid ({grid.shape[1]} stages x {grid.shape[0]} pipelines) cannot hold the "
+                "model's layers: plan afresh"
+            )
     else:
         k = min(k, math.ceil(model.batch_micro_batches / grid.shape[0]))  # within the batch split
-        found = Candidate(grid, layers, servers, previous.local_steps, k,
-                          groups=regroup(previous.reduce_groups, int(grid.shape[0]), servers))  # fmt: skip
+        found = Candidate(
+            grid,
+            layers,
+            servers,
+            previous.local_steps,
+            k,
+            groups=regroup(previous.reduce_groups, int(grid.shape[0]), servers),
+        )
     relays = tuple(r for r in here(previous.relays) if r >= 0)
     result = planner.finish(found, started, relays=relays)
     return Repair(result, tuple(touched), dropped, added)
@@ -200,10 +221,19 @@ def _grow(
     model = planner.model
 
     def tokens(g: np.ndarray) -> float:
-        k = share_micro_batches(model.times(g, layers, model.stages(layers, servers)), model.batch_micro_batches,
-                                gradient=previous.local_steps == 1)  # fmt: skip
-        trial = Candidate(g, layers, servers, previous.local_steps, k,
-                          groups=regroup(previous.reduce_groups, int(g.shape[0]), servers)).plan()  # fmt: skip
+        k = share_micro_batches(
+            model.times(g, layers, model.stages(layers, servers)),
+            model.batch_micro_batches,
+            gradient=previous.local_steps == 1,
+        )
+        trial = Candidate(
+            g,
+            layers,
+            servers,
+            previous.local_steps,
+            k,
+            groups=regroup(previous.reduce_groups, int(g.shape[0]), servers),
+        ).plan()
         if planner.settings.local_steps is None and previous.local_steps > 1:
             return choose_local_steps(model, trial, start=previous.local_steps)[1].tokens_per_s
         return model.evaluate(trial).tokens_per_s

@@ -366,8 +366,11 @@ def parse_scenario(raw: Any) -> Scenario:
         if stages > layers:
             raise _err("parallelism.stages", stages, f"must be at most model.layers ({layers})")
         if stages * dp > n:
-            raise _err("parallelism", {"stages": stages, "data_parallel": dp},
-                       f"needs {stages * dp} devices, the scenario has {n}")  # fmt: skip
+            raise _err(
+                "parallelism",
+                {"stages": stages, "data_parallel": dp},
+                f"needs {stages * dp} devices, the scenario has {n}",
+            )
         shape = Shape(stages, dp)
     act = grad = None
     if top.get("cost") is not None:

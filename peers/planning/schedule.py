@@ -91,8 +91,10 @@ def shard_counts(view: Scenario, layers: Sequence[int], servers_available: int) 
     cell does, so no server link is the bottleneck (where ``K_s < N``, H makes rounds long
     enough for the servers: ``choose_local_steps``)."""
     available = servers_available - math.ceil(SERVER_RESERVE * servers_available) if servers_available > 1 else 1
-    return [max(1, min(MAX_SHARDS_PER_STAGE, available, params // MIN_SHARD_ELEMENTS))
-            for params in stage_parameters(view, layers)]  # fmt: skip
+    return [
+        max(1, min(MAX_SHARDS_PER_STAGE, available, params // MIN_SHARD_ELEMENTS))
+        for params in stage_parameters(view, layers)
+    ]
 
 
 def server_pool(view: Scenario, min_availability: float, among: np.ndarray, at_least: int = 1) -> np.ndarray:
@@ -147,8 +149,12 @@ def choose_servers(
             if not len(members):
                 members = pool
             nbytes = 2.0 * params[s] / count
-            reach = (lat[np.ix_(members, pool)] + lat[np.ix_(pool, members)].T + nbytes / bw[np.ix_(members, pool)]
-                     + nbytes / bw[np.ix_(pool, members)].T).mean(axis=0)  # fmt: skip
+            reach = (
+                lat[np.ix_(members, pool)]
+                + lat[np.ix_(pool, members)].T
+                + nbytes / bw[np.ix_(members, pool)]
+                + nbytes / bw[np.ix_(pool, members)].T
+            ).mean(axis=0)
         for slot in holes:
             if taken.all():
                 raise ValueError(f"stage {s} needs {count} shard servers; the pool holds {len(pool)} devices")

@@ -220,13 +220,18 @@ class ThroughputModel:
         self._last: tuple[object, Prepared] | None = None
 
     def settings(self, plan: Plan) -> ExchangeSettings:
-        return self.exchange_settings(plan.micro_batches_per_share(self.scenario), plan.local_steps,
-                                      len(plan.pipelines))  # fmt: skip
+        return self.exchange_settings(
+            plan.micro_batches_per_share(self.scenario), plan.local_steps, len(plan.pipelines)
+        )
 
     def exchange_settings(self, share_micro_batches: int, local_steps: int, pipelines: int) -> ExchangeSettings:
-        return ExchangeSettings(batch_micro_batches=self.batch_micro_batches, share_micro_batches=share_micro_batches,
-                                local_steps=local_steps, max_staleness=self.max_staleness,
-                                pipelines=max(1, pipelines))  # fmt: skip
+        return ExchangeSettings(
+            batch_micro_batches=self.batch_micro_batches,
+            share_micro_batches=share_micro_batches,
+            local_steps=local_steps,
+            max_staleness=self.max_staleness,
+            pipelines=max(1, pipelines),
+        )
 
     def stages(
         self, layers: tuple[int, ...], shard_servers: tuple[tuple[int, ...], ...], groups: tuple[int, ...] = ()
@@ -307,9 +312,14 @@ class ThroughputModel:
     # -- a whole plan ----------------------------------------------------------------------------
 
     def _prepared(
-        self, grid: np.ndarray, layers: tuple[int, ...], servers: tuple[tuple[int, ...], ...],
-        stages: list[StageShards], k: int, groups: tuple[int, ...] = (),
-    ) -> Prepared:  # fmt: skip
+        self,
+        grid: np.ndarray,
+        layers: tuple[int, ...],
+        servers: tuple[tuple[int, ...], ...],
+        stages: list[StageShards],
+        k: int,
+        groups: tuple[int, ...] = (),
+    ) -> Prepared:
         """``prepare`` for a whole grid, the last one kept: choosing H evaluates one grid several times."""
         key = (grid.tobytes(), grid.shape, layers, servers, k, groups)
         if self._last is None or self._last[0] != key:
@@ -323,8 +333,9 @@ class ThroughputModel:
         stages = self.stages(layers, plan.shard_servers, plan.reduce_groups)
         servers = np.unique(np.concatenate([st.servers for st in stages]))
         step_mb, round_mb = step_micro_batches(settings), settings.round_micro_batches
-        prepared = self._prepared(grid, layers, plan.shard_servers, stages, settings.share_micro_batches,
-                                  plan.reduce_groups)  # fmt: skip
+        prepared = self._prepared(
+            grid, layers, plan.shard_servers, stages, settings.share_micro_batches, plan.reduce_groups
+        )
         times = prepared.times
 
         def gives(steps: float) -> float:
@@ -336,8 +347,11 @@ class ThroughputModel:
         paced = self.rows(grid, layers, stages, settings, frozen, prepared=prepared, loads=loads)
         up, down = self.links.up_Bps, self.links.down_Bps
         utilisation = float(np.maximum(loads[0][servers] / up[servers], loads[1][servers] / down[servers]).max())
-        capped = Frozen(steps_per_s=frozen.steps_per_s, scale=1.0 / max(1.0, utilisation),
-                        server_leave_rate=float(self.leave_rate[servers].sum()))  # fmt: skip
+        capped = Frozen(
+            steps_per_s=frozen.steps_per_s,
+            scale=1.0 / max(1.0, utilisation),
+            server_leave_rate=float(self.leave_rate[servers].sum()),
+        )
         final = self.rows(grid, layers, stages, settings, capped, prepared=prepared)
         round_tokens = self.tokens(round_mb)
         before_churn = float((paced.weight * round_tokens / paced.round_s).sum()) * capped.scale

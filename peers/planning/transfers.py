@@ -129,9 +129,12 @@ class StageShards(NamedTuple):
 
 
 def stage_shards(
-    scenario: Scenario, layers: tuple[int, ...], shard_servers: tuple[tuple[int, ...], ...], half: str = "fp16",
+    scenario: Scenario,
+    layers: tuple[int, ...],
+    shard_servers: tuple[tuple[int, ...], ...],
+    half: str = "fp16",
     groups: tuple[int, ...] = (),
-) -> list[StageShards]:  # fmt: skip
+) -> list[StageShards]:
     out = []
     for s, (params, servers) in enumerate(zip(stage_parameters(scenario, layers), shard_servers, strict=True)):
         sizes = shard_sizes(params, len(servers))
@@ -143,8 +146,9 @@ def stage_shards(
 
         fast, slow = each("contribution", 0.0), each("contribution", SLOW_LINK_Bps / 2)
         group = groups[s] if s < len(groups) else 1
-        out.append(StageShards(np.asarray(servers, dtype=int), fast, slow, each("delta", 0.0), each("weights", 0.0),
-                               group))  # fmt: skip
+        out.append(
+            StageShards(np.asarray(servers, dtype=int), fast, slow, each("delta", 0.0), each("weights", 0.0), group)
+        )
     return out
 
 
@@ -231,9 +235,26 @@ def cell_links(links: Links, cells: np.ndarray, stage: StageShards) -> CellLinks
     up, down = links.up_Bps[cells], links.down_Bps[cells]
     whole = np.where(local, 0.0, stage.whole[None, :])
     refetch = np.maximum((lat_down + whole * inverse_down).max(axis=1), whole.sum(axis=1) / down)
-    return CellLinks(cells, servers, sent, to_server, received, send_s, pull_lat, pull_inverse, from_server, relays,
-                     head_rows, links.up_Bps[servers], links.down_Bps[servers],
-                     np.where(local, 0.0, stage.delta[None, :]), whole, up, down, refetch)  # fmt: skip
+    return CellLinks(
+        cells,
+        servers,
+        sent,
+        to_server,
+        received,
+        send_s,
+        pull_lat,
+        pull_inverse,
+        from_server,
+        relays,
+        head_rows,
+        links.up_Bps[servers],
+        links.down_Bps[servers],
+        np.where(local, 0.0, stage.delta[None, :]),
+        whole,
+        up,
+        down,
+        refetch,
+    )
 
 
 def _heads(n: int, shards: int, group: int) -> tuple[np.ndarray | None, np.ndarray]:
@@ -292,8 +313,11 @@ def exchange(cl: CellLinks, deltas: np.ndarray, carried: np.ndarray, sequential:
         back = back + spread[cl.head_rows].max(axis=1)
         return Exchange(send + back, cl.sent, cl.to_server, cl.received, relayed, pulled)
     each = np.maximum(cl.send_s, pull_s)
-    through = np.maximum((cl.sent.sum(axis=1) + relayed + carried) / cl.up_Bps,
-                         (pulled.sum(axis=1) + cl.received + carried) / cl.down_Bps)  # fmt: skip
+    through = np.maximum(
+        (cl.sent.sum(axis=1) + relayed + carried) / cl.up_Bps,
+        (pulled.sum(axis=1) + cl.received + carried) / cl.down_Bps,
+    )
     seconds = np.maximum(each, through)
-    return Exchange(np.maximum(seconds, seconds[cl.head_rows].max(axis=1)), cl.sent, cl.to_server, cl.received,
-                    relayed, pulled)  # fmt: skip
+    return Exchange(
+        np.maximum(seconds, seconds[cl.head_rows].max(axis=1)), cl.sent, cl.to_server, cl.received, relayed, pulled
+    )

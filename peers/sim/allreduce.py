@@ -30,8 +30,9 @@ def ring_seconds(sim: Simulation, ring: Sequence[int]) -> float:
     return 2 * (n - 1) * slowest
 
 
-def all_reduce(sim: Simulation, now: float, members: Sequence[int], nbytes: float,
-               then: Callable[..., None], args: tuple[Any, ...]) -> list[int]:  # fmt: skip
+def all_reduce(
+    sim: Simulation, now: float, members: Sequence[int], nbytes: float, then: Callable[..., None], args: tuple[Any, ...]
+) -> list[int]:
     """Start an all-reduce of ``nbytes`` a member among ``members``; ``then(t, *args)`` runs
     when it is done. Returns the ring."""
     ring = ring_order(sim, members)

@@ -36,8 +36,9 @@ class Control:
         self.sim = sim
         settings = sim.settings
         connectivity = median_rates(sim.scenario.bandwidth_Bps)
-        self.candidates = [Candidate(p, float(a), float(c))
-                           for p, a, c in zip(sim.ids, sim.availability, connectivity, strict=True)]  # fmt: skip
+        self.candidates = [
+            Candidate(p, float(a), float(c)) for p, a, c in zip(sim.ids, sim.availability, connectivity, strict=True)
+        ]
         self.round_phase = np.random.default_rng([settings.seed, 1]).uniform(0.0, settings.coordinate_s, sim.n)
         self.coordinator: int | None = None
         self.relays: list[int] = []
@@ -68,8 +69,11 @@ class Control:
         current = self.coordinator if self.coordinator is not None and sim.member[self.coordinator] else None
         if current is not None and eligible(self.candidates[current], sim.settings.thresholds, incumbent=True):
             return
-        chosen = elect_coordinator([self.candidates[d] for d in sim.members()],
-                                   None if current is None else sim.ids[current], sim.settings.thresholds)  # fmt: skip
+        chosen = elect_coordinator(
+            [self.candidates[d] for d in sim.members()],
+            None if current is None else sim.ids[current],
+            sim.settings.thresholds,
+        )
         elected = None if chosen is None else sim.index[chosen]
         if self.coordinator is not None and elected != self.coordinator:
             sim.counts["coordinator_changes"] += 1
@@ -155,17 +159,23 @@ class Control:
         incumbents = [sim.ids[r] for r in self.relays if sim.member[r]]
         preferred = [sim.ids[r] for r in plan.relays]
         wanted = relays_wanted(len(live)) if sim.strategy.relays else 0
-        chosen = elect_relays([self.candidates[d] for d in live], incumbents, sim.settings.thresholds, wanted,
-                              preferred=preferred)  # fmt: skip
+        chosen = elect_relays(
+            [self.candidates[d] for d in live], incumbents, sim.settings.thresholds, wanted, preferred=preferred
+        )
         self.relays = [sim.index[p] for p in chosen]
         sim.engine.set_relays(self.relays)
         self.plan = Plan(
-            pipelines=plan.pipelines, layers_per_stage=plan.layers_per_stage,
-            parameter_servers=plan.parameter_servers, relays=tuple(self.relays), shard_servers=plan.shard_servers,
-            local_steps=plan.local_steps, share_micro_batches=plan.share_micro_batches,
-            spares=tuple(d for d in plan.spares if d not in plan.devices()), meta=plan.meta,
+            pipelines=plan.pipelines,
+            layers_per_stage=plan.layers_per_stage,
+            parameter_servers=plan.parameter_servers,
+            relays=tuple(self.relays),
+            shard_servers=plan.shard_servers,
+            local_steps=plan.local_steps,
+            share_micro_batches=plan.share_micro_batches,
+            spares=tuple(d for d in plan.spares if d not in plan.devices()),
+            meta=plan.meta,
             reduce_groups=plan.reduce_groups,
-        )  # fmt: skip
+        )
         return self.plan
 
 

@@ -67,8 +67,15 @@ class Overheads:
 
 
 class Engine:
-    def __init__(self, latency_s: np.ndarray, bandwidth_Bps: np.ndarray, ids: Sequence[str], up: np.ndarray,
-                 overheads: Overheads, relay_mode: str) -> None:  # fmt: skip
+    def __init__(
+        self,
+        latency_s: np.ndarray,
+        bandwidth_Bps: np.ndarray,
+        ids: Sequence[str],
+        up: np.ndarray,
+        overheads: Overheads,
+        relay_mode: str,
+    ) -> None:
         """``up``: the devices that are up now, the simulation's own array (read here)."""
         self.latency_s, self.bandwidth_Bps = latency_s, bandwidth_Bps
         self.ids, self.up, self.overheads, self.relay_mode = list(ids), up, overheads, relay_mode
@@ -76,8 +83,15 @@ class Engine:
         self.matrix = Matrix(self.index, latency_s, bandwidth_Bps)
         n = len(self.ids)
         self.uplink, self.downlink = interface_rates(bandwidth_Bps)
-        self.links = SharedLinks(bandwidth_Bps, self.uplink, self.downlink, self._flow_event, self._defer,
-                                 overheads.coalesce_s, overheads.coalesce_flows)  # fmt: skip
+        self.links = SharedLinks(
+            bandwidth_Bps,
+            self.uplink,
+            self.downlink,
+            self._flow_event,
+            self._defer,
+            overheads.coalesce_s,
+            overheads.coalesce_flows,
+        )
         self.sent, self.received = np.zeros(n), np.zeros(n)
         self.counts: Counter[str] = Counter()
         self.relays: list[int] = []
@@ -125,21 +139,42 @@ class Engine:
 
     # --- messages ---------------------------------------------------------------------------
 
-    def send(self, now: float, src: int, dst: int, nbytes: float, then: Handler | None = None, args: tuple = (),
-             via: int | None = None, after: float = 0.0) -> None:  # fmt: skip
+    def send(
+        self,
+        now: float,
+        src: int,
+        dst: int,
+        nbytes: float,
+        then: Handler | None = None,
+        args: tuple = (),
+        via: int | None = None,
+        after: float = 0.0,
+    ) -> None:
         """``nbytes`` leave ``src`` for ``dst`` at ``now``; once the last byte is through and
         the latency has passed (and ``after`` more seconds), ``then(t, *args)`` runs. Between
         two ends of which one is down nothing is sent and nothing runs: the sender finds out
         by other means (the peer's lease lapses)."""
         self._message(now, src, dst, nbytes, then or _nothing, args, via, after, stream=False)
 
-    def stream(self, now: float, src: int, dst: int, nbytes: float, then: Handler, args: tuple,
-               via: int | None = None) -> None:  # fmt: skip
+    def stream(
+        self, now: float, src: int, dst: int, nbytes: float, then: Handler, args: tuple, via: int | None = None
+    ) -> None:
         """Bulk bytes of many messages; through ``via`` both hops at once (module doc)."""
         self._message(now, src, dst, nbytes, then, args, via, 0.0, stream=True)
 
-    def _message(self, now: float, src: int, dst: int, nbytes: float, then: Handler, args: tuple,
-                 via: int | None, after: float, *, stream: bool) -> None:  # fmt: skip
+    def _message(
+        self,
+        now: float,
+        src: int,
+        dst: int,
+        nbytes: float,
+        then: Handler,
+        args: tuple,
+        via: int | None,
+        after: float,
+        *,
+        stream: bool,
+    ) -> None:
         if src == dst or nbytes <= 0:
             self.at(now + after, then, *args)
             return
@@ -179,8 +214,7 @@ class Engine:
         for msg in messages:  # after every cancel: a resend may reuse a freed slot
             if msg.via == device and self.up[msg.src] and self.up[msg.dst]:
                 self.counts["relay_gone"] += 1
-                self._message(now, msg.src, msg.dst, msg.nbytes, msg.then, msg.args, None, msg.after,
-                              stream=msg.stream)  # fmt: skip
+                self._message(now, msg.src, msg.dst, msg.nbytes, msg.then, msg.args, None, msg.after, stream=msg.stream)
             elif not msg.stream:
                 self._park(msg)
 
@@ -260,8 +294,15 @@ class Engine:
                 live = self._may_win(a, b, nbytes, live)
             chosen = None
             if live:
-                chosen = choose_route(self.ids[a], self.ids[b], [self.ids[r] for r in live], self.matrix, nbytes,
-                                      direct_blocked=False, mode=self.relay_mode)  # fmt: skip
+                chosen = choose_route(
+                    self.ids[a],
+                    self.ids[b],
+                    [self.ids[r] for r in live],
+                    self.matrix,
+                    nbytes,
+                    direct_blocked=False,
+                    mode=self.relay_mode,
+                )
             self._routes[key] = None if chosen is None else self.index[chosen]
         return self._routes[key]
 
@@ -271,8 +312,11 @@ class Engine:
         is none, and asking it relay by relay for each of a thousand cells' hundred shards was
         most of a large run's routing."""
         r = np.asarray(relays)
-        via = (self.latency_s[a, r] + self.latency_s[r, b]
-               + nbytes / np.minimum(self.bandwidth_Bps[a, r], self.bandwidth_Bps[r, b]))  # fmt: skip
+        via = (
+            self.latency_s[a, r]
+            + self.latency_s[r, b]
+            + nbytes / np.minimum(self.bandwidth_Bps[a, r], self.bandwidth_Bps[r, b])
+        )
         direct = float(self.latency_s[a, b]) + nbytes / float(self.bandwidth_Bps[a, b])
         return [relays[i] for i in np.flatnonzero(via <= RELAY_GAIN * direct * (1 + 1e-9))]
 

@@ -264,8 +264,12 @@ class Pipelines:
     def claim_open_cells(self, now: float) -> None:
         """Open cells go to live members that hold none, by the pool's rule (``spare_for``)."""
         sim = self.sim
-        named = {(p.pid, c.stage): sim.ids[c.device if c.device is not None else c.named]
-                 for p in self.pipelines for c in p.cells if c.device is not None or c.named >= 0}  # fmt: skip
+        named = {
+            (p.pid, c.stage): sim.ids[c.device if c.device is not None else c.named]
+            for p in self.pipelines
+            for c in p.cells
+            if c.device is not None or c.named >= 0
+        }
         open_cells = [(p.pid, c.stage) for p in self.pipelines for c in p.cells if c.device is None]
         if not open_cells:
             return
@@ -289,8 +293,11 @@ class Pipelines:
         if p.shares_done >= sim.local_steps:
             return self._end_round(now, p)
         if p.sync_bases is not None:
-            behind = any(arrived <= base for c, bases in zip(p.cells, p.sync_bases, strict=True)
-                         for arrived, base in zip(c.arrived, bases, strict=True))  # fmt: skip
+            behind = any(
+                arrived <= base
+                for c, bases in zip(p.cells, p.sync_bases, strict=True)
+                for arrived, base in zip(c.arrived, bases, strict=True)
+            )
             if behind and now < p.sync_until:
                 return self._wait(now, p, "sync")
             p.sync_bases = None
@@ -411,9 +418,17 @@ class Pipelines:
                 group = RoundGroup(sim.ids[cell.device], ids, len(shards.stages[0]))
             for shard in shards.stages[cell.stage]:
                 c = Contribution(
-                    shards.next_cid(), cell.device, cell, cell.serial, cell.stage, shard.index, ids,
-                    len(ids) * sim.share_micro_batches, cell.base[shard.index], group,
-                )  # fmt: skip
+                    shards.next_cid(),
+                    cell.device,
+                    cell,
+                    cell.serial,
+                    cell.stage,
+                    shard.index,
+                    ids,
+                    len(ids) * sim.share_micro_batches,
+                    cell.base[shard.index],
+                    group,
+                )
                 if not sim.reducers.send(now, c):
                     shards.contribute(now, c)
             cell.round_shares = []
@@ -495,8 +510,12 @@ def pipeline_timing(sim: Simulation, cells: Sequence[int | None]) -> Timing:
     for d, f, b in zip(devices, fwd, bwd, strict=True):
         per_device[d] = per_device.get(d, 0.0) + f + b
     return Timing(
-        forward_s=fwd, backward_s=bwd, send_s=send, nbytes=nbytes, via=vias,
+        forward_s=fwd,
+        backward_s=bwd,
+        send_s=send,
+        nbytes=nbytes,
+        via=vias,
         tail_forward=[sum(fwd[b + 1 :]) + sum(bwd) + sum(send[b + 1 :]) + sum(send) for b in range(stages - 1)],
         tail_backward=[sum(bwd[: b + 1]) + sum(send[:b]) for b in range(stages - 1)],
         floor_s=max(per_device.values()) if len(per_device) < stages else 0.0,
-    )  # fmt: skip
+    )

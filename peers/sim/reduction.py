@@ -157,10 +157,18 @@ class Reducers:
         sim.counts["reduced_sums"] += 1
         sim.counts["reduced_parts"] += len(parts)
         combined = Contribution(
-            sim.shards.next_cid(), bucket.head, parts[0].cell, -1, bucket.stage, bucket.shard,
-            tuple(i for p in parts for i in p.share_ids), sum(p.micro_batches for p in parts), base, None,
+            sim.shards.next_cid(),
+            bucket.head,
+            parts[0].cell,
+            -1,
+            bucket.stage,
+            bucket.shard,
+            tuple(i for p in parts for i in p.share_ids),
+            sum(p.micro_batches for p in parts),
+            base,
+            None,
             parts=parts,
-        )  # fmt: skip
+        )
         sim.shards.contribute(now, combined)
 
     # --- faults -------------------------------------------------------------------------------

@@ -124,8 +124,9 @@ def flops_per_token(scenario: Scenario) -> float:
     return (m.layers * m.layer_flops_per_sequence() + m.head_flops_per_sequence()) / m.seq_len
 
 
-def compute_bound_tokens_per_s(scenario: Scenario, up0: np.ndarray, churn: Sequence[ChurnEvent],
-                               horizon_s: float) -> float:  # fmt: skip
+def compute_bound_tokens_per_s(
+    scenario: Scenario, up0: np.ndarray, churn: Sequence[ChurnEvent], horizon_s: float
+) -> float:
     """Every device up computing at its rated TFLOPS with nothing else to do, time-averaged
     over the churn schedule: the limit no data path can beat."""
     tflops = scenario.device_arrays.tflops * 1e12
@@ -167,12 +168,14 @@ def single_device(scenario: Scenario) -> SingleDevice:
     if len(fits) == 0:
         return SingleDevice(None, None, need / (1 << 30))
     best = int(fits[np.argmax(arrays.tflops[fits])])
-    return SingleDevice(float(arrays.tflops[best]) * 1e12 / flops_per_token(scenario), scenario.devices[best].id,
-                        need / (1 << 30))  # fmt: skip
+    return SingleDevice(
+        float(arrays.tflops[best]) * 1e12 / flops_per_token(scenario), scenario.devices[best].id, need / (1 << 30)
+    )
 
 
-def recovery_times(timeline: Sequence[int], bucket_s: float, departures: Sequence[float],
-                   window: int = 10, back: float = 0.9) -> list[float]:  # fmt: skip
+def recovery_times(
+    timeline: Sequence[int], bucket_s: float, departures: Sequence[float], window: int = 10, back: float = 0.9
+) -> list[float]:
     """For each departure: how long until a bucket reaches ``back`` of the mean of the
     ``window`` buckets before it (the throughput it had); departures with no full window
     before them, or no recovery before the end, are left out."""

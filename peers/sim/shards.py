@@ -229,8 +229,14 @@ class ShardServers:
         if shard.standby is None:
             self._commit(now, shard, shard.version)  # nobody to replicate to
             return
-        sim.engine.send(now, shard.holder, shard.standby, sim.workload.delta_bytes(shard.stage, shard.index),
-                        self._logged, (shard, shard.epoch, shard.standby, shard.version))  # fmt: skip
+        sim.engine.send(
+            now,
+            shard.holder,
+            shard.standby,
+            sim.workload.delta_bytes(shard.stage, shard.index),
+            self._logged,
+            (shard, shard.epoch, shard.standby, shard.version),
+        )
         if shard.version % sim.settings.checkpoint_every == 0:
             sim.engine.send(now, shard.holder, shard.standby, sim.workload.checkpoint_bytes(shard.stage, shard.index))
 
@@ -304,11 +310,13 @@ class ShardServers:
         nbytes = sim.workload.pull_bytes(shard.stage, k, behind, sim.settings.keep_versions)
         cell.pulling[k] = True
         via = sim.engine.route(source, cell.device, nbytes, for_speed=False)
-        sim.engine.send(now, source, cell.device, nbytes, self._pulled,
-                        (shard, shard.epoch, cell, cell.serial, version, now), via)  # fmt: skip
+        sim.engine.send(
+            now, source, cell.device, nbytes, self._pulled, (shard, shard.epoch, cell, cell.serial, version, now), via
+        )
 
-    def _pulled(self, now: float, shard: Shard, epoch: int, cell: Cell, serial: int, version: int,
-                asked: float) -> None:  # fmt: skip
+    def _pulled(
+        self, now: float, shard: Shard, epoch: int, cell: Cell, serial: int, version: int, asked: float
+    ) -> None:
         if serial != cell.serial or epoch != shard.epoch:
             return
         cell.pulling[shard.index] = False
@@ -332,8 +340,15 @@ class ShardServers:
             return  # its holder left: the failover sends it
         nbytes = sim.workload.slice_bytes(shard.stage, shard.index)
         via = sim.engine.route(shard.holder, cell.device, nbytes, for_speed=False)
-        sim.engine.send(now, shard.holder, cell.device, nbytes, self._slice_in,
-                        (shard, shard.epoch, cell, cell.serial, shard.committed), via)  # fmt: skip
+        sim.engine.send(
+            now,
+            shard.holder,
+            cell.device,
+            nbytes,
+            self._slice_in,
+            (shard, shard.epoch, cell, cell.serial, shard.committed),
+            via,
+        )
 
     def _slice_in(self, now: float, shard: Shard, epoch: int, cell: Cell, serial: int, version: int) -> None:
         if serial != cell.serial or epoch != shard.epoch:
@@ -356,10 +371,15 @@ class ShardServers:
         sim = self.sim
         holder = shard.holder
         chosen = elect_standby(
-            (sim.ids[d], round(float(sim.availability[d]), 1), now - float(sim.member_since[d]),
-             float(sim.scenario.bandwidth_Bps[holder, d]))
-            for d in sim.members() if d != holder
-        )  # fmt: skip
+            (
+                sim.ids[d],
+                round(float(sim.availability[d]), 1),
+                now - float(sim.member_since[d]),
+                float(sim.scenario.bandwidth_Bps[holder, d]),
+            )
+            for d in sim.members()
+            if d != holder
+        )
         if chosen is None:
             shard.standby, shard.standby_ready = None, False
             if shard.steps:
@@ -369,8 +389,14 @@ class ShardServers:
         shard.standby, shard.standby_ready, shard.logged = standby, seeded, set()
         if seeded:
             return
-        sim.engine.send(now, holder, standby, sim.workload.checkpoint_bytes(shard.stage, shard.index),
-                        self._standby_ready, (shard, shard.epoch, standby, shard.version))  # fmt: skip
+        sim.engine.send(
+            now,
+            holder,
+            standby,
+            sim.workload.checkpoint_bytes(shard.stage, shard.index),
+            self._standby_ready,
+            (shard, shard.epoch, standby, shard.version),
+        )
 
     def _standby_ready(self, now: float, shard: Shard, epoch: int, standby: int, version: int) -> None:
         if epoch != shard.epoch or standby != shard.standby:
@@ -420,8 +446,14 @@ class ShardServers:
                 if server == shard.holder or server == shard.moving_to or not sim.member[server]:
                     continue
                 shard.moving_to = server
-                sim.engine.send(now, shard.holder, server, sim.workload.checkpoint_bytes(shard.stage, shard.index),
-                                self._moved, (shard, shard.epoch, server))  # fmt: skip
+                sim.engine.send(
+                    now,
+                    shard.holder,
+                    server,
+                    sim.workload.checkpoint_bytes(shard.stage, shard.index),
+                    self._moved,
+                    (shard, shard.epoch, server),
+                )
 
     def _moved(self, now: float, shard: Shard, epoch: int, server: int) -> None:
         if epoch != shard.epoch or shard.moving_to != server:
@@ -446,8 +478,9 @@ class ShardServers:
             elif c.group is None:
                 sim.counts["contributions_lost"] += 1
         if shard is self.ledger_shard:
-            sim.ledger = ShareLedger.from_metadata(sim.ledger.to_metadata(), sim.share_micro_batches,
-                                                   sim.settings.lease_s)  # fmt: skip
+            sim.ledger = ShareLedger.from_metadata(
+                sim.ledger.to_metadata(), sim.share_micro_batches, sim.settings.lease_s
+            )
             sim.pipelines.ledger_restarted(now)
         for cell in sim.pipelines.cells_of_stage(shard.stage):
             k = shard.index

@@ -56,10 +56,15 @@ _NONE: frozenset[int] = frozenset()
 
 class SharedLinks:
     def __init__(
-        self, path_rate: np.ndarray, uplink: np.ndarray, downlink: np.ndarray,
-        schedule: Callable[[float, int, int], None], defer: Callable[[float], None] | None = None,
-        coalesce_s: float = 0.0, coalesce_flows: int = 0,
-    ) -> None:  # fmt: skip
+        self,
+        path_rate: np.ndarray,
+        uplink: np.ndarray,
+        downlink: np.ndarray,
+        schedule: Callable[[float, int, int], None],
+        defer: Callable[[float], None] | None = None,
+        coalesce_s: float = 0.0,
+        coalesce_flows: int = 0,
+    ) -> None:
         """``path_rate[a, b]``: bytes/s from ``a`` to ``b`` on their own; ``uplink`` and
         ``downlink``: each device's interface rates in bytes/s. ``schedule(t, slot, serial)``:
         call ``due(t, slot, serial)`` at ``t``. ``defer(t)``: call ``flush(t)`` at ``t`` once the
@@ -224,11 +229,13 @@ class SharedLinks:
         pairs, pair_i = np.unique(s * self.n + d, return_inverse=True)
         up_cap, down_cap = self.uplink[ups], self.downlink[downs]
         path_cap = np.asarray(self.path_rate[pairs // self.n, pairs % self.n], dtype=float)
-        capacity = np.concatenate([
-            np.maximum(up_cap - self.up_load[ups], MIN_SHARE * up_cap),
-            np.maximum(down_cap - self.down_load[downs], MIN_SHARE * down_cap),
-            path_cap,
-        ])  # fmt: skip
+        capacity = np.concatenate(
+            [
+                np.maximum(up_cap - self.up_load[ups], MIN_SHARE * up_cap),
+                np.maximum(down_cap - self.down_load[downs], MIN_SHARE * down_cap),
+                path_cap,
+            ]
+        )
         uses = np.stack([up_i, len(ups) + down_i, len(ups) + len(downs) + pair_i], axis=1)
         floor = MIN_SHARE * np.minimum(np.minimum(up_cap[up_i], down_cap[down_i]), path_cap[pair_i])
         rates = np.maximum(max_min_rates(capacity, uses), floor)

@@ -155,8 +155,13 @@ class Simulation:
     shards: ShardServers
     reducers: Reducers
 
-    def __init__(self, scenario: Scenario, strategy: Strategy, settings: SimSettings,
-                 schedule: tuple[np.ndarray, list[ChurnEvent]] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        scenario: Scenario,
+        strategy: Strategy,
+        settings: SimSettings,
+        schedule: tuple[np.ndarray, list[ChurnEvent]] | None = None,
+    ) -> None:
         """``schedule``: who is up at the start and the churn events, instead of drawing them
         from the scenario (``churn_schedule``)."""
         self.scenario, self.strategy, self.settings = scenario, strategy, settings
@@ -177,10 +182,16 @@ class Simulation:
         self.index = {p: i for i, p in enumerate(self.ids)}
         self.tflops = scenario.device_arrays.tflops * 1e12
         self.availability = scenario.device_arrays.availability
-        overheads = Overheads(settings.request_overhead_s, settings.standing_queue_s, settings.connection_queue_bytes,
-                              settings.coalesce_flows, settings.coalesce_s)  # fmt: skip
-        self.engine = Engine(scenario.latency_s, scenario.bandwidth_Bps, self.ids, self.up, overheads,
-                             settings.data_via_relay)  # fmt: skip
+        overheads = Overheads(
+            settings.request_overhead_s,
+            settings.standing_queue_s,
+            settings.connection_queue_bytes,
+            settings.coalesce_flows,
+            settings.coalesce_s,
+        )
+        self.engine = Engine(
+            scenario.latency_s, scenario.bandwidth_Bps, self.ids, self.up, overheads, settings.data_via_relay
+        )
         for ev in churn:
             self.engine.at(ev.at_s, self._churn, ev.device, ev.up)
         self.counts: Counter[str] = Counter()
@@ -291,24 +302,47 @@ class Simulation:
         for r in self.control.relays:
             roles.setdefault(r, []).append("relay")
         return SimResult(
-            strategy=self.strategy.name, hours=self.settings.hours, seed=self.settings.seed, devices=self.n,
-            tokens=self.trained_mb * per_mb, tokens_per_s=self.trained_mb * per_mb / self.horizon,
-            timeline=self.timeline, bucket_s=self.settings.bucket_s, tokens_per_micro_batch=per_mb,
-            updates=self.updates, updates_lost=c["updates_lost"], shares_recomputed=path.shares_recomputed,
+            strategy=self.strategy.name,
+            hours=self.settings.hours,
+            seed=self.settings.seed,
+            devices=self.n,
+            tokens=self.trained_mb * per_mb,
+            tokens_per_s=self.trained_mb * per_mb / self.horizon,
+            timeline=self.timeline,
+            bucket_s=self.settings.bucket_s,
+            tokens_per_micro_batch=per_mb,
+            updates=self.updates,
+            updates_lost=c["updates_lost"],
+            shares_recomputed=path.shares_recomputed,
             micro_batches_recomputed=path.micro_batches_recomputed,
-            contributions_lost=c["contributions_lost"], stale_dropped=c["stale_dropped"],
-            staleness=dict(sorted(self.staleness.items())), duplicates=c["duplicates"],
-            departures=c["departures"], returns=c["returns"], plan_events=self.control.events,
+            contributions_lost=c["contributions_lost"],
+            stale_dropped=c["stale_dropped"],
+            staleness=dict(sorted(self.staleness.items())),
+            duplicates=c["duplicates"],
+            departures=c["departures"],
+            returns=c["returns"],
+            plan_events=self.control.events,
             recovery_s=recovery_times(self.timeline, self.settings.bucket_s, self.departure_times),
-            wall_s=self._wall_s, events=self.engine.events_run, failovers=c["failovers"], shape=self.shape,
-            shards=path.shards, local_steps=path.local_steps, share_micro_batches=path.share_micro_batches,
+            wall_s=self._wall_s,
+            events=self.engine.events_run,
+            failovers=c["failovers"],
+            shape=self.shape,
+            shards=path.shards,
+            local_steps=path.local_steps,
+            share_micro_batches=path.share_micro_batches,
             reduce_groups=path.reduce_groups,
             compute_bound_tokens_per_s=compute_bound_tokens_per_s(self.scenario, self.up0, self.churn, self.horizon),
-            coordinator_changes=c["coordinator_changes"], plans_lost=c["plans_lost"], relays=len(self.control.relays),
-            relayed_transfers=self.engine.counts["relayed_transfers"], spare_claims=c["spare_claims"],
-            sent_bytes=sent.tolist(), received_bytes=received.tolist(), phases=self.phases.status(),
-            final_pipelines=path.pipelines, roles=roles,
-        )  # fmt: skip
+            coordinator_changes=c["coordinator_changes"],
+            plans_lost=c["plans_lost"],
+            relays=len(self.control.relays),
+            relayed_transfers=self.engine.counts["relayed_transfers"],
+            spare_claims=c["spare_claims"],
+            sent_bytes=sent.tolist(),
+            received_bytes=received.tolist(),
+            phases=self.phases.status(),
+            final_pipelines=path.pipelines,
+            roles=roles,
+        )
 
 
 def _plane(sim: Simulation, name: str) -> DataPlane:
@@ -319,6 +353,10 @@ def _plane(sim: Simulation, name: str) -> DataPlane:
     raise ValueError(f"data path {name!r} is not one of swarmd, {', '.join(POLICIES)}")
 
 
-def simulate(scenario: Scenario, strategy: Strategy, settings: SimSettings,
-             schedule: tuple[np.ndarray, list[ChurnEvent]] | None = None) -> SimResult:  # fmt: skip
+def simulate(
+    scenario: Scenario,
+    strategy: Strategy,
+    settings: SimSettings,
+    schedule: tuple[np.ndarray, list[ChurnEvent]] | None = None,
+) -> SimResult:
     return Simulation(scenario, strategy, settings, schedule).run()

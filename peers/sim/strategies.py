@@ -33,9 +33,15 @@ from swarmd.peers.sim.results import alone_memory_bytes
 from swarmd.peers.sim.simulator import Strategy
 
 NAMES = (
-    "swarmd", "swarmd/no-network", "swarmd/no-devices", "swarmd/no-reliability",
-    "dtfm-static", "swarm-wiring", "diloco", "petals-greedy",
-)  # fmt: skip
+    "swarmd",
+    "swarmd/no-network",
+    "swarmd/no-devices",
+    "swarmd/no-reliability",
+    "dtfm-static",
+    "swarm-wiring",
+    "diloco",
+    "petals-greedy",
+)
 ABLATIONS = {
     "swarmd": Awareness(),
     "swarmd/no-network": Awareness(network=False),

@@ -36,9 +36,11 @@ class SwarmdPath:
         sim.share_micro_batches = plan.micro_batches_per_share(sc)
         sim.exchange = ExchangeSettings(
             batch_micro_batches=max(1, sc.batch_sequences // sc.micro_batch),
-            share_micro_batches=sim.share_micro_batches, local_steps=sim.local_steps,
-            max_staleness=sim.settings.max_staleness, pipelines=max(1, len(plan.pipelines)),
-        )  # fmt: skip
+            share_micro_batches=sim.share_micro_batches,
+            local_steps=sim.local_steps,
+            max_staleness=sim.settings.max_staleness,
+            pipelines=max(1, len(plan.pipelines)),
+        )
         sim.workload = Workload.of(sc, plan.layers_per_stage, tuple(len(row) for row in plan.shard_servers))
         sim.ledger = ShareLedger(sim.share_micro_batches, sim.settings.lease_s)
         sim.pipelines = Pipelines(sim)
@@ -64,11 +66,15 @@ class SwarmdPath:
         holders = tuple(tuple(shard.holder for shard in row) for row in sim.shards.stages)
         distinct = all(len(set(row)) == len(row) for row in holders)
         return Plan(
-            pipelines=sim.pipelines.grid(), layers_per_stage=plan.layers_per_stage,
-            parameter_servers=tuple(row[0] for row in holders), relays=tuple(sim.control.relays),
-            shard_servers=holders if distinct else (), local_steps=sim.local_steps,
-            share_micro_batches=sim.share_micro_batches, reduce_groups=sim.reducers.groups,
-        )  # fmt: skip
+            pipelines=sim.pipelines.grid(),
+            layers_per_stage=plan.layers_per_stage,
+            parameter_servers=tuple(row[0] for row in holders),
+            relays=tuple(sim.control.relays),
+            shard_servers=holders if distinct else (),
+            local_steps=sim.local_steps,
+            share_micro_batches=sim.share_micro_batches,
+            reduce_groups=sim.reducers.groups,
+        )
 
     def departed(self, now: float, device: int) -> None:
         self.sim.pipelines.departed(now, device)
@@ -101,8 +107,12 @@ class SwarmdPath:
         sim = self.sim
         recomputed = sim.ledger.counters.reissued - sim.counts["reissued_unspent"]
         return PathFigures(
-            shards=tuple(len(row) for row in sim.shards.stages), local_steps=sim.local_steps,
-            share_micro_batches=sim.share_micro_batches, shares_recomputed=recomputed,
-            micro_batches_recomputed=recomputed * sim.share_micro_batches, pipelines=len(sim.pipelines.pipelines),
-            tokens_per_micro_batch=sim.workload.tokens_per_micro_batch, reduce_groups=sim.reducers.groups,
-        )  # fmt: skip
+            shards=tuple(len(row) for row in sim.shards.stages),
+            local_steps=sim.local_steps,
+            share_micro_batches=sim.share_micro_batches,
+            shares_recomputed=recomputed,
+            micro_batches_recomputed=recomputed * sim.share_micro_batches,
+            pipelines=len(sim.pipelines.pipelines),
+            tokens_per_micro_batch=sim.workload.tokens_per_micro_batch,
+            reduce_groups=sim.reducers.groups,
+        )

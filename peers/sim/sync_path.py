@@ -111,8 +111,11 @@ class SyncPath:
         self.start_step(now)
 
     def assignment(self) -> Plan:
-        return Plan(pipelines=tuple(self.grid), layers_per_stage=self.layers,
-                    parameter_servers=tuple(self.grid[0]) if self.grid else (0,) * len(self.layers))  # fmt: skip
+        return Plan(
+            pipelines=tuple(self.grid),
+            layers_per_stage=self.layers,
+            parameter_servers=tuple(self.grid[0]) if self.grid else (0,) * len(self.layers),
+        )
 
     def departed(self, now: float, device: int) -> None:
         self.holds.pop(device, None)

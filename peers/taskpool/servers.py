@@ -71,8 +71,22 @@ def parse_shard_lease(raw: object, *, run_id: str | None, now: float | None, pee
     this lease's signer its standby, issued before the claim and not long before."""
     record = open_record(raw, KIND, MAX_LEASE_BYTES)
     f = Fields(record.body, KIND)
-    f.only({"run_id", "stage", "shard", "shards", "peer_id", "claimed_at", "issued_at", "expires_at", "version",
-            "standby", "proof", "released"})  # fmt: skip
+    f.only(
+        {
+            "run_id",
+            "stage",
+            "shard",
+            "shards",
+            "peer_id",
+            "claimed_at",
+            "issued_at",
+            "expires_at",
+            "version",
+            "standby",
+            "proof",
+            "released",
+        }
+    )
     claimed, found_run = check_subject(f, record.signer, "shard lease", run_id=run_id, peer_id=peer_id)
     issued_at, expires_at = check_times(f, "shard lease", claimed, now, MAX_LEASE_TTL_S)
     shards = f.integer("shards", 1, MAX_SHARDS)

@@ -171,11 +171,15 @@ class ShareLedger:
 
     def to_metadata(self) -> str:
         unfinished = [o.share for o in self._open.values()] + list(self._again.values())
-        return json.dumps({
-            "cursor": self.cursor, "next_id": self.next_id,
-            "again": [[s.share_id, s.first, s.count] for s in unfinished],
-            "counters": asdict(self.counters),
-        }, separators=(",", ":"))  # fmt: skip
+        return json.dumps(
+            {
+                "cursor": self.cursor,
+                "next_id": self.next_id,
+                "again": [[s.share_id, s.first, s.count] for s in unfinished],
+                "counters": asdict(self.counters),
+            },
+            separators=(",", ":"),
+        )
 
     @classmethod
     def from_metadata(cls, text: str, share_micro_batches: int, lease_s: float) -> ShareLedger:

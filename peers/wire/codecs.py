@@ -241,8 +241,10 @@ class ErrorFeedback:
         residual = self._residuals.get(key)
         if residual is not None:
             if residual.shape != target.shape:
-                raise FrameError(f"error feedback for {key!r}: shape {list(target.shape)}, the residual's "
-                                 f"{list(residual.shape)}; reset the key when the tensor changes")  # fmt: skip
+                raise FrameError(
+                    f"error feedback for {key!r}: shape {list(target.shape)}, the residual's "
+                    f"{list(residual.shape)}; reset the key when the tensor changes"
+                )
             target = target + residual
         frame, sent = _frame(target, codec or self.codec, keep_sent=True)
         assert sent is not None

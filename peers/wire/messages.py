@@ -227,8 +227,10 @@ class _Versioned(Answer):
         else:
             ok = not v or (self.kind == self.SINGLE and v == [self.version])
         if not ok:
-            rule = (f"must name the version each blob leads to: increasing up to version = {self.version} for "
-                    f"{self.LISTED}, [] or [version] for {self.SINGLE}, [] for none")  # fmt: skip
+            rule = (
+                f"must name the version each blob leads to: increasing up to version = {self.version} for "
+                f"{self.LISTED}, [] or [version] for {self.SINGLE}, [] for none"
+            )
             raise SchemaError(f"{type(self).__name__}.versions", v, rule)
 
     def expected_blobs(self) -> int:
@@ -248,15 +250,19 @@ class Pulled(_Versioned):
     kind: str = bound(choices=PULL_KINDS)
     committed: list[int] = _share_ids(_distinct)
     """Those of the cell's pending share IDs that are committed at this shard."""
-    unknown: list[int] = bound(max_items=MAX_SHARE_IDS, min_value=0, max_value=MAX_INDEX, check=_distinct,
-                               default_factory=list)  # fmt: skip
+    unknown: list[int] = bound(
+        max_items=MAX_SHARE_IDS, min_value=0, max_value=MAX_INDEX, check=_distinct, default_factory=list
+    )
     """Those this shard never saw (to send again, to this holder)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if len(self.committed) + len(self.unknown) > MAX_SHARE_IDS:
-            raise SchemaError("Pulled.committed", len(self.committed),
-                              f"with unknown ({len(self.unknown)}) must name at most {MAX_SHARE_IDS} IDs")  # fmt: skip
+            raise SchemaError(
+                "Pulled.committed",
+                len(self.committed),
+                f"with unknown ({len(self.unknown)}) must name at most {MAX_SHARE_IDS} IDs",
+            )
 
 
 @dataclass(frozen=True, kw_only=True)

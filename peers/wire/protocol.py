@@ -40,18 +40,33 @@ _KEYS = ("min_value", "max_value", "min_len", "max_len", "max_items", "inner_ite
 
 
 def bound(
-    *, min_value: float | None = None, max_value: float | None = None, min_len: int = 0, max_len: int | None = None,
-    max_items: int | None = None, inner_items: int | None = None, choices: Sequence[str] | None = None,
-    check: Callable[[Any], Any] | None = None, default: Any = MISSING, default_factory: Any = MISSING,
-) -> Any:  # fmt: skip
+    *,
+    min_value: float | None = None,
+    max_value: float | None = None,
+    min_len: int = 0,
+    max_len: int | None = None,
+    max_items: int | None = None,
+    inner_items: int | None = None,
+    choices: Sequence[str] | None = None,
+    check: Callable[[Any], Any] | None = None,
+    default: Any = MISSING,
+    default_factory: Any = MISSING,
+) -> Any:
     """A field with its rule. ``min_value``/``max_value``: inclusive bounds of a number (of each
     item of a ``list[int]``); ``min_len``/``max_len``: characters of a string (of each item of a
     ``list[str]``); ``max_items``: items of a list; ``inner_items``: the exact length of each
     inner list of a ``list[list[int]]``; ``choices``: the strings allowed; ``check``: a further
     test of the value that raises ``ValueError`` (or a ``SwarmdError``) saying why."""
-    rule = {"min_value": min_value, "max_value": max_value, "min_len": min_len, "max_len": max_len,
-            "max_items": max_items, "inner_items": inner_items, "choices": tuple(choices) if choices else None,
-            "check": check}  # fmt: skip
+    rule = {
+        "min_value": min_value,
+        "max_value": max_value,
+        "min_len": min_len,
+        "max_len": max_len,
+        "max_items": max_items,
+        "inner_items": inner_items,
+        "choices": tuple(choices) if choices else None,
+        "check": check,
+    }
     return dataclasses.field(default=default, default_factory=default_factory, metadata={"rule": rule})
 
 
@@ -154,13 +169,24 @@ def _shown(x: float | None) -> str:
     return str(int(x)) if x is not None and float(x).is_integer() else f"{x:g}"
 
 
-_KINDS: dict[Any, str] = {int: "int", float: "float", str: "str", bool: "bool", list[int]: "list[int]",
-                          list[str]: "list[str]", list[list[int]]: "list[list[int]]"}  # fmt: skip
+_KINDS: dict[Any, str] = {
+    int: "int",
+    float: "float",
+    str: "str",
+    bool: "bool",
+    list[int]: "list[int]",
+    list[str]: "list[str]",
+    list[list[int]]: "list[list[int]]",
+}
 _NEEDS: dict[str, tuple[str, ...]] = {
-    "int": ("min_value", "max_value"), "float": ("min_value", "max_value"), "bool": (),
-    "str": ("max_len",), "list[int]": ("max_items", "min_value", "max_value"),
-    "list[str]": ("max_items", "max_len"), "list[list[int]]": ("max_items", "inner_items", "min_value", "max_value"),
-}  # fmt: skip
+    "int": ("min_value", "max_value"),
+    "float": ("min_value", "max_value"),
+    "bool": (),
+    "str": ("max_len",),
+    "list[int]": ("max_items", "min_value", "max_value"),
+    "list[str]": ("max_items", "max_len"),
+    "list[list[int]]": ("max_items", "inner_items", "min_value", "max_value"),
+}
 
 
 _RESERVED = frozenset({"method", "ok"})

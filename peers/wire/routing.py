@@ -61,9 +61,16 @@ class Matrix:
 
 
 def choose_route(
-    own: str, dst: str, relays: Sequence[str], matrix: Matrix | None, nbytes: float, *,
-    direct_blocked: bool, mode: str = "auto", for_speed: bool = True,
-) -> str | None:  # fmt: skip
+    own: str,
+    dst: str,
+    relays: Sequence[str],
+    matrix: Matrix | None,
+    nbytes: float,
+    *,
+    direct_blocked: bool,
+    mode: str = "auto",
+    for_speed: bool = True,
+) -> str | None:
     """The relay to send through, or None for the direct path (module doc). With the direct
     path blocked and no usable relay, None too: trying direct is all that is left.
     ``for_speed`` False: a relay only when the direct path is blocked (or ``mode`` says always)."""

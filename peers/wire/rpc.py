@@ -57,10 +57,23 @@ from swarmd.peers.wire.protocol import MAX_BLOBS, Request
 from swarmd.peers.wire.protocol import Answer as TypedAnswer
 
 __all__ = [
-    "PROTOCOL", "MAX_HEADER_BYTES", "RpcServer", "RpcCounters", "Handler", "call", "exchange", "request_on",
-    "answer_of", "read_message", "write_message", "max_request_bytes",
-    "RpcError", "Unreachable", "StreamBroken", "ProtocolViolation",
-]  # fmt: skip
+    "PROTOCOL",
+    "MAX_HEADER_BYTES",
+    "RpcServer",
+    "RpcCounters",
+    "Handler",
+    "call",
+    "exchange",
+    "request_on",
+    "answer_of",
+    "read_message",
+    "write_message",
+    "max_request_bytes",
+    "RpcError",
+    "Unreachable",
+    "StreamBroken",
+    "ProtocolViolation",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -88,9 +101,11 @@ def _no_constants(name: str) -> float:
 
 
 async def write_message(
-    writer: asyncio.StreamWriter, header: dict[str, Any], blobs: Sequence[bytes] = (),
+    writer: asyncio.StreamWriter,
+    header: dict[str, Any],
+    blobs: Sequence[bytes] = (),
     max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-) -> int:  # fmt: skip
+) -> int:
     """Write one message; returns its size in bytes."""
     try:
         encoded = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
@@ -112,9 +127,10 @@ async def write_message(
 
 
 async def read_message(
-    reader: asyncio.StreamReader, max_bytes: int | Callable[[dict[str, Any]], int] = DEFAULT_MAX_MESSAGE_BYTES,
+    reader: asyncio.StreamReader,
+    max_bytes: int | Callable[[dict[str, Any]], int] = DEFAULT_MAX_MESSAGE_BYTES,
     timeout_s: float = DEFAULT_TIMEOUT_S,
-) -> Frame:  # fmt: skip
+) -> Frame:
     """Read one message; raises ProtocolViolation naming what was wrong (and the limit).
     ``max_bytes`` may depend on the header (a method's own limit), read before any blob."""
     try:
@@ -180,11 +196,15 @@ class RpcServer:
     """Serves registered handlers on ``PROTOCOL``; one instance per daemon (module doc)."""
 
     def __init__(
-        self, *, run_id: str | None = None,
-        is_relay: Callable[[str], bool] | None = None, admit: Callable[[str, Request[Any]], None] | None = None,
-        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, timeout_s: float = DEFAULT_TIMEOUT_S,
+        self,
+        *,
+        run_id: str | None = None,
+        is_relay: Callable[[str], bool] | None = None,
+        admit: Callable[[str, Request[Any]], None] | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
         max_per_peer: int = MAX_PER_PEER,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """``run_id``: the run served (another run's request is refused WRONG_RUN); ``is_relay``:
         whether a peer is a relay of the plan in force (None: nobody relays to us); ``admit``:
         raises a ``Refused`` for a speaker that may not be served (not a member, over a quota)."""
@@ -329,9 +349,15 @@ def max_request_bytes(request_type: type[Request[Any]]) -> int:
 
 
 async def request_on(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, header: dict[str, Any], blobs: Sequence[bytes], *,
-    timeout_s: float, max_message_bytes: int, what: str = "request",
-) -> Frame:  # fmt: skip
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    header: dict[str, Any],
+    blobs: Sequence[bytes],
+    *,
+    timeout_s: float,
+    max_message_bytes: int,
+    what: str = "request",
+) -> Frame:
     """One request on an open stream: its answer's header (``ok`` included) and blobs, as read.
     ``what`` (method and peer) opens the errors' messages."""
     try:
@@ -348,9 +374,14 @@ async def request_on(
 
 
 async def exchange(
-    p2p: Any, peer_id: str, header: dict[str, Any], blobs: Sequence[bytes] = (), *,
-    timeout_s: float = DEFAULT_TIMEOUT_S, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-) -> Frame:  # fmt: skip
+    p2p: Any,
+    peer_id: str,
+    header: dict[str, Any],
+    blobs: Sequence[bytes] = (),
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+) -> Frame:
     """Send one framed request to ``peer_id``; returns the answer as it came (ok or refused).
     Raises only the transport's errors: Unreachable, StreamBroken, ProtocolViolation."""
     from hivemind.p2p import PeerID  # deferred: hivemind cannot share a process with py-libp2p
@@ -368,8 +399,15 @@ async def exchange(
     try:
         if delay_s:
             await asyncio.sleep(delay_s)
-        answer = await request_on(reader, writer, header, blobs, timeout_s=timeout_s,
-                                  max_message_bytes=max_message_bytes, what=f"{method} to {peer_id}")  # fmt: skip
+        answer = await request_on(
+            reader,
+            writer,
+            header,
+            blobs,
+            timeout_s=timeout_s,
+            max_message_bytes=max_message_bytes,
+            what=f"{method} to {peer_id}",
+        )
         if delay_s:
             await asyncio.sleep(delay_s)
         return answer
@@ -391,12 +429,18 @@ def answer_of(request: Request[A], peer_id: str, header: dict[str, Any], blobs: 
 
 
 async def call(
-    p2p: Any, peer_id: str, request: Request[A], blobs: Sequence[bytes] = (), *,
-    timeout_s: float = DEFAULT_TIMEOUT_S, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-) -> tuple[A, list[bytes]]:  # fmt: skip
+    p2p: Any,
+    peer_id: str,
+    request: Request[A],
+    blobs: Sequence[bytes] = (),
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+) -> tuple[A, list[bytes]]:
     """One request to ``peer_id``: its typed answer and blobs, or the refusal's exception. The
     deadline covers the whole exchange, plus what the request lets the server wait (a long poll)."""
     header, out = request.encode(blobs)
-    answer, answer_blobs = await exchange(p2p, peer_id, header, out, timeout_s=timeout_s + request.server_wait_s(),
-                                          max_message_bytes=max_message_bytes)  # fmt: skip
+    answer, answer_blobs = await exchange(
+        p2p, peer_id, header, out, timeout_s=timeout_s + request.server_wait_s(), max_message_bytes=max_message_bytes
+    )
     return answer_of(request, peer_id, answer, answer_blobs)

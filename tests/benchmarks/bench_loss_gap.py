@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -62,11 +60,7 @@ def swarm_loss(n: int, local_steps: int, batches: int) -> tuple[str, float, floa
         seconds = time.monotonic() - started
         done = trained_batches(daemons, batch_tokens)
         out = root / "exported"
-        command = [sys.executable, "-m", "swarmd", "export", "--run-id", run_id, str(out), "--state-dir",
-                   str(daemons[0].state_dir)]  # fmt: skip
-        result = subprocess.run(command, capture_output=True, text=True, timeout=180)
-        if result.returncode != 0:
-            raise SystemExit(f"export failed: {result.stderr[-2000:]}")
+        daemons[0].export(out)
         shape = ModelShape.from_dict(DEFAULT_RUN["model"])
         _, held_out = train_eval_split(load_corpus("builtin"), shape.seq_len, seed=run_seed(run_id))
         return run_id, seconds, done, held_out_loss(AutoModelForCausalLM.from_pretrained(out), held_out)
@@ -82,8 +76,14 @@ def reference_loss(run_id: str, batches: int) -> tuple[float, float]:
     seed = run_seed(run_id)
     train, held_out = train_eval_split(load_corpus("builtin"), shape.seq_len, seed=seed)
     b, opt = DEFAULT_RUN["batch"], DEFAULT_RUN["optimizer"]
-    settings = TrainSettings(seed=seed, steps=batches, batch_sequences=b["sequences"], micro_batch=b["micro_batch"],
-                             lr=opt["lr"], weight_decay=opt["weight_decay"])  # fmt: skip
+    settings = TrainSettings(
+        seed=seed,
+        steps=batches,
+        batch_sequences=b["sequences"],
+        micro_batch=b["micro_batch"],
+        lr=opt["lr"],
+        weight_decay=opt["weight_decay"],
+    )
     _, weights = train_reference(shape, train, settings)
     model = build_model(shape, seed)
     start = held_out_loss(model, held_out)
@@ -97,8 +97,10 @@ def main() -> None:
     parser.add_argument("--local-steps", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--batches", type=int, default=150, help="tokens to train, in batches of the run")
     args = parser.parse_args()
-    print(f"{args.daemons} daemons, default run, {args.batches} batches of {DEFAULT_RUN['batch']['sequences']} "
-          f"sequences", flush=True)  # fmt: skip
+    print(
+        f"{args.daemons} daemons, default run, {args.batches} batches of {DEFAULT_RUN['batch']['sequences']} sequences",
+        flush=True,
+    )
     print(f"{'H':>4} {'seconds':>8} {'batches':>8} {'start':>7} {'reference':>9} {'swarm':>7} {'gap':>7}", flush=True)
     for h in args.local_steps:
         run_id, seconds, done, swarm = swarm_loss(args.daemons, h, args.batches)

@@ -89,8 +89,9 @@ def run_one(model: str, n: int, churn: bool, hours: float, seed: int, time_budge
     plan_s = time.perf_counter() - started
     (strategy,) = make_strategies(["swarmd"], shape, time_budget_s, seed)
     result = simulate(scenario, strategy, SimSettings(hours=hours, seed=seed, churn=churn))
-    return Row(model, n, churn, plan_s, result, single_device(scenario).tokens_per_s,
-               busiest_interface(scenario, result))  # fmt: skip
+    return Row(
+        model, n, churn, plan_s, result, single_device(scenario).tokens_per_s, busiest_interface(scenario, result)
+    )
 
 
 def groups(sizes: tuple[int, ...]) -> str:
@@ -128,8 +129,11 @@ def table(rows: list[Row]) -> str:
         for p in PHASES:
             f = row.result.phases.get(p)
             cells.append(f"{f['mean_ms'] / 1e3:,.1f} ({f['n']:,})" if f else "-")
-        lines.append(f"| {row.model} | {row.devices:,} | {'yes' if row.churn else 'no'} | " + " | ".join(cells)
-                     + f" | {row.busiest} |")  # fmt: skip
+        lines.append(
+            f"| {row.model} | {row.devices:,} | {'yes' if row.churn else 'no'} | "
+            + " | ".join(cells)
+            + f" | {row.busiest} |"
+        )
     return "\n".join(lines)
 
 
@@ -143,17 +147,24 @@ def verdict(rows: list[Row]) -> list[str]:
                 continue
             rates = [r.result.tokens_per_s for r in series]
             rising = all(b > a for a, b in zip(rates, rates[1:], strict=False))
-            out.append(f"{model}, churn {'on' if churn else 'off'}: trained tokens/s "
-                       f"{'rises' if rising else 'does NOT rise'} at every step "
-                       f"({' -> '.join(f'{r.result.tokens_per_s:,.0f}' for r in series)})")  # fmt: skip
+            out.append(
+                f"{model}, churn {'on' if churn else 'off'}: trained tokens/s "
+                f"{'rises' if rising else 'does NOT rise'} at every step "
+                f"({' -> '.join(f'{r.result.tokens_per_s:,.0f}' for r in series)})"
+            )
     for row in rows:
         if row.devices >= 1000 and row.churn:
             r = row.result
             share = r.tokens_per_s / r.compute_bound_tokens_per_s
             vs = r.tokens_per_s / row.alone if row.alone else None
-            out.append(f"{row.model} at {row.devices:,} with churn: {share:.2%} of the compute bound (target 10%), "
-                       + (f"{vs:.2f}x the fastest single device (target 10x)" if vs is not None
-                          else "no single device holds the model"))  # fmt: skip
+            out.append(
+                f"{row.model} at {row.devices:,} with churn: {share:.2%} of the compute bound (target 10%), "
+                + (
+                    f"{vs:.2f}x the fastest single device (target 10x)"
+                    if vs is not None
+                    else "no single device holds the model"
+                )
+            )
     return out
 
 
@@ -174,15 +185,21 @@ def plot(records: list[dict[str, Any]], out: Path) -> Path | None:
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.5), sharey=True)
     for ax, model in zip(np.atleast_1d(axes), models, strict=True):
         for churn, style in ((False, "-o"), (True, "--s")):
-            series = sorted((r for r in records if r["model"] == model and r["churn"] == churn),
-                            key=lambda r: r["devices"])  # fmt: skip
+            series = sorted(
+                (r for r in records if r["model"] == model and r["churn"] == churn), key=lambda r: r["devices"]
+            )
             if not series:
                 continue
             xs = [r["devices"] for r in series]
             label = "churn" if churn else "no churn"
             ax.plot(xs, [r["tokens_per_s"] for r in series], style, label=f"trained, {label}")
-            ax.plot(xs, [r["compute_bound_tokens_per_s"] for r in series], style, alpha=0.35,
-                    label=f"compute bound, {label}")  # fmt: skip
+            ax.plot(
+                xs,
+                [r["compute_bound_tokens_per_s"] for r in series],
+                style,
+                alpha=0.35,
+                label=f"compute bound, {label}",
+            )
             alone = [r["single_device"] for r in series if r["single_device"]]
             if alone:
                 ax.axhline(max(alone), color="grey", linestyle=":", label="fastest single device" if churn else None)
@@ -207,8 +224,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--time-budget", type=float, default=0.5, help="the planner's search time per plan")
     parser.add_argument("--out", type=Path, default=Path("bench-scaling"))
-    parser.add_argument("--plot-from", type=Path, nargs="+", metavar="JSON",
-                        help="plot these scaling.json files' rows (several runs, one figure) to --out")  # fmt: skip
+    parser.add_argument(
+        "--plot-from",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="plot these scaling.json files' rows (several runs, one figure) to --out",
+    )
     args = parser.parse_args()
     if args.plot_from:
         records = [r for f in args.plot_from for r in json.loads(f.read_text())]
@@ -221,19 +243,35 @@ def main() -> None:
                 started = time.perf_counter()
                 row = run_one(model, n, churn, args.hours, args.seed, args.time_budget)
                 rows.append(row)
-                print(f"{model} {n} devices churn={churn}: {row.result.tokens_per_s:,.0f} tokens/s "
-                      f"({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"{model} {n} devices churn={churn}: {row.result.tokens_per_s:,.0f} tokens/s "
+                    f"({time.perf_counter() - started:.0f} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
     print(table(rows))
     print()
     print("\n".join(verdict(rows)))
     records: list[dict[str, Any]] = [
-        {"model": r.model, "devices": r.devices, "churn": r.churn, "hours": r.result.hours, "plan_s": r.plan_s,
-         "single_device": r.alone, "busiest": r.busiest, "tokens_per_s": r.result.tokens_per_s,
-         "compute_bound_tokens_per_s": r.result.compute_bound_tokens_per_s, "shape": r.result.shape,
-         "shards": r.result.shards, "reduce_groups": r.result.reduce_groups, "local_steps": r.result.local_steps,
-         "share_micro_batches": r.result.share_micro_batches, "phases": r.result.phases}
+        {
+            "model": r.model,
+            "devices": r.devices,
+            "churn": r.churn,
+            "hours": r.result.hours,
+            "plan_s": r.plan_s,
+            "single_device": r.alone,
+            "busiest": r.busiest,
+            "tokens_per_s": r.result.tokens_per_s,
+            "compute_bound_tokens_per_s": r.result.compute_bound_tokens_per_s,
+            "shape": r.result.shape,
+            "shards": r.result.shards,
+            "reduce_groups": r.result.reduce_groups,
+            "local_steps": r.result.local_steps,
+            "share_micro_batches": r.result.share_micro_batches,
+            "phases": r.result.phases,
+        }
         for r in rows
-    ]  # fmt: skip
+    ]
     path = plot(records, args.out)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "scaling.json").write_text(json.dumps(records, indent=1))

@@ -130,12 +130,20 @@ def describe_plan(scenario: Scenario, result: Plan, runtime_s: float) -> dict[st
     bound, alone = compute_bound_tokens_per_s(scenario), fastest_device_tokens_per_s(scenario)
     shards = [len(row) for row in result.shard_servers]
     return {
-        "devices": scenario.n, "stages": result.shape.stages, "pipelines": result.shape.data_parallel,
-        "shards": shards, "local_steps": result.local_steps, "share_micro_batches": result.share_micro_batches,
-        "tokens_per_s": pred.tokens_per_s, "breakdown": pred.to_json(), "compute_bound_tokens_per_s": bound,
-        "fastest_device_tokens_per_s": alone, "of_bound": pred.tokens_per_s / bound,
-        "vs_fastest": pred.tokens_per_s / alone, "runtime_s": runtime_s,
-    }  # fmt: skip
+        "devices": scenario.n,
+        "stages": result.shape.stages,
+        "pipelines": result.shape.data_parallel,
+        "shards": shards,
+        "local_steps": result.local_steps,
+        "share_micro_batches": result.share_micro_batches,
+        "tokens_per_s": pred.tokens_per_s,
+        "breakdown": pred.to_json(),
+        "compute_bound_tokens_per_s": bound,
+        "fastest_device_tokens_per_s": alone,
+        "of_bound": pred.tokens_per_s / bound,
+        "vs_fastest": pred.tokens_per_s / alone,
+        "runtime_s": runtime_s,
+    }
 
 
 def bench_throughput() -> list[dict[str, Any]]:
@@ -144,9 +152,11 @@ def bench_throughput() -> list[dict[str, Any]]:
     for model_name, model in (("200M", SMALL_MODEL), ("1.3B", LARGE_MODEL)):
         for churn in (False, True):
             print(f"\n{model_name} model, three regions, {'with' if churn else 'no'} churn")
-            print(f"{'devices':>8}{'shape':>9}{'K (first stages)':>18}{'H':>6}{'k':>5}{'tokens/s':>13}"
-                  f"{'of bound':>10}{'x fastest':>11}{'compute':>13}{'pipeline':>13}{'exchange':>13}{'churn':>7}"
-                  f"{'plan s':>8}")  # fmt: skip
+            print(
+                f"{'devices':>8}{'shape':>9}{'K (first stages)':>18}{'H':>6}{'k':>5}{'tokens/s':>13}"
+                f"{'of bound':>10}{'x fastest':>11}{'compute':>13}{'pipeline':>13}{'exchange':>13}{'churn':>7}"
+                f"{'plan s':>8}"
+            )
             for n in SIZES:
                 scenario = synthetic_scenario(n, regions=3, seed=0, churn=churn, model=model)
                 started = time.perf_counter()
@@ -155,11 +165,13 @@ def bench_throughput() -> list[dict[str, Any]]:
                 b = row["breakdown"]
                 shape = f"{row['stages']}x{row['pipelines']}"
                 shards = ",".join(str(k) for k in row["shards"][:3]) + ("..." if len(row["shards"]) > 3 else "")
-                print(f"{n:>8}{shape:>9}{shards:>18}{row['local_steps']:>6}{row['share_micro_batches']:>5}"
-                      f"{row['tokens_per_s']:>13,.0f}{row['of_bound']:>10.1%}{row['vs_fastest']:>10.1f}x"
-                      f"{b['compute_tokens_per_s']:>13,.0f}{b['pipeline_tokens_per_s']:>13,.0f}"
-                      f"{b['exchange_tokens_per_s']:>13,.0f}{b['churn_fraction']:>7.1%}"
-                      f"{row['runtime_s']:>8.2f}")  # fmt: skip
+                print(
+                    f"{n:>8}{shape:>9}{shards:>18}{row['local_steps']:>6}{row['share_micro_batches']:>5}"
+                    f"{row['tokens_per_s']:>13,.0f}{row['of_bound']:>10.1%}{row['vs_fastest']:>10.1f}x"
+                    f"{b['compute_tokens_per_s']:>13,.0f}{b['pipeline_tokens_per_s']:>13,.0f}"
+                    f"{b['exchange_tokens_per_s']:>13,.0f}{b['churn_fraction']:>7.1%}"
+                    f"{row['runtime_s']:>8.2f}"
+                )
                 out.append({"model": model_name, "churn": churn, **row})
             bound, alone = out[-1]["compute_bound_tokens_per_s"], out[-1]["fastest_device_tokens_per_s"]
             print(f"{'':>8}(at 1,000 devices: compute bound {bound:,.0f} tokens/s, fastest device alone {alone:,.0f})")
@@ -185,14 +197,18 @@ def bench_scale() -> dict[str, float]:
     full = plan(big)
     full_s = time.perf_counter() - started
     pred: Throughput = full.meta["prediction"]  # type: ignore[assignment]
-    print(f"\nfull plan, 1,000 devices in 8 regions with churn (shape free): {full_s:.2f} s -> {full.shape.stages} "
-          f"stages x {full.shape.data_parallel} pipelines, predicted {pred.tokens_per_s:,.0f} tokens/s")  # fmt: skip
+    print(
+        f"\nfull plan, 1,000 devices in 8 regions with churn (shape free): {full_s:.2f} s -> {full.shape.stages} "
+        f"stages x {full.shape.data_parallel} pipelines, predicted {pred.tokens_per_s:,.0f} tokens/s"
+    )
     figures = {"full_plan_1000_s": full_s}
     small = synthetic_scenario(64, regions=4, seed=2, parallelism={"stages": 4, "data_parallel": 15})
     for label, scenario, before in (("64 (4 x 15 given)", small, plan(small)), ("1,000", big, full)):
         median_ms, worst_ms, cells = repairs(scenario, before)
-        print(f"repair after one device leaves, {label} devices: median {median_ms:.1f} ms, worst {worst_ms:.1f} ms "
-              f"over 20 departures; cells changed: median {cells:.0f} of {before.shape.devices}")  # fmt: skip
+        print(
+            f"repair after one device leaves, {label} devices: median {median_ms:.1f} ms, worst {worst_ms:.1f} ms "
+            f"over 20 departures; cells changed: median {cells:.0f} of {before.shape.devices}"
+        )
         key = label.split(" ")[0].replace(",", "")
         figures |= {f"repair_{key}_median_ms": median_ms, f"repair_{key}_worst_ms": worst_ms}
     return figures
@@ -201,14 +217,26 @@ def bench_scale() -> dict[str, float]:
 def write_plots(results: list[dict[str, Any]], out: Path) -> None:
     groups = [r["scenario"] for r in results]
     names = list(SCHEDULERS)
-    (out / "reference_cost.svg").write_text(grouped_bars(
-        "Reference cost per scheduler (lower is better)", groups,
-        {n: [r["schedulers"][n]["reference_cost_s"] for r in results] for n in names},
-        y_label="seconds per iteration (FORMAT.md reference)", log=True,
-        markers=[r["reference_lower_bound_s"] for r in results], marker_label="lower bound"))  # fmt: skip
-    (out / "runtime.svg").write_text(grouped_bars(
-        "Scheduler runtime", groups, {n: [r["schedulers"][n]["runtime_s"] for r in results] for n in names},
-        y_label="seconds", log=True))  # fmt: skip
+    (out / "reference_cost.svg").write_text(
+        grouped_bars(
+            "Reference cost per scheduler (lower is better)",
+            groups,
+            {n: [r["schedulers"][n]["reference_cost_s"] for r in results] for n in names},
+            y_label="seconds per iteration (FORMAT.md reference)",
+            log=True,
+            markers=[r["reference_lower_bound_s"] for r in results],
+            marker_label="lower bound",
+        )
+    )
+    (out / "runtime.svg").write_text(
+        grouped_bars(
+            "Scheduler runtime",
+            groups,
+            {n: [r["schedulers"][n]["runtime_s"] for r in results] for n in names},
+            y_label="seconds",
+            log=True,
+        )
+    )
 
 
 def main() -> int:

@@ -38,21 +38,27 @@ def main() -> None:
         result = simulate(scenario, strategy, SimSettings(hours=args.hours, seed=args.seed))
         repairs = [e.runtime_s for e in result.plan_events if e.kind == "repair"]
         rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        print(f"{n} devices, {args.hours:g} h: setup {scenario_s + plan_s:.1f} s (scenario {scenario_s:.1f} s, "
-              f"first plan {plan_s:.1f} s), simulated in {result.wall_s:.0f} s (its own first plan "
-              f"{result.plan_events[0].runtime_s:.1f} s), {result.events:,} events, "
-              f"peak RSS {rss_mib:.0f} MiB")  # fmt: skip
-        print(f"  shape {result.shape[0]} x {result.shape[1]}, K {result.shards}, H {result.local_steps}, "
-              f"k {result.share_micro_batches}: {result.tokens_per_s:,.0f} trained tokens/s "
-              f"({result.tokens_per_s / result.compute_bound_tokens_per_s:.2%} of the compute bound), "
-              f"{result.updates} updates, {result.updates_lost} lost, {result.shares_recomputed} shares recomputed, "
-              f"{result.stale_dropped} contributions stale, {result.departures} departures, "
-              f"{result.failovers} failovers, {len(repairs)} repairs "
-              f"(median {statistics.median(repairs) * 1e3 if repairs else 0:.1f} ms, "
-              f"max {max(repairs, default=0) * 1e3:.0f} ms)")  # fmt: skip
-        print(f"  elections: {result.coordinator_changes} coordinator changes, {result.plans_lost} plans lost with "
-              f"their coordinator, {result.relays} relays, {result.relayed_transfers:,} transfers relayed, "
-              f"{result.spare_claims} cells taken by spares")  # fmt: skip
+        print(
+            f"{n} devices, {args.hours:g} h: setup {scenario_s + plan_s:.1f} s (scenario {scenario_s:.1f} s, "
+            f"first plan {plan_s:.1f} s), simulated in {result.wall_s:.0f} s (its own first plan "
+            f"{result.plan_events[0].runtime_s:.1f} s), {result.events:,} events, "
+            f"peak RSS {rss_mib:.0f} MiB"
+        )
+        print(
+            f"  shape {result.shape[0]} x {result.shape[1]}, K {result.shards}, H {result.local_steps}, "
+            f"k {result.share_micro_batches}: {result.tokens_per_s:,.0f} trained tokens/s "
+            f"({result.tokens_per_s / result.compute_bound_tokens_per_s:.2%} of the compute bound), "
+            f"{result.updates} updates, {result.updates_lost} lost, {result.shares_recomputed} shares recomputed, "
+            f"{result.stale_dropped} contributions stale, {result.departures} departures, "
+            f"{result.failovers} failovers, {len(repairs)} repairs "
+            f"(median {statistics.median(repairs) * 1e3 if repairs else 0:.1f} ms, "
+            f"max {max(repairs, default=0) * 1e3:.0f} ms)"
+        )
+        print(
+            f"  elections: {result.coordinator_changes} coordinator changes, {result.plans_lost} plans lost with "
+            f"their coordinator, {result.relays} relays, {result.relayed_transfers:,} transfers relayed, "
+            f"{result.spare_claims} cells taken by spares"
+        )
 
 
 if __name__ == "__main__":

@@ -55,8 +55,10 @@ def main() -> None:
     spec = root / "run.json"
     spec.write_text(json.dumps(DEFAULT_RUN))
     run_id = create_run(root / "d0", spec)
-    daemons = [LocalDaemon(root / f"d{i}", run_id, ["--heartbeat-interval", "1", "--heartbeat-ttl", "4"])
-               for i in range(args.peers)]  # fmt: skip
+    daemons = [
+        LocalDaemon(root / f"d{i}", run_id, ["--heartbeat-interval", "1", "--heartbeat-ttl", "4"])
+        for i in range(args.peers)
+    ]
     try:
         first = daemons[0].start()
         wait_for(lambda: first.socket.exists(), 60, "the control socket")

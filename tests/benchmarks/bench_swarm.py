@@ -133,8 +133,14 @@ def bench_reference(threads: int, steps: int, batch_sequences: int) -> float:
     shape = ModelShape.from_dict(DEFAULT_RUN["model"])
     train, _ = train_eval_split(load_corpus("builtin"), shape.seq_len, seed=0)
     b = run_spec(batch_sequences)["batch"]
-    settings = TrainSettings(seed=0, steps=steps, batch_sequences=b["sequences"], micro_batch=b["micro_batch"],
-                             lr=DEFAULT_RUN["optimizer"]["lr"], threads=threads)  # fmt: skip
+    settings = TrainSettings(
+        seed=0,
+        steps=steps,
+        batch_sequences=b["sequences"],
+        micro_batch=b["micro_batch"],
+        lr=DEFAULT_RUN["optimizer"]["lr"],
+        threads=threads,
+    )
     results, _ = train_reference(shape, train, settings)
     timed = results[2:]  # the first steps warm the allocator up
     return sum(r.tokens - p.tokens for p, r in zip(results[1:], timed, strict=False)) / sum(r.seconds for r in timed)
@@ -160,8 +166,11 @@ def main() -> None:
     )
     args = parser.parse_args()
     spec = run_spec(args.batch_sequences)
-    print(f"default run {spec['model']}, batch {spec['batch']}, {spec['stages']} stages; "
-          f"{args.threads} torch threads in all; heartbeat {args.heartbeat_interval:g} s", flush=True)  # fmt: skip
+    print(
+        f"default run {spec['model']}, batch {spec['batch']}, {spec['stages']} stages; "
+        f"{args.threads} torch threads in all; heartbeat {args.heartbeat_interval:g} s",
+        flush=True,
+    )
     # The reference is measured before and after the swarms: this machine's speed drifts by
     # tens of percent between minutes, and a ratio is only as good as its denominator.
     steps = max(10, 40 * DEFAULT_RUN["batch"]["sequences"] // args.batch_sequences)  # as many tokens
@@ -178,8 +187,11 @@ def main() -> None:
         total = sum(r["seconds"].values()) or 1.0
         parts = "  ".join(f"{100 * r['seconds'][p] / total:8.1f}%" for p in PARTS)
         cores = " ".join(f"{r['cores'][k]:7.2f}" for k in CPU_KINDS)
-        print(f"{n:>7} {r['working']:>7} {r['tokens_per_s']:9.0f} {r['tokens_per_s'] / reference:6.2f} "
-              f"{r['updates'] / r['window']:9.2f}                {parts}          {cores}", flush=True)  # fmt: skip
+        print(
+            f"{n:>7} {r['working']:>7} {r['tokens_per_s']:9.0f} {r['tokens_per_s'] / reference:6.2f} "
+            f"{r['updates'] / r['window']:9.2f}                {parts}          {cores}",
+            flush=True,
+        )
     after = bench_reference(args.threads, steps, args.batch_sequences)
     print(
         f"reference again, after the swarms: {after:8.0f} tokens/s (ratios above are to the first; "

@@ -119,8 +119,19 @@ def raw_tcp(nbytes: int, repeats: int) -> float:
 def request_of(nbytes: int) -> tuple[CellForward, bytes]:
     elements = max(1, nbytes // 2)
     frame = encode_tensor(torch.zeros(elements), "fp16")
-    request = CellForward(run_id=RUN, pipeline=0, stage=1, epoch="bench", share_id=0, share_first=0, share_count=1,
-                          round_end=False, attempt=0, micro_batch=0, version=0)  # fmt: skip
+    request = CellForward(
+        run_id=RUN,
+        pipeline=0,
+        stage=1,
+        epoch="bench",
+        share_id=0,
+        share_first=0,
+        share_count=1,
+        round_end=False,
+        attempt=0,
+        micro_batch=0,
+        version=0,
+    )
     return request, frame
 
 
@@ -154,8 +165,9 @@ async def framed_tcp(nbytes: int, repeats: int) -> tuple[float, int]:
     async def once() -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=4 * MiB)
         header, blobs = request.encode([frame])
-        answer = await rpc.request_on(reader, writer, header, blobs, timeout_s=300,
-                                      max_message_bytes=rpc.DEFAULT_MAX_MESSAGE_BYTES)  # fmt: skip
+        answer = await rpc.request_on(
+            reader, writer, header, blobs, timeout_s=300, max_message_bytes=rpc.DEFAULT_MAX_MESSAGE_BYTES
+        )
         rpc.answer_of(request, "bench", *answer)
         writer.close()
 
@@ -188,8 +200,10 @@ async def over_p2pd(sizes: list[int], repeats: int) -> list[tuple[float, int]]:
 
 def bench_requests(sizes_mib: list[float], repeats: int, p2p: bool) -> None:
     sizes = [int(s * MiB) for s in sizes_mib]
-    print(f"\nrequests: one frame per request, one stream each, best of {repeats} (4x that up to 1 MiB); "
-          "MB/s of payload (x raw TCP)")  # fmt: skip
+    print(
+        f"\nrequests: one frame per request, one stream each, best of {repeats} (4x that up to 1 MiB); "
+        "MB/s of payload (x raw TCP)"
+    )
     p2p_results = asyncio.run(over_p2pd(sizes, repeats)) if p2p else []
     print(f"{'payload MiB':>12}{'raw TCP':>12}{'swarmd framing, TCP':>26}{'swarmd over p2pd':>24}")
     for i, nbytes in enumerate(sizes):

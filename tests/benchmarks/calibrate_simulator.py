@@ -253,8 +253,9 @@ class DataPath:
 
 def measure_data_path(net: EmulatedNetwork, nbytes: int, src: int = 0, dst: int = 1) -> DataPath:
     """The data path from device ``src`` to device ``dst`` (``DATA_PATH_CLIENT``)."""
-    server = subprocess.Popen([*net.prefix_for(dst), sys.executable, "-c", DATA_PATH_SERVER, net.ip(dst)],
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    server = subprocess.Popen(
+        [*net.prefix_for(dst), sys.executable, "-c", DATA_PATH_SERVER, net.ip(dst)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert server.stdout is not None
         maddr = server.stdout.readline().strip()
@@ -262,8 +263,11 @@ def measure_data_path(net: EmulatedNetwork, nbytes: int, src: int = 0, dst: int 
             raise RuntimeError(f"the data path's server did not start: {maddr!r}")
         client = subprocess.run(
             [*net.prefix_for(src), sys.executable, "-c", DATA_PATH_CLIENT, net.ip(src), maddr, str(nbytes)],
-            check=True, timeout=300, capture_output=True, text=True,
-        )  # fmt: skip
+            check=True,
+            timeout=300,
+            capture_output=True,
+            text=True,
+        )
         return DataPath(**json.loads(client.stdout.strip().splitlines()[-1]))
     finally:
         server.kill()
@@ -276,12 +280,18 @@ def measure_link(net: EmulatedNetwork, nbytes: int) -> tuple[float, float]:
     below the shaper's rate by TCP's overheads), and the standing queue it keeps in the
     bottleneck's buffer, as the round trip of small messages beside it less their round trip
     on the idle link (the simulator's ``standing_queue_s``)."""
-    sink = subprocess.Popen([*net.prefix_for(1), sys.executable, "-c", GOODPUT_SINK, net.ip(1)],
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    sink = subprocess.Popen(
+        [*net.prefix_for(1), sys.executable, "-c", GOODPUT_SINK, net.ip(1)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert sink.stdout is not None and sink.stdout.readline().strip() == "listening"
-        source = subprocess.run([*net.prefix_for(0), sys.executable, "-c", GOODPUT_SOURCE, net.ip(1), str(nbytes)],
-                                check=True, timeout=120, capture_output=True, text=True)  # fmt: skip
+        source = subprocess.run(
+            [*net.prefix_for(0), sys.executable, "-c", GOODPUT_SOURCE, net.ip(1), str(nbytes)],
+            check=True,
+            timeout=120,
+            capture_output=True,
+            text=True,
+        )
         round_trips = json.loads(source.stdout)
         goodput = float(sink.communicate(timeout=60)[0].strip())
         return goodput, max(0.0, round_trips["loaded_s"] - round_trips["idle_s"])
@@ -315,8 +325,10 @@ def tokens_per_micro_batch() -> int:
 def measure_tflops(processes: int, seconds: float) -> tuple[float, list[float]]:
     """Seconds per forward+backward micro-batch of the whole model, with ``processes`` copies
     running at once (the contention the daemons will meet), as effective TFLOPS per process."""
-    procs = [subprocess.Popen([sys.executable, "-c", COMPUTE_PROBE, str(seconds)], stdout=subprocess.PIPE, text=True)
-             for _ in range(processes)]  # fmt: skip
+    procs = [
+        subprocess.Popen([sys.executable, "-c", COMPUTE_PROBE, str(seconds)], stdout=subprocess.PIPE, text=True)
+        for _ in range(processes)
+    ]
     per_step = [float(p.communicate(timeout=seconds + 120)[0].strip()) for p in procs]
     whole_model = np.array([float(model_shape().layers)])
     flops = float(stage_flops_per_sequence(calibration_scenario(1.0, [1e6, 1e6], [0.0, 0.0], 1.0), whole_model).sum())
@@ -324,8 +336,9 @@ def measure_tflops(processes: int, seconds: float) -> tuple[float, list[float]]:
     return flops / statistics.median(per_step) / 1e12, per_step
 
 
-def calibration_scenario(tflops: float, rates_Bps: list[float], access_latency_s: list[float],
-                         efficiency: float | list[float]) -> Scenario:  # fmt: skip
+def calibration_scenario(
+    tflops: float, rates_Bps: list[float], access_latency_s: list[float], efficiency: float | list[float]
+) -> Scenario:
     """The emulated swarm as a scenario: a link runs at the slower of its ends' shaped rates
     times their ``efficiency`` (the data path's goodput over the shaped rate, measured per
     device or once for all), and takes the sum of its ends' access latencies. Messages are
@@ -335,18 +348,27 @@ def calibration_scenario(tflops: float, rates_Bps: list[float], access_latency_s
     shape, run = model_shape(), DEFAULT_RUN
     params = sum(p.numel() for p in build_model(shape, 0).parameters())
     n = len(rates_Bps)
-    return parse_scenario({
-        "name": "calibration",
-        "devices": [{"id": f"d{i}", "tflops": tflops, "memory_gib": 8} for i in range(n)],
-        "latency_s": [[0.0 if i == j else access_latency_s[i] + access_latency_s[j] for j in range(n)]
-                      for i in range(n)],
-        "bandwidth_Bps": [[None if i == j else min(goodput[i], goodput[j]) for j in range(n)] for i in range(n)],
-        # activations travel in fp16 (gpt2: the wire's half dtype)
-        "model": {"layers": shape.layers, "hidden": shape.hidden, "seq_len": shape.seq_len, "vocab": shape.vocab,
-                  "params": float(params), "dtype_bytes": 2},
-        "batch": {"sequences": run["batch"]["sequences"], "micro_batch": run["batch"]["micro_batch"]},
-        "parallelism": {"stages": run["stages"], "data_parallel": max(1, n // run["stages"])},
-    })  # fmt: skip
+    return parse_scenario(
+        {
+            "name": "calibration",
+            "devices": [{"id": f"d{i}", "tflops": tflops, "memory_gib": 8} for i in range(n)],
+            "latency_s": [
+                [0.0 if i == j else access_latency_s[i] + access_latency_s[j] for j in range(n)] for i in range(n)
+            ],
+            "bandwidth_Bps": [[None if i == j else min(goodput[i], goodput[j]) for j in range(n)] for i in range(n)],
+            # activations travel in fp16 (gpt2: the wire's half dtype)
+            "model": {
+                "layers": shape.layers,
+                "hidden": shape.hidden,
+                "seq_len": shape.seq_len,
+                "vocab": shape.vocab,
+                "params": float(params),
+                "dtype_bytes": 2,
+            },
+            "batch": {"sequences": run["batch"]["sequences"], "micro_batch": run["batch"]["micro_batch"]},
+            "parallelism": {"stages": run["stages"], "data_parallel": max(1, n // run["stages"])},
+        }
+    )
 
 
 def summarize(timeline: list[int], kill_s: float, tokens_per_mb: int) -> Side:
@@ -505,8 +527,16 @@ def real_run(net: EmulatedNetwork, workdir: Path, seconds: float, kill_at: float
     spec = workdir / "run.json"
     spec.write_text(json.dumps(DEFAULT_RUN))
     run_id = create_run(workdir / "d0", spec)
-    flags = [*HEARTBEAT, "--no-benchmark", "--threads", "1", "--data-via-relay", "never", "--no-mdns",
-             "--no-nat-port-map"]  # fmt: skip
+    flags = [
+        *HEARTBEAT,
+        "--no-benchmark",
+        "--threads",
+        "1",
+        "--data-via-relay",
+        "never",
+        "--no-mdns",
+        "--no-nat-port-map",
+    ]
     daemons = [
         LocalDaemon(
             workdir / f"d{i}",
@@ -514,7 +544,7 @@ def real_run(net: EmulatedNetwork, workdir: Path, seconds: float, kill_at: float
             flags,
             network_args=["--host-maddrs", f"/ip4/{net.ip(i)}/tcp/0"],
             command_prefix=net.prefix_for(i),
-        )  # fmt: skip
+        )
         for i in range(net.n)
     ]
     try:
@@ -522,14 +552,20 @@ def real_run(net: EmulatedNetwork, workdir: Path, seconds: float, kill_at: float
         print("daemons running; waiting for every daemon to follow the coordinator's plan", flush=True)
         started = time.monotonic()
         try:
-            wait_for(lambda: following_plan(statuses_of(daemons)), FOLLOW_TIMEOUT_S, "the daemons to follow a plan",
-                     poll_s=1.0)  # fmt: skip
+            wait_for(
+                lambda: following_plan(statuses_of(daemons)),
+                FOLLOW_TIMEOUT_S,
+                "the daemons to follow a plan",
+                poll_s=1.0,
+            )
         except TimeoutError:
             print(f"the daemons do not follow one plan after {FOLLOW_TIMEOUT_S:.0f} s; measuring anyway", flush=True)
         found = wait_for(lambda: first_shard(statuses_of(daemons)), 120, "a server of shard (0, 0)", poll_s=1.0)
         base = shards_of({"training": found[1]})[(0, 0)]["version"]
-        print(f"following after {time.monotonic() - started:.0f} s at update {base}; waiting for "
-              f"{warmup_updates} more", flush=True)  # fmt: skip
+        print(
+            f"following after {time.monotonic() - started:.0f} s at update {base}; waiting for {warmup_updates} more",
+            flush=True,
+        )
 
         def warmed() -> bool:
             now = first_shard(statuses_of(daemons))
@@ -595,7 +631,7 @@ def real_run(net: EmulatedNetwork, workdir: Path, seconds: float, kill_at: float
             "plan_at_end": (newest_plan(statuses) or {}).get("version"),
             "training_at_end": {
                 i: {k: v for k, v in (st.get("training") or {}).items() if k != "losses"} for i, st in statuses.items()
-            },  # fmt: skip
+            },
             "sent_MB": [(b[0] - a[0]) / 1e6 for a, b in zip(bytes_at_start, bytes_at_end, strict=True)],
             "received_MB": [(b[1] - a[1]) / 1e6 for a, b in zip(bytes_at_start, bytes_at_end, strict=True)],
         }
@@ -641,8 +677,11 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
 
     tflops, per_step = measure_tflops(args.devices, 10.0)
-    print(f"compute: {args.devices} processes at once, {statistics.median(per_step) * 1e3:.0f} ms per micro-batch "
-          f"(forward and backward) each: {tflops * 1e3:.2f} GFLOPS per device", flush=True)  # fmt: skip
+    print(
+        f"compute: {args.devices} processes at once, {statistics.median(per_step) * 1e3:.0f} ms per micro-batch "
+        f"(forward and backward) each: {tflops * 1e3:.2f} GFLOPS per device",
+        flush=True,
+    )
     workdir = Path(tempfile.mkdtemp(prefix="swd-cal-", dir="/tmp"))
     net = EmulatedNetwork(f"swc{os.getpid()}", rates_Bps, rates_Bps, latency_s, workdir)
     # SIGTERM (a timeout, a CI runner) must unwind through the finally blocks too.
@@ -651,12 +690,15 @@ def main() -> int:
         with net:
             goodput, standing_queue_s = measure_link(net, int(rate_Bps * 4))
             data_path = measure_data_path(net, int(rate_Bps * 4))
-            print(f"links: d0 to d1 {rate_Bps / 1e6:.2f} MB/s shaped; one TCP stream gets {goodput / 1e6:.2f} MB/s "
-                  "and keeps "
-                  f"{standing_queue_s * 1e3:.0f} ms queued in the shaper; the daemons' data path gets "
-                  f"{data_path.goodput_Bps / 1e6:.2f} MB/s, a small request takes {data_path.idle_rtt_s * 1e3:.0f} ms "
-                  f"there and waits {data_path.connection_queue_s * 1e3:.0f} ms more behind a transfer on its "
-                  "connection; the simulation takes the data path's goodput and both queues", flush=True)  # fmt: skip
+            print(
+                f"links: d0 to d1 {rate_Bps / 1e6:.2f} MB/s shaped; one TCP stream gets {goodput / 1e6:.2f} MB/s "
+                "and keeps "
+                f"{standing_queue_s * 1e3:.0f} ms queued in the shaper; the daemons' data path gets "
+                f"{data_path.goodput_Bps / 1e6:.2f} MB/s, a small request takes {data_path.idle_rtt_s * 1e3:.0f} ms "
+                f"there and waits {data_path.connection_queue_s * 1e3:.0f} ms more behind a transfer on its "
+                "connection; the simulation takes the data path's goodput and both queues",
+                flush=True,
+            )
             efficiency = data_path_efficiency(net, rates_Bps, latency_s, data_path)
             real = real_run(net, workdir, args.seconds, args.kill_at, args.warmup_updates)
             real["goodput_Bps"], real["standing_queue_s"] = goodput, standing_queue_s
@@ -674,21 +716,26 @@ def main() -> int:
     return 0
 
 
-def data_path_efficiency(net: EmulatedNetwork, rates_Bps: list[float], latency_s: list[float],
-                         first: DataPath) -> list[float]:  # fmt: skip
+def data_path_efficiency(
+    net: EmulatedNetwork, rates_Bps: list[float], latency_s: list[float], first: DataPath
+) -> list[float]:
     """Each device's data-path goodput over its shaped rate: measured from one device of each
     kind (rate and latency) to device 0 (device 1 for device 0's own kind, ``first``). A slower
     link with a longer round trip need not get the same share of its rate."""
-    kinds: dict[tuple[float, float], float] = {(rates_Bps[0], latency_s[0]): first.goodput_Bps
-                                                / min(rates_Bps[0], rates_Bps[1])}  # fmt: skip
+    kinds: dict[tuple[float, float], float] = {
+        (rates_Bps[0], latency_s[0]): first.goodput_Bps / min(rates_Bps[0], rates_Bps[1])
+    }
     for i in range(1, net.n):
         kind = (rates_Bps[i], latency_s[i])
         if kind not in kinds:
             shaped = min(rates_Bps[i], rates_Bps[0])
             measured = measure_data_path(net, int(shaped * 4), src=i, dst=0)
             kinds[kind] = measured.goodput_Bps / shaped
-            print(f"links: d{i} to d0 {shaped / 1e6:.2f} MB/s shaped; the data path gets "
-                  f"{measured.goodput_Bps / 1e6:.2f} MB/s", flush=True)  # fmt: skip
+            print(
+                f"links: d{i} to d0 {shaped / 1e6:.2f} MB/s shaped; the data path gets "
+                f"{measured.goodput_Bps / 1e6:.2f} MB/s",
+                flush=True,
+            )
     return [kinds[(rate, latency)] for rate, latency in zip(rates_Bps, latency_s, strict=True)]
 
 
@@ -765,20 +812,29 @@ def compare(args: argparse.Namespace, scenario: Scenario, tflops: float, real: d
         workers = {d for row in real_plan.pipelines for d in row}
         victim = max(workers - {d for row in real_plan.shard_servers for d in row} or workers)
     data_path = real.get("data_path") or {}
-    settings = SimSettings(churn=False, detect_s=HEARTBEAT_TTL_S, join_s=5.0, lease_s=SHARE_LEASE_S, bucket_s=BUCKET_S,
-                           max_staleness=DEFAULT_RUN["optimizer"]["max_staleness"],
-                           standing_queue_s=real.get("standing_queue_s", 0.0),
-                           # beside a transfer on its connection a request also met both ends'
-                           # standing queues, which the simulation adds on its own
-                           # (a window of bytes: longer on a slower link)
-                           connection_queue_bytes=max(0.0, data_path.get("loaded_rtt_s", 0.0)
-                                                      - data_path.get("idle_rtt_s", 0.0)
-                                                      - 2 * real.get("standing_queue_s", 0.0))
-                           * float(scenario.bandwidth_Bps[0, 1]),
-                           request_overhead_s=max(0.0, data_path.get("idle_rtt_s", 0.0)
-                                                  - 2 * float(scenario.latency_s[0, 1])),
-                           # the daemons' coordination rounds at their heartbeat, and no relays
-                           coordinate_s=coordination_round_s(HEARTBEAT_INTERVAL_S), data_via_relay="never")  # fmt: skip
+    settings = SimSettings(
+        churn=False,
+        detect_s=HEARTBEAT_TTL_S,
+        join_s=5.0,
+        lease_s=SHARE_LEASE_S,
+        bucket_s=BUCKET_S,
+        max_staleness=DEFAULT_RUN["optimizer"]["max_staleness"],
+        standing_queue_s=real.get("standing_queue_s", 0.0),
+        # beside a transfer on its connection a request also met both ends'
+        # standing queues, which the simulation adds on its own
+        # (a window of bytes: longer on a slower link)
+        connection_queue_bytes=max(
+            0.0,
+            data_path.get("loaded_rtt_s", 0.0)
+            - data_path.get("idle_rtt_s", 0.0)
+            - 2 * real.get("standing_queue_s", 0.0),
+        )
+        * float(scenario.bandwidth_Bps[0, 1]),
+        request_overhead_s=max(0.0, data_path.get("idle_rtt_s", 0.0) - 2 * float(scenario.latency_s[0, 1])),
+        # the daemons' coordination rounds at their heartbeat, and no relays
+        coordinate_s=coordination_round_s(HEARTBEAT_INTERVAL_S),
+        data_via_relay="never",
+    )
     tokens = tokens_per_micro_batch()
     windows = [
         simulate_window(scenario, strategy, settings, WARMUP_S + k * WARMUP_STEP_S, args, victim)
@@ -788,10 +844,13 @@ def compare(args: argparse.Namespace, scenario: Scenario, tflops: float, real: d
     sides = {"real": summarize(real["timeline"], args.kill_at, tokens), "simulated": mean_side(simulated)}
     if recorded:
         own_windows = [
-            summarize(simulate_window(scenario, own, settings, WARMUP_S + k * WARMUP_STEP_S, args, victim)[0],
-                      args.kill_at, tokens)
+            summarize(
+                simulate_window(scenario, own, settings, WARMUP_S + k * WARMUP_STEP_S, args, victim)[0],
+                args.kill_at,
+                tokens,
+            )
             for k in range(SIM_WINDOWS)
-        ]  # fmt: skip
+        ]
         sides["simulated on its own plan"] = mean_side(own_windows)
     detail = {
         "plans": {"real": describe(real_plan) if recorded else None, "own": describe(own_plan)},
@@ -809,15 +868,20 @@ def compare(args: argparse.Namespace, scenario: Scenario, tflops: float, real: d
     report(args, sides, tflops, real, detail)
 
 
-def simulate_window(scenario: Scenario, strategy: Strategy, settings: SimSettings, warm_s: float,
-                    args: argparse.Namespace, victim: int) -> tuple[list[int], dict[str, Any]]:  # fmt: skip
+def simulate_window(
+    scenario: Scenario, strategy: Strategy, settings: SimSettings, warm_s: float, args: argparse.Namespace, victim: int
+) -> tuple[list[int], dict[str, Any]]:
     """A window of ``args.seconds`` after ``warm_s`` of simulated training (the real window
     starts in a swarm that has trained a while, too), with ``victim`` leaving ``args.kill_at``
     into it: the window's timeline, and the bytes, updates of shard (0, 0) and ledger counts in
     it (the counters as they stood when the window began are taken off)."""
     churn = [ChurnEvent(warm_s + args.kill_at, victim, False)]
-    sim = Simulation(scenario, strategy, replace(settings, hours=(warm_s + args.seconds) / 3600),
-                     (np.ones(args.devices, dtype=bool), churn))  # fmt: skip
+    sim = Simulation(
+        scenario,
+        strategy,
+        replace(settings, hours=(warm_s + args.seconds) / 3600),
+        (np.ones(args.devices, dtype=bool), churn),
+    )
     sim.advance(warm_s)
     sent, received = sim.engine.carried(warm_s)
     updates, ledger = sim.updates, asdict(sim.ledger.counters)
@@ -878,12 +942,15 @@ def roles_line(real: dict[str, Any], simulated: dict[Any, list[str]]) -> str:
     def where(roles: dict[Any, list[str]]) -> str:
         return "; ".join(f"d{i} {', '.join(r)}" for i, r in sorted(roles.items(), key=lambda kv: int(kv[0])))
 
-    return (f"Roles: real at the start {where(real['start'])}; real at the end {where(real['end'])}; "
-            f"simulated at the end {where(simulated)}.")  # fmt: skip
+    return (
+        f"Roles: real at the start {where(real['start'])}; real at the end {where(real['end'])}; "
+        f"simulated at the end {where(simulated)}."
+    )
 
 
-def report(args: argparse.Namespace, sides: dict[str, Side], tflops: float, real: dict,
-           simulated: dict[str, Any]) -> None:  # fmt: skip
+def report(
+    args: argparse.Namespace, sides: dict[str, Side], tflops: float, real: dict, simulated: dict[str, Any]
+) -> None:
     r, s = sides["real"], sides["simulated"]
     windows = [w["tokens_per_s"] for w in simulated["windows"]]
 
@@ -893,10 +960,12 @@ def report(args: argparse.Namespace, sides: dict[str, Side], tflops: float, real
     def fmt(v: float | None) -> str:
         return "not back" if v is None else f"{v:,.1f}"
 
-    rows = [("trained tokens/s over the window", r.tokens_per_s, s.tokens_per_s),
-            ("trained tokens/s before the kill", r.before_kill, s.before_kill),
-            ("trained tokens/s after recovery", r.after_kill, s.after_kill),
-            ("recovery after the kill, s", r.recovery_s, s.recovery_s)]  # fmt: skip
+    rows = [
+        ("trained tokens/s over the window", r.tokens_per_s, s.tokens_per_s),
+        ("trained tokens/s before the kill", r.before_kill, s.before_kill),
+        ("trained tokens/s after recovery", r.after_kill, s.after_kill),
+        ("recovery after the kill, s", r.recovery_s, s.recovery_s),
+    ]
     victim = real.get("victim")
     killed = f"d{victim} killed" if victim is not None else "nobody killed"
     lines = [
@@ -917,8 +986,11 @@ def report(args: argparse.Namespace, sides: dict[str, Side], tflops: float, real
     ]
     plans = simulated["plans"]
     if plans.get("real"):
-        lines += ["", f"The simulation starts from the plan the real daemons followed (v{real['plan']['version']}): "
-                  f"{plans['real']}."]  # fmt: skip
+        lines += [
+            "",
+            f"The simulation starts from the plan the real daemons followed (v{real['plan']['version']}): "
+            f"{plans['real']}.",
+        ]
     own = sides.get("simulated on its own plan")
     if own is not None:
         lines += [
@@ -928,8 +1000,11 @@ def report(args: argparse.Namespace, sides: dict[str, Side], tflops: float, real
             f"{own.before_kill:,.1f} before the kill and {own.after_kill:,.1f} after: what the real swarm would gain, "
             "or lose, had its coordinator measured the links as they are.",
         ]
-    lines += ["", "| MB over the window | " + " | ".join(f"d{i}" for i in range(args.devices)) + " |",
-              "|---|" + "---:|" * args.devices]  # fmt: skip
+    lines += [
+        "",
+        "| MB over the window | " + " | ".join(f"d{i}" for i in range(args.devices)) + " |",
+        "|---|" + "---:|" * args.devices,
+    ]
     for key in ("sent_MB", "received_MB"):
         lines.append(f"| {key[:-3]}, real | " + " | ".join(f"{v:.1f}" for v in real[key]) + " |")
         lines.append(f"| {key[:-3]}, simulated | " + " | ".join(f"{v:.1f}" for v in simulated[key]) + " |")
@@ -943,10 +1018,19 @@ def report(args: argparse.Namespace, sides: dict[str, Side], tflops: float, real
     text = "\n".join(lines) + "\n"
     print(text)
     (args.out / "calibration.md").write_text(text)
-    (args.out / "calibration.json").write_text(json.dumps({
-        "args": {k: str(v) for k, v in vars(args).items()}, "tflops": tflops,
-        "sides": {k: asdict(v) for k, v in sides.items()}, "real": real, "simulated": simulated,
-    }, indent=1, default=str))  # fmt: skip
+    (args.out / "calibration.json").write_text(
+        json.dumps(
+            {
+                "args": {k: str(v) for k, v in vars(args).items()},
+                "tflops": tflops,
+                "sides": {k: asdict(v) for k, v in sides.items()},
+                "real": real,
+                "simulated": simulated,
+            },
+            indent=1,
+            default=str,
+        )
+    )
     try:
         import matplotlib
 

@@ -58,8 +58,15 @@ class EmulatedNetwork:
     namespaces and deletes them (with them every link); it runs on any exit of the ``with``.
     """
 
-    def __init__(self, prefix: str, up_Bps: list[float], down_Bps: list[float], access_latency_s: list[float],
-                 workdir: Path, net: int = 213) -> None:  # fmt: skip
+    def __init__(
+        self,
+        prefix: str,
+        up_Bps: list[float],
+        down_Bps: list[float],
+        access_latency_s: list[float],
+        workdir: Path,
+        net: int = 213,
+    ) -> None:
         assert len(up_Bps) == len(down_Bps) == len(access_latency_s)
         self.prefix, self.n, self.workdir, self.net = prefix, len(up_Bps), workdir, net
         self.up_Bps, self.down_Bps, self.access_latency_s = up_Bps, down_Bps, access_latency_s
@@ -123,8 +130,15 @@ class EmulatedNetwork:
 
     def interface_bytes(self, i: int) -> tuple[int, int]:
         """Bytes device ``i`` has sent and received on its link so far (the kernel's counters)."""
-        read = ["ip", "netns", "exec", self.ns(i), "cat", "/sys/class/net/eth0/statistics/tx_bytes",
-                "/sys/class/net/eth0/statistics/rx_bytes"]  # fmt: skip
+        read = [
+            "ip",
+            "netns",
+            "exec",
+            self.ns(i),
+            "cat",
+            "/sys/class/net/eth0/statistics/tx_bytes",
+            "/sys/class/net/eth0/statistics/rx_bytes",
+        ]
         tx, rx = subprocess.run(read, check=True, capture_output=True, text=True, timeout=10).stdout.split()
         return int(tx), int(rx)
 
@@ -143,6 +157,28 @@ def _shape(ns: str, dev: str, rate_Bps: float) -> None:
     rate = f"{int(rate_Bps * 8)}bit"
     burst = max(16 * 1024, int(rate_Bps / 250))
     limit = max(64 * 1024, int(rate_Bps / 20))
-    subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
-                    "burst", str(burst), "limit", str(limit)], check=True, capture_output=True, text=True,
-                   timeout=10)  # fmt: skip
+    subprocess.run(
+        [
+            "ip",
+            "netns",
+            "exec",
+            ns,
+            "tc",
+            "qdisc",
+            "add",
+            "dev",
+            dev,
+            "root",
+            "tbf",
+            "rate",
+            rate,
+            "burst",
+            str(burst),
+            "limit",
+            str(limit),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )

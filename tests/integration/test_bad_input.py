@@ -70,17 +70,35 @@ def test_malformed_run_id_and_multiaddr(workdir: Path) -> None:
 def test_unreachable_initial_peer_gives_up_after_the_join_timeout(workdir: Path) -> None:
     nobody = Identity.generate().peer_id
     out = swarmd(
-        "run", "--run-id", RUN_ID, "--state-dir", str(workdir / "s"), *LOOPBACK_FLAGS, "--no-benchmark",
-        "--join-timeout", "3", "--initial-peers", f"/ip4/127.0.0.1/tcp/1/p2p/{nobody}",
-    )  # fmt: skip
+        "run",
+        "--run-id",
+        RUN_ID,
+        "--state-dir",
+        str(workdir / "s"),
+        *LOOPBACK_FLAGS,
+        "--no-benchmark",
+        "--join-timeout",
+        "3",
+        "--initial-peers",
+        f"/ip4/127.0.0.1/tcp/1/p2p/{nobody}",
+    )
     assert_one_line_error(out, RUN_ID, "within 3 s", "none of the initial peers answered", "/tcp/1/")
     assert "retrying in" in out.stderr
     assert not (workdir / "s" / "control.sock").exists()
 
 
 def test_run_nobody_serves(workdir: Path) -> None:
-    out = swarmd("run", "--run-id", RUN_ID, "--state-dir", str(workdir / "s"), *LOOPBACK_FLAGS,
-                 "--no-benchmark", "--join-timeout", "2")  # fmt: skip
+    out = swarmd(
+        "run",
+        "--run-id",
+        RUN_ID,
+        "--state-dir",
+        str(workdir / "s"),
+        *LOOPBACK_FLAGS,
+        "--no-benchmark",
+        "--join-timeout",
+        "2",
+    )
     assert_one_line_error(out, "not served", "no --initial-peers")
 
 
@@ -89,8 +107,9 @@ def test_tampered_cached_spec_is_not_trusted(workdir: Path, make_run: Callable[.
     run_id = make_run(state)
     cached = state / "runs" / f"{run_id}.spec"
     cached.write_bytes(cached.read_bytes().replace(b"adamw", b"sgd\x20\x20"))
-    out = swarmd("run", "--run-id", run_id, "--state-dir", str(state), *LOOPBACK_FLAGS, "--no-benchmark",
-                 "--join-timeout", "2")  # fmt: skip
+    out = swarmd(
+        "run", "--run-id", run_id, "--state-dir", str(state), *LOOPBACK_FLAGS, "--no-benchmark", "--join-timeout", "2"
+    )
     assert "Ignoring the cached spec" in out.stderr and "bad signature" in out.stderr
     assert_one_line_error(out, "not served")
 

@@ -13,8 +13,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
 def test_demo_trains_with_two_daemons_and_stops_them() -> None:
-    result = subprocess.run([sys.executable, "-m", "swarmd", "demo", "--peers", "2", "--duration", "25"],
-                            capture_output=True, text=True, timeout=280)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "swarmd", "demo", "--peers", "2", "--duration", "25"],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     out = result.stdout
     state = re.search(r"state and logs in (\S+)\)", out)
     if state:

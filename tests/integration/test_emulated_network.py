@@ -35,15 +35,24 @@ def test_devices_reach_each_other_on_shaped_links_and_everything_goes_on_failure
     net = EmulatedNetwork(f"swt{os.getpid()}", [1e6, 2e6], [3e6, 4e6], [0.01, 0.02], tmp_path, net=214)
     sleeper = None
     with pytest.raises(RuntimeError, match="the harness failed here"), net:
-        echo = subprocess.Popen([*net.prefix_for(1), sys.executable, "-c", ECHO_SERVER, net.ip(1)],
-                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+        echo = subprocess.Popen(
+            [*net.prefix_for(1), sys.executable, "-c", ECHO_SERVER, net.ip(1)], stdout=subprocess.PIPE, text=True
+        )
         assert echo.stdout is not None and echo.stdout.readline().strip() == "listening"
-        client = subprocess.run([*net.prefix_for(0), sys.executable, "-c", ECHO_CLIENT, net.ip(1)],
-                                capture_output=True, text=True, timeout=20)  # fmt: skip
+        client = subprocess.run(
+            [*net.prefix_for(0), sys.executable, "-c", ECHO_CLIENT, net.ip(1)],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
         assert client.stdout.strip() == "hello", client.stderr
         echo.wait(10)
-        shaped = subprocess.run(["ip", "netns", "exec", net.ns(0), "tc", "qdisc", "show", "dev", "eth0"],
-                                capture_output=True, text=True, timeout=10).stdout  # fmt: skip
+        shaped = subprocess.run(
+            ["ip", "netns", "exec", net.ns(0), "tc", "qdisc", "show", "dev", "eth0"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
         assert "tbf" in shaped and "rate 8Mbit" in shaped, shaped  # device 0 uploads at 1 MB/s
         assert json.loads(net.delay_file(0).read_text()) == {net.ip(1): pytest.approx(0.03)}
         sent, received = net.interface_bytes(0)

@@ -21,8 +21,11 @@ from tests.unit.training.swarm_in_process import Swarm
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
-TINY = {**DEFAULT_RUN, "name": "tiny-export",
-        "model": {"family": "gpt2", "layers": 2, "hidden": 32, "heads": 2, "vocab": 256, "seq_len": 32}}  # fmt: skip
+TINY = {
+    **DEFAULT_RUN,
+    "name": "tiny-export",
+    "model": {"family": "gpt2", "layers": 2, "hidden": 32, "heads": 2, "vocab": 256, "seq_len": 32},
+}
 
 
 def swarmd(*args: str) -> subprocess.CompletedProcess[str]:

@@ -225,12 +225,22 @@ def test_daemons_on_one_lan_find_each_other_without_bootstrap(
             ]
             daemons.append(
                 LocalDaemon(
-                    workdir / name, run_id,
-                    ["--heartbeat-interval", "1", "--heartbeat-ttl", "8", "--no-benchmark", "--no-train",
-                     "--join-timeout", "60"],
-                    network_args=network, command_prefix=["ip", "netns", "exec", ns],
+                    workdir / name,
+                    run_id,
+                    [
+                        "--heartbeat-interval",
+                        "1",
+                        "--heartbeat-ttl",
+                        "8",
+                        "--no-benchmark",
+                        "--no-train",
+                        "--join-timeout",
+                        "60",
+                    ],
+                    network_args=network,
+                    command_prefix=["ip", "netns", "exec", ns],
                 ).start()
-            )  # fmt: skip
+            )
         a, b = daemons
         id_a, id_b = a.wait_running()["peer_id"], b.wait_running()["peer_id"]
         wait_for(lambda: a.seen_peers() == {id_b} and b.seen_peers() == {id_a}, 60, "a and b to see each other")
@@ -256,8 +266,13 @@ def test_lan_discovery_child_is_restarted(
     ns_a, ip_a, _, _ = lan
     run_id = make_run(workdir / "a")
     network = ["--host-maddrs", f"/ip4/{ip_a}/tcp/0", "--lan-maddr", f"/ip4/{ip_a}/tcp/0", "--no-nat-port-map"]
-    a = LocalDaemon(workdir / "a", run_id, ["--no-benchmark", "--no-train"], network_args=network,
-                    command_prefix=["ip", "netns", "exec", ns_a])  # fmt: skip
+    a = LocalDaemon(
+        workdir / "a",
+        run_id,
+        ["--no-benchmark", "--no-train"],
+        network_args=network,
+        command_prefix=["ip", "netns", "exec", ns_a],
+    )
     try:
         a.start()
         before = a.wait_running()["lan_addrs"]
@@ -275,8 +290,11 @@ def test_lan_discovery_child_is_restarted(
         (child,) = wait_for(lan_children, 10, "the LAN discovery child")
         os.kill(child, signal.SIGKILL)
         wait_for(lambda: [p for p in lan_children() if p != child], 40, "a new LAN discovery child")
-        after = wait_for(lambda: (a.status() or {}).get("lan_addrs") != before and a.status()["lan_addrs"], 20,
-                         "the new child's addresses in status")  # fmt: skip
+        after = wait_for(
+            lambda: (a.status() or {}).get("lan_addrs") != before and a.status()["lan_addrs"],
+            20,
+            "the new child's addresses in status",
+        )
         assert after[0].startswith(f"/ip4/{ip_a}/tcp/")
         assert a.status()["state"] == "running"
     finally:

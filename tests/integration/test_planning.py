@@ -121,8 +121,11 @@ def test_roles_follow_the_history_the_observers_kept(
     ids = [load_or_create_identity(prepare_state_dir(d)).peer_id for d in dirs]
     veteran, regular, flapper, newcomer = ids
     now = time.time()
-    history = {veteran: [86400.0, 86400.0, 0, now], regular: [3600.0, 3600.0, 0, now],
-               flapper: [3600.0, 3420.0, 10, now]}  # fmt: skip
+    history = {
+        veteran: [86400.0, 86400.0, 0, now],
+        regular: [3600.0, 3600.0, 0, now],
+        flapper: [3600.0, 3420.0, 10, now],
+    }
     for d, observer in zip(dirs, ids, strict=True):
         book = {"version": 1, "observer": observer, "peers": {p: w for p, w in history.items() if p != observer}}
         (d / OBSERVATIONS_FILE).write_text(json.dumps(book))

@@ -141,16 +141,24 @@ def split_network() -> Iterator[dict[str, str]]:
         # Both ends are created inside the namespaces: the host's own namespace never sees them.
         run_ip("-n", ns["a"], "link", "add", "veth-a", "type", "veth", "peer", "name", "veth-ra", "netns", ns["r"])
         run_ip("-n", ns["t"], "link", "add", "veth-t", "type", "veth", "peer", "name", "veth-rt", "netns", ns["r"])
-        for name, dev, ip in ((ns["a"], "veth-a", f"{left}.1"), (ns["r"], "veth-ra", f"{left}.2"),
-                              (ns["r"], "veth-rt", f"{right}.2"), (ns["t"], "veth-t", f"{right}.1")):  # fmt: skip
+        for name, dev, ip in (
+            (ns["a"], "veth-a", f"{left}.1"),
+            (ns["r"], "veth-ra", f"{left}.2"),
+            (ns["r"], "veth-rt", f"{right}.2"),
+            (ns["t"], "veth-t", f"{right}.1"),
+        ):
             run_ip("-n", name, "addr", "add", f"{ip}/24", "dev", dev)
             run_ip("-n", name, "link", "set", dev, "up")
         # Routes exist both ways through r, so a dial is not refused locally: it goes to r, and
         # r, which forwards nothing, drops it (as a firewall between two volunteers would).
         run_ip("-n", ns["a"], "route", "add", f"{right}.0/24", "via", f"{left}.2")
         run_ip("-n", ns["t"], "route", "add", f"{left}.0/24", "via", f"{right}.2")
-        subprocess.run(["ip", "netns", "exec", ns["r"], "sysctl", "-q", "-w", "net.ipv4.ip_forward=0"],
-                       check=True, capture_output=True, timeout=10)  # fmt: skip
+        subprocess.run(
+            ["ip", "netns", "exec", ns["r"], "sysctl", "-q", "-w", "net.ipv4.ip_forward=0"],
+            check=True,
+            capture_output=True,
+            timeout=10,
+        )
         yield {**ns, "ip_a": f"{left}.1", "ip_ra": f"{left}.2", "ip_rt": f"{right}.2", "ip_t": f"{right}.1"}
     finally:
         for name in created:
@@ -165,8 +173,11 @@ class Helper:
         with open(self.stderr_path, "wb") as stderr:
             self.proc = subprocess.Popen(
                 ["ip", "netns", "exec", netns, sys.executable, str(script), role, *args],
-                stdout=subprocess.PIPE, stderr=stderr, text=True, preexec_fn=die_with_parent,
-            )  # fmt: skip
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                preexec_fn=die_with_parent,
+            )
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:

@@ -84,8 +84,10 @@ def test_sigterm_announces_leaving_and_exits_cleanly(
     # A second daemon on d1's state directory would fight over d1's identity: refused.
     twin = subprocess.run(
         [sys.executable, "-m", "swarmd", "run", "--run-id", run_id, "--state-dir", str(d1.state_dir), *LOOPBACK_FLAGS],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert twin.returncode == 1 and "another swarmd" in twin.stderr and "Traceback" not in twin.stderr
 
     stopped_at = time.monotonic()

@@ -19,8 +19,6 @@ are filtered would: the relay path carries real training.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -182,8 +180,11 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
         killed_at = updates(daemons)
         wait_for(lambda: updates(daemons) >= killed_at + 10, 180, "training to go on after the kill")
         # Every micro-batch issued before the kill is trained: none is skipped.
-        wait_for(lambda: ledger(daemons).get("done_below", 0) >= cursor, 180,
-                 f"every micro-batch below the kill's cursor {cursor} to be trained")  # fmt: skip
+        wait_for(
+            lambda: ledger(daemons).get("done_below", 0) >= cursor,
+            180,
+            f"every micro-batch below the kill's cursor {cursor} to be trained",
+        )
         # Restarted, it rejoins and gets a cell (or stands by as a spare, if the plan says so).
         others = next(d for d in daemons if d is not victim and alive(d)).status() or {}
         victim.start(others["addrs"])  # (it may have been the first: join through another)
@@ -208,7 +209,7 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
         # The swarm's weights as they stand: every stage gathered from its shards by a running
         # daemon and exported (what a user does at the end of a run).
         exported = workdir / "exported"
-        versions = _export(daemons[0], run_id, exported)
+        versions = _export(daemons[0], exported)
     assert not watch.decreases, f"a shard's version went down: {watch.decreases}"
     for daemon in daemons:
         assert daemon.stop(timeout=60) == 0, daemon.log_tail()
@@ -221,24 +222,24 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
     mb, batch = DEFAULT_RUN["batch"]["micro_batch"], DEFAULT_RUN["batch"]["sequences"]
     opt = DEFAULT_RUN["optimizer"]
     steps = min(versions)
-    settings = TrainSettings(seed=seed, steps=steps, batch_sequences=batch, micro_batch=mb, lr=opt["lr"],
-                             weight_decay=opt["weight_decay"])  # fmt: skip
+    settings = TrainSettings(
+        seed=seed, steps=steps, batch_sequences=batch, micro_batch=mb, lr=opt["lr"], weight_decay=opt["weight_decay"]
+    )
     _, reference_weights = train_reference(shape, train, settings)
     start_model = build_model(shape, seed)
     start = held_out_loss(start_model, held_out)
     start_model.load_state_dict(reference_weights)
     ref_end = held_out_loss(start_model, held_out)
     swarm_end = held_out_loss(AutoModelForCausalLM.from_pretrained(exported), held_out)
-    print(f"held-out loss: start {start:.3f}; after {steps} updates ({versions}) swarm {swarm_end:.3f}, "
-          f"reference {ref_end:.3f}, gap {swarm_end - ref_end:+.3f}")  # fmt: skip
+    print(
+        f"held-out loss: start {start:.3f}; after {steps} updates ({versions}) swarm {swarm_end:.3f}, "
+        f"reference {ref_end:.3f}, gap {swarm_end - ref_end:+.3f}"
+    )
     assert swarm_end < start - 1.5, (start, swarm_end)
     assert abs(swarm_end - ref_end) < TOLERANCE_NATS, (swarm_end, ref_end)
 
 
-def _export(daemon: LocalDaemon, run_id: str, out: Path) -> list[int]:
+def _export(daemon: LocalDaemon, out: Path) -> list[int]:
     """``swarmd export`` against a running daemon; returns the exported stages' weight versions."""
-    command = [sys.executable, "-m", "swarmd", "export", "--run-id", run_id, str(out), "--state-dir",
-               str(daemon.state_dir)]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=180)
-    assert result.returncode == 0, result.stderr
-    return [int(v) for v in result.stdout.split("versions [")[1].split("]")[0].split(",")]
+    printed = daemon.export(out)
+    return [int(v) for v in printed.split("versions [")[1].split("]")[0].split(",")]

@@ -195,8 +195,9 @@ def test_a_stranger_cannot_claim_a_shard_nor_plant_its_weights(
         return None
 
     _, before = wait_for(stage0_holder, 120, "the shards to spread")
-    result = subprocess.run([sys.executable, "-c", STRANGER, d0.status()["addrs"][0], run_id],
-                            capture_output=True, text=True, timeout=90)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", STRANGER, d0.status()["addrs"][0], run_id], capture_output=True, text=True, timeout=90
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "refused NotMember" in result.stdout, result.stdout
 
@@ -213,8 +214,11 @@ def test_a_stranger_cannot_claim_a_shard_nor_plant_its_weights(
 
 def test_export_gathers_the_stages_from_the_swarm(shared_pair: tuple[Path, str, LocalDaemon, LocalDaemon]) -> None:
     workdir, run_id, d0, d1 = shared_pair
-    wait_for(lambda: len(served(d1)) == 1 and len(served(d0)) == 1 and min(served(d1).values()) >= 2, 120,
-             "the shards to spread and train")  # fmt: skip
+    wait_for(
+        lambda: len(served(d1)) == 1 and len(served(d0)) == 1 and min(served(d1).values()) >= 2,
+        120,
+        "the shards to spread and train",
+    )
     ((s, version),) = served(d1).items()  # d1's shard: the export on d0 must fetch it
     out = workdir / "exported"
     export = [sys.executable, "-m", "swarmd", "export", "--run-id", run_id, str(out)]

@@ -151,6 +151,12 @@ def test_typed_requests_over_real_libp2p_streams() -> None:
     assert out["routes"]["relayed"] == 2 and out["relaying"]["forwarded"] == 2
     assert out["still_serving"] is True
     counters = out["counters"]
-    assert counters["refused"] == {"NOT_HOLDER": 2, "BAD_REQUEST": 3, "WRONG_RUN": 1, "TOO_LARGE": 3,
-                                   "UNKNOWN_METHOD": 1, "TIMEOUT": 1}, counters  # fmt: skip
+    assert counters["refused"] == {
+        "NOT_HOLDER": 2,
+        "BAD_REQUEST": 3,
+        "WRONG_RUN": 1,
+        "TOO_LARGE": 3,
+        "UNKNOWN_METHOD": 1,
+        "TIMEOUT": 1,
+    }, counters
     assert counters["answered"] == 4

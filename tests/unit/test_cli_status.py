@@ -10,20 +10,51 @@ from swarmd.cli import _fmt_training
 
 pytestmark = pytest.mark.timeout(30)
 
-CELL = {"pipeline": 1, "stage": 0, "shares": 12, "rounds": 3, "abandoned": 1, "loss": None,
-        "weights": {"versions": [7, 7]},
-        "contributions": {"sent": 6, "resent": 1, "dropped": 0, "waiting": 1}}  # fmt: skip
-SHARD = {"stage": 0, "shard": 1, "shards": 2, "version": 7, "contributions": 9, "duplicates": 1, "dropped_stale": 2,
-         "refused": 0, "unreplicated": 0}  # fmt: skip
+CELL = {
+    "pipeline": 1,
+    "stage": 0,
+    "shares": 12,
+    "rounds": 3,
+    "abandoned": 1,
+    "loss": None,
+    "weights": {"versions": [7, 7]},
+    "contributions": {"sent": 6, "resent": 1, "dropped": 0, "waiting": 1},
+}
+SHARD = {
+    "stage": 0,
+    "shard": 1,
+    "shards": 2,
+    "version": 7,
+    "contributions": 9,
+    "duplicates": 1,
+    "dropped_stale": 2,
+    "refused": 0,
+    "unreplicated": 0,
+}
 LEDGER = {"cursor": 96, "done_below": 80, "open": 2, "waiting": 1, "issued": 25, "reissued": 1, "completed": 22}
 
 
 def training(**changes: Any) -> dict[str, Any]:
-    status = {"state": "training", "error": None, "stages": 2, "mode": "local", "updates": 7,
-              "assignment": {"version": 4, "provisional": False, "pipelines": 2, "local_steps": 4,
-                             "share_micro_batches": 8, "shards": [2, 1]},
-              "cells": [CELL], "shards": [SHARD], "ledger": None, "trained_tokens": None,
-              "tokens_per_s": None}  # fmt: skip
+    status = {
+        "state": "training",
+        "error": None,
+        "stages": 2,
+        "mode": "local",
+        "updates": 7,
+        "assignment": {
+            "version": 4,
+            "provisional": False,
+            "pipelines": 2,
+            "local_steps": 4,
+            "share_micro_batches": 8,
+            "shards": [2, 1],
+        },
+        "cells": [CELL],
+        "shards": [SHARD],
+        "ledger": None,
+        "trained_tokens": None,
+        "tokens_per_s": None,
+    }
     return {**status, **changes}
 
 

@@ -14,9 +14,19 @@ T0 = 1_800_000_000.0
 
 
 def plan(by: str, version: int, expires_at: float = T0 + 60) -> PlanRecord:
-    return PlanRecord(run_id="r.x", peer_id=by, issued_at=T0, expires_at=expires_at, version=version, kind="full",
-                      devices=["a", "b", "c"], pipelines=[[0, 1]], layers_per_stage=[3, 1],
-                      parameter_servers=[0, 1], relays=[2])  # fmt: skip
+    return PlanRecord(
+        run_id="r.x",
+        peer_id=by,
+        issued_at=T0,
+        expires_at=expires_at,
+        version=version,
+        kind="full",
+        devices=["a", "b", "c"],
+        pipelines=[[0, 1]],
+        layers_per_stage=[3, 1],
+        parameter_servers=[0, 1],
+        relays=[2],
+    )
 
 
 def test_the_incumbent_is_the_live_publisher_of_the_newest_plan() -> None:

@@ -30,9 +30,19 @@ RUN = "demo.abcdefghijklmnopqrstuvwx"
 
 
 def forward(**changes: Any) -> CellForward:
-    fields: dict[str, Any] = {"run_id": RUN, "pipeline": 0, "stage": 1, "epoch": "e1", "share_id": 4, "share_first": 32,
-                              "share_count": 8, "round_end": False, "attempt": 1, "micro_batch": 33,
-                              "version": 2}  # fmt: skip
+    fields: dict[str, Any] = {
+        "run_id": RUN,
+        "pipeline": 0,
+        "stage": 1,
+        "epoch": "e1",
+        "share_id": 4,
+        "share_first": 32,
+        "share_count": 8,
+        "round_end": False,
+        "attempt": 1,
+        "micro_batch": 33,
+        "version": 2,
+    }
     return CellForward(**{**fields, **changes})
 
 

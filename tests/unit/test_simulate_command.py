@@ -35,8 +35,21 @@ def test_simulate_writes_a_report_numbers_and_plots(
     scenario_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "sim"
-    argv = ["simulate", "--scenario", str(scenario_file), "--hours", "0.5", "--seed", "1",
-            "--strategies", "swarmd,petals-greedy", "--time-budget", "0.05", "--out", str(out)]  # fmt: skip
+    argv = [
+        "simulate",
+        "--scenario",
+        str(scenario_file),
+        "--hours",
+        "0.5",
+        "--seed",
+        "1",
+        "--strategies",
+        "swarmd,petals-greedy",
+        "--time-budget",
+        "0.05",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "| swarmd |" in printed and "| petals-greedy |" in printed
@@ -79,9 +92,11 @@ def test_the_simulators_defaults_are_the_daemons() -> None:
     roles = RolesConfig()
     assert settings.coordinate_s == coordination_round_s(HeartbeatConfig().interval_s)
     assert settings.thresholds == Thresholds(
-        min_reliability=roles.min_reliability, min_relay_reliability=roles.min_relay_reliability,
-        min_connectivity_Bps=roles.min_connectivity_Bps, hysteresis=roles.hysteresis,
-    )  # fmt: skip
+        min_reliability=roles.min_reliability,
+        min_relay_reliability=roles.min_relay_reliability,
+        min_connectivity_Bps=roles.min_connectivity_Bps,
+        hysteresis=roles.hysteresis,
+    )
     assert settings.data_via_relay == SwarmConfig().data_via_relay
     # A cell further behind than this gets the whole slice: the planner prices it the same way.
     assert settings.keep_versions == KEEP_VERSIONS == ShardConfig(mode="gradient", lr=1e-3).keep_versions
@@ -92,14 +107,28 @@ def test_a_strategy_that_cannot_place_the_swarm_is_reported_not_fatal(tmp_path: 
 
     # 1.3B parameters need more than 16 GiB with their optimizer state: no 12-16 GiB device
     # holds them alone, so DiLoCo has no replica; swarmd pipelines them.
-    raw = synthetic_scenario_dict(12, seed=1, model={"layers": 24, "hidden": 2048, "seq_len": 2048,
-                                                     "vocab": 50257, "params": 1.3e9, "dtype_bytes": 2})  # fmt: skip
+    raw = synthetic_scenario_dict(
+        12,
+        seed=1,
+        model={"layers": 24, "hidden": 2048, "seq_len": 2048, "vocab": 50257, "params": 1.3e9, "dtype_bytes": 2},
+    )
     for device in raw["devices"]:
         device["memory_gib"] = 16
     path = tmp_path / "big.json"
     path.write_text(json.dumps(raw))
-    argv = ["simulate", "--scenario", str(path), "--hours", "0.2", "--strategies", "swarmd,diloco",
-            "--time-budget", "0.05", "--out", str(tmp_path / "sim")]  # fmt: skip
+    argv = [
+        "simulate",
+        "--scenario",
+        str(path),
+        "--hours",
+        "0.2",
+        "--strategies",
+        "swarmd,diloco",
+        "--time-budget",
+        "0.05",
+        "--out",
+        str(tmp_path / "sim"),
+    ]
     assert main(argv) == 0
     report = (tmp_path / "sim" / "report.md").read_text()
     assert "| swarmd |" in report and "- diloco: cannot run (no live device holds the model alone" in report

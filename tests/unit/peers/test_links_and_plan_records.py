@@ -76,10 +76,19 @@ def test_links_record_round_trip_and_refusals() -> None:
 
 def plan_of(**kw: object) -> PlanRecord:
     fields: dict[str, object] = dict(
-        run_id=RUN, peer_id=A.peer_id, issued_at=T0, expires_at=T0 + 60, version=3, kind="repair",
-        devices=[A.peer_id, B.peer_id, C.peer_id], pipelines=[[0, 2]], layers_per_stage=[3, 1],
-        parameter_servers=[0, 2], relays=[1], predicted={"iteration_s": 1.5},
-    )  # fmt: skip
+        run_id=RUN,
+        peer_id=A.peer_id,
+        issued_at=T0,
+        expires_at=T0 + 60,
+        version=3,
+        kind="repair",
+        devices=[A.peer_id, B.peer_id, C.peer_id],
+        pipelines=[[0, 2]],
+        layers_per_stage=[3, 1],
+        parameter_servers=[0, 2],
+        relays=[1],
+        predicted={"iteration_s": 1.5},
+    )
     fields.update(kw)
     return PlanRecord(**fields)  # type: ignore[arg-type]
 
@@ -90,8 +99,9 @@ def test_plan_record_round_trip_and_lookups() -> None:
     assert parsed == plan
     assert parsed.stage_of(C.peer_id) == 1 and parsed.stage_of(B.peer_id) is None
     assert parsed.server_of(1) == C.peer_id
-    sharded = plan_of(shard_servers=[[0, 1], [2]], local_steps=20, share_micro_batches=8, spares=[1],
-                      reduce_groups=[1, 2])  # fmt: skip
+    sharded = plan_of(
+        shard_servers=[[0, 1], [2]], local_steps=20, share_micro_batches=8, spares=[1], reduce_groups=[1, 2]
+    )
     assert parse_plan(sharded.sign(A), run_id=RUN, now=T0) == sharded
 
 
@@ -128,8 +138,14 @@ def test_the_snapshot_fills_unmeasured_links_and_counts_them() -> None:
         A.peer_id: links_of(A, {B.peer_id: LinkEstimate(0.02, 5e6, T0, 1)}, tflops=20.0),
         B.peer_id: links_of(B, {C.peer_id: LinkEstimate(0.04, 1e6, T0, 1)}, tflops=40.0),
     }
-    snap = build_snapshot("live", members, records, {B.peer_id: (5.0, 1.0)},
-                          model_for_scenario(4, 128, 256, 128), {"sequences": 16, "micro_batch": 4})  # fmt: skip
+    snap = build_snapshot(
+        "live",
+        members,
+        records,
+        {B.peer_id: (5.0, 1.0)},
+        model_for_scenario(4, 128, 256, 128),
+        {"sequences": 16, "micro_batch": 4},
+    )
     sc = snap.scenario
     i = sc.index()
     assert snap.measured == 2 and snap.filled == 4
@@ -150,8 +166,14 @@ def test_an_unreachable_link_is_published_at_the_floor_and_starts_afresh_when_it
     record = parse_links(links_of(A, {B.peer_id: est}).sign(A), run_id=RUN, now=T0)  # within the schema
     assert record.links[B.peer_id][1] == links_mod.UNREACHABLE_BPS
     members = [Member(p.peer_id, 16.0) for p in (A, B)]
-    snap = build_snapshot("live", members, {A.peer_id: record}, {}, model_for_scenario(4, 128, 256, 128),
-                          {"sequences": 16, "micro_batch": 4})  # fmt: skip
+    snap = build_snapshot(
+        "live",
+        members,
+        {A.peer_id: record},
+        {},
+        model_for_scenario(4, 128, 256, 128),
+        {"sequences": 16, "micro_batch": 4},
+    )
     i = snap.scenario.index()
     assert snap.scenario.bandwidth_Bps[i[A.peer_id], i[B.peer_id]] == links_mod.UNREACHABLE_BPS
     est.add(T0 + 20, bandwidth_Bps=2e6)  # it opens again: the new sample, not an average with the floor

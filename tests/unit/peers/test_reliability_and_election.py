@@ -105,10 +105,14 @@ def test_observations_record_round_trip_and_refusals() -> None:
 
 def test_self_reports_are_ignored_and_a_lying_minority_cannot_lift_a_flapper() -> None:
     flapper = (3600.0, 1800.0, 30)  # what honest observers saw
-    honest = [Observations(run_id=RUN, observer=f"h{i}", issued_at=T0, expires_at=T0 + 60, peers={"x": flapper})
-              for i in range(3)]  # fmt: skip
-    liars = [Observations(run_id=RUN, observer=f"l{i}", issued_at=T0, expires_at=T0 + 60,
-                          peers={"x": (86400.0, 86400.0, 0)}) for i in range(2)]  # fmt: skip
+    honest = [
+        Observations(run_id=RUN, observer=f"h{i}", issued_at=T0, expires_at=T0 + 60, peers={"x": flapper})
+        for i in range(3)
+    ]
+    liars = [
+        Observations(run_id=RUN, observer=f"l{i}", issued_at=T0, expires_at=T0 + 60, peers={"x": (86400.0, 86400.0, 0)})
+        for i in range(2)
+    ]
     itself = Observations(run_id=RUN, observer="x", issued_at=T0, expires_at=T0 + 60, peers={"x": (1e6, 1e6, 0)})
     result = swarm_reliability([*honest, *liars, itself], ["x", "nobody"])
     assert result["x"].observers == 5  # its own word is not among them
@@ -183,8 +187,13 @@ def test_hostile_books_and_records_are_refused(tmp_path: Path) -> None:
     assert ObservationBook.load(path, "me").watches == {}
     path.write_text('{"observer": "me", "peers": {"p": [10, 5, 0, 1e300]}}')  # seen in the far future
     assert ObservationBook.load(path, "me").watches == {}
-    body = {"run_id": RUN, "peer_id": A.peer_id, "issued_at": T0, "expires_at": T0 + 60,
-            "peers": {"evil\x1b[31m\n": [60, 60, 0]}}  # fmt: skip
+    body = {
+        "run_id": RUN,
+        "peer_id": A.peer_id,
+        "issued_at": T0,
+        "expires_at": T0 + 60,
+        "peers": {"evil\x1b[31m\n": [60, 60, 0]},
+    }
     with pytest.raises(RecordError, match="bad subject"):
         parse_observations(sign_record(A, rel.KIND, body), run_id=RUN, now=T0)
 

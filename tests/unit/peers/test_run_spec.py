@@ -220,9 +220,14 @@ def test_bad_schema(changes: dict[str, Any], match: str) -> None:
 
 @pytest.mark.parametrize(
     ("section", "match"),
-    [(None, "run spec: unknown"), ("model", "run spec.model: unknown"), ("data", "run spec.data: unknown"),
-     ("batch", "run spec.batch: unknown"), ("optimizer", "run spec.optimizer: unknown")],
-)  # fmt: skip
+    [
+        (None, "run spec: unknown"),
+        ("model", "run spec.model: unknown"),
+        ("data", "run spec.data: unknown"),
+        ("batch", "run spec.batch: unknown"),
+        ("optimizer", "run spec.optimizer: unknown"),
+    ],
+)
 def test_unknown_fields(section: str | None, match: str) -> None:
     b = body()
     (b if section is None else b[section])["surprise"] = 1

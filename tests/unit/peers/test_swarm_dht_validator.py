@@ -208,9 +208,12 @@ def test_heartbeat_of_another_run_rejected(validate: Validator, run_id: str, mem
     # Under the key of its own run it is stored: a DHT shared by several runs serves them all
     # (readers still see only their own run).
     assert validate(
-        run_id, key=f"swarmd/{other_run}/members", value=hb.sign(member), subkey=member.peer_id,
+        run_id,
+        key=f"swarmd/{other_run}/members",
+        value=hb.sign(member),
+        subkey=member.peer_id,
         expiration=hb.expires_at,
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize("key", ["some-other-key", "swarmd/x/members", "spec-not-members"])
@@ -299,11 +302,19 @@ def test_links_and_plan_records_under_their_own_keys_only(validate: Validator, r
     assert validate(run_id, key=f"swarmd/{run_id}/links", **ok)
     assert not validate(run_id, key=f"swarmd/{run_id}/plan", **ok)
     assert not validate(run_id, key="members", **ok)
-    assert not validate(run_id, key=f"swarmd/{run_id}/links", value=raw, subkey="QmOther",
-                        expiration=links.expires_at)  # fmt: skip
-    plan = PlanRecord(run_id=run_id, peer_id=member.peer_id, issued_at=now, expires_at=now + 60, version=1,
-                      kind="full", devices=[member.peer_id], pipelines=[[0]], layers_per_stage=[4],
-                      parameter_servers=[0])  # fmt: skip
+    assert not validate(run_id, key=f"swarmd/{run_id}/links", value=raw, subkey="QmOther", expiration=links.expires_at)
+    plan = PlanRecord(
+        run_id=run_id,
+        peer_id=member.peer_id,
+        issued_at=now,
+        expires_at=now + 60,
+        version=1,
+        kind="full",
+        devices=[member.peer_id],
+        pipelines=[[0]],
+        layers_per_stage=[4],
+        parameter_servers=[0],
+    )
     raw = plan.sign(member)
     assert validate(run_id, key=f"swarmd/{run_id}/plan", value=raw, subkey=member.peer_id, expiration=now + 60)
     assert not validate(run_id, key=f"swarmd/{run_id}/plan", value=raw, subkey=member.peer_id, expiration=now + 600)
@@ -317,16 +328,28 @@ def test_pool_leases_under_their_own_pipeline_or_stage_key_only(
     from swarmd.peers.taskpool.servers import ShardLease
 
     now = time.time()
-    cell = CellLease(run_id=run_id, pipeline=2, stage=1, peer_id=member.peer_id, claimed_at=now, issued_at=now,
-                     expires_at=now + 30)  # fmt: skip
-    shard = ShardLease(run_id=run_id, stage=1, shard=0, shards=2, peer_id=member.peer_id, claimed_at=now,
-                       issued_at=now, expires_at=now + 30, version=7)  # fmt: skip
+    cell = CellLease(
+        run_id=run_id, pipeline=2, stage=1, peer_id=member.peer_id, claimed_at=now, issued_at=now, expires_at=now + 30
+    )
+    shard = ShardLease(
+        run_id=run_id,
+        stage=1,
+        shard=0,
+        shards=2,
+        peer_id=member.peer_id,
+        claimed_at=now,
+        issued_at=now,
+        expires_at=now + 30,
+        version=7,
+    )
     for lease, right, wrong in [(cell, "cells/2/1", "cells/2/0"), (shard, "shards/1", "shards/0")]:
         raw = lease.sign(member)
         ok = dict(value=raw, subkey=member.peer_id, expiration=lease.expires_at)
         assert validate(run_id, key=f"swarmd/{run_id}/{right}", **ok)
         assert not validate(run_id, key=f"swarmd/{run_id}/{wrong}", **ok)
-        assert not validate(run_id, key=f"swarmd/{run_id}/{right}", value=raw, subkey="someone-else",
-                            expiration=lease.expires_at)  # fmt: skip
-        assert not validate(run_id, key=f"swarmd/{run_id}/{right}", value=raw, subkey=member.peer_id,
-                            expiration=lease.expires_at + 60)  # fmt: skip
+        assert not validate(
+            run_id, key=f"swarmd/{run_id}/{right}", value=raw, subkey="someone-else", expiration=lease.expires_at
+        )
+        assert not validate(
+            run_id, key=f"swarmd/{run_id}/{right}", value=raw, subkey=member.peer_id, expiration=lease.expires_at + 60
+        )

@@ -92,8 +92,9 @@ class Member:
 
 
 class Swarm:
-    def __init__(self, folder: Path, peers: int, spec_changes: dict[str, Any] | None = None,
-                 link_Bps: float = 0.0) -> None:  # fmt: skip
+    def __init__(
+        self, folder: Path, peers: int, spec_changes: dict[str, Any] | None = None, link_Bps: float = 0.0
+    ) -> None:
         body = {**DEFAULT_RUN, **(spec_changes or {})}
         creator = Identity.generate()
         self.spec: SignedRunSpec = sign_run_spec(creator, parse_spec_body(body))

@@ -101,8 +101,11 @@ def test_a_killed_server_is_taken_over_by_its_standby_with_no_update_lost(tmp_pa
         await swarm.kill(victim)
 
         def served() -> list[int]:
-            return [m.trainer.servers[(1, 0)].version for m in swarm.members.values()
-                    if m.alive and (1, 0) in m.trainer.servers]  # fmt: skip
+            return [
+                m.trainer.servers[(1, 0)].version
+                for m in swarm.members.values()
+                if m.alive and (1, 0) in m.trainer.servers
+            ]
 
         await swarm.wait_for("the shard served again", lambda: bool(served()), 120)
         resumed = max(served())
@@ -116,9 +119,18 @@ def test_a_killed_server_is_taken_over_by_its_standby_with_no_update_lost(tmp_pa
 def test_with_a_plan_a_spare_takes_the_dead_cell_and_the_named_standby_its_shard(tmp_path: Path) -> None:
     async def scenario(swarm: Swarm) -> tuple[str, str, str, int, dict[str, Any]]:
         a, b, spare = sorted(swarm.members)
-        record = PlanRecord(run_id=swarm.spec.run_id, peer_id=a, issued_at=time.time(), expires_at=time.time() + 600,
-                            version=1, kind="full", devices=[a, b, spare], pipelines=[[0, 1]], layers_per_stage=[2, 2],
-                            parameter_servers=[0, 1])  # fmt: skip
+        record = PlanRecord(
+            run_id=swarm.spec.run_id,
+            peer_id=a,
+            issued_at=time.time(),
+            expires_at=time.time() + 600,
+            version=1,
+            kind="full",
+            devices=[a, b, spare],
+            pipelines=[[0, 1]],
+            layers_per_stage=[2, 2],
+            parameter_servers=[0, 1],
+        )
         for member in swarm.members.values():
             member.trainer.roles.plan = record
         await swarm.wait_for("6 updates", lambda: swarm.updates() >= 6, 180)
@@ -159,9 +171,19 @@ def test_local_steps_contribute_a_pseudo_gradient_every_h_shares_and_learn(tmp_p
 def grouped_plan(swarm: Swarm, devices: list[str], pipelines: list[list[int]], servers: list[int]) -> PlanRecord:
     """A plan whose stages reduce in groups of 2: pipeline 0's cells head the one shard of each
     stage, so pipeline 1's cells send their slices to them and pull the deltas from them."""
-    return PlanRecord(run_id=swarm.spec.run_id, peer_id=devices[0], issued_at=time.time(),
-                      expires_at=time.time() + 600, version=1, kind="full", devices=devices, pipelines=pipelines,
-                      layers_per_stage=[2, 2], parameter_servers=servers, reduce_groups=[2, 2])  # fmt: skip
+    return PlanRecord(
+        run_id=swarm.spec.run_id,
+        peer_id=devices[0],
+        issued_at=time.time(),
+        expires_at=time.time() + 600,
+        version=1,
+        kind="full",
+        devices=devices,
+        pipelines=pipelines,
+        layers_per_stage=[2, 2],
+        parameter_servers=servers,
+        reduce_groups=[2, 2],
+    )
 
 
 def test_a_reduction_group_sums_its_cells_slices_before_the_server_and_learns(tmp_path: Path) -> None:

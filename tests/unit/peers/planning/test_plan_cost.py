@@ -20,16 +20,29 @@ def test_defaults_are_one_shard_at_the_parameter_server_gradients_and_the_batch_
 
 def test_to_json_keeps_the_format_fields_and_adds_the_data_path_with_each_devices_roles() -> None:
     sc = synthetic_scenario(8, regions=1, seed=1)
-    p = Plan(((0, 1), (2, 3)), (6, 6), (0, 1), relays=(5,), shard_servers=((0, 4), (1, 5)), local_steps=8,
-             share_micro_batches=16, spares=(4, 5, 6))  # fmt: skip
+    p = Plan(
+        ((0, 1), (2, 3)),
+        (6, 6),
+        (0, 1),
+        relays=(5,),
+        shard_servers=((0, 4), (1, 5)),
+        local_steps=8,
+        share_micro_batches=16,
+        spares=(4, 5, 6),
+    )
     out = p.to_json(sc)
     assert list(out)[:4] == ["pipelines", "layers_per_stage", "parameter_servers", "relays"]
     assert out["shard_servers"] == [["d0000", "d0004"], ["d0001", "d0005"]]
     assert out["local_steps"] == 8 and out["share_micro_batches"] == 16 and out["spares"] == ["d0004", "d0005", "d0006"]
     assert out["roles"] == {
-        "d0000": ["cell", "shard_server"], "d0001": ["cell", "shard_server"], "d0002": ["cell"], "d0003": ["cell"],
-        "d0004": ["shard_server"], "d0005": ["shard_server", "relay"], "d0006": ["spare"],
-    }  # fmt: skip
+        "d0000": ["cell", "shard_server"],
+        "d0001": ["cell", "shard_server"],
+        "d0002": ["cell"],
+        "d0003": ["cell"],
+        "d0004": ["shard_server"],
+        "d0005": ["shard_server", "relay"],
+        "d0006": ["spare"],
+    }
 
 
 def test_remapped_moves_every_index_field() -> None:

@@ -117,8 +117,14 @@ def test_the_plan_trains_faster_than_random_placements_of_its_shape_with_its_sch
     rng = np.random.default_rng(3)
     for _ in range(30):
         grid = tuple(map(tuple, rng.permutation(24).reshape(6, 4)))
-        drawn = Plan(grid, ours.layers_per_stage, ours.parameter_servers, shard_servers=ours.shard_servers,
-                     local_steps=ours.local_steps, share_micro_batches=ours.share_micro_batches)  # fmt: skip
+        drawn = Plan(
+            grid,
+            ours.layers_per_stage,
+            ours.parameter_servers,
+            shard_servers=ours.shard_servers,
+            local_steps=ours.local_steps,
+            share_micro_batches=ours.share_micro_batches,
+        )
         assert predict_throughput(sc, drawn).tokens_per_s < ours.meta["prediction"].tokens_per_s  # type: ignore[attr-defined]
 
 
@@ -127,8 +133,9 @@ def test_a_model_that_fits_one_device_is_trained_data_parallel_and_one_that_does
     p = plan(fits, FAST)
     check_valid(fits, p)
     assert p.shape.stages == 1 and p.local_steps > 1  # no activations at all; H hides the exchange
-    raw = synthetic_scenario_dict(16, regions=2, seed=4,
-                                  model={**FOUR_LAYERS, "layers": 24, "params": 1.3e9, "hidden": 2048})  # fmt: skip
+    raw = synthetic_scenario_dict(
+        16, regions=2, seed=4, model={**FOUR_LAYERS, "layers": 24, "params": 1.3e9, "hidden": 2048}
+    )
     for d in raw["devices"]:
         d["memory_gib"] = 24  # a 1.3B model with its state is ~36 GiB on a cell
     p = plan(parse_scenario(raw), FAST)

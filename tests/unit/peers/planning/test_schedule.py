@@ -35,8 +35,9 @@ pytestmark = pytest.mark.timeout(60)
 
 def times(forward: float, stages: int, send: float, ledger: float, pipelines: int = 1) -> PipelineTimes:
     f = np.full((pipelines, stages), forward)
-    return PipelineTimes(f, 2 * f, np.full((pipelines, stages - 1), send), np.zeros((pipelines, stages)),
-                         np.full(pipelines, ledger))  # fmt: skip
+    return PipelineTimes(
+        f, 2 * f, np.full((pipelines, stages - 1), send), np.zeros((pipelines, stages)), np.full(pipelines, ledger)
+    )
 
 
 def test_k_amortises_the_fill_and_the_ledger_within_the_batch_split() -> None:
@@ -165,6 +166,8 @@ def test_pipelines_first_keeps_pipelines_close_and_rematch_sums_least() -> None:
     mixed = np.array([[0, 4], [4 + 1, 1], [2, 6], [7, 3]])
     fixed = rematch(mixed, links)
     cost = links.activation_block(fixed[:, 0], fixed[:, 1]).diagonal().sum()
-    best = min(links.activation_block(mixed[:, 0], mixed[list(p), 1]).diagonal().sum()
-               for p in itertools.permutations(range(4)))  # fmt: skip
+    best = min(
+        links.activation_block(mixed[:, 0], mixed[list(p), 1]).diagonal().sum()
+        for p in itertools.permutations(range(4))
+    )
     assert cost == pytest.approx(best)

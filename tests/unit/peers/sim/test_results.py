@@ -21,13 +21,16 @@ pytestmark = pytest.mark.timeout(30)
 
 def scenario(devices: list[dict[str, Any]], params: float = 1_000_000) -> Scenario:
     n = len(devices)
-    return parse_scenario({
-        "name": "t", "devices": devices,
-        "latency_s": [[0.0 if i == j else 0.001 for j in range(n)] for i in range(n)],
-        "bandwidth_Bps": [[None if i == j else 1e6 * (1 + i) for j in range(n)] for i in range(n)],
-        "model": {"layers": 4, "hidden": 128, "seq_len": 128, "vocab": 256, "params": params, "dtype_bytes": 2},
-        "batch": {"sequences": 8, "micro_batch": 1},
-    })  # fmt: skip
+    return parse_scenario(
+        {
+            "name": "t",
+            "devices": devices,
+            "latency_s": [[0.0 if i == j else 0.001 for j in range(n)] for i in range(n)],
+            "bandwidth_Bps": [[None if i == j else 1e6 * (1 + i) for j in range(n)] for i in range(n)],
+            "model": {"layers": 4, "hidden": 128, "seq_len": 128, "vocab": 256, "params": params, "dtype_bytes": 2},
+            "batch": {"sequences": 8, "micro_batch": 1},
+        }
+    )
 
 
 def test_the_compute_bound_counts_each_device_while_it_is_up() -> None:
@@ -64,8 +67,10 @@ def test_a_stages_parameters_are_its_layers_and_the_embedding_first_and_head_las
 
 
 def test_churn_is_drawn_once_per_seed_and_alternates() -> None:
-    devices = [{"id": f"d{i}", "tflops": 1.0, "memory_gib": 8, "mean_uptime_h": 2.0 + i, "mean_downtime_h": 0.5}
-               for i in range(6)]  # fmt: skip
+    devices = [
+        {"id": f"d{i}", "tflops": 1.0, "memory_gib": 8, "mean_uptime_h": 2.0 + i, "mean_downtime_h": 0.5}
+        for i in range(6)
+    ]
     sc = scenario(devices)
     up0, events = churn_schedule(sc, 200 * 3600.0, seed=3)
     again = churn_schedule(sc, 200 * 3600.0, seed=3)

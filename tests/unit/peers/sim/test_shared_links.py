@@ -166,8 +166,13 @@ def test_past_its_levels_the_filling_gives_each_flow_its_tightest_even_share_wit
 def test_flows_started_at_one_instant_are_re_divided_once_at_its_flush_and_end_as_if_at_once() -> None:
     events: list[tuple[float, int, int]] = []
     flushes: list[float] = []
-    links = SharedLinks(np.full((3, 3), 100.0), np.full(3, 100.0), np.full(3, 100.0),
-                        lambda t, slot, serial: heapq.heappush(events, (t, slot, serial)), flushes.append)  # fmt: skip
+    links = SharedLinks(
+        np.full((3, 3), 100.0),
+        np.full(3, 100.0),
+        np.full(3, 100.0),
+        lambda t, slot, serial: heapq.heappush(events, (t, slot, serial)),
+        flushes.append,
+    )
     a = links.start(0.0, 0, 1, 100.0, "a")
     b = links.start(0.0, 0, 2, 100.0, "b")
     assert flushes == [0.0] and links.rate[a] == links.rate[b] == 0.0  # not yet re-divided

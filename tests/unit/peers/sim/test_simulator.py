@@ -27,8 +27,7 @@ TFLOPS = 0.002
 """Slow devices: a micro-batch of the tiny model below takes 0.43 s, a share seconds."""
 
 
-def scenario(n: int, bw: np.ndarray | None = None, availability: list[float] | None = None,
-             batch: int = 8) -> Scenario:  # fmt: skip
+def scenario(n: int, bw: np.ndarray | None = None, availability: list[float] | None = None, batch: int = 8) -> Scenario:
     bw = np.full((n, n), 1e9) if bw is None else bw
     lat = np.full((n, n), 0.001)
     np.fill_diagonal(lat, 0.0)
@@ -39,20 +38,36 @@ def scenario(n: int, bw: np.ndarray | None = None, availability: list[float] | N
             device["mean_uptime_h"] = availability[i]
             device["mean_downtime_h"] = 1.0 - availability[i]
         devices.append(device)
-    return parse_scenario({
-        "name": "tiny", "devices": devices, "latency_s": lat.tolist(),
-        "bandwidth_Bps": [[None if i == j else float(bw[i, j]) for j in range(n)] for i in range(n)],
-        "model": {"layers": 4, "hidden": 128, "seq_len": 128, "vocab": 256, "params": 1_000_000, "dtype_bytes": 2},
-        "batch": {"sequences": batch, "micro_batch": 1},
-    })  # fmt: skip
+    return parse_scenario(
+        {
+            "name": "tiny",
+            "devices": devices,
+            "latency_s": lat.tolist(),
+            "bandwidth_Bps": [[None if i == j else float(bw[i, j]) for j in range(n)] for i in range(n)],
+            "model": {"layers": 4, "hidden": 128, "seq_len": 128, "vocab": 256, "params": 1_000_000, "dtype_bytes": 2},
+            "batch": {"sequences": batch, "micro_batch": 1},
+        }
+    )
 
 
-def fixed(rows: tuple[tuple[int, ...], ...], layers: tuple[int, ...], servers: tuple[int, ...], k: int,
-          local_steps: int = 1, groups: tuple[int, ...] = ()) -> Strategy:  # fmt: skip
+def fixed(
+    rows: tuple[tuple[int, ...], ...],
+    layers: tuple[int, ...],
+    servers: tuple[int, ...],
+    k: int,
+    local_steps: int = 1,
+    groups: tuple[int, ...] = (),
+) -> Strategy:
     """A hand-made plan (device indices of the scenario, all up at the start); a repair keeps
     every live holder and fills a hole with the first live device that holds nothing."""
-    first = Plan(pipelines=rows, layers_per_stage=layers, parameter_servers=servers, local_steps=local_steps,
-                 share_micro_batches=k, reduce_groups=groups)  # fmt: skip
+    first = Plan(
+        pipelines=rows,
+        layers_per_stage=layers,
+        parameter_servers=servers,
+        local_steps=local_steps,
+        share_micro_batches=k,
+        reduce_groups=groups,
+    )
 
     def mend(view: Scenario, previous: Plan, ids: list[str]) -> Plan:
         index = view.index()
@@ -65,14 +80,21 @@ def fixed(rows: tuple[tuple[int, ...], ...], layers: tuple[int, ...], servers: t
                         raise ValueError("no device to fill the hole")  # as the planner's PlanError
                     row[s] = free.pop(0)
         ps = tuple(index.get(ids[d], grid[0][s]) for s, d in enumerate(previous.parameter_servers))
-        return Plan(pipelines=tuple(tuple(r) for r in grid), layers_per_stage=layers, parameter_servers=ps,
-                    local_steps=local_steps, share_micro_batches=k, reduce_groups=groups)  # fmt: skip
+        return Plan(
+            pipelines=tuple(tuple(r) for r in grid),
+            layers_per_stage=layers,
+            parameter_servers=ps,
+            local_steps=local_steps,
+            share_micro_batches=k,
+            reduce_groups=groups,
+        )
 
     return Strategy("fixed", lambda view: first, mend)
 
 
-def run(sc: Scenario, strategy: Strategy, hours: float, events: list[ChurnEvent] | None = None,
-        **settings: Any) -> SimResult:  # fmt: skip
+def run(
+    sc: Scenario, strategy: Strategy, hours: float, events: list[ChurnEvent] | None = None, **settings: Any
+) -> SimResult:
     return simulate(sc, strategy, SimSettings(hours=hours, **settings), (np.ones(sc.n, dtype=bool), events or []))
 
 
@@ -134,8 +156,9 @@ def test_a_reduction_group_sends_the_server_one_sum_a_round_and_relays_its_delta
     sc = scenario(5)
     rows = ((0,), (1,), (2,), (3,))
     plain = run(sc, fixed(rows, (4,), (4,), k=2), hours=0.25)
-    sim = Simulation(sc, fixed(rows, (4,), (4,), k=2, groups=(2,)), SimSettings(hours=0.25),
-                     (np.ones(5, dtype=bool), []))  # fmt: skip
+    sim = Simulation(
+        sc, fixed(rows, (4,), (4,), k=2, groups=(2,)), SimSettings(hours=0.25), (np.ones(5, dtype=bool), [])
+    )
     r = sim.run()
     assert r.tokens_per_s == pytest.approx(plain.tokens_per_s, rel=0.05)
     assert sim.counts["reduced_parts"] == 2 * sim.counts["reduced_sums"]
@@ -160,10 +183,12 @@ def test_the_planner_groups_a_synchronous_swarm_whose_server_binds_and_it_trains
     assert grouped.reduce_groups == (group_size(len(grouped.pipelines), 1),) and grouped.local_steps == 1
     assert grouped.reduce_groups[0] >= 8
     flat = replace(grouped, reduce_groups=())
-    with_groups = simulate(sc, Strategy("grouped", lambda view: grouped, None), SimSettings(hours=0.05),
-                           (np.ones(n, dtype=bool), []))  # fmt: skip
-    without = simulate(sc, Strategy("flat", lambda view: flat, None), SimSettings(hours=0.05),
-                       (np.ones(n, dtype=bool), []))  # fmt: skip
+    with_groups = simulate(
+        sc, Strategy("grouped", lambda view: grouped, None), SimSettings(hours=0.05), (np.ones(n, dtype=bool), [])
+    )
+    without = simulate(
+        sc, Strategy("flat", lambda view: flat, None), SimSettings(hours=0.05), (np.ones(n, dtype=bool), [])
+    )
     assert with_groups.tokens_per_s > 1.5 * without.tokens_per_s
     predicted = grouped.meta["prediction"].tokens_per_s  # type: ignore[attr-defined]
     assert with_groups.tokens_per_s == pytest.approx(predicted, rel=0.3)
@@ -174,8 +199,9 @@ def test_a_head_that_leaves_mid_reduction_has_its_members_send_to_the_server() -
     # the server once its departure is noticed, nothing committed is lost, and training goes on.
     sc = scenario(5)
     strategy = fixed(((0,), (1,), (2,), (3,)), (4,), (4,), k=2, groups=(2,))
-    sim = Simulation(sc, strategy, SimSettings(hours=0.5, detect_s=30.0),
-                     (np.ones(5, dtype=bool), [ChurnEvent(600.0, 0, False)]))  # fmt: skip
+    sim = Simulation(
+        sc, strategy, SimSettings(hours=0.5, detect_s=30.0), (np.ones(5, dtype=bool), [ChurnEvent(600.0, 0, False)])
+    )
     r = sim.run()
     assert r.updates_lost == 0
     assert sum(r.timeline[12:]) > 0.5 * sum(r.timeline[:10])  # trains on after the departure
@@ -189,8 +215,9 @@ def two_by_two(availability: list[float] | None = None) -> tuple[Scenario, Strat
 
 def test_a_departed_cell_breaks_its_share_which_is_recomputed_and_a_spare_takes_the_cell() -> None:
     sc, strategy = two_by_two()
-    sim = Simulation(sc, strategy, SimSettings(hours=0.5, detect_s=30.0),
-                     (np.ones(5, dtype=bool), [ChurnEvent(600.3, 3, False)]))  # fmt: skip
+    sim = Simulation(
+        sc, strategy, SimSettings(hours=0.5, detect_s=30.0), (np.ones(5, dtype=bool), [ChurnEvent(600.3, 3, False)])
+    )
     sim.advance(600.2)
     assert sim.pipelines.pipelines[1].segment  # d3 leaves in the middle of a share
     r = sim.run()
@@ -211,8 +238,12 @@ def test_a_departure_in_the_middle_of_a_round_keeps_its_shares_done_and_recomput
     # round's end), the third is issued again, the fourth was never begun (no recompute), and
     # d3's own part of the round is lost with it (counted).
     sc = scenario(5)
-    sim = Simulation(sc, fixed(((0, 1), (2, 3)), (2, 2), (0, 1), k=1, local_steps=4), SimSettings(hours=0.5),
-                     (np.ones(5, dtype=bool), []))  # fmt: skip
+    sim = Simulation(
+        sc,
+        fixed(((0, 1), (2, 3)), (2, 2), (0, 1), k=1, local_steps=4),
+        SimSettings(hours=0.5),
+        (np.ones(5, dtype=bool), []),
+    )
     sim.advance(300.0)
     p = sim.pipelines.pipelines[1]
     while not (p.segment and p.started > 0 and len(p.segment) == 4):
@@ -230,8 +261,9 @@ def test_a_departed_server_fails_over_to_its_standby_and_no_committed_update_is_
     # keeper, and a cell) leaves. d4 takes the shard over at the last committed version and,
     # holding no cell, takes d0's open cell as a spare.
     sc, strategy = two_by_two(availability=[0.9, 0.9, 0.9, 0.9, 0.99])
-    sim = Simulation(sc, strategy, SimSettings(hours=0.5, detect_s=30.0),
-                     (np.ones(5, dtype=bool), [ChurnEvent(600.0, 0, False)]))  # fmt: skip
+    sim = Simulation(
+        sc, strategy, SimSettings(hours=0.5, detect_s=30.0), (np.ones(5, dtype=bool), [ChurnEvent(600.0, 0, False)])
+    )
     sim.advance(599.0)
     assert [shard.standby for shard in sim.shards.all()] == [4, 4]
     committed = sim.shards.stages[0][0].committed
@@ -332,8 +364,9 @@ def test_a_plan_whose_coordinator_leaves_while_computing_it_is_lost_and_the_next
     sc = scenario(6, availability=[0.80, 0.81, 0.82, 0.83, 0.84, 0.85])
     strategy = fixed(((0, 1), (2, 3)), (2, 2), (0, 1), k=4)
     events = [ChurnEvent(590.0, 3, False), ChurnEvent(630.0, 5, False)]
-    sim = Simulation(sc, strategy, SimSettings(hours=0.5, detect_s=30.0, coordinate_s=0.0),
-                     (np.ones(6, dtype=bool), events))  # fmt: skip
+    sim = Simulation(
+        sc, strategy, SimSettings(hours=0.5, detect_s=30.0, coordinate_s=0.0), (np.ones(6, dtype=bool), events)
+    )
     r = sim.run()
     # d5 plans at 620 (ready at 645) and leaves at 630: its plan is lost. Nobody plans until its
     # departure is noticed, at 660, and d4 elected.

@@ -28,12 +28,16 @@ def scenario(n: int, memory: list[float] | None = None, regions: list[str] | Non
         {"id": f"d{i}", "tflops": 0.002, "memory_gib": (memory or [16] * n)[i], "region": (regions or ["r"] * n)[i]}
         for i in range(n)
     ]
-    return parse_scenario({
-        "name": "tiny", "devices": devices, "latency_s": lat.tolist(),
-        "bandwidth_Bps": [[None if i == j else 1e8 for j in range(n)] for i in range(n)],
-        "model": {"layers": 4, "hidden": 128, "seq_len": 128, "vocab": 256, "params": 1_000_000, "dtype_bytes": 2},
-        "batch": {"sequences": 8, "micro_batch": 1},
-    })  # fmt: skip
+    return parse_scenario(
+        {
+            "name": "tiny",
+            "devices": devices,
+            "latency_s": lat.tolist(),
+            "bandwidth_Bps": [[None if i == j else 1e8 for j in range(n)] for i in range(n)],
+            "model": {"layers": 4, "hidden": 128, "seq_len": 128, "vocab": 256, "params": 1_000_000, "dtype_bytes": 2},
+            "batch": {"sequences": 8, "micro_batch": 1},
+        }
+    )
 
 
 def fixed(rows: tuple[tuple[int, ...], ...], layers: tuple[int, ...], path: str) -> Strategy:
@@ -50,8 +54,9 @@ def fixed(rows: tuple[tuple[int, ...], ...], layers: tuple[int, ...], path: str)
     return Strategy(path, again, None, relays=False, data_path=path)
 
 
-def simulation(sc: Scenario, strategy: Strategy, hours: float, events: list[ChurnEvent] | None = None,
-               **settings: Any) -> Simulation:  # fmt: skip
+def simulation(
+    sc: Scenario, strategy: Strategy, hours: float, events: list[ChurnEvent] | None = None, **settings: Any
+) -> Simulation:
     return Simulation(sc, strategy, SimSettings(hours=hours, **settings), (np.ones(sc.n, dtype=bool), events or []))
 
 

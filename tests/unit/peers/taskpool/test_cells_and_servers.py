@@ -41,15 +41,25 @@ RUN = derive_run_id("pool", A.public_key)
 
 
 def cell(who: Identity, p: int = 0, s: int = 0, claimed_at: float = T0, **kw: object) -> CellLease:
-    fields: dict[str, object] = dict(run_id=RUN, pipeline=p, stage=s, peer_id=who.peer_id, claimed_at=claimed_at,
-                                     issued_at=T0, expires_at=T0 + 30)  # fmt: skip
+    fields: dict[str, object] = dict(
+        run_id=RUN, pipeline=p, stage=s, peer_id=who.peer_id, claimed_at=claimed_at, issued_at=T0, expires_at=T0 + 30
+    )
     fields.update(kw)
     return CellLease(**fields)  # type: ignore[arg-type]
 
 
 def shard(who: Identity, s: int = 0, k: int = 0, shards: int = 1, **kw: object) -> ShardLease:
-    fields: dict[str, object] = dict(run_id=RUN, stage=s, shard=k, shards=shards, peer_id=who.peer_id,
-                                     claimed_at=T0, issued_at=T0, expires_at=T0 + 30, version=5)  # fmt: skip
+    fields: dict[str, object] = dict(
+        run_id=RUN,
+        stage=s,
+        shard=k,
+        shards=shards,
+        peer_id=who.peer_id,
+        claimed_at=T0,
+        issued_at=T0,
+        expires_at=T0 + 30,
+        version=5,
+    )
     fields.update(kw)
     return ShardLease(**fields)  # type: ignore[arg-type]
 
@@ -118,8 +128,7 @@ def test_a_proof_must_be_fresh_and_for_this_shard() -> None:
     with pytest.raises(RecordError, match="another shard"):
         parse_shard_lease(shard(B, proof=encode_proof(other.sign(A))).sign(B), run_id=RUN, now=T0)
     with pytest.raises(RecordError, match="outside"):
-        parse_shard_lease(sign_record(A, SHARD_KIND, {**dataclasses.asdict(shard(A)), "shard": 1}), run_id=RUN,
-                          now=T0)  # fmt: skip
+        parse_shard_lease(sign_record(A, SHARD_KIND, {**dataclasses.asdict(shard(A)), "shard": 1}), run_id=RUN, now=T0)
 
 
 def test_a_replica_far_past_what_rightful_holders_showed_is_not_believed() -> None:

@@ -63,9 +63,15 @@ class MemoryNet:
         """(sender, peer, method) of every request tried."""
 
     async def exchange(
-        self, p2p: Any, peer_id: str, header: dict[str, Any], blobs: Sequence[bytes] = (), *,
-        timeout_s: float = rpc.DEFAULT_TIMEOUT_S, max_message_bytes: int = rpc.DEFAULT_MAX_MESSAGE_BYTES,
-    ) -> rpc.Frame:  # fmt: skip
+        self,
+        p2p: Any,
+        peer_id: str,
+        header: dict[str, Any],
+        blobs: Sequence[bytes] = (),
+        *,
+        timeout_s: float = rpc.DEFAULT_TIMEOUT_S,
+        max_message_bytes: int = rpc.DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> rpc.Frame:
         sender = str(p2p)
         self.calls.append((sender, peer_id, str(header.get("method"))))
         server = self.servers.get(peer_id)
@@ -76,8 +82,15 @@ class MemoryNet:
         serving = asyncio.create_task(server.serve(sender, to_server, server_writer))
         try:
             what = f"{header.get('method')} to {peer_id}"
-            return await rpc.request_on(from_server, client_writer, header, blobs, timeout_s=timeout_s,
-                                        max_message_bytes=max_message_bytes, what=what)  # fmt: skip
+            return await rpc.request_on(
+                from_server,
+                client_writer,
+                header,
+                blobs,
+                timeout_s=timeout_s,
+                max_message_bytes=max_message_bytes,
+                what=what,
+            )
         finally:
             client_writer.close()
             await serving

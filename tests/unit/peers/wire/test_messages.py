@@ -18,9 +18,13 @@ pytestmark = pytest.mark.timeout(60)
 
 RUN = "swarm-7.abcdefghijklmnopqrstuvwx"
 MESSAGES: list[type[Message]] = [
-    cls for cls in vars(m).values() if inspect.isclass(cls) and issubclass(cls, Message)
-    and cls.__module__ == m.__name__ and not cls.__name__.startswith("_")
-]  # fmt: skip
+    cls
+    for cls in vars(m).values()
+    if inspect.isclass(cls)
+    and issubclass(cls, Message)
+    and cls.__module__ == m.__name__
+    and not cls.__name__.startswith("_")
+]
 REQUESTS: list[type[Request[Any]]] = [cls for cls in MESSAGES if issubclass(cls, Request)]
 
 
@@ -104,13 +108,29 @@ def test_the_largest_answers_of_relayable_requests_fit_a_forwarded_answer() -> N
 
 def test_only_the_data_paths_tensors_and_records_are_relayed() -> None:
     relayed = {cls.__name__ for cls in REQUESTS if cls.RELAYABLE}
-    assert relayed == {"CellForward", "CellBackward", "Contribute", "Reduce", "Pull", "PullFromHead", "LedgerIssue",
-                       "LedgerComplete", "LedgerAbandon"}  # fmt: skip
+    assert relayed == {
+        "CellForward",
+        "CellBackward",
+        "Contribute",
+        "Reduce",
+        "Pull",
+        "PullFromHead",
+        "LedgerIssue",
+        "LedgerComplete",
+        "LedgerAbandon",
+    }
 
 
 def pull(**changes: Any) -> m.Pull:
-    fields: dict[str, Any] = {"run_id": RUN, "stage": 1, "shard": 0, "shards": 2, "have_version": -1,
-                              "pending_share_ids": [], "wait_s": 5}  # fmt: skip
+    fields: dict[str, Any] = {
+        "run_id": RUN,
+        "stage": 1,
+        "shard": 0,
+        "shards": 2,
+        "have_version": -1,
+        "pending_share_ids": [],
+        "wait_s": 5,
+    }
     return m.Pull(**{**fields, **changes})
 
 
@@ -127,11 +147,29 @@ def test_share_ids_are_distinct_and_a_contribution_names_some() -> None:
     with pytest.raises(SchemaError, match="must not name an ID twice"):
         pull(pending_share_ids=[3, 3])
     with pytest.raises(SchemaError, match="Contribute.share_ids = \\[\\]: must name at least one"):
-        m.Contribute(run_id=RUN, stage=0, shard=0, shards=1, share_ids=[], base_version=0, micro_batches=4,
-                     kind="gradient", codec="fp16")  # fmt: skip
+        m.Contribute(
+            run_id=RUN,
+            stage=0,
+            shard=0,
+            shards=1,
+            share_ids=[],
+            base_version=0,
+            micro_batches=4,
+            kind="gradient",
+            codec="fp16",
+        )
     with pytest.raises(SchemaError, match="Contribute.kind = 'delta': must be one of gradient, pseudo"):
-        m.Contribute(run_id=RUN, stage=0, shard=0, shards=1, share_ids=[1], base_version=0, micro_batches=4,
-                     kind="delta", codec="fp16")  # fmt: skip
+        m.Contribute(
+            run_id=RUN,
+            stage=0,
+            shard=0,
+            shards=1,
+            share_ids=[1],
+            base_version=0,
+            micro_batches=4,
+            kind="delta",
+            codec="fp16",
+        )
 
 
 def test_a_pulls_blobs_follow_its_kind() -> None:
@@ -152,8 +190,18 @@ def test_a_pulls_blobs_follow_its_kind() -> None:
 
 
 def test_a_cell_message_names_a_micro_batch_of_its_share() -> None:
-    fields: dict[str, Any] = {"run_id": RUN, "pipeline": 2, "stage": 1, "epoch": "e", "share_id": 7, "share_first": 56,
-                              "share_count": 8, "round_end": False, "attempt": 1, "version": 3}  # fmt: skip
+    fields: dict[str, Any] = {
+        "run_id": RUN,
+        "pipeline": 2,
+        "stage": 1,
+        "epoch": "e",
+        "share_id": 7,
+        "share_first": 56,
+        "share_count": 8,
+        "round_end": False,
+        "attempt": 1,
+        "version": 3,
+    }
     assert m.CellBackward(**fields, micro_batch=63).micro_batch == 63
     with pytest.raises(SchemaError, match=r"CellForward.micro_batch = 64: must lie in its share \[56, 64\)"):
         m.CellForward(**fields, micro_batch=64)

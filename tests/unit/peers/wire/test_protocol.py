@@ -41,8 +41,17 @@ class Echo(Request[Echoed]):
 
 
 def echo(**changes: Any) -> Echo:
-    fields: dict[str, Any] = {"run_id": RUN, "count": 5, "scale": 0.5, "name": "n", "flag": True, "ids": [1, 2],
-                              "tags": ["x"], "pairs": [[1, 2]], "mode": "a"}  # fmt: skip
+    fields: dict[str, Any] = {
+        "run_id": RUN,
+        "count": 5,
+        "scale": 0.5,
+        "name": "n",
+        "flag": True,
+        "ids": [1, 2],
+        "tags": ["x"],
+        "pairs": [[1, 2]],
+        "mode": "a",
+    }
     fields.update(changes)
     return Echo(**fields)
 

@@ -26,8 +26,16 @@ def matrix(bandwidth: dict[tuple[str, str], float], latency_s: float = 0.01) -> 
 
 
 # a -> b direct is slow; through r both hops are fast; through s one hop is as slow as direct
-LINKS = matrix({("a", "b"): 1 * MB, ("a", "r"): 100 * MB, ("r", "b"): 50 * MB, ("a", "s"): 100 * MB,
-                ("s", "b"): 1 * MB, ("r", "s"): 100 * MB})  # fmt: skip
+LINKS = matrix(
+    {
+        ("a", "b"): 1 * MB,
+        ("a", "r"): 100 * MB,
+        ("r", "b"): 50 * MB,
+        ("a", "s"): 100 * MB,
+        ("s", "b"): 1 * MB,
+        ("r", "s"): 100 * MB,
+    }
+)
 
 
 def test_direct_unless_a_relay_is_clearly_faster() -> None:

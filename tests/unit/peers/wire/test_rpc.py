@@ -268,8 +268,9 @@ def test_a_malformed_oversized_or_slow_request_is_refused_and_counted(payload: b
 
 def test_a_probe_within_its_bound_is_served() -> None:
     h = Host()
-    raw = asyncio.run(serve_raw(h.server, "w", frame(json.dumps({"method": "probe", "run_id": RUN}).encode(),
-                                                     [bytes(1000)])))  # fmt: skip
+    raw = asyncio.run(
+        serve_raw(h.server, "w", frame(json.dumps({"method": "probe", "run_id": RUN}).encode(), [bytes(1000)]))
+    )
     (length,) = struct.unpack_from("<I", raw)
     assert json.loads(raw[4 : 4 + length]) == {"ok": True, "bytes": 1000}
 
