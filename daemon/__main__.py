@@ -1,5 +1,5 @@
 """``python -m swarmd``: the same as the ``swarmd`` command."""
 
-from swarmd.cli import main
+from swarmd.cli.main import main
 
 raise SystemExit(main())

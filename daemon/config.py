@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from swarmd.errors import ConfigError
-from swarmd.peers.heartbeat import MAX_TTL_S
+from swarmd.peers.records.heartbeat import MAX_TTL_S
 from swarmd.peers.wire.routing import MODES as RELAY_MODES
 
 DEFAULT_STATE_DIR = "~/.local/state/swarmd"
@@ -144,7 +144,7 @@ class ProbesConfig:
 class RolesConfig:
     min_reliability: float = 0.5
     """A parameter server, standby or coordinator needs at least this measured reliability
-    (0..1, swarmd.peers.reliability); an incumbent keeps its role down to this minus hysteresis."""
+    (0..1, swarmd.peers.membership.reliability); an incumbent keeps its role down to this minus hysteresis."""
     min_relay_reliability: float = 0.6
     """What a relay needs (it forwards others' tensors: a little more than a server)."""
     min_connectivity_Bps: float = 1e6

@@ -1,6 +1,7 @@
 """What is trained and how a stage computes (import package ``swarmd.models``).
 
 - ``presets``       the run specs that ship with swarmd (``tiny-bytes``, the default run)
+- ``shape``         a model's shape: the few numbers every peer needs to build the same network
 - ``build``         model shapes and ``transformers`` models built from a config and a seed
 - ``stages``        a model cut into stages by layer ranges; each stage's forward and loss
 - ``tokenizer``     the byte-level tokenizer (256 ids, nothing to download)

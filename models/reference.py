@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainSettings:
+class TrainConfig:
     seed: int
     """Seeds the weights and the data order."""
     steps: int
@@ -66,7 +66,7 @@ class StepResult:
 def train_reference(
     shape: ModelShape,
     dataset: Dataset,
-    settings: TrainSettings,
+    settings: TrainConfig,
     on_step: Callable[[StepResult], None] | None = None,
 ) -> tuple[list[StepResult], dict[str, torch.Tensor]]:
     """Train synchronously; returns the per-step results and the final weights."""

@@ -43,8 +43,8 @@ from swarmd.models.build import ModelError, ModelShape
 from swarmd.models.cell_compute import CellCompute
 from swarmd.models.corpus import Dataset
 from swarmd.peers.taskpool.cells import Cell
-from swarmd.peers.taskpool.exchange import SYNC_WAIT_S, ExchangeSettings, window
-from swarmd.peers.wire.codecs import TensorSpec, decode_tensor, encode_tensor
+from swarmd.peers.taskpool.exchange import SYNC_WAIT_S, ExchangeConfig, window
+from swarmd.peers.wire.codecs import FrameSpec, decode_tensor, encode_tensor
 from swarmd.peers.wire.errors import FrameError, RpcError, StreamBroken, Unavailable, Unreachable, WrongEpoch
 from swarmd.peers.wire.messages import CellBackward, CellForward, LedgerAbandon, LedgerIssue
 from swarmd.peers.wire.protocol import Request
@@ -140,7 +140,7 @@ class CellWorker:
         self,
         cell: Cell,
         stages: int,
-        settings: ExchangeSettings,
+        settings: ExchangeConfig,
         compute: CellCompute,
         dataset: Dataset,
         micro_batch: int,
@@ -168,8 +168,8 @@ class CellWorker:
         self.stats = CellStats()
         self.losses: deque[tuple[int, float]] = deque(maxlen=MAX_LOSSES_KEPT)
         self.is_first, self.is_last = self.stage == 0, self.stage == stages - 1
-        self.in_spec = TensorSpec.activation(shape, self.stage, micro_batch) if not self.is_first else None
-        self.out_spec = TensorSpec.activation(shape, self.stage + 1, micro_batch) if not self.is_last else None
+        self.in_spec = FrameSpec.activation(shape, self.stage, micro_batch) if not self.is_first else None
+        self.out_spec = FrameSpec.activation(shape, self.stage + 1, micro_batch) if not self.is_last else None
         self._exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"cell-{self.pipeline}-{self.stage}")
         self._inbox: asyncio.PriorityQueue[_Item] = asyncio.PriorityQueue(maxsize=4 * window(stages) + 8)
         self._seq = itertools.count()

@@ -28,7 +28,7 @@ from swarmd.models.cell_compute import CellCompute, flatten_parameters
 from swarmd.models.corpus import Dataset
 from swarmd.models.parameter_shard import ParameterShard, ShardConfig, ShardError
 from swarmd.models.stages import StageModule, split_layers
-from swarmd.peers.run_spec import run_seed
+from swarmd.peers.records.run_spec import run_seed
 from swarmd.peers.taskpool.assignment import Assignment
 from swarmd.peers.taskpool.cells import Cell
 from swarmd.peers.taskpool.exchange import shard_range, step_micro_batches, window

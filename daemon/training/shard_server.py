@@ -37,7 +37,7 @@ import torch
 
 from swarmd.errors import SwarmdError
 from swarmd.models.parameter_shard import ContributionError, Outcome, ParameterShard, ShardStep
-from swarmd.peers.taskpool.exchange import ExchangeSettings, staleness_weight
+from swarmd.peers.taskpool.exchange import ExchangeConfig, staleness_weight
 from swarmd.peers.taskpool.servers import Shard
 from swarmd.peers.wire.codecs import decode_vector, encode_vector
 from swarmd.peers.wire.errors import AlreadyApplied, BadRequest, FrameError, RpcError, Stale
@@ -78,7 +78,7 @@ class ShardServer:
         key: Shard,
         shards: int,
         shard: ParameterShard,
-        settings: ExchangeSettings,
+        settings: ExchangeConfig,
         lineage: str,
         checkpoint_path: Path,
         log_step: LogStep,

@@ -30,12 +30,12 @@ from swarmd.errors import SwarmdError
 from swarmd.models.cell_compute import flatten_parameters, unflatten_parameters
 from swarmd.models.checkpoint import save_safetensors_atomic
 from swarmd.models.corpus import Dataset, load_corpus, train_eval_split
-from swarmd.peers.identity import Identity
-from swarmd.peers.plan_record import PlanRecord
-from swarmd.peers.run_spec import SignedRunSpec, run_seed
+from swarmd.peers.records.identity import Identity
+from swarmd.peers.records.plan_record import PlanRecord
+from swarmd.peers.records.run_spec import SignedRunSpec, run_seed
 from swarmd.peers.taskpool.assignment import Assignment, from_plan, provisional
 from swarmd.peers.taskpool.cells import Cell, CellLease, cells_to_hold, open_cells, pipeline_epoch, resolve_cells
-from swarmd.peers.taskpool.exchange import ExchangeSettings, shard_range, step_micro_batches
+from swarmd.peers.taskpool.exchange import ExchangeConfig, shard_range, step_micro_batches
 from swarmd.peers.taskpool.reduction import group_of, head_of
 from swarmd.peers.taskpool.servers import SeenVersions, Shard, ShardLease, encode_proof, resolve_shards
 from swarmd.peers.wire.codecs import decode_vector
@@ -50,7 +50,7 @@ from swarmd.training.replicas import ReplicaStore
 from swarmd.training.shard_server import ShardServer
 
 if TYPE_CHECKING:  # hivemind loads only where the DHT runs (it cannot share a process with py-libp2p)
-    from swarmd.peers.swarm_dht import SwarmDHT
+    from swarmd.peers.dht.swarm_dht import SwarmDHT
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ Send = Callable[[str, Request, list[bytes], float], Awaitable[tuple[Any, list[by
 
 
 class RoleView(Protocol):
-    """What the trainer asks of the swarm's measurements and elections (``swarmd.coordination``)."""
+    """What the trainer asks of the swarm's measurements and elections (``swarmd.node.coordination``)."""
 
     def score_of(self, peer: str) -> float: ...
 
@@ -188,13 +188,13 @@ class Trainer:
                 return planned
         return provisional(sorted(self.live), self.stages, self.batch_micro_batches)
 
-    def exchange_settings(self) -> ExchangeSettings:
+    def exchange_settings(self) -> ExchangeConfig:
         assert self.assignment is not None
         s = self.spec.spec
         # The run fixes H (or leaves it to the plan: 0); local mode has at least two inner steps.
         fixed = s.local_steps
         local_steps = 1 if self.mode == "gradient" else (fixed or max(2, self.assignment.local_steps))
-        return ExchangeSettings(
+        return ExchangeConfig(
             batch_micro_batches=self.batch_micro_batches,
             share_micro_batches=self.assignment.share_micro_batches,
             local_steps=local_steps,

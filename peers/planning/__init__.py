@@ -1,6 +1,7 @@
 """Planning a swarm: scenarios, what a plan trains per second, the planner and baselines (``swarmd.peers.planning``).
 
 - ``scenario``      a swarm on paper (devices, links, model, batch): the one input type
+- ``snapshot``      the live swarm as a scenario: members, measured links, reliability, the run
 - ``scenario_gen``  synthetic scenarios of regions, drawn from a seed
 - ``plan_cost``     the plan type, a cell's memory, and FORMAT.md's reference yardstick
 - ``transfers``     what each piece of the data path takes on given devices and links

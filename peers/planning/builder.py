@@ -1,7 +1,7 @@
 """One planning's context: the scenario as the planner sees it, the model over it, and each
 step a plan or a repair takes on a grid (``swarmd.peers.planning.planner`` for the method).
 
-- ``Candidate``: a grid with its layer split, shard servers, H and k, and its prediction;
+- ``GridCandidate``: a grid with its layer split, shard servers, H and k, and its prediction;
 - ``Planner``: the memory caps per stage count and mode, the devices that can hold a cell,
   the free mode's shapes, a grid's schedule (split, servers, k, H), its construction, its
   refinement by local search, and the roles that finish a plan.
@@ -33,14 +33,14 @@ from swarmd.peers.planning.schedule import (
 from swarmd.peers.planning.search import Search
 from swarmd.peers.planning.settings import (
     Awareness,
-    PlannerSettings,
+    PlannerConfig,
     min_availability,
     planning_view,
     usable_devices,
 )
 from swarmd.peers.planning.throughput import Frozen, Throughput, ThroughputModel
 from swarmd.peers.planning.transfers import StageShards
-from swarmd.peers.taskpool.exchange import ExchangeSettings
+from swarmd.peers.taskpool.exchange import ExchangeConfig
 
 FINALISTS = 2
 """Free mode: how many of the best-built shapes are refined by local search."""
@@ -51,7 +51,7 @@ LOCAL = 2
 
 
 @dataclass
-class Candidate:
+class GridCandidate:
     """A grid with its split and schedule, and what the model predicts for it (None: not yet
     predicted, as a repair's that keeps the previous schedule until ``Planner.finish``)."""
 
@@ -86,7 +86,7 @@ class Planner:
     """One planning's context: the scenario as the planner may see it, the model over it, and
     the memory caps per stage count and mode, built once."""
 
-    def __init__(self, scenario: Scenario, settings: PlannerSettings, among: np.ndarray | None = None) -> None:
+    def __init__(self, scenario: Scenario, settings: PlannerConfig, among: np.ndarray | None = None) -> None:
         self.scenario, self.settings = scenario, settings
         self.view = planning_view(scenario, settings.awareness)
         self.model = ThroughputModel(self.view)
@@ -127,7 +127,7 @@ class Planner:
         keep: tuple[tuple[int, ...], ...] | None = None,
         *,
         servers: tuple[tuple[int, ...], ...] | None = None,
-    ) -> Candidate | None:
+    ) -> GridCandidate | None:
         """``grid`` with its split, k, servers and H, and its prediction (None: layers do not
         fit). ``keep``: servers to keep in their shards' places where the new choice has room;
         ``servers``: the servers, as they are (a repair keeps every shard where it is)."""
@@ -143,20 +143,20 @@ class Planner:
         fixed = self.settings.local_steps
         gradient = fixed == 1 if fixed is not None else not local
         k = share_micro_batches(times, self.model.batch_micro_batches, gradient=gradient)
-        best: Candidate | None = None
+        best: GridCandidate | None = None
         for groups in reduction_options(grid.shape[0], servers, gradient):
-            base = Candidate(grid, layers, servers, 1 if fixed is None else fixed, k, groups=groups).plan()
+            base = GridCandidate(grid, layers, servers, 1 if fixed is None else fixed, k, groups=groups).plan()
             if fixed is not None or not local:
                 h, result = base.local_steps, self.model.evaluate(base)
             else:
                 h, result = choose_local_steps(self.model, base, start=LOCAL)
             if best is None or result.tokens_per_s > best.tokens_per_s * (REDUCE_GAIN if groups else 1 + 1e-9):
-                best = Candidate(grid, layers, servers, h, k, result, groups)
+                best = GridCandidate(grid, layers, servers, h, k, result, groups)
         return best
 
-    def build(self, shape: Shape, local: bool, candidates: np.ndarray) -> Candidate | None:
+    def build(self, shape: Shape, local: bool, candidates: np.ndarray) -> GridCandidate | None:
         """The best construction of ``shape`` from ``candidates`` (best first), scheduled."""
-        best: Candidate | None = None
+        best: GridCandidate | None = None
         pools = candidate_pools(self.model.links, candidates, shape, pools=3 if self.view.n <= LARGE else 1)
         for pool in pools:
             found = self.schedule(pipelines_first(self.model.links, pool, shape, self.memory), local)
@@ -192,7 +192,7 @@ class Planner:
 
     # -- refinement --------------------------------------------------------------------------
 
-    def refine(self, found: Candidate, local: bool, deadline: float) -> Candidate:
+    def refine(self, found: GridCandidate, local: bool, deadline: float) -> GridCandidate:
         """Search, then split and schedule again, while it helps and time is left."""
         best = found
         for round_ in range(REFINE_ROUNDS):
@@ -207,7 +207,7 @@ class Planner:
             best = again
         return best
 
-    def _search(self, found: Candidate, local: bool, deadline: float, seed: int) -> np.ndarray:
+    def _search(self, found: GridCandidate, local: bool, deadline: float, seed: int) -> np.ndarray:
         n_stages = found.grid.shape[1]
         caps = self.caps(n_stages, local)
         servers = {d for row in found.servers for d in row}
@@ -224,7 +224,12 @@ class Planner:
         return search.grid
 
     def _select_single(
-        self, found: Candidate, spare: list[int], stages: list[StageShards], settings: ExchangeSettings, frozen: Frozen
+        self,
+        found: GridCandidate,
+        spare: list[int],
+        stages: list[StageShards],
+        settings: ExchangeConfig,
+        frozen: Frozen,
     ) -> np.ndarray:
         """One stage: the grid's devices and the spares each costed as a pipeline alone, the
         best kept (each pipeline is one device, so this is the search's answer at once)."""
@@ -237,7 +242,7 @@ class Planner:
 
     # -- roles -------------------------------------------------------------------------------
 
-    def finish(self, best: Candidate, started: float, relays: Sequence[int] | None = None) -> Plan:
+    def finish(self, best: GridCandidate, started: float, relays: Sequence[int] | None = None) -> Plan:
         """The plan of ``best`` with its relays (``relays``: those to keep, as a repair does; else
         elected by ``routing_relays``) and spares, predicted on the real scenario."""
         if relays is None:

@@ -34,21 +34,21 @@ import time
 
 import numpy as np
 
-from swarmd.peers.planning.builder import FINALISTS, Candidate, Planner
+from swarmd.peers.planning.builder import FINALISTS, GridCandidate, Planner
 from swarmd.peers.planning.plan_cost import Plan, activation_memory_bytes, cell_bytes_per_param
 from swarmd.peers.planning.repair import Repair, repair
 from swarmd.peers.planning.scenario import Scenario
-from swarmd.peers.planning.settings import Awareness, PlanError, PlannerSettings, planning_view
+from swarmd.peers.planning.settings import Awareness, PlanError, PlannerConfig, planning_view
 
-__all__ = ["Awareness", "PlanError", "PlannerSettings", "Repair", "plan", "planning_view", "repair"]
+__all__ = ["Awareness", "PlanError", "PlannerConfig", "Repair", "plan", "planning_view", "repair"]
 
 
-def plan(scenario: Scenario, settings: PlannerSettings | None = None) -> Plan:
+def plan(scenario: Scenario, settings: PlannerConfig | None = None) -> Plan:
     """A full plan for ``scenario`` (see the module doc)."""
-    settings = settings or PlannerSettings()
+    settings = settings or PlannerConfig()
     started = time.perf_counter()
     planner = Planner(scenario, settings)
-    finalists: list[tuple[Candidate, bool]] = []
+    finalists: list[tuple[GridCandidate, bool]] = []
     if scenario.parallelism is not None:
         shape = scenario.parallelism
         for local in planner.local_mode():
@@ -74,7 +74,7 @@ def plan(scenario: Scenario, settings: PlannerSettings | None = None) -> Plan:
     if not finalists:
         raise _no_plan(planner, scenario)
     left = max(0.0, settings.time_budget_s - (time.perf_counter() - started))
-    best: Candidate | None = None
+    best: GridCandidate | None = None
     for i, (found, local) in enumerate(finalists):
         refined = planner.refine(found, local, time.perf_counter() + left / (len(finalists) - i))
         left = max(0.0, settings.time_budget_s - (time.perf_counter() - started))

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from swarmd.peers.planning.builder import Candidate, Planner
+from swarmd.peers.planning.builder import GridCandidate, Planner
 from swarmd.peers.planning.construction import pipelines_first
 from swarmd.peers.planning.plan_cost import Plan
 from swarmd.peers.planning.scenario import Scenario, Shape
@@ -35,7 +35,7 @@ from swarmd.peers.planning.schedule import (
     share_micro_batches,
 )
 from swarmd.peers.planning.search import Search
-from swarmd.peers.planning.settings import PlanError, PlannerSettings
+from swarmd.peers.planning.settings import PlanError, PlannerConfig
 from swarmd.peers.planning.throughput import Frozen, Throughput
 
 RESCHEDULE_FRACTION = 0.1
@@ -57,7 +57,7 @@ def repair(
     scenario: Scenario,
     previous: Plan,
     previous_ids: Sequence[str],
-    settings: PlannerSettings | None = None,
+    settings: PlannerConfig | None = None,
     *,
     time_budget_s: float = 0.05,
     live: Sequence[int] | None = None,
@@ -68,7 +68,7 @@ def repair(
     ``live``: the devices of ``scenario`` that take part, ascending (all when None); the plans'
     indices are then the whole scenario's. The simulator mends this way: a scenario restricted
     to the live devices is a copy of both n x n matrices per change (1.6 GB at 10,000)."""
-    settings = settings or PlannerSettings()
+    settings = settings or PlannerConfig()
     started = time.perf_counter()
     planner = Planner(scenario, settings, None if live is None else np.asarray(live, dtype=int))
     if live is None:
@@ -182,7 +182,7 @@ def repair(
             )
     else:
         k = min(k, math.ceil(model.batch_micro_batches / grid.shape[0]))  # within the batch split
-        found = Candidate(
+        found = GridCandidate(
             grid,
             layers,
             servers,
@@ -226,7 +226,7 @@ def _grow(
             model.batch_micro_batches,
             gradient=previous.local_steps == 1,
         )
-        trial = Candidate(
+        trial = GridCandidate(
             g,
             layers,
             servers,

@@ -17,7 +17,7 @@ import numpy as np
 
 from swarmd.peers.planning.throughput import Frozen, ThroughputModel
 from swarmd.peers.planning.transfers import StageShards
-from swarmd.peers.taskpool.exchange import ExchangeSettings
+from swarmd.peers.taskpool.exchange import ExchangeConfig
 
 SHORTLIST = 64
 """Spares costed per cell at most: the fastest half and a random half of the rest."""
@@ -48,7 +48,7 @@ class Search:
         spare: Iterable[int],
         layers: tuple[int, ...],
         stages: list[StageShards],
-        settings: ExchangeSettings,
+        settings: ExchangeConfig,
         frozen: Frozen,
         caps: np.ndarray,
         deadline: float,

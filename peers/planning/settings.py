@@ -1,4 +1,4 @@
-"""What the planner is told (``PlannerSettings``) and what it may know of the scenario (``planning_view``).
+"""What the planner is told (``PlannerConfig``) and what it may know of the scenario (``planning_view``).
 
 Each awareness can be switched off alone (``Awareness``): the planner then sees a uniform
 network (every link the mean latency and bandwidth), uniform devices (mean speed and memory),
@@ -26,7 +26,7 @@ class Awareness:
 
 
 @dataclass(frozen=True)
-class PlannerSettings:
+class PlannerConfig:
     awareness: Awareness = field(default_factory=Awareness)
     time_budget_s: float = 1.5
     """Local search stops when this has passed (construction and shape choice come first)."""
@@ -77,7 +77,7 @@ def planning_view(scenario: Scenario, awareness: Awareness) -> Scenario:
     return replace(scenario, devices=devices, latency_s=lat, bandwidth_Bps=bw)
 
 
-def usable_devices(view: Scenario, settings: PlannerSettings, among: np.ndarray | None = None) -> np.ndarray:
+def usable_devices(view: Scenario, settings: PlannerConfig, among: np.ndarray | None = None) -> np.ndarray:
     """Devices worth planning on, best first (speed times availability, as far as the planner
     may know them): those up too rarely to matter are left out when reliability is known
     (they cost more in churn than they bring)."""
@@ -88,6 +88,6 @@ def usable_devices(view: Scenario, settings: PlannerSettings, among: np.ndarray 
     return keep[np.argsort(-(speed * avail)[keep], kind="stable")]
 
 
-def min_availability(settings: PlannerSettings) -> float:
+def min_availability(settings: PlannerConfig) -> float:
     """The availability a server or relay must have, as far as the planner may know it."""
     return settings.min_availability if settings.awareness.reliability else 0.0

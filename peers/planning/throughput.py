@@ -69,7 +69,7 @@ from swarmd.peers.planning.transfers import (
     stage_shards,
 )
 from swarmd.peers.taskpool.exchange import (
-    ExchangeSettings,
+    ExchangeConfig,
     fill_fraction,
     staleness_weight,
     step_micro_batches,
@@ -219,13 +219,13 @@ class ThroughputModel:
         self.batch_micro_batches = max(1, math.ceil(scenario.batch_sequences / scenario.micro_batch))
         self._last: tuple[object, Prepared] | None = None
 
-    def settings(self, plan: Plan) -> ExchangeSettings:
+    def settings(self, plan: Plan) -> ExchangeConfig:
         return self.exchange_settings(
             plan.micro_batches_per_share(self.scenario), plan.local_steps, len(plan.pipelines)
         )
 
-    def exchange_settings(self, share_micro_batches: int, local_steps: int, pipelines: int) -> ExchangeSettings:
-        return ExchangeSettings(
+    def exchange_settings(self, share_micro_batches: int, local_steps: int, pipelines: int) -> ExchangeConfig:
+        return ExchangeConfig(
             batch_micro_batches=self.batch_micro_batches,
             share_micro_batches=share_micro_batches,
             local_steps=local_steps,
@@ -256,7 +256,7 @@ class ThroughputModel:
         rows: np.ndarray,
         layers: tuple[int, ...],
         stages: list[StageShards],
-        settings: ExchangeSettings,
+        settings: ExchangeConfig,
         frozen: Frozen,
         *,
         prepared: Prepared | None = None,
@@ -290,7 +290,7 @@ class ThroughputModel:
         tokens = weight * self.tokens(h * k) / real * kept
         return PipelineFigures(share, exchange_s, real, staleness, weight, churn, tokens)
 
-    def weights(self, staleness: np.ndarray, settings: ExchangeSettings) -> np.ndarray:
+    def weights(self, staleness: np.ndarray, settings: ExchangeConfig) -> np.ndarray:
         """``staleness_weight`` at fractional staleness: between the two whole versions around it."""
         table = np.array([staleness_weight(v, settings) for v in range(settings.max_staleness + 2)])
         top = len(table) - 1

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from swarmd.peers.election import Candidate, elect_coordinator, elect_relays, eligible, relays_wanted
+from swarmd.peers.membership.election import RoleCandidate, elect_coordinator, elect_relays, eligible, relays_wanted
 from swarmd.peers.planning.plan_cost import Plan
 from swarmd.peers.planning.scenario import ScenarioError
 from swarmd.peers.sim.results import PlanEvent
@@ -37,7 +37,8 @@ class Control:
         settings = sim.settings
         connectivity = median_rates(sim.scenario.bandwidth_Bps)
         self.candidates = [
-            Candidate(p, float(a), float(c)) for p, a, c in zip(sim.ids, sim.availability, connectivity, strict=True)
+            RoleCandidate(p, float(a), float(c))
+            for p, a, c in zip(sim.ids, sim.availability, connectivity, strict=True)
         ]
         self.round_phase = np.random.default_rng([settings.seed, 1]).uniform(0.0, settings.coordinate_s, sim.n)
         self.coordinator: int | None = None

@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from swarmd.peers.election import elect_standby
+from swarmd.peers.membership.election import elect_standby
 from swarmd.peers.taskpool.exchange import staleness_weight, step_micro_batches
 from swarmd.peers.taskpool.reduction import HEAD_KEEP_VERSIONS
 from swarmd.peers.taskpool.shares import ShareLedger

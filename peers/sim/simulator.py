@@ -40,14 +40,14 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from swarmd.peers.election import Thresholds
-from swarmd.peers.op_times import OpTimes
+from swarmd.peers.membership.election import ElectionConfig
 from swarmd.peers.planning.plan_cost import Plan
 from swarmd.peers.planning.scenario import Scenario
 from swarmd.peers.planning.transfers import KEEP_VERSIONS
 from swarmd.peers.sim.churn import ChurnEvent, churn_schedule
 from swarmd.peers.sim.control import Control
 from swarmd.peers.sim.engine import Engine, Overheads
+from swarmd.peers.sim.op_times import OpTimes
 from swarmd.peers.sim.results import PathFigures, SimResult, compute_bound_tokens_per_s, recovery_times
 from swarmd.peers.sim.swarmd_path import SwarmdPath
 from swarmd.peers.sim.sync_path import POLICIES, SyncPath
@@ -57,12 +57,12 @@ if TYPE_CHECKING:
     from swarmd.peers.sim.reduction import Reducers
     from swarmd.peers.sim.shards import ShardServers
     from swarmd.peers.sim.workload import Workload
-    from swarmd.peers.taskpool.exchange import ExchangeSettings
+    from swarmd.peers.taskpool.exchange import ExchangeConfig
     from swarmd.peers.taskpool.shares import ShareLedger
 
 
 @dataclass(frozen=True)
-class SimSettings:
+class SimConfig:
     hours: float = 1.0
     seed: int = 0
     churn: bool = True
@@ -93,7 +93,7 @@ class SimSettings:
     """The coordinator's round: it plans at its first round after a change is noticed (the
     daemon's coordination loop runs every two heartbeats, within 4-10 s: 10 s at the default
     heartbeat). Each device's rounds have their own phase, drawn from the seed."""
-    thresholds: Thresholds = Thresholds()
+    thresholds: ElectionConfig = ElectionConfig()
     """Who may coordinate and relay (the daemon's ``[roles]``, whose defaults these are)."""
     data_via_relay: str = "auto"
     """The daemon's ``[swarm] data_via_relay``: auto, always or never."""
@@ -149,7 +149,7 @@ class Simulation:
     workload: Workload
     share_micro_batches: int
     local_steps: int
-    exchange: ExchangeSettings
+    exchange: ExchangeConfig
     ledger: ShareLedger
     pipelines: Pipelines
     shards: ShardServers
@@ -159,7 +159,7 @@ class Simulation:
         self,
         scenario: Scenario,
         strategy: Strategy,
-        settings: SimSettings,
+        settings: SimConfig,
         schedule: tuple[np.ndarray, list[ChurnEvent]] | None = None,
     ) -> None:
         """``schedule``: who is up at the start and the churn events, instead of drawing them
@@ -356,7 +356,7 @@ def _plane(sim: Simulation, name: str) -> DataPlane:
 def simulate(
     scenario: Scenario,
     strategy: Strategy,
-    settings: SimSettings,
+    settings: SimConfig,
     schedule: tuple[np.ndarray, list[ChurnEvent]] | None = None,
 ) -> SimResult:
     return Simulation(scenario, strategy, settings, schedule).run()

@@ -27,7 +27,7 @@ import numpy as np
 
 from swarmd.peers.planning.baselines import dtfm_evolutionary, petals_greedy, swarm_wiring
 from swarmd.peers.planning.plan_cost import Plan
-from swarmd.peers.planning.planner import Awareness, PlanError, PlannerSettings, plan, repair
+from swarmd.peers.planning.planner import Awareness, PlanError, PlannerConfig, plan, repair
 from swarmd.peers.planning.scenario import Scenario, Shape
 from swarmd.peers.sim.results import alone_memory_bytes
 from swarmd.peers.sim.simulator import Strategy
@@ -51,7 +51,7 @@ ABLATIONS = {
 
 
 def _swarmd(name: str, stages: int, time_budget_s: float, seed: int) -> Strategy:
-    settings = PlannerSettings(awareness=ABLATIONS[name], time_budget_s=time_budget_s, seed=seed, stages=stages)
+    settings = PlannerConfig(awareness=ABLATIONS[name], time_budget_s=time_budget_s, seed=seed, stages=stages)
 
     def full(view: Scenario) -> Plan:
         return plan(view, settings)

@@ -17,7 +17,7 @@ from swarmd.peers.sim.reduction import Reducers
 from swarmd.peers.sim.results import PathFigures
 from swarmd.peers.sim.shards import ShardServers
 from swarmd.peers.sim.workload import Workload
-from swarmd.peers.taskpool.exchange import ExchangeSettings
+from swarmd.peers.taskpool.exchange import ExchangeConfig
 from swarmd.peers.taskpool.shares import ShareLedger
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ class SwarmdPath:
         sim, sc = self.sim, self.sim.scenario
         sim.local_steps = plan.local_steps
         sim.share_micro_batches = plan.micro_batches_per_share(sc)
-        sim.exchange = ExchangeSettings(
+        sim.exchange = ExchangeConfig(
             batch_micro_batches=max(1, sc.batch_sequences // sc.micro_batch),
             share_micro_batches=sim.share_micro_batches,
             local_steps=sim.local_steps,

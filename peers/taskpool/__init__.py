@@ -6,6 +6,7 @@
 - ``lease``     what every lease is: a signed, expiring, renewable claim by one peer
 - ``cells``     cell leases, the pool's rule (live members, the assignment, spares), pipeline epochs
 - ``servers``   shard leases, take-over by the named standby, the versions the swarm has seen
+- ``reduction``  reduction groups: a stage's cells sum their slices at a head before the servers
 - ``assignment`` who should hold each cell and shard: the plan's, or the provisional rule
 
 Pure rules over snapshots: the daemon, the planner's cost model and the simulator call the same

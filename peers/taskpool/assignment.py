@@ -1,7 +1,7 @@
 """The assignment in force: who should hold each cell and each shard, from the plan or, before
 there is one, by the provisional rule every member computes alike.
 
-The coordinator's signed plan (``swarmd.peers.plan_record``) names a peer per cell, the servers
+The coordinator's signed plan (``swarmd.peers.records.plan_record``) names a peer per cell, the servers
 of each stage's shards, H and k. Until a plan exists, or when the planner cannot place the run
 (fewer members than stages), ``provisional`` spreads the cells over the members sorted by peer
 ID: ``n // S`` pipelines of distinct members, or one pipeline over all of them when they are
@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from swarmd.peers.plan_record import PlanRecord
+from swarmd.peers.records.plan_record import PlanRecord
 from swarmd.peers.taskpool.cells import Cell
 from swarmd.peers.taskpool.servers import Shard
 

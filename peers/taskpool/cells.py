@@ -25,8 +25,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
-from swarmd.peers.heartbeat import check_subject, check_times
-from swarmd.peers.records import Fields, open_record
+from swarmd.peers.records.envelope import Fields, open_record
+from swarmd.peers.records.heartbeat import check_subject, check_times
 from swarmd.peers.taskpool.lease import Lease
 
 KIND = "cell-lease"

@@ -29,7 +29,7 @@ MAX_LOCAL_STEPS = 1000
 
 
 @dataclass(frozen=True, kw_only=True)
-class ExchangeSettings:
+class ExchangeConfig:
     batch_micro_batches: int
     """The run's batch (sequences per update across the swarm) over its micro-batch."""
     share_micro_batches: int
@@ -76,7 +76,7 @@ contribution went into before it goes on with the weights it has (a pipeline tha
 gone must not hold the others). The daemons' cells and the simulator both follow it."""
 
 
-def step_micro_batches(settings: ExchangeSettings) -> int:
+def step_micro_batches(settings: ExchangeConfig) -> int:
     """The weighted micro-batches a server buffers before it steps: the run's batch for
     gradients; for pseudo-gradients H times the batch or one round of every pipeline, whichever
     is less, so that an outer step averages about one round of each pipeline (DiLoCo's outer
@@ -89,7 +89,7 @@ def step_micro_batches(settings: ExchangeSettings) -> int:
     return per_round * settings.local_steps
 
 
-def staleness_weight(staleness: int, settings: ExchangeSettings) -> float:
+def staleness_weight(staleness: int, settings: ExchangeConfig) -> float:
     """What a contribution ``staleness`` versions behind the server counts for (0: dropped).
 
     Gradients count in full up to ``max_staleness`` (bounded-staleness asynchronous SGD, as the

@@ -7,8 +7,8 @@ from dataclasses import asdict, dataclass
 from typing import ClassVar
 
 from swarmd.errors import RecordError
-from swarmd.peers.identity import Identity
-from swarmd.peers.records import sign_record
+from swarmd.peers.records.envelope import sign_record
+from swarmd.peers.records.identity import Identity
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -33,9 +33,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-MAX_GROUP = 64
-"""The most pipelines one group reduces (a head takes one slice from each member per shard it
-heads: past this, a head's own link is the bottleneck the group was meant to remove)."""
+from swarmd.peers.records.plan_record import MAX_GROUP
+
 HEAD_KEEP_VERSIONS = 4
 """Deltas a head keeps of each shard it heads, for its members' pulls: members pull as soon as
 the head has a version, so a few cover them; one further behind pulls from the server."""

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from swarmd.errors import RecordError
-from swarmd.peers.heartbeat import check_subject, check_times
-from swarmd.peers.records import Fields, open_record
+from swarmd.peers.records.envelope import Fields, open_record
+from swarmd.peers.records.heartbeat import check_subject, check_times
 from swarmd.peers.taskpool.lease import Lease
 
 KIND = "shard-lease"

@@ -6,7 +6,6 @@
 - ``rpc``            framed requests over hivemind P2P streams: bounded, with deadlines, counted
 - ``sizes``          the bytes of every message, as the planner and the simulator charge them
 - ``codecs``         tensor frames in fp32, fp16, bf16 or int8, checked before use; error feedback
-- ``tensors``        the old training modules' tensor frames (deleted with them)
 - ``routing``        which way a request goes: direct, or through an elected relay
 - ``emulated_delay`` a test-only latency shim for the calibration harness (this kernel has no netem)
 """

@@ -12,7 +12,7 @@ absolute maximum over 127), then one int8 per element. Encoding refuses values t
 cannot carry (NaN, infinities, fp16 overflow) rather than send what the receiver must refuse.
 
 Everything a peer sends is hostile until checked: ``decode_tensor`` reads the frame's codec
-and shape, compares them and the exact length with the ``TensorSpec`` the plan expects, and
+and shape, compares them and the exact length with the ``FrameSpec`` the plan expects, and
 only then allocates; the values must be finite (a NaN would poison every weight downstream)
 and, if the spec bounds them, within ``max_abs``. Decoded tensors are fp32.
 
@@ -64,7 +64,7 @@ def _view(frame: bytes, dtype: torch.dtype, offset: int, count: int) -> torch.Te
 
 
 @dataclass(frozen=True)
-class TensorSpec:
+class FrameSpec:
     """What a frame must be: its shape, the codecs accepted, and optionally a bound on values."""
 
     shape: tuple[int, ...]
@@ -74,13 +74,13 @@ class TensorSpec:
     """Names the tensor in errors: "the activation into stage 3"."""
 
     @classmethod
-    def activation(cls, model: Any, stage: int, micro_batch: int, codecs: tuple[str, ...] = CODECS) -> TensorSpec:
+    def activation(cls, model: Any, stage: int, micro_batch: int, codecs: tuple[str, ...] = CODECS) -> FrameSpec:
         """The hidden states into ``stage`` (or their gradient) of one micro-batch of ``model``
         (a ``swarmd.models.shape.ModelShape``: its ``seq_len`` and ``hidden``)."""
         return cls((micro_batch, model.seq_len, model.hidden), codecs, what=f"the activation into stage {stage}")
 
     @classmethod
-    def vector(cls, elements: int, codec: str | None = None) -> TensorSpec:
+    def vector(cls, elements: int, codec: str | None = None) -> FrameSpec:
         """A flat slice of ``elements`` values, in ``codec`` (any when None)."""
         return cls((elements,), CODECS if codec is None else (codec,), what=f"a {elements}-element slice")
 
@@ -174,7 +174,7 @@ def encode_vector(x: torch.Tensor, codec: str) -> bytearray:
     return encode_tensor(x.reshape(-1), codec)
 
 
-def decode_tensor(frame: bytes, spec: TensorSpec, *, device: torch.device | str | None = None) -> torch.Tensor:
+def decode_tensor(frame: bytes, spec: FrameSpec, *, device: torch.device | str | None = None) -> torch.Tensor:
     """Check ``frame`` against ``spec`` and return it in fp32 (on ``device``; the CPU when None)."""
     if len(frame) < FRAME_HEADER_BYTES or frame[:4] != MAGIC:
         raise FrameError(f"{spec.what}: not a tensor frame (bad magic)")
@@ -221,7 +221,7 @@ def decode_tensor(frame: bytes, spec: TensorSpec, *, device: torch.device | str 
 
 def decode_vector(frame: bytes, elements: int, codec: str | None = None) -> torch.Tensor:
     """A one-dimensional frame of ``elements`` values (in ``codec``, any when None), in fp32."""
-    return decode_tensor(frame, TensorSpec.vector(elements, codec))
+    return decode_tensor(frame, FrameSpec.vector(elements, codec))
 
 
 class ErrorFeedback:

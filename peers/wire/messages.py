@@ -8,7 +8,7 @@
   standby;
 - relaying: ``Forward`` (a peer to a relay) and ``Relayed`` (the relay to the target, which
   ``swarmd.peers.wire.rpc`` unwraps before any handler sees it);
-- ``Probe``: the bandwidth probe (``swarmd.peers.links``).
+- ``Probe``: the bandwidth probe (``swarmd.peers.records.links``).
 
 Bounds come from the contract: a stage < 1024, a shard < 4096, a pipeline < 100,000,
 micro-batch indices, share IDs and versions < 2**40, at most 4,096 share IDs in one message.
@@ -21,8 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from swarmd.peers.links import MAX_PROBE_BYTES
-from swarmd.peers.taskpool.reduction import MAX_GROUP, REDUCE_WAIT_S
+from swarmd.peers.records.links import MAX_PROBE_BYTES
+from swarmd.peers.records.plan_record import MAX_GROUP
+from swarmd.peers.taskpool.reduction import REDUCE_WAIT_S
 from swarmd.peers.wire.errors import SchemaError
 from swarmd.peers.wire.protocol import MAX_BLOBS, Ack, Answer, Request, bound
 from swarmd.peers.wire.sizes import CODECS
@@ -425,7 +426,7 @@ class Forwarded(Answer):
 
 @dataclass(frozen=True, kw_only=True)
 class Forward(Request[Forwarded]):
-    """Ask a relay of the plan to pass a request on to ``to`` (``swarmd.relay``)."""
+    """Ask a relay of the plan to pass a request on to ``to`` (``swarmd.node.relay``)."""
 
     METHOD = "relay.forward"
     BLOBS = (0, MAX_BLOBS)

@@ -40,7 +40,7 @@ BLOCKED_MAX_S = 300.0
 
 @dataclass(frozen=True)
 class Matrix:
-    """The live latency and bandwidth matrix (``swarmd.peers.swarm_snapshot``), by peer ID."""
+    """The live latency and bandwidth matrix (``swarmd.peers.planning.snapshot``), by peer ID."""
 
     index: Mapping[str, int]
     latency_s: np.ndarray

@@ -23,13 +23,13 @@ from typing import Any
 
 from transformers import AutoModelForCausalLM
 
-from swarmd.local_swarm import LocalDaemon, create_run, start_swarm, wait_for
 from swarmd.models.build import build_model
 from swarmd.models.corpus import load_corpus, train_eval_split
 from swarmd.models.presets import DEFAULT_RUN
-from swarmd.models.reference import TrainSettings, held_out_loss, train_reference
+from swarmd.models.reference import TrainConfig, held_out_loss, train_reference
 from swarmd.models.shape import ModelShape
-from swarmd.peers.run_spec import run_seed
+from swarmd.peers.records.run_spec import run_seed
+from swarmd.system.local_swarm import LocalDaemon, create_run, start_swarm, wait_for
 
 FLAGS = ["--heartbeat-interval", "1", "--heartbeat-ttl", "6", "--threads", "1"]
 
@@ -76,7 +76,7 @@ def reference_loss(run_id: str, batches: int) -> tuple[float, float]:
     seed = run_seed(run_id)
     train, held_out = train_eval_split(load_corpus("builtin"), shape.seq_len, seed=seed)
     b, opt = DEFAULT_RUN["batch"], DEFAULT_RUN["optimizer"]
-    settings = TrainSettings(
+    settings = TrainConfig(
         seed=seed,
         steps=batches,
         batch_sequences=b["sequences"],

@@ -32,11 +32,11 @@ from typing import Any
 
 import numpy as np
 
-from swarmd.peers.planning.planner import PlannerSettings, plan
+from swarmd.peers.planning.planner import PlannerConfig, plan
 from swarmd.peers.planning.scenario import Scenario, interface_rates
 from swarmd.peers.planning.scenario_gen import SMALL_MODEL, synthetic_scenario
 from swarmd.peers.sim.results import SimResult, single_device
-from swarmd.peers.sim.simulator import SimSettings, simulate
+from swarmd.peers.sim.simulator import SimConfig, simulate
 from swarmd.peers.sim.strategies import make_strategies
 
 PIPELINED_MODEL = {"layers": 24, "hidden": 2048, "seq_len": 2048, "vocab": 50257, "params": 1.3e9, "dtype_bytes": 2}
@@ -85,10 +85,10 @@ def busiest_interface(scenario: Scenario, result: SimResult) -> str:
 def run_one(model: str, n: int, churn: bool, hours: float, seed: int, time_budget_s: float) -> Row:
     scenario = synthetic_scenario(n, regions=3, seed=seed, churn=churn, model=MODELS[model])
     started = time.perf_counter()
-    shape = plan(scenario, PlannerSettings(time_budget_s=time_budget_s, seed=seed)).shape
+    shape = plan(scenario, PlannerConfig(time_budget_s=time_budget_s, seed=seed)).shape
     plan_s = time.perf_counter() - started
     (strategy,) = make_strategies(["swarmd"], shape, time_budget_s, seed)
-    result = simulate(scenario, strategy, SimSettings(hours=hours, seed=seed, churn=churn))
+    result = simulate(scenario, strategy, SimConfig(hours=hours, seed=seed, churn=churn))
     return Row(
         model, n, churn, plan_s, result, single_device(scenario).tokens_per_s, busiest_interface(scenario, result)
     )

@@ -4,7 +4,7 @@ synthetic swarms of 16 to 1,000 devices; then its speed at scale.
     .venv/bin/python tests/benchmarks/bench_scheduler.py [FOLDER] [--out DIR] [--repeats 3]
         [--no-scale] [--no-throughput]
 
-1. For each ``*.json`` scenario in FOLDER (default: ../shared/scenarios beside the repository):
+1. For each ``*.json`` scenario in FOLDER (default: docs/scenarios, the shipped examples):
    swarmd's planner (and its three ablations: blind to the network, to devices, to
    reliability) and the four baselines of ``swarmd.peers.planning.baselines`` each place it; a
    table gives each placement's reference cost (FORMAT.md's yardstick, the ruler every
@@ -35,14 +35,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from swarmd.charts import grouped_bars
 from swarmd.peers.planning.baselines import BASELINES
 from swarmd.peers.planning.builder import Planner
 from swarmd.peers.planning.plan_cost import Plan, reference_cost, reference_lower_bound
-from swarmd.peers.planning.planner import Awareness, PlannerSettings, plan, repair
+from swarmd.peers.planning.planner import Awareness, PlannerConfig, plan, repair
 from swarmd.peers.planning.scenario import Scenario, Shape, load_scenario
 from swarmd.peers.planning.scenario_gen import SMALL_MODEL, synthetic_scenario
 from swarmd.peers.planning.throughput import Throughput, compute_bound_tokens_per_s, fastest_device_tokens_per_s
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: its chart helper
+from tests.benchmarks.charts import grouped_bars  # noqa: E402
 
 Scheduler = Callable[[Scenario, Shape], Plan]
 LARGE_MODEL = {"layers": 24, "hidden": 2048, "seq_len": 2048, "vocab": 50257, "params": 1.3e9, "dtype_bytes": 2}
@@ -52,7 +54,7 @@ SIZES = (16, 64, 256, 1000)
 def swarmd_scheduler(awareness: Awareness) -> Scheduler:
     def run(scenario: Scenario, shape: Shape) -> Plan:
         fixed = scenario if scenario.parallelism == shape else replace(scenario, parallelism=shape)
-        return plan(fixed, PlannerSettings(awareness))
+        return plan(fixed, PlannerConfig(awareness))
 
     return run
 
@@ -79,7 +81,7 @@ def timed(scheduler: Scheduler, scenario: Scenario, shape: Shape, repeats: int) 
 def scheduled_tokens(scenario: Scenario, placed: Plan) -> float | None:
     """Trained tokens/s of ``placed``'s grid with swarmd's schedule (None: its grid cannot hold
     the layers in local mode or in gradient mode)."""
-    planner = Planner(scenario, PlannerSettings())
+    planner = Planner(scenario, PlannerConfig())
     for local in (True, False):
         found = planner.schedule(placed.grid(), local)
         if found is not None:
@@ -240,7 +242,7 @@ def write_plots(results: list[dict[str, Any]], out: Path) -> None:
 
 
 def main() -> int:
-    default = Path(__file__).resolve().parents[3] / "shared" / "scenarios"
+    default = Path(__file__).resolve().parents[2] / "docs" / "scenarios"
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, nargs="?", default=default)
     parser.add_argument("--out", type=Path, default=Path("bench-scheduler"))

@@ -15,9 +15,9 @@ import resource
 import statistics
 import time
 
-from swarmd.peers.planning.planner import PlannerSettings, plan
+from swarmd.peers.planning.planner import PlannerConfig, plan
 from swarmd.peers.planning.scenario_gen import synthetic_scenario
-from swarmd.peers.sim.simulator import SimSettings, simulate
+from swarmd.peers.sim.simulator import SimConfig, simulate
 from swarmd.peers.sim.strategies import make_strategies
 
 
@@ -32,10 +32,10 @@ def main() -> None:
         scenario = synthetic_scenario(n, churn=True, seed=args.seed)
         scenario_s = time.perf_counter() - started
         started = time.perf_counter()
-        shape = plan(scenario, PlannerSettings(time_budget_s=1.0, seed=args.seed)).shape
+        shape = plan(scenario, PlannerConfig(time_budget_s=1.0, seed=args.seed)).shape
         plan_s = time.perf_counter() - started
         (strategy,) = make_strategies(["swarmd"], shape, 0.5, args.seed)
-        result = simulate(scenario, strategy, SimSettings(hours=args.hours, seed=args.seed))
+        result = simulate(scenario, strategy, SimConfig(hours=args.hours, seed=args.seed))
         repairs = [e.runtime_s for e in result.plan_events if e.kind == "repair"]
         rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(

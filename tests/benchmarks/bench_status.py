@@ -16,10 +16,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from swarmd.control import call
 from swarmd.errors import ControlError
-from swarmd.local_swarm import LocalDaemon, create_run, wait_for
 from swarmd.models.presets import DEFAULT_RUN
+from swarmd.system.control import call
+from swarmd.system.local_swarm import LocalDaemon, create_run, wait_for
 
 
 def sample(daemon: LocalDaemon, n: int) -> list[float]:

@@ -29,11 +29,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from swarmd.local_swarm import LocalDaemon, create_run, start_swarm, wait_for
 from swarmd.models.corpus import load_corpus, train_eval_split
 from swarmd.models.presets import DEFAULT_RUN
-from swarmd.models.reference import TrainSettings, train_reference
+from swarmd.models.reference import TrainConfig, train_reference
 from swarmd.models.shape import ModelShape
+from swarmd.system.local_swarm import LocalDaemon, create_run, start_swarm, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the tests' helpers
 from tests.integration.procfs import TICK_S, cpu_times, descendants, processes, thread_cpu_s  # noqa: E402
@@ -133,7 +133,7 @@ def bench_reference(threads: int, steps: int, batch_sequences: int) -> float:
     shape = ModelShape.from_dict(DEFAULT_RUN["model"])
     train, _ = train_eval_split(load_corpus("builtin"), shape.seq_len, seed=0)
     b = run_spec(batch_sequences)["batch"]
-    settings = TrainSettings(
+    settings = TrainConfig(
         seed=0,
         steps=steps,
         batch_sequences=b["sequences"],

@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable
 import torch
 
 from swarmd.peers.wire import rpc
-from swarmd.peers.wire.codecs import ErrorFeedback, TensorSpec, decode_tensor, encode_tensor
+from swarmd.peers.wire.codecs import ErrorFeedback, FrameSpec, decode_tensor, encode_tensor
 from swarmd.peers.wire.messages import CellForward
 from swarmd.peers.wire.protocol import Ack
 from swarmd.peers.wire.sizes import CODECS
@@ -62,7 +62,7 @@ def timed(fn: Callable[[], object], repeats: int) -> float:
 def bench_codecs(elements: int, repeats: int) -> None:
     torch.manual_seed(0)
     x = torch.randn(elements)
-    spec = TensorSpec((elements,))
+    spec = FrameSpec((elements,))
     gb = elements * 4 / 1e9
     threads = torch.get_num_threads()
     print(f"codecs: {elements:,} fp32 values ({gb * 1e3:.0f} MB), best of {repeats}, {threads} torch thread(s)")

@@ -55,17 +55,17 @@ from typing import Any
 
 import numpy as np
 
-from swarmd.local_swarm import LocalDaemon, create_run, start_swarm, wait_for
 from swarmd.models.build import build_model
 from swarmd.models.presets import DEFAULT_RUN
 from swarmd.models.shape import ModelShape
-from swarmd.peers.election import coordination_round_s
+from swarmd.peers.membership.election import coordination_round_s
 from swarmd.peers.planning.plan_cost import Plan, stage_flops_per_sequence
-from swarmd.peers.planning.planner import PlannerSettings, plan, repair
+from swarmd.peers.planning.planner import PlannerConfig, plan, repair
 from swarmd.peers.planning.scenario import Scenario, parse_scenario
 from swarmd.peers.sim.churn import ChurnEvent
 from swarmd.peers.sim.results import recovery_times
-from swarmd.peers.sim.simulator import SimSettings, Simulation, Strategy
+from swarmd.peers.sim.simulator import SimConfig, Simulation, Strategy
+from swarmd.system.local_swarm import LocalDaemon, create_run, start_swarm, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the namespaces' helpers
 from tests.integration.netns import EmulatedNetwork  # noqa: E402
@@ -84,7 +84,7 @@ HEARTBEAT_INTERVAL_S = 1.0
 HEARTBEAT_TTL_S = 6.0
 HEARTBEAT = ["--heartbeat-interval", f"{HEARTBEAT_INTERVAL_S:g}", "--heartbeat-ttl", f"{HEARTBEAT_TTL_S:g}"]
 SHARE_LEASE_S = 600.0  # a share's lease at the daemon's ledger (``swarmd.training.ledger_host.LEASE_S``)
-PLAN_BUDGET_S = 0.5  # the daemons' coordinator's planning budget (``swarmd.coordination.PLAN_BUDGET_S``)
+PLAN_BUDGET_S = 0.5  # the daemons' coordinator's planning budget (``swarmd.node.coordination.PLAN_BUDGET_S``)
 FOLLOW_TIMEOUT_S = 300.0
 LEDGER_COUNTS = ("issued", "reissued", "completed", "abandoned", "expired")
 
@@ -756,7 +756,7 @@ def swarmd_strategy(name: str, fixed: Plan | None = None) -> Strategy:
     """swarmd's planner as the daemons' coordinator runs it (the run's stages and H fixed, the
     layers cut evenly): its own full plan, or ``fixed`` to start from; its repair on changes."""
     fixed_h = DEFAULT_RUN["exchange"]["local_steps"] or None
-    settings = PlannerSettings(
+    settings = PlannerConfig(
         time_budget_s=PLAN_BUDGET_S, seed=0, stages=DEFAULT_RUN["stages"], local_steps=fixed_h, even_layers=True
     )
 
@@ -812,7 +812,7 @@ def compare(args: argparse.Namespace, scenario: Scenario, tflops: float, real: d
         workers = {d for row in real_plan.pipelines for d in row}
         victim = max(workers - {d for row in real_plan.shard_servers for d in row} or workers)
     data_path = real.get("data_path") or {}
-    settings = SimSettings(
+    settings = SimConfig(
         churn=False,
         detect_s=HEARTBEAT_TTL_S,
         join_s=5.0,
@@ -869,7 +869,7 @@ def compare(args: argparse.Namespace, scenario: Scenario, tflops: float, real: d
 
 
 def simulate_window(
-    scenario: Scenario, strategy: Strategy, settings: SimSettings, warm_s: float, args: argparse.Namespace, victim: int
+    scenario: Scenario, strategy: Strategy, settings: SimConfig, warm_s: float, args: argparse.Namespace, victim: int
 ) -> tuple[list[int], dict[str, Any]]:
     """A window of ``args.seconds`` after ``warm_s`` of simulated training (the real window
     starts in a swarm that has trained a while, too), with ``victim`` leaving ``args.kill_at``

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from swarmd.local_swarm import LocalDaemon, create_run
 from swarmd.models.presets import DEFAULT_RUN
+from swarmd.system.local_swarm import LocalDaemon, create_run
 from tests.integration.procfs import descendants
 
 # Short heartbeats so that a killed daemon is dropped within seconds.

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from swarmd.local_swarm import LOOPBACK_FLAGS
-from swarmd.peers.identity import Identity
+from swarmd.peers.records.identity import Identity
+from swarmd.system.local_swarm import LOOPBACK_FLAGS
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

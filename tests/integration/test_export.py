@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from swarmd.local_swarm import create_run
 from swarmd.models.checkpoint import load_safetensors
 from swarmd.models.presets import DEFAULT_RUN
 from swarmd.models.tokenizer import ByteTokenizer
-from swarmd.state_dir import prepare_state_dir, run_checkpoint_dir, save_spec
+from swarmd.system.local_swarm import create_run
+from swarmd.system.state_dir import prepare_state_dir, run_checkpoint_dir, save_spec
 from tests.unit.training.swarm_in_process import Swarm
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmd.local_swarm import LocalDaemon, wait_for
+from swarmd.system.local_swarm import LocalDaemon, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -22,11 +22,11 @@ HOSTILE = r"""
 import json, sys, time
 import hivemind
 from hivemind.utils.timed_storage import get_dht_time
-from swarmd.peers.heartbeat import Device, Heartbeat
-from swarmd.peers.identity import Identity
-from swarmd.peers.records import sign_record
+from swarmd.peers.records.heartbeat import DeviceInfo, Heartbeat
+from swarmd.peers.records.identity import Identity
+from swarmd.peers.records.envelope import sign_record
 from dataclasses import asdict
-from swarmd.peers.swarm_dht import members_key
+from swarmd.peers.dht.swarm_dht import members_key
 
 run_id, victim, bootstrap = sys.argv[1], sys.argv[2], sys.argv[3:]
 dht = hivemind.DHT(initial_peers=bootstrap, start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"],
@@ -34,7 +34,7 @@ dht = hivemind.DHT(initial_peers=bootstrap, start=True, host_maddrs=["/ip4/127.0
 mallory, now = Identity.generate(), time.time()
 def beat(**kw):
     base = dict(run_id=run_id, peer_id=mallory.peer_id, issued_at=now, expires_at=now + 60, addrs=[],
-                device=Device(kind="cpu", name="x", memory_bytes=1, cpus=1), throughput_gflops=1.0,
+                device=DeviceInfo(kind="cpu", name="x", memory_bytes=1, cpus=1), throughput_gflops=1.0,
                 version="0", roles=["worker"], uptime_s=1.0)
     base.update(kw)
     return Heartbeat(**base)

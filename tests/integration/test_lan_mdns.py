@@ -34,8 +34,8 @@ DISCOVERY_TIMEOUT_S = 30.0
 # Runs in a namespace: one LanDiscovery, one JSON line on stdout per event.
 HELPER = """
 import json, logging, signal, sys, threading
-from swarmd.peers.identity import Identity
-from swarmd.peers.lan import LanDiscovery
+from swarmd.peers.records.identity import Identity
+from swarmd.peers.lan.mdns import LanDiscovery
 
 ip, run_id = sys.argv[1], sys.argv[2]
 logging.basicConfig(level=logging.DEBUG, stream=sys.stderr,
@@ -209,7 +209,7 @@ def test_daemons_on_one_lan_find_each_other_without_bootstrap(
 ) -> None:
     """Two real daemons, one in each namespace, same run, no --initial-peers: mDNS brings them
     together, and the joiner fetches the run's spec through the DHT it was introduced to."""
-    from swarmd.local_swarm import LocalDaemon, wait_for
+    from swarmd.system.local_swarm import LocalDaemon, wait_for
 
     ns_a, ip_a, ns_b, ip_b = lan
     run_id = make_run(workdir / "a")
@@ -259,7 +259,7 @@ def test_lan_discovery_child_is_restarted(
     lan: tuple[str, str, str, str], make_run: Callable[..., str], workdir: Path
 ) -> None:
     """LAN discovery is a child process: if it dies, the daemon carries on and starts a new one."""
-    from swarmd.local_swarm import LocalDaemon, wait_for
+    from swarmd.system.local_swarm import LocalDaemon, wait_for
 
     from .procfs import descendants
 
@@ -281,7 +281,7 @@ def test_lan_discovery_child_is_restarted(
             found = []
             for pid in descendants(a.pid):
                 try:
-                    if b"swarmd.lan_process" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    if b"swarmd.node.lan_process" in Path(f"/proc/{pid}/cmdline").read_bytes():
                         found.append(pid)
                 except OSError:
                     pass

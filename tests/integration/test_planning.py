@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from swarmd.local_swarm import LocalDaemon, wait_for
+from swarmd.system.local_swarm import LocalDaemon, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -112,9 +112,9 @@ def test_roles_follow_the_history_the_observers_kept(
     an hour; the fourth is new to all. Once the books are published, the swarm's scores come
     from the others' books, the coordinator and the relay are peers that pass the thresholds,
     and the flapper and the newcomer hold neither role."""
-    from swarmd.coordination import OBSERVATIONS_FILE
-    from swarmd.peers.identity import load_or_create_identity
-    from swarmd.state_dir import prepare_state_dir
+    from swarmd.node.coordination import OBSERVATIONS_FILE
+    from swarmd.peers.records.identity import load_or_create_identity
+    from swarmd.system.state_dir import prepare_state_dir
 
     run_id = make_run(workdir / "d0")
     dirs = [workdir / f"d{i}" for i in range(4)]

@@ -4,8 +4,8 @@ Three namespaces made for the test: the asker's and the target's each share a ve
 the relay's, and the relay's namespace does not forward IP packets (a new namespace's
 default). The asker and the target therefore have no route to each other, the way two
 volunteers behind different firewalls do, while both reach the relay. The asker's router
-(``swarmd.relay.Router``) first dials the target, finds it unreachable and goes through the
-elected relay (``swarmd.relay.RelayService``); the target's RPC server believes the relay's
+(``swarmd.node.relay.Router``) first dials the target, finds it unreachable and goes through the
+elected relay (``swarmd.node.relay.RelayService``); the target's RPC server believes the relay's
 ``on_behalf_of`` and its handler answers whom the request spoke for.
 Deleting the namespaces at the end removes every link; every helper dies with the test.
 """
@@ -40,7 +40,7 @@ from swarmd.peers.wire.errors import RpcError
 from swarmd.peers.wire.messages import Forward
 from swarmd.peers.wire.protocol import Answer, Request, bound
 from swarmd.peers.wire.rpc import RpcServer, call
-from swarmd.relay import RelayService, Router
+from swarmd.node.relay import RelayService, Router
 
 role, share = sys.argv[1], sys.argv[2:]
 KW = dict(nat_port_map=False, auto_nat=False, use_relay=False)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmd.local_swarm import LOOPBACK_FLAGS
+from swarmd.system.local_swarm import LOOPBACK_FLAGS
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmd.local_swarm import LOOPBACK_FLAGS, LocalDaemon, wait_for
+from swarmd.system.local_swarm import LOOPBACK_FLAGS, LocalDaemon, wait_for
 
 from .conftest import alive
 from .procfs import descendants

@@ -28,13 +28,13 @@ from typing import Any
 import pytest
 from transformers import AutoModelForCausalLM
 
-from swarmd.local_swarm import LocalDaemon, wait_for
 from swarmd.models.build import build_model
 from swarmd.models.corpus import load_corpus, train_eval_split
 from swarmd.models.presets import DEFAULT_RUN
-from swarmd.models.reference import TrainSettings, held_out_loss, train_reference
+from swarmd.models.reference import TrainConfig, held_out_loss, train_reference
 from swarmd.models.shape import ModelShape
-from swarmd.peers.run_spec import run_seed
+from swarmd.peers.records.run_spec import run_seed
+from swarmd.system.local_swarm import LocalDaemon, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -222,7 +222,7 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
     mb, batch = DEFAULT_RUN["batch"]["micro_batch"], DEFAULT_RUN["batch"]["sequences"]
     opt = DEFAULT_RUN["optimizer"]
     steps = min(versions)
-    settings = TrainSettings(
+    settings = TrainConfig(
         seed=seed, steps=steps, batch_sequences=batch, micro_batch=mb, lr=opt["lr"], weight_decay=opt["weight_decay"]
     )
     _, reference_weights = train_reference(shape, train, settings)

@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from swarmd.local_swarm import LocalDaemon, create_run, wait_for
 from swarmd.models.presets import DEFAULT_RUN
+from swarmd.system.local_swarm import LocalDaemon, create_run, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -36,8 +36,8 @@ STRANGER = r"""
 import asyncio, sys, time
 import hivemind
 from hivemind.p2p import P2P
-from swarmd.peers.identity import Identity
-from swarmd.peers.swarm_dht import shards_key
+from swarmd.peers.records.identity import Identity
+from swarmd.peers.dht.swarm_dht import shards_key
 from swarmd.peers.taskpool.servers import ShardLease
 from swarmd.peers.wire.errors import RpcError
 from swarmd.peers.wire.messages import ReplicaCheckpoint

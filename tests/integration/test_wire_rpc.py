@@ -23,14 +23,14 @@ from dataclasses import dataclass
 import torch
 from hivemind.p2p import P2P
 from swarmd.peers.wire import rpc
-from swarmd.peers.wire.codecs import TensorSpec, decode_tensor, encode_tensor
+from swarmd.peers.wire.codecs import FrameSpec, decode_tensor, encode_tensor
 from swarmd.peers.wire.errors import NotHolder, RpcError
 from swarmd.peers.wire.messages import Forward, Probe, Probed
 from swarmd.peers.wire.protocol import Answer, Request, bound
-from swarmd.relay import RelayService, Router
+from swarmd.node.relay import RelayService, Router
 
 RUN = "wire-test.abcdefghijklmnopqrstuvwx"
-SPEC = TensorSpec((2, 8, 16), ("fp16",))
+SPEC = FrameSpec((2, 8, 16), ("fp16",))
 
 @dataclass(frozen=True, kw_only=True)
 class Doubled(Answer):

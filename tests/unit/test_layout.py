@@ -1,8 +1,10 @@
 """The folder layout (daemon/ -> swarmd, peers/ -> swarmd.peers, models/ -> swarmd.models).
 
 Checks that pyproject.toml lists every package (setuptools silently drops unlisted ones from
-wheels) and that the layering holds: models knows nothing of peers or the daemon, peers
-nothing of the daemon except ``swarmd.errors``.
+wheels), that every package's docstring maps its modules, that tests/unit mirrors the
+packages, and that the layering holds: models knows nothing of peers or the daemon, peers
+nothing of the daemon except ``swarmd.errors``; inside peers, records -> dht, membership, lan,
+taskpool, wire -> planning -> sim; and no module imports itself round a cycle.
 """
 
 from __future__ import annotations
@@ -129,7 +131,7 @@ def _violations(folder: str, forbidden: set[str]) -> list[str]:
 
 def test_daemon_modules_found() -> None:
     daemon = _daemon_modules()
-    assert {"swarmd.errors", "swarmd.config", "swarmd.node"} <= daemon
+    assert {"swarmd.errors", "swarmd.config", "swarmd.node", "swarmd.node.node"} <= daemon
 
 
 def test_models_import_neither_peers_nor_daemon() -> None:
@@ -180,3 +182,152 @@ def test_no_bare_top_level_folder_imports() -> None:
                 if name.split(".")[0] in TOP:
                     found.append(f"{rel}:{node.lineno} imports {name}")
     assert found == [], "import swarmd, swarmd.peers or swarmd.models, not the folder names"
+
+
+# Inside swarmd.peers, a package may import only packages of a lower layer or its own; the
+# packages of one layer may import each other as long as no cycle forms (checked below).
+PEERS_LAYERS = {
+    "records": 0,
+    "dht": 1,
+    "membership": 1,
+    "lan": 1,
+    "taskpool": 1,
+    "wire": 1,
+    "planning": 2,
+    "sim": 3,
+}
+
+
+def _peers_package(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["swarmd", "peers"] else None
+
+
+def test_peers_layers() -> None:
+    folders = {p.parent.name for p in (ROOT / "peers").glob("*/__init__.py")}
+    assert folders == set(PEERS_LAYERS), "every folder of peers/ has a layer here, and only those"
+    assert not [p.name for p in (ROOT / "peers").glob("*.py") if p.name != "__init__.py"], (
+        "peers/ holds folders only: a module belongs to its concern's folder"
+    )
+    found = []
+    for path, module in _modules("peers"):
+        own = _peers_package(module)
+        if own is None:
+            continue
+        for line, name in _runtime_imports(path, module):
+            other = _peers_package(name)
+            if other is not None and other in PEERS_LAYERS and PEERS_LAYERS[other] > PEERS_LAYERS[own]:
+                found.append(f"{path.relative_to(ROOT)}:{line} ({own}) imports {name} ({other}, a higher layer)")
+    assert found == []
+
+
+def _runtime_imports(path: Path, module: str) -> Iterator[tuple[int, str]]:
+    """``_imports`` without those under ``if TYPE_CHECKING:`` (annotations only, never run)."""
+    tree = ast.parse(path.read_text(), str(path))
+    typing_only = {
+        id(node)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
+        for statement in block.body
+        for node in ast.walk(statement)
+    }
+    lines = {node.lineno for node in ast.walk(tree) if id(node) in typing_only and hasattr(node, "lineno")}
+    for line, name in _imports(path, module):
+        if line not in lines:
+            yield line, name
+
+
+def _import_graph() -> dict[str, set[str]]:
+    modules = {name: path for folder in TOP for path, name in _modules(folder)}
+    return {
+        name: {other for _, other in _runtime_imports(path, name) if other in modules and other != name}
+        for name, path in modules.items()
+    }
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            step = next(edges, None)
+            if step is not None:
+                if step not in index:
+                    index[step] = low[step] = len(index)
+                    stack.append(step)
+                    on_stack.add(step)
+                    work.append((step, iter(sorted(graph[step]))))
+                elif step in on_stack:
+                    low[node] = min(low[node], index[step])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_cycle() -> None:
+    assert _cycles(_import_graph()) == []
+
+
+def test_cycle_check_finds_cycles() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"} - {"e"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def _mapped_names(package_dir: Path) -> set[str]:
+    """The names an ``__init__`` docstring's map lists: each ``- ``name`` `` entry (a folder as ``name/``)."""
+    doc = ast.get_docstring(ast.parse((package_dir / "__init__.py").read_text())) or ""
+    names = set()
+    for line in doc.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("- ``"):
+            names.add(stripped[4:].split("``", 1)[0].rstrip("/"))
+    return names
+
+
+def test_every_package_docstring_maps_its_modules() -> None:
+    problems = []
+    for package, folder in _package_folders().items():
+        modules = {p.stem for p in folder.glob("*.py") if p.stem not in {"__init__", "__main__"}}
+        subpackages = {p.parent.name for p in folder.glob("*/__init__.py")}
+        mapped = _mapped_names(folder)
+        if missing := sorted((modules | subpackages) - mapped):
+            problems.append(f"{package}: its __init__ docstring does not map {missing}")
+        if stale := sorted(mapped - modules - subpackages):
+            problems.append(f"{package}: its __init__ docstring maps {stale}, which it does not hold")
+    assert problems == []
+
+
+def test_unit_tests_mirror_the_packages() -> None:
+    packages = set(_package_folders())
+    unit = ROOT / "tests" / "unit"
+    found = []
+    for folder in sorted(p for p in unit.rglob("*") if p.is_dir() and p.name != "__pycache__"):
+        parts = folder.relative_to(unit).parts
+        package = ".".join(("swarmd", *parts))
+        if package not in packages:
+            found.append(f"tests/unit/{'/'.join(parts)} mirrors no package ({package})")
+    assert found == []

@@ -10,7 +10,7 @@ from swarmd.models.build import ModelError, ModelShape, build_model
 from swarmd.models.cell_compute import CellCompute, flatten_parameters, unflatten_parameters
 from swarmd.models.corpus import Dataset, load_corpus, train_eval_split
 from swarmd.models.parameter_shard import ParameterShard, ShardConfig
-from swarmd.models.reference import TrainSettings, train_reference
+from swarmd.models.reference import TrainConfig, train_reference
 from swarmd.models.stages import StageModule
 
 pytestmark = pytest.mark.timeout(120)
@@ -157,9 +157,7 @@ def test_gradient_mode_with_one_pipeline_and_sharded_servers_equals_synchronous_
                 after_one_step.update(unflatten_parameters(cell.module, cell.flat()))
 
     def reference(steps: int) -> tuple[list[float], dict[str, torch.Tensor]]:
-        settings = TrainSettings(
-            seed=7, steps=steps, batch_sequences=2 * per_step, micro_batch=2, lr=LR, weight_decay=WD
-        )
+        settings = TrainConfig(seed=7, steps=steps, batch_sequences=2 * per_step, micro_batch=2, lr=LR, weight_decay=WD)
         results, weights = train_reference(shape(), data, settings)
         return [r.loss for r in results], weights
 

@@ -7,17 +7,17 @@ import torch
 
 from swarmd.models.build import ModelShape
 from swarmd.models.corpus import load_corpus, train_eval_split
-from swarmd.models.reference import TrainSettings, train_reference
+from swarmd.models.reference import TrainConfig, train_reference
 
 pytestmark = pytest.mark.timeout(120)
 
 SHAPE = ModelShape(family="gpt2", layers=2, hidden=32, heads=2, vocab=256, seq_len=32)
 
 
-def settings(**kw: object) -> TrainSettings:
+def settings(**kw: object) -> TrainConfig:
     base: dict[str, object] = dict(seed=7, steps=30, batch_sequences=8, micro_batch=4, lr=3e-3)
     base.update(kw)
-    return TrainSettings(**base)  # type: ignore[arg-type]
+    return TrainConfig(**base)  # type: ignore[arg-type]
 
 
 def test_loss_falls_on_the_builtin_corpus() -> None:

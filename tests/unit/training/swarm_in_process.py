@@ -20,9 +20,9 @@ from typing import Any
 
 from swarmd.errors import RecordError
 from swarmd.models.presets import DEFAULT_RUN
-from swarmd.peers.identity import Identity
-from swarmd.peers.plan_record import PlanRecord
-from swarmd.peers.run_spec import SignedRunSpec, parse_spec_body, sign_run_spec
+from swarmd.peers.records.identity import Identity
+from swarmd.peers.records.plan_record import PlanRecord
+from swarmd.peers.records.run_spec import SignedRunSpec, parse_spec_body, sign_run_spec
 from swarmd.peers.taskpool.cells import CellLease, parse_cell_lease
 from swarmd.peers.taskpool.lease import Lease
 from swarmd.peers.taskpool.servers import ShardLease, parse_shard_lease

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from swarmd.peers.plan_record import PlanRecord
+from swarmd.peers.records.plan_record import PlanRecord
 from tests.unit.training.swarm_in_process import Swarm
 
 pytestmark = pytest.mark.timeout(240)

@@ -12,7 +12,7 @@ import torch
 
 from swarmd.errors import SwarmdError
 from swarmd.models.parameter_shard import ParameterShard, ShardConfig, ShardStep
-from swarmd.peers.taskpool.exchange import ExchangeSettings
+from swarmd.peers.taskpool.exchange import ExchangeConfig
 from swarmd.peers.wire.codecs import encode_vector
 from swarmd.peers.wire.messages import Contribute
 from swarmd.training.opening import replay
@@ -65,7 +65,7 @@ class Standby:
 
 def server(tmp_path: Path, standby: Standby, every: int) -> ShardServer:
     shard = ParameterShard(0, SIZE, torch.zeros(SIZE), CONFIG, step_micro_batches=1)
-    settings = ExchangeSettings(batch_micro_batches=1, share_micro_batches=1)
+    settings = ExchangeConfig(batch_micro_batches=1, share_micro_batches=1)
     return ShardServer(KEY, 1, shard, settings, "lineage", tmp_path / "shard.pt", standby.log, standby.copy, every)
 
 

@@ -12,14 +12,14 @@ import pytest
 
 from swarmd.peers.planning.construction import path_order
 from swarmd.peers.planning.plan_cost import Plan, bottleneck_matching, reference_cost, reference_lower_bound
-from swarmd.peers.planning.planner import Awareness, PlanError, PlannerSettings, plan, planning_view, repair
+from swarmd.peers.planning.planner import Awareness, PlanError, PlannerConfig, plan, planning_view, repair
 from swarmd.peers.planning.scenario import Scenario, Shape, parse_scenario
 from swarmd.peers.planning.scenario_gen import synthetic_scenario, synthetic_scenario_dict
 from swarmd.peers.planning.throughput import Throughput, predict_throughput
 
 pytestmark = pytest.mark.timeout(180)
 
-FAST = PlannerSettings(time_budget_s=0.3)
+FAST = PlannerConfig(time_budget_s=0.3)
 FOUR_LAYERS = {"layers": 4, "hidden": 1024, "seq_len": 2048, "vocab": 50257, "params": 2.0e8, "dtype_bytes": 2}
 
 
@@ -177,14 +177,14 @@ def test_each_awareness_is_hidden_from_the_planner_when_off() -> None:
 def test_network_blindness_costs_where_the_network_matters() -> None:
     sc = two_regions(4, stages=2, dp=4, model=FOUR_LAYERS)
     aware = plan(sc, FAST).meta["prediction"].tokens_per_s  # type: ignore[attr-defined]
-    blind = plan(sc, PlannerSettings(Awareness(network=False), time_budget_s=0.3))
+    blind = plan(sc, PlannerConfig(Awareness(network=False), time_budget_s=0.3))
     assert aware > blind.meta["prediction"].tokens_per_s  # type: ignore[attr-defined]
 
 
 def test_a_fixed_local_steps_setting_is_kept() -> None:
     sc = synthetic_scenario(8, regions=1, seed=6)
-    assert plan(sc, PlannerSettings(time_budget_s=0.1, local_steps=7)).local_steps == 7
-    assert plan(sc, PlannerSettings(time_budget_s=0.1, local_steps=1)).local_steps == 1
+    assert plan(sc, PlannerConfig(time_budget_s=0.1, local_steps=7)).local_steps == 7
+    assert plan(sc, PlannerConfig(time_budget_s=0.1, local_steps=1)).local_steps == 1
 
 
 def test_a_repair_after_a_departure_fills_the_hole_and_touches_little() -> None:
@@ -221,7 +221,7 @@ def test_a_shard_server_that_leaves_is_replaced_in_its_place_by_a_reliable_devic
 
 def test_with_nobody_to_spare_a_free_plan_drops_the_pipeline_and_a_join_brings_one_back() -> None:
     sc = synthetic_scenario(12, regions=1, seed=9, model=FOUR_LAYERS)
-    before = plan(sc, PlannerSettings(time_budget_s=0.3, stages=2))
+    before = plan(sc, PlannerConfig(time_budget_s=0.3, stages=2))
     used = before.devices()
     only = sc.with_devices(used)  # a scenario where every device is in the plan
     before_only = repair(only, before, sc.ids).plan
@@ -251,9 +251,9 @@ def test_a_repair_among_the_live_devices_of_the_whole_scenario_is_the_repair_of_
     # The simulator mends this way at scale (no n x n copy per change): the same plan, in the
     # whole scenario's indices, including pipelines added from spares.
     sc = synthetic_scenario(160, regions=3, seed=5, churn=True, model=FOUR_LAYERS)
-    before = plan(sc, PlannerSettings(time_budget_s=0.0, stages=2))
+    before = plan(sc, PlannerConfig(time_budget_s=0.0, stages=2))
     live = np.array([i for i in range(sc.n) if i not in (before.pipelines[0][0], before.pipelines[3][1], 7)])
-    settings = PlannerSettings(seed=4)
+    settings = PlannerConfig(seed=4)
     alone = repair(sc.with_devices(live.tolist()), before, sc.ids, settings, time_budget_s=30.0)
     within = repair(sc, before, sc.ids, settings, time_budget_s=30.0, live=live)
     assert within.plan.pipelines == tuple(tuple(int(live[d]) for d in row) for row in alone.plan.pipelines)
@@ -264,11 +264,11 @@ def test_a_repair_among_the_live_devices_of_the_whole_scenario_is_the_repair_of_
 
 def test_a_running_swarm_can_keep_the_layers_cut_evenly() -> None:
     from swarmd.peers.planning.plan_cost import even_layers
-    from swarmd.peers.planning.planner import PlannerSettings, plan
+    from swarmd.peers.planning.planner import PlannerConfig, plan
     from swarmd.peers.planning.scenario_gen import synthetic_scenario
 
     scenario = synthetic_scenario(12, seed=3)
-    free = plan(scenario, PlannerSettings(time_budget_s=0.2, stages=3))
-    even = plan(scenario, PlannerSettings(time_budget_s=0.2, stages=3, even_layers=True))
+    free = plan(scenario, PlannerConfig(time_budget_s=0.2, stages=3))
+    even = plan(scenario, PlannerConfig(time_budget_s=0.2, stages=3, even_layers=True))
     assert even.layers_per_stage == even_layers(scenario.model.layers, 3)
     assert sum(free.layers_per_stage) == sum(even.layers_per_stage)

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from swarmd.peers.planning.plan_cost import Plan
-from swarmd.peers.planning.planner import PlannerSettings, plan
+from swarmd.peers.planning.planner import PlannerConfig, plan
 from swarmd.peers.planning.scenario import Scenario, parse_scenario
 from swarmd.peers.sim.churn import ChurnEvent
 from swarmd.peers.sim.results import SimResult, flops_per_token, single_device
-from swarmd.peers.sim.simulator import SimSettings, Simulation, Strategy, simulate
+from swarmd.peers.sim.simulator import SimConfig, Simulation, Strategy, simulate
 from swarmd.peers.sim.workload import Workload
 from swarmd.peers.taskpool.exchange import share_seconds
 from swarmd.peers.taskpool.reduction import group_size
@@ -95,7 +95,7 @@ def fixed(
 def run(
     sc: Scenario, strategy: Strategy, hours: float, events: list[ChurnEvent] | None = None, **settings: Any
 ) -> SimResult:
-    return simulate(sc, strategy, SimSettings(hours=hours, **settings), (np.ones(sc.n, dtype=bool), events or []))
+    return simulate(sc, strategy, SimConfig(hours=hours, **settings), (np.ones(sc.n, dtype=bool), events or []))
 
 
 def micro_batch_s(sc: Scenario, layers: int) -> tuple[float, float]:
@@ -156,9 +156,7 @@ def test_a_reduction_group_sends_the_server_one_sum_a_round_and_relays_its_delta
     sc = scenario(5)
     rows = ((0,), (1,), (2,), (3,))
     plain = run(sc, fixed(rows, (4,), (4,), k=2), hours=0.25)
-    sim = Simulation(
-        sc, fixed(rows, (4,), (4,), k=2, groups=(2,)), SimSettings(hours=0.25), (np.ones(5, dtype=bool), [])
-    )
+    sim = Simulation(sc, fixed(rows, (4,), (4,), k=2, groups=(2,)), SimConfig(hours=0.25), (np.ones(5, dtype=bool), []))
     r = sim.run()
     assert r.tokens_per_s == pytest.approx(plain.tokens_per_s, rel=0.05)
     assert sim.counts["reduced_parts"] == 2 * sim.counts["reduced_sums"]
@@ -179,15 +177,15 @@ def test_the_planner_groups_a_synchronous_swarm_whose_server_binds_and_it_trains
     # the groups train faster, by more than half, and within 30% of what the planner predicted.
     n = 65
     sc = scenario(n, bw=np.full((n, n), 3e7), batch=4 * (n - 1))
-    grouped = plan(sc, PlannerSettings(time_budget_s=0.5, seed=0, local_steps=1))
+    grouped = plan(sc, PlannerConfig(time_budget_s=0.5, seed=0, local_steps=1))
     assert grouped.reduce_groups == (group_size(len(grouped.pipelines), 1),) and grouped.local_steps == 1
     assert grouped.reduce_groups[0] >= 8
     flat = replace(grouped, reduce_groups=())
     with_groups = simulate(
-        sc, Strategy("grouped", lambda view: grouped, None), SimSettings(hours=0.05), (np.ones(n, dtype=bool), [])
+        sc, Strategy("grouped", lambda view: grouped, None), SimConfig(hours=0.05), (np.ones(n, dtype=bool), [])
     )
     without = simulate(
-        sc, Strategy("flat", lambda view: flat, None), SimSettings(hours=0.05), (np.ones(n, dtype=bool), [])
+        sc, Strategy("flat", lambda view: flat, None), SimConfig(hours=0.05), (np.ones(n, dtype=bool), [])
     )
     assert with_groups.tokens_per_s > 1.5 * without.tokens_per_s
     predicted = grouped.meta["prediction"].tokens_per_s  # type: ignore[attr-defined]
@@ -200,7 +198,7 @@ def test_a_head_that_leaves_mid_reduction_has_its_members_send_to_the_server() -
     sc = scenario(5)
     strategy = fixed(((0,), (1,), (2,), (3,)), (4,), (4,), k=2, groups=(2,))
     sim = Simulation(
-        sc, strategy, SimSettings(hours=0.5, detect_s=30.0), (np.ones(5, dtype=bool), [ChurnEvent(600.0, 0, False)])
+        sc, strategy, SimConfig(hours=0.5, detect_s=30.0), (np.ones(5, dtype=bool), [ChurnEvent(600.0, 0, False)])
     )
     r = sim.run()
     assert r.updates_lost == 0
@@ -216,7 +214,7 @@ def two_by_two(availability: list[float] | None = None) -> tuple[Scenario, Strat
 def test_a_departed_cell_breaks_its_share_which_is_recomputed_and_a_spare_takes_the_cell() -> None:
     sc, strategy = two_by_two()
     sim = Simulation(
-        sc, strategy, SimSettings(hours=0.5, detect_s=30.0), (np.ones(5, dtype=bool), [ChurnEvent(600.3, 3, False)])
+        sc, strategy, SimConfig(hours=0.5, detect_s=30.0), (np.ones(5, dtype=bool), [ChurnEvent(600.3, 3, False)])
     )
     sim.advance(600.2)
     assert sim.pipelines.pipelines[1].segment  # d3 leaves in the middle of a share
@@ -241,7 +239,7 @@ def test_a_departure_in_the_middle_of_a_round_keeps_its_shares_done_and_recomput
     sim = Simulation(
         sc,
         fixed(((0, 1), (2, 3)), (2, 2), (0, 1), k=1, local_steps=4),
-        SimSettings(hours=0.5),
+        SimConfig(hours=0.5),
         (np.ones(5, dtype=bool), []),
     )
     sim.advance(300.0)
@@ -262,7 +260,7 @@ def test_a_departed_server_fails_over_to_its_standby_and_no_committed_update_is_
     # holding no cell, takes d0's open cell as a spare.
     sc, strategy = two_by_two(availability=[0.9, 0.9, 0.9, 0.9, 0.99])
     sim = Simulation(
-        sc, strategy, SimSettings(hours=0.5, detect_s=30.0), (np.ones(5, dtype=bool), [ChurnEvent(600.0, 0, False)])
+        sc, strategy, SimConfig(hours=0.5, detect_s=30.0), (np.ones(5, dtype=bool), [ChurnEvent(600.0, 0, False)])
     )
     sim.advance(599.0)
     assert [shard.standby for shard in sim.shards.all()] == [4, 4]
@@ -281,7 +279,7 @@ def test_a_server_that_drops_off_and_is_back_before_anyone_notices_gets_its_cont
     # training does not stall on a round that never arrives.
     sc, strategy = two_by_two()
     events = [ChurnEvent(600.0, 1, False), ChurnEvent(610.0, 1, True)]
-    sim = Simulation(sc, strategy, SimSettings(hours=0.5, detect_s=30.0), (np.ones(5, dtype=bool), events))
+    sim = Simulation(sc, strategy, SimConfig(hours=0.5, detect_s=30.0), (np.ones(5, dtype=bool), events))
     sim.advance(599.0)
     version = sim.shards.stages[1][0].version
     r = sim.run()
@@ -296,7 +294,7 @@ def test_a_server_that_drops_off_and_is_back_before_anyone_notices_gets_its_cont
 def test_a_server_and_its_standby_leaving_together_lose_the_committed_updates_and_count_them() -> None:
     sc, strategy = two_by_two(availability=[0.9, 0.9, 0.9, 0.9, 0.99])
     events = [ChurnEvent(600.0, 0, False), ChurnEvent(600.0, 4, False)]
-    sim = Simulation(sc, strategy, SimSettings(hours=0.5, detect_s=30.0), (np.ones(5, dtype=bool), events))
+    sim = Simulation(sc, strategy, SimConfig(hours=0.5, detect_s=30.0), (np.ones(5, dtype=bool), events))
     sim.advance(599.0)
     committed = sim.shards.stages[0][0].committed
     r = sim.run()
@@ -331,7 +329,7 @@ def test_a_boundary_goes_through_the_relay_when_the_daemons_rule_says_it_is_fast
     bw[4, :] = bw[:, 4] = 1e9
     sc = scenario(5, bw=bw)
     strategy = fixed(((0, 1), (2, 3)), (2, 2), (0, 1), k=4)
-    sim = Simulation(sc, strategy, SimSettings(hours=0.2), (np.ones(5, dtype=bool), []))
+    sim = Simulation(sc, strategy, SimConfig(hours=0.2), (np.ones(5, dtype=bool), []))
     r = sim.run()
     direct = run(sc, strategy, hours=0.2, data_via_relay="never")
     assert sim.control.relays == [4] and r.relayed_transfers > 0 and direct.relayed_transfers == 0
@@ -346,7 +344,7 @@ def test_only_the_coordinator_plans_and_one_that_left_unnoticed_holds_the_repair
     sc = scenario(6, availability=[0.80, 0.81, 0.82, 0.83, 0.84, 0.85])
     strategy = fixed(((0, 1), (2, 3)), (2, 2), (0, 1), k=4)
     events = [ChurnEvent(590.0, 3, False), ChurnEvent(600.0, 5, False)]
-    sim = Simulation(sc, strategy, SimSettings(hours=0.5, detect_s=30.0), (np.ones(6, dtype=bool), events))
+    sim = Simulation(sc, strategy, SimConfig(hours=0.5, detect_s=30.0), (np.ones(6, dtype=bool), events))
     r = sim.run()
     assert r.coordinator_changes == 1 and sim.control.coordinator == 4
     assert [e.kind for e in r.plan_events] == ["full", "repair"]
@@ -365,7 +363,7 @@ def test_a_plan_whose_coordinator_leaves_while_computing_it_is_lost_and_the_next
     strategy = fixed(((0, 1), (2, 3)), (2, 2), (0, 1), k=4)
     events = [ChurnEvent(590.0, 3, False), ChurnEvent(630.0, 5, False)]
     sim = Simulation(
-        sc, strategy, SimSettings(hours=0.5, detect_s=30.0, coordinate_s=0.0), (np.ones(6, dtype=bool), events)
+        sc, strategy, SimConfig(hours=0.5, detect_s=30.0, coordinate_s=0.0), (np.ones(6, dtype=bool), events)
     )
     r = sim.run()
     # d5 plans at 620 (ready at 645) and leaves at 630: its plan is lost. Nobody plans until its

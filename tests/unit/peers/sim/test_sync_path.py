@@ -13,7 +13,7 @@ from swarmd.peers.planning.scenario import Scenario, parse_scenario
 from swarmd.peers.sim.allreduce import all_reduce, ring_order, ring_seconds
 from swarmd.peers.sim.churn import ChurnEvent
 from swarmd.peers.sim.pipelines import pipeline_timing
-from swarmd.peers.sim.simulator import SimSettings, Simulation, Strategy
+from swarmd.peers.sim.simulator import SimConfig, Simulation, Strategy
 from swarmd.peers.sim.strategies import diloco_plan
 from swarmd.peers.taskpool.exchange import share_seconds
 from swarmd.peers.wire.sizes import message_bytes
@@ -57,7 +57,7 @@ def fixed(rows: tuple[tuple[int, ...], ...], layers: tuple[int, ...], path: str)
 def simulation(
     sc: Scenario, strategy: Strategy, hours: float, events: list[ChurnEvent] | None = None, **settings: Any
 ) -> Simulation:
-    return Simulation(sc, strategy, SimSettings(hours=hours, **settings), (np.ones(sc.n, dtype=bool), events or []))
+    return Simulation(sc, strategy, SimConfig(hours=hours, **settings), (np.ones(sc.n, dtype=bool), events or []))
 
 
 def test_a_ring_all_reduce_sends_two_n_minus_one_over_n_of_the_bytes_and_waits_for_its_slowest_hop() -> None:

@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 
 from swarmd.errors import RecordError
-from swarmd.peers.identity import Identity
-from swarmd.peers.records import sign_record
-from swarmd.peers.run_spec import derive_run_id
+from swarmd.peers.records.envelope import sign_record
+from swarmd.peers.records.identity import Identity
+from swarmd.peers.records.run_spec import derive_run_id
 from swarmd.peers.taskpool.assignment import PROVISIONAL, provisional
 from swarmd.peers.taskpool.cells import (
     CellLease,

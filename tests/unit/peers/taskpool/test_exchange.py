@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from swarmd.peers.taskpool.exchange import (
-    ExchangeSettings,
+    ExchangeConfig,
     shard_range,
     shard_sizes,
     share_seconds,
@@ -31,9 +31,9 @@ def test_shards_cover_the_stage_exactly_once_and_differ_by_at_most_one() -> None
 
 
 def test_gradients_count_in_full_within_the_bound_and_pseudo_gradients_fade() -> None:
-    grad = ExchangeSettings(batch_micro_batches=8, share_micro_batches=4, max_staleness=2)
+    grad = ExchangeConfig(batch_micro_batches=8, share_micro_batches=4, max_staleness=2)
     assert [staleness_weight(t, grad) for t in range(4)] == [1.0, 1.0, 1.0, 0.0]
-    local = ExchangeSettings(batch_micro_batches=8, share_micro_batches=4, local_steps=10, max_staleness=3)
+    local = ExchangeConfig(batch_micro_batches=8, share_micro_batches=4, local_steps=10, max_staleness=3)
     assert staleness_weight(0, local) == 1.0
     assert staleness_weight(3, local) == pytest.approx(0.5)
     assert staleness_weight(4, local) == 0.0
@@ -55,6 +55,6 @@ def test_one_stage_share_is_its_compute_and_a_pipeline_adds_fill_and_bottleneck(
 
 def test_settings_name_the_bad_value() -> None:
     with pytest.raises(ValueError, match="local_steps = 0"):
-        ExchangeSettings(batch_micro_batches=1, share_micro_batches=1, local_steps=0)
-    assert ExchangeSettings(batch_micro_batches=4, share_micro_batches=2, local_steps=3).round_micro_batches == 6
-    assert math.isclose(ExchangeSettings(batch_micro_batches=1, share_micro_batches=1).outer_lr, 0.7)
+        ExchangeConfig(batch_micro_batches=1, share_micro_batches=1, local_steps=0)
+    assert ExchangeConfig(batch_micro_batches=4, share_micro_batches=2, local_steps=3).round_micro_batches == 6
+    assert math.isclose(ExchangeConfig(batch_micro_batches=1, share_micro_batches=1).outer_lr, 0.7)

@@ -11,7 +11,7 @@ import torch
 from swarmd.peers.wire.codecs import (
     MAGIC,
     ErrorFeedback,
-    TensorSpec,
+    FrameSpec,
     decode_tensor,
     decode_vector,
     encode_tensor,
@@ -31,14 +31,14 @@ def test_a_frame_is_exactly_the_size_the_planner_charges(codec: str, shape: tupl
     x = torch.randn(shape)
     frame = encode_tensor(x, codec)
     assert len(frame) == frame_bytes(x.numel(), codec, x.dim())
-    y = decode_tensor(frame, TensorSpec(shape))
+    y = decode_tensor(frame, FrameSpec(shape))
     assert y.dtype == torch.float32 and tuple(y.shape) == shape
 
 
 def test_each_codec_keeps_the_precision_it_promises() -> None:
     torch.manual_seed(1)
     x = torch.randn(5, 1000) * torch.logspace(-3, 2, 1000)  # magnitudes over five decades
-    spec = TensorSpec(tuple(x.shape))
+    spec = FrameSpec(tuple(x.shape))
     assert torch.equal(decode_tensor(encode_tensor(x, "fp32"), spec), x)
     assert torch.equal(decode_tensor(encode_tensor(x, "fp16"), spec), x.half().float())
     assert torch.equal(decode_tensor(encode_tensor(x, "bf16"), spec), x.bfloat16().float())
@@ -81,20 +81,20 @@ def _frame(codec: str = "fp16", shape: tuple[int, ...] = (2, 3)) -> bytearray:
 @pytest.mark.parametrize(
     ("frame", "spec", "why"),
     [
-        (b"SWT1" + bytes(20), TensorSpec((2, 3)), "bad magic"),
-        (b"", TensorSpec((2, 3)), "bad magic"),
-        (MAGIC + bytes([9, 1, 0, 0]) + bytes(8), TensorSpec((1,)), "codec code 9"),
-        (MAGIC + bytes([1, 1, 1, 0]) + bytes(8), TensorSpec((1,)), "reserved bits 1"),
-        (MAGIC + bytes([1, 40, 0, 0]), TensorSpec((1,)), "too short for 40 dimensions"),
-        (bytes(_frame("fp16")), TensorSpec((2, 3), ("int8",)), "frame is fp16; expected int8"),
-        (bytes(_frame("fp16")), TensorSpec((3, 2)), r"shape \[2, 3\]; expected \[3, 2\]"),
-        (bytes(_frame("fp16")), TensorSpec((2, 3, 1)), "shape"),
-        (bytes(_frame("fp16"))[:-1], TensorSpec((2, 3)), "frame is 27 bytes; 6 values in fp16 take 28"),
-        (bytes(_frame("fp16")) + b"\0", TensorSpec((2, 3)), "29 bytes"),
-        (bytes(_frame("int8"))[:-2], TensorSpec((2, 3)), "take"),
+        (b"SWT1" + bytes(20), FrameSpec((2, 3)), "bad magic"),
+        (b"", FrameSpec((2, 3)), "bad magic"),
+        (MAGIC + bytes([9, 1, 0, 0]) + bytes(8), FrameSpec((1,)), "codec code 9"),
+        (MAGIC + bytes([1, 1, 1, 0]) + bytes(8), FrameSpec((1,)), "reserved bits 1"),
+        (MAGIC + bytes([1, 40, 0, 0]), FrameSpec((1,)), "too short for 40 dimensions"),
+        (bytes(_frame("fp16")), FrameSpec((2, 3), ("int8",)), "frame is fp16; expected int8"),
+        (bytes(_frame("fp16")), FrameSpec((3, 2)), r"shape \[2, 3\]; expected \[3, 2\]"),
+        (bytes(_frame("fp16")), FrameSpec((2, 3, 1)), "shape"),
+        (bytes(_frame("fp16"))[:-1], FrameSpec((2, 3)), "frame is 27 bytes; 6 values in fp16 take 28"),
+        (bytes(_frame("fp16")) + b"\0", FrameSpec((2, 3)), "29 bytes"),
+        (bytes(_frame("int8"))[:-2], FrameSpec((2, 3)), "take"),
     ],
 )
-def test_a_frame_that_is_not_what_was_expected_is_refused_before_use(frame: bytes, spec: TensorSpec, why: str) -> None:
+def test_a_frame_that_is_not_what_was_expected_is_refused_before_use(frame: bytes, spec: FrameSpec, why: str) -> None:
     with pytest.raises(FrameError, match=why):
         decode_tensor(frame, spec)
 
@@ -102,7 +102,7 @@ def test_a_frame_that_is_not_what_was_expected_is_refused_before_use(frame: byte
 def test_a_huge_claimed_shape_is_refused_by_its_length_without_allocating() -> None:
     frame = MAGIC + struct.pack("<BBH2I", 0, 2, 0, 2**31, 2**31)  # 2**62 fp32 values claimed, none sent
     with pytest.raises(FrameError, match="take"):
-        decode_tensor(frame, TensorSpec((2**31, 2**31)))
+        decode_tensor(frame, FrameSpec((2**31, 2**31)))
 
 
 @pytest.mark.parametrize("codec", ["fp32", "fp16", "bf16"])
@@ -112,7 +112,7 @@ def test_non_finite_values_in_a_peers_frame_are_refused(codec: str) -> None:
     nan = {"fp32": struct.pack("<f", float("nan")), "fp16": b"\x00\x7e", "bf16": b"\xc0\x7f"}[codec]
     frame[-item:] = nan
     with pytest.raises(FrameError, match="NaN or infinite values"):
-        decode_tensor(bytes(frame), TensorSpec((4,)))
+        decode_tensor(bytes(frame), FrameSpec((4,)))
 
 
 def test_a_bad_int8_scale_is_refused() -> None:
@@ -120,21 +120,21 @@ def test_a_bad_int8_scale_is_refused() -> None:
         frame = _frame("int8", (4,))
         frame[12:16] = struct.pack("<f", scale)  # the first block's scale follows the 12-byte header
         with pytest.raises(FrameError, match="scales"):
-            decode_tensor(bytes(frame), TensorSpec((4,)))
+            decode_tensor(bytes(frame), FrameSpec((4,)))
 
 
 def test_a_bound_on_values_is_enforced() -> None:
     frame = encode_tensor(torch.tensor([0.5, -3.0]), "fp32")
-    assert decode_tensor(frame, TensorSpec((2,), max_abs=3.0)).tolist() == [0.5, -3.0]
+    assert decode_tensor(frame, FrameSpec((2,), max_abs=3.0)).tolist() == [0.5, -3.0]
     with pytest.raises(FrameError, match="over the bound 2"):
-        decode_tensor(frame, TensorSpec((2,), max_abs=2.0))
+        decode_tensor(frame, FrameSpec((2,), max_abs=2.0))
 
 
 def test_specs_for_activations_and_slices() -> None:
     class Shape:
         seq_len, hidden = 16, 32
 
-    spec = TensorSpec.activation(Shape(), 3, 4, ("fp16", "int8"))
+    spec = FrameSpec.activation(Shape(), 3, 4, ("fp16", "int8"))
     assert spec.shape == (4, 16, 32) and spec.codecs == ("fp16", "int8") and "stage 3" in spec.what
     with pytest.raises(FrameError, match="stage 3: frame is bf16"):
         decode_tensor(encode_tensor(torch.randn(4, 16, 32), "bf16"), spec)

@@ -1,0 +1,11 @@
+"""The ``swarmd`` command (``swarmd.cli``): parsing, then one module per command.
+
+- ``main``              the parser, the commands' entry points, logging, and the exit codes
+- ``status_view``       the text of ``swarmd status`` and ``swarmd peers`` from a daemon's answer
+- ``demo``              ``swarmd demo``: a local swarm on 127.0.0.1 that trains the default run
+- ``export``            ``swarmd export``: a run's stage weights as a ``from_pretrained`` folder
+- ``plan_command``      ``swarmd plan``: a scenario file in, a plan out
+- ``simulate_command``  ``swarmd simulate``: a scenario played out over hours, strategy against strategy
+
+Commands import what they need when they run, so ``swarmd --help`` stays quick.
+"""

@@ -1,0 +1,141 @@
+"""``swarmd demo``: a local swarm of daemons on 127.0.0.1 that trains the default run together.
+
+It creates the default run (``swarmd.models.presets.DEFAULT_RUN``) with a fresh identity,
+starts the creator's daemon, then the others bootstrapped from it, and shows the swarm as it
+forms, then training: which cells and shards each daemon holds, and the swarm's updates, loss
+(from the last stage's cells) and trained tokens/s (as the server of shard (0, 0) applied
+them). The cores are split among the daemons. On Ctrl-C (or after ``--duration``) the first
+daemon gathers every stage's weights from the shards, so that the model can be exported from
+its state directory, and every daemon stops cleanly. Everything stays on
+loopback: no mDNS, no UPnP.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from swarmd.cli.status_view import format_status
+from swarmd.errors import ControlError
+from swarmd.models.presets import DEFAULT_RUN
+from swarmd.system.control import call
+from swarmd.system.local_swarm import LocalDaemon, create_run, wait_for
+
+logger = logging.getLogger(__name__)
+
+REFRESH_S = 3.0
+
+
+def run_demo(peers: int, duration_s: float) -> int:
+    if not 1 <= peers <= 16:
+        from swarmd.errors import ConfigError
+
+        raise ConfigError(f"--peers {peers} is outside [1, 16]; a laptop runs a handful of daemons")
+    root = Path(tempfile.mkdtemp(prefix="swarmd-demo-", dir="/tmp"))
+    spec_path = root / "run.json"
+    spec_path.write_text(json.dumps(DEFAULT_RUN))
+    run_id = create_run(root / "d0", spec_path)
+    print(f"run {run_id}  (state and logs in {root})")
+    threads = max(1, (os.cpu_count() or 1) // peers)
+    fast = ["--heartbeat-interval", "2", "--heartbeat-ttl", "8", "--no-benchmark", "--threads", str(threads)]
+    daemons = [LocalDaemon(root / f"d{i}", run_id, fast) for i in range(peers)]
+    trained = False
+    try:
+        first = daemons[0].start().wait_running()
+        print(f"d0 {first['peer_id']} listening on {first['addrs'][0]}")
+        for daemon in daemons[1:]:
+            daemon.start(initial_peers=first["addrs"])
+        for i, daemon in enumerate(daemons[1:], 1):
+            status = daemon.wait_running()
+            print(f"d{i} {status['peer_id']} joined")
+        wait_for(
+            lambda: all(len(d.seen_peers()) == peers - 1 for d in daemons),
+            60,
+            "every daemon to see the others",
+        )
+        print(f"every daemon sees the other {peers - 1}. Swarm as d0 sees it (swarmd status --state-dir {root}/d0):")
+        print(format_status(call(daemons[0].socket, "status")))
+        print(
+            f"Training with {threads} torch thread(s) per daemon"
+            + (" (Ctrl-C to stop)." if duration_s <= 0 else f" for {duration_s:.0f} s.")
+        )
+        started = time.monotonic()
+        while duration_s <= 0 or time.monotonic() - started < duration_s:
+            time.sleep(REFRESH_S)  # a display refresh, not synchronisation
+            if any(d.proc is not None and d.proc.poll() is not None for d in daemons):
+                print("a daemon exited; see its log in", root)
+                return 1
+            trained = _show_progress(daemons, started) or trained
+    except KeyboardInterrupt:
+        print()
+    finally:
+        if trained:
+            _gather(daemons[0])
+        codes = [d.stop() for d in daemons]  # each host checkpoints its stages on the way out
+        print(f"stopped {len(daemons)} daemons, exit codes {codes}")
+    if trained:
+        print(f"export the model: swarmd export --run-id {run_id} DIR --state-dir {daemons[0].state_dir}")
+    return 0
+
+
+def _gather(daemon: LocalDaemon) -> None:
+    try:
+        result = call(daemon.socket, "gather_weights", timeout=150)
+        print(f"d0 gathered every stage's weights from the shards (versions {result['versions']})")
+    except ControlError as e:
+        print(f"could not gather the stages on d0 ({e}); export may miss some")
+
+
+def _show_progress(daemons: list[LocalDaemon], started: float) -> bool:
+    """Print one line for the swarm and one per daemon; True once training has started."""
+    full = [d.status() or {} for d in daemons]
+    statuses = [s.get("training") or {} for s in full]
+    elapsed = f"[{time.monotonic() - started:6.0f} s]"
+    last = next((t for t in statuses if t.get("loss") is not None), None)
+    counted = next((t for t in statuses if t.get("trained_tokens") is not None), {})
+    if last is None:
+        print(f"{elapsed} waiting for the pipelines to form", flush=True)
+        return False
+    updates = max(t.get("updates") or 0 for t in statuses)
+    print(
+        f"{elapsed} update {updates:5d}  loss {last['loss']:.3f}  {counted.get('tokens_per_s') or 0:8.0f} "
+        f"tokens/s  {counted.get('trained_tokens') or 0:9d} trained tokens",
+        flush=True,
+    )
+    plan = _plan_line(full)
+    if plan:
+        print(f"         {plan}", flush=True)
+    for i, t in enumerate(statuses):
+        print(f"         d{i}: {_describe(t)}", flush=True)
+    return True
+
+
+def _plan_line(statuses: list[dict[str, Any]]) -> str:
+    """The coordinator's plan as the daemons follow it (the newest any of them reports)."""
+    plans = [(s.get("swarm") or {}).get("plan") for s in statuses]
+    found = [p for p in plans if p]
+    if not found:
+        return ""
+    p = max(found, key=lambda p: p["version"])
+    ids = [s.get("peer_id") for s in statuses]
+    coordinator = f"d{ids.index(p['by'])}" if p["by"] in ids else p["by"][:12]
+    predicted = p.get("predicted_iteration_s")
+    figure = f", predicted iteration {predicted:.3f} s" if predicted is not None else ""
+    return (
+        f"plan v{p['version']} ({p['kind']}) by {coordinator}: {p['pipelines']} pipeline(s) x {p['stages']} "
+        f"stages, layers {p['layers_per_stage']}{figure}"
+    )
+
+
+def _describe(training: dict[str, Any]) -> str:
+    if not training:
+        return "no answer"
+    cells = training.get("cells") or []
+    shards = ", ".join(f"({s['stage']}, {s['shard']}) v{s['version']}" for s in training.get("shards") or [])
+    work = "; ".join(f"cell ({c['pipeline']}, {c['stage']}) {c['shares']} shares" for c in cells) or "no cell"
+    return f"{work}; serves {shards or 'no shard'}"

@@ -1,0 +1,366 @@
+"""The ``swarmd`` command.
+
+    swarmd run --run-id ID [--initial-peers MADDR ...]   join a run and stay in it
+    swarmd run create --spec FILE                         sign a run spec, print its run ID
+    swarmd status [--json]                                this peer, its run and the peers it sees
+    swarmd peers [--json]                                 the swarm, one line a peer
+    swarmd export --run-id ID DIR                         a folder transformers' from_pretrained loads
+    swarmd demo                                           a local swarm on 127.0.0.1
+    swarmd plan --scenario FILE [--json]                  place a swarm described on paper
+    swarmd simulate --scenario FILE --hours H --seed S    play a scenario out over time, strategy by strategy
+
+User errors print one line and exit non-zero; ``--debug`` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from swarmd import __version__
+from swarmd.cli.status_view import fmt_peers, format_status
+from swarmd.errors import SwarmdError
+from swarmd.peers.wire.routing import MODES as RELAY_MODES
+
+logger = logging.getLogger("swarmd")
+
+EXIT_USAGE = 2
+EXIT_FAILURE = 1
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, help="TOML config file (default: $SWARMD_CONFIG, else built-in defaults)")
+    p.add_argument("--state-dir", help="state directory (overrides [node] state_dir)")
+    p.add_argument("--debug", action="store_true", help="debug logging, and tracebacks on errors")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="swarmd", description="Peer-to-peer volunteer training daemon.")
+    parser.add_argument("--version", action="version", version=f"swarmd {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="join a run's swarm (or 'run create' a new run)")
+    run.add_argument("action", nargs="?", choices=["create"], help="'create': sign a run spec and print its run ID")
+    run.add_argument("--run-id", help="the run to join (overrides [swarm] run_id)")
+    run.add_argument("--spec", type=Path, help="with 'create': the run spec file (TOML or .json)")
+    run.add_argument("--initial-peers", nargs="+", metavar="MADDR", help="multiaddrs of peers in the swarm")
+    run.add_argument("--host-maddrs", nargs="+", metavar="MADDR", help="where the DHT listens")
+    run.add_argument("--lan-maddr", metavar="MADDR", help="where the LAN-discovery host listens")
+    run.add_argument("--no-mdns", action="store_true", help="no LAN discovery")
+    run.add_argument("--no-nat-port-map", action="store_true", help="no UPnP/NAT-PMP port mapping")
+    run.add_argument("--join-timeout", type=float, metavar="S", help="give up joining after S seconds")
+    run.add_argument("--heartbeat-interval", type=float, metavar="S")
+    run.add_argument("--heartbeat-ttl", type=float, metavar="S")
+    run.add_argument("--no-benchmark", action="store_true", help="skip the throughput measurement at start")
+    run.add_argument("--no-train", action="store_true", help="join and stay, but train nothing")
+    run.add_argument("--data-via-relay", choices=RELAY_MODES, help="overrides [swarm] data_via_relay")
+    run.add_argument("--threads", type=int, metavar="N", help="torch threads for compute (0: one per core)")
+    _add_common(run)
+
+    for name, help_text in (
+        ("status", "this peer, its run and the peers it sees"),
+        ("peers", "list the swarm"),
+    ):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        _add_common(p)
+
+    export = sub.add_parser("export", help="write a run's weights as a folder transformers loads")
+    export.add_argument("--run-id", required=True, help="the run to export")
+    export.add_argument("out_dir", type=Path, metavar="DIR", help="the folder to write")
+    export.add_argument("--overwrite", action="store_true", help="replace DIR if it exists")
+    _add_common(export)
+
+    demo = sub.add_parser("demo", help="start a local swarm of daemons on 127.0.0.1 and show it")
+    demo.add_argument("--peers", type=int, default=3, help="how many daemons (default 3)")
+    demo.add_argument("--duration", type=float, default=0, help="stop after S seconds (default: until Ctrl-C)")
+    demo.add_argument("--debug", action="store_true")
+
+    plan = sub.add_parser("plan", help="plan the swarm a scenario file describes (scenarios/FORMAT.md)")
+    plan.add_argument("--scenario", type=Path, required=True, metavar="FILE", help="the scenario (JSON)")
+    plan.add_argument("--json", action="store_true", help="print the plan object of FORMAT.md")
+    plan.add_argument("--time-budget", type=float, default=1.5, metavar="S", help="local search time (default 1.5)")
+    for concern in ("network", "devices", "reliability"):
+        plan.add_argument(f"--no-{concern}", action="store_true", help=f"plan blind to {concern} (ablation)")
+    plan.add_argument("--debug", action="store_true")
+
+    sim = sub.add_parser("simulate", help="simulate a scenario over time with churn, comparing strategies")
+    sim.add_argument("--scenario", type=Path, required=True, metavar="FILE", help="the scenario (JSON)")
+    sim.add_argument("--hours", type=float, required=True, metavar="H", help="simulated hours")
+    sim.add_argument("--seed", type=int, default=0, metavar="S", help="the churn's and the planners' seed")
+    sim.add_argument(
+        "--strategies",
+        metavar="A,B",
+        help="which to compare (default all: swarmd, its three ablations, dtfm-static, swarm-wiring, petals-greedy)",
+    )
+    sim.add_argument("--out", type=Path, metavar="DIR", help="where the report and plots go (default simulate-NAME)")
+    sim.add_argument(
+        "--time-budget",
+        type=float,
+        default=0.5,
+        metavar="S",
+        help="the planner's local search time per full plan (default 0.5)",
+    )
+    sim.add_argument("--debug", action="store_true")
+    return parser
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    if level != "debug":
+        # hivemind logs every bootstrap hiccup at WARNING; our own messages say what matters.
+        logging.getLogger("hivemind").setLevel(logging.ERROR)
+        for noisy in ("libp2p", "zeroconf", "multiaddr"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from swarmd.config import load_config
+
+    path = args.config or (Path(os.environ["SWARMD_CONFIG"]) if os.environ.get("SWARMD_CONFIG") else None)
+    config = load_config(path)
+    if args.state_dir:
+        config.node.state_dir = args.state_dir
+    return config
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from swarmd.config import ConfigError, HeartbeatConfig, SwarmConfig
+
+    config = _load(args)
+    _configure_logging("debug" if args.debug else config.node.log_level)
+    if args.action == "create":
+        return cmd_run_create(args, config)
+    if args.spec:
+        raise ConfigError("--spec goes with 'swarmd run create'; to join a run give --run-id")
+    from swarmd.peers.wire.emulated_delay import configured_delays
+
+    configured_delays()  # a calibration harness's delay file that is wrong stops us here, in one line
+    sw = config.swarm
+    overrides: dict[str, Any] = {
+        "run_id": args.run_id,
+        "initial_peers": args.initial_peers,
+        "host_maddrs": args.host_maddrs,
+        "lan_maddr": args.lan_maddr,
+        "join_timeout_s": args.join_timeout,
+        "data_via_relay": args.data_via_relay,
+    }
+    values = {**sw.__dict__, **{k: v for k, v in overrides.items() if v is not None}}
+    if args.no_mdns:
+        values["mdns"] = False
+    if args.no_nat_port_map:
+        values["nat_port_map"] = False
+    config.swarm = SwarmConfig(**values)  # re-validates the flags
+    hb = config.heartbeat
+    config.heartbeat = HeartbeatConfig(
+        interval_s=args.heartbeat_interval or hb.interval_s, ttl_s=args.heartbeat_ttl or hb.ttl_s
+    )
+    if args.no_benchmark:
+        config.compute.benchmark = False
+    if args.no_train:
+        config.compute.train = False
+    if args.threads is not None:
+        config.compute = dataclasses.replace(config.compute, threads=args.threads)  # re-validates
+    if not config.swarm.run_id:
+        raise ConfigError("no run to join: pass --run-id ID (or set [swarm] run_id); 'swarmd run create' makes one")
+    return _run_node(config)
+
+
+def _run_node(config: Any) -> int:
+    from swarmd.node.node import Node
+
+    node = Node(config, config.swarm.run_id)
+
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        signals_seen = 0
+
+        def on_signal(signum: int) -> None:
+            nonlocal signals_seen
+            signals_seen += 1
+            if signals_seen == 1:
+                logger.info("Got %s; stopping (send it again to exit at once)", signal.Signals(signum).name)
+                node.request_stop()
+            else:
+                logger.warning("Second signal: exiting at once")
+                if node.dht is not None:
+                    node.dht.kill_now()
+                os._exit(EXIT_FAILURE)
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal, sig)
+        return await node.run()
+
+    code = asyncio.run(main())
+    logger.info("Stopped")
+    return code
+
+
+def cmd_run_create(args: argparse.Namespace, config: Any) -> int:
+    from swarmd.config import ConfigError
+    from swarmd.peers.records.identity import load_or_create_identity
+    from swarmd.peers.records.run_spec import load_spec_file, sign_run_spec
+    from swarmd.system.state_dir import prepare_state_dir, save_spec
+
+    if args.spec is None:
+        raise ConfigError("'swarmd run create' needs --spec FILE (see README for the format)")
+    spec = load_spec_file(args.spec)
+    state_dir = prepare_state_dir(config.node.state_path)
+    identity = load_or_create_identity(state_dir)
+    signed = sign_run_spec(identity, spec)
+    path = save_spec(state_dir, signed)
+    print(signed.run_id)
+    print(
+        f"Signed by {identity.peer_id}; saved to {path}.\n"
+        f"Serve it with:  swarmd run --run-id {signed.run_id}\n"
+        f"Others join with:  swarmd run --run-id {signed.run_id} --initial-peers <this daemon's address>",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _control_path(args: argparse.Namespace) -> Path:
+    from swarmd.system.control import SOCKET_FILENAME
+
+    if args.state_dir or args.config or os.environ.get("SWARMD_CONFIG"):
+        return _load(args).node.state_path / SOCKET_FILENAME
+    from swarmd.config import DEFAULT_STATE_DIR, load_config
+
+    user_socket = Path(DEFAULT_STATE_DIR).expanduser() / SOCKET_FILENAME
+    system_config = Path("/etc/swarmd/config.toml")
+    if not user_socket.exists() and system_config.exists():
+        return load_config(system_config).node.state_path / SOCKET_FILENAME
+    return user_socket
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from swarmd.system.control import call
+
+    result = call(_control_path(args), "status")
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(format_status(result))
+    return 0
+
+
+def cmd_peers(args: argparse.Namespace) -> int:
+    from swarmd.system.control import call
+
+    result = call(_control_path(args), "peers")
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"run {result['run_id']}: {len(result['peers'])} other peer(s)")
+        if result["peers"]:
+            print("\n".join(fmt_peers(result["peers"])))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from swarmd.cli.export import export_run
+
+    config = _load(args)
+    _configure_logging("debug" if args.debug else config.node.log_level)
+    _gather_from_running_daemon(config.node.state_path, args.run_id)
+    out_dir, versions = export_run(config.node.state_path, args.run_id, args.out_dir, overwrite=args.overwrite)
+    print(f"exported run {args.run_id} (stage weight versions {versions}) to {out_dir}")
+    print(f"load it with: AutoModelForCausalLM.from_pretrained({str(out_dir)!r})")
+    return 0
+
+
+def _gather_from_running_daemon(state_dir: Path, run_id: str) -> None:
+    """When a daemon of this run runs on ``state_dir``, have it bring every stage's newest
+    checkpoint here first: its stages are spread over the swarm."""
+    from swarmd.errors import ControlError
+    from swarmd.system.control import SOCKET_FILENAME, call
+
+    socket = state_dir / SOCKET_FILENAME
+    if not socket.exists():
+        return
+    try:
+        status = call(socket, "status")
+        if status.get("run_id") != run_id or not status.get("training"):
+            return
+        print("asking the running daemon for every stage's weights from the swarm's shards ...", flush=True)
+        call(socket, "gather_weights", timeout=150)
+    except ControlError as e:
+        print(f"could not gather stages from the swarm ({e}); exporting what is on this peer", file=sys.stderr)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from swarmd.cli.demo import run_demo
+
+    _configure_logging("debug" if args.debug else "info")
+    return run_demo(args.peers, args.duration)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from swarmd.cli.plan_command import run_plan
+
+    if not args.time_budget >= 0:
+        raise SwarmdError(f"--time-budget {args.time_budget}: must be a number of seconds >= 0")
+    return run_plan(
+        args.scenario,
+        as_json=args.json,
+        network=not args.no_network,
+        devices=not args.no_devices,
+        reliability=not args.no_reliability,
+        time_budget_s=args.time_budget,
+    )
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from swarmd.cli.simulate_command import run_simulate
+    from swarmd.peers.sim.strategies import NAMES
+
+    if not args.time_budget >= 0:
+        raise SwarmdError(f"--time-budget {args.time_budget}: must be a number of seconds >= 0")
+    names = [n.strip() for n in args.strategies.split(",") if n.strip()] if args.strategies else list(NAMES)
+    out = args.out or Path(f"simulate-{args.scenario.stem}")
+    return run_simulate(
+        args.scenario, hours=args.hours, seed=args.seed, strategies=names, out=out, time_budget_s=args.time_budget
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handlers = {
+        "run": cmd_run,
+        "status": cmd_status,
+        "peers": cmd_peers,
+        "export": cmd_export,
+        "demo": cmd_demo,
+        "plan": cmd_plan,
+        "simulate": cmd_simulate,
+    }
+    try:
+        return handlers[args.command](args)
+    except SwarmdError as e:
+        if getattr(args, "debug", False):
+            logger.exception("Failed")
+        print(f"swarmd: error: {e}", file=sys.stderr)
+        return EXIT_USAGE if type(e).__name__ == "ConfigError" else EXIT_FAILURE
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:
+        if getattr(args, "debug", False):
+            raise
+        print(
+            f"swarmd: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback, "
+            "and please report it)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILURE

@@ -1,0 +1,125 @@
+"""The text of ``swarmd status`` and ``swarmd peers``: a daemon's status answer, as lines to read.
+
+Pure formatting of the control socket's JSON answer; ``swarmd status`` and ``swarmd demo``
+print the same view.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def format_status(result: dict[str, Any]) -> str:
+    """The whole status view: this peer, its training, the swarm it sees, and its peers."""
+    run = result["run"]
+    run_text = result["run_id"] + (
+        f" ({run['model']}, {run['layers']} layers, hidden {run['hidden']}, {run['stages']} stages)" if run else ""
+    )
+    device = result["device"]
+    lines = [
+        f"peer      {result['peer_id']}",
+        f"state     {result['state']}, up {fmt_duration(result['uptime_s'])}, swarmd {result['version']}",
+        f"run       {run_text}",
+        f"roles     {', '.join(result['roles'])}",
+        f"device    {device['kind']}: {device['name']}, {device['memory_bytes'] / 2**30:.1f} GiB, "
+        f"{result['throughput_gflops']:.1f} GFLOP/s",
+        f"addresses {' '.join(result['addrs']) or '-'}",
+        f"peers     {len(result['peers'])} seen",
+    ]
+    if result.get("training"):
+        lines += fmt_training(result["training"])
+    if result.get("swarm"):
+        lines += fmt_swarm(result["swarm"], result["peer_id"])
+    if result["peers"]:
+        lines += fmt_peers(result["peers"])
+    return "\n".join(lines)
+
+
+def fmt_duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def fmt_peers(peers: list[dict[str, Any]]) -> list[str]:
+    lines = [f"  {'PEER':<54} {'AGE':>6} {'RTT':>9} {'DEVICE':<6} {'GFLOP/S':>8} {'UPTIME':>8}  ROLES"]
+    for p in peers:
+        rtt = "-" if p["rtt_ms"] is None else f"{p['rtt_ms']:.1f}ms"
+        lines.append(
+            f"  {p['peer_id']:<54} {p['age_s']:>5.1f}s {rtt:>9} {p['device']['kind']:<6} "
+            f"{p['throughput_gflops']:>8.1f} {fmt_duration(p['uptime_s']):>8}  {','.join(p['roles'])}"
+        )
+    return lines
+
+
+def fmt_training(t: dict[str, Any]) -> list[str]:
+    state = t["state"] + (f" ({t['error']})" if t.get("error") else "")
+    a = t.get("assignment")
+    following = "nothing yet"
+    if a:
+        source = "the provisional assignment" if a["provisional"] else f"plan v{a['version']}"
+        following = (
+            f"{source}: {a['pipelines']} pipeline(s) x {t['stages']} stage(s), shards {a['shards']}, "
+            f"H = {a['local_steps']}, {a['share_micro_batches']} micro-batch(es) a share"
+        )
+    lines = [f"training  {state}; {t['mode']} mode; following {following}"]
+    if t.get("trained_tokens") is not None:
+        lines.append(
+            f"swarm     {t['trained_tokens']} trained tokens, {t['tokens_per_s'] or 0:.0f} tokens/s "
+            f"(as shard (0, 0) applied them), update {t['updates']}"
+        )
+    for c in t.get("cells") or []:
+        loss = f", loss {c['loss']:.3f}" if c.get("loss") is not None else ""
+        x = c["contributions"]
+        lines.append(
+            f"cell      ({c['pipeline']}, {c['stage']}): {c['shares']} share(s), {c['rounds']} round(s), "
+            f"{c['abandoned']} abandoned{loss}; weights {c['weights']['versions']}"
+        )
+        lines.append(
+            f"          contributions {x['sent']} sent ({x['resent']} again, {x['dropped']} refused), "
+            f"{x['waiting']} waiting to be committed"
+        )
+    for s in t.get("shards") or []:
+        lines.append(
+            f"shard     ({s['stage']}, {s['shard']}) of {s['shards']}: version {s['version']}, "
+            f"{s['contributions']} contribution(s) ({s['duplicates']} duplicate, {s['dropped_stale']} too "
+            f"stale, {s['refused']} refused), {s['unreplicated']} step(s) unreplicated"
+        )
+    ledger = t.get("ledger")
+    if ledger:
+        lines.append(
+            f"ledger    data cursor {ledger['cursor']} (all below {ledger['done_below']} trained), "
+            f"{ledger['open']} share(s) open, {ledger['waiting']} to train again; issued {ledger['issued']} "
+            f"({ledger['reissued']} again), completed {ledger['completed']}"
+        )
+    return lines
+
+
+def fmt_swarm(sw: dict[str, Any], own: str) -> list[str]:
+    coordinator = sw.get("coordinator") or "none elected yet"
+    if coordinator == own:
+        coordinator += " (this peer)"
+    p = sw.get("plan")
+    if p:
+        predicted = p.get("predicted_iteration_s")
+        figure = f"predicted iteration {predicted:.3f} s" if predicted is not None else "no prediction"
+        mine = "left out" if p["my_stage"] is None else f"stage {p['my_stage']}"
+        plan_text = (
+            f"v{p['version']} ({p['kind']}) by {p['by'][:16]}...: {p['pipelines']} pipelines x "
+            f"{p['stages']} stages, layers {p['layers_per_stage']}; {figure}; this peer: {mine}"
+        )
+    else:
+        plan_text = sw.get("plan_error") or "none yet (fewer peers than stages, or still measuring)"
+    links = sw["links"]
+    own_score = sw.get("reliability", {}).get(own)
+    return [
+        f"plan      {plan_text}",
+        f"coord     {coordinator}",
+        f"measured  links to {links['measured']} peer(s); matrix {links['matrix_measured']} measured, "
+        f"{links['matrix_filled']} filled; probes {links['probes_sent']} ({links['probe_failures']} failed), "
+        f"{links['probe_bytes_last_hour'] / 2**20:.1f} MiB this hour",
+        f"reliable  {'not observed yet' if own_score is None else f'{own_score:.2f}'} (as others observed this peer)",
+    ]

@@ -1,0 +1,8 @@
+"""The daemon as a process on its machine (``swarmd.system``).
+
+- ``systemd``      sd_notify and the watchdog interval, in the standard library only
+- ``control``      the local control API: a Unix socket (mode 0600) in the state directory
+- ``state_dir``    what a daemon keeps on disk, and the lock that makes it one daemon's
+- ``children``     ties child processes' lives to the daemon's
+- ``local_swarm``  daemons as subprocesses on this machine (``swarmd demo``, integration tests)
+"""

@@ -1,0 +1,416 @@
+"""One run's records in the hivemind DHT, behind typed functions.
+
+The DHT runs in its own process, as hivemind does it; this module is the only place that
+knows the keys (``swarmd/<run id>/…``) and how values are laid out under them. Every record
+is checked twice: by the DHT process's validator before it stores or returns it, and again by
+the reader here, which also applies the run and the clock.
+
+This node stores swarmd records of any run, each checked in full (signature, schema, and the
+key its content implies), and nothing else: a DHT shared by many runs works for all of them,
+while a daemon never spends memory or trust on data it cannot check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import hivemind
+from hivemind.dht.node import DHTNode
+from hivemind.dht.routing import DHTID
+from hivemind.dht.validation import DHTRecord, RecordValidatorBase
+from hivemind.p2p import PeerID
+from hivemind.utils.serializer import MSGPackSerializer
+from hivemind.utils.timed_storage import get_dht_time
+from multiaddr import Multiaddr
+
+from swarmd.errors import JoinError, RecordError, RunSpecError
+from swarmd.peers.membership.reliability import KIND as OBSERVATIONS_KIND
+from swarmd.peers.membership.reliability import parse_observations
+from swarmd.peers.records.envelope import peek_kind
+from swarmd.peers.records.heartbeat import MAX_ADDRS, Heartbeat, parse_heartbeat
+from swarmd.peers.records.links import KIND as LINKS_KIND
+from swarmd.peers.records.links import parse_links
+from swarmd.peers.records.plan_record import KIND as PLAN_KIND
+from swarmd.peers.records.plan_record import parse_plan
+from swarmd.peers.records.run_spec import SignedRunSpec, open_run_spec, verify_run_spec
+from swarmd.peers.taskpool.cells import KIND as CELL_KIND
+from swarmd.peers.taskpool.cells import CellLease, parse_cell_lease
+from swarmd.peers.taskpool.lease import Lease
+from swarmd.peers.taskpool.servers import KIND as SHARD_KIND
+from swarmd.peers.taskpool.servers import ShardLease, parse_shard_lease
+
+logger = logging.getLogger(__name__)
+
+# A spec lives this long in the DHT unless a member re-publishes it; members do so far sooner.
+SPEC_TTL_S = 3600.0
+# A spec's DHT expiration may run this far past our clock's now + SPEC_TTL_S (clock skew).
+_EXPIRY_SLACK_S = 30.0
+
+
+def spec_key(run_id: str) -> str:
+    return f"swarmd/{run_id}/spec"
+
+
+def members_key(run_id: str) -> str:
+    return f"swarmd/{run_id}/members"
+
+
+def cells_key(run_id: str, pipeline: int, stage: int) -> str:
+    """One key per cell: a peer alone holds every cell of its pipeline, one lease each."""
+    return f"swarmd/{run_id}/cells/{pipeline}/{stage}"
+
+
+def shards_key(run_id: str, stage: int) -> str:
+    return f"swarmd/{run_id}/shards/{stage}"
+
+
+def links_key(run_id: str) -> str:
+    return f"swarmd/{run_id}/links"
+
+
+def plan_key(run_id: str) -> str:
+    return f"swarmd/{run_id}/plan"
+
+
+def observations_key(run_id: str) -> str:
+    return f"swarmd/{run_id}/observations"
+
+
+# Record kinds stored one per peer (the signer's peer ID is the subkey) under one key per run:
+# kind -> (parser, the run's key). The validator and the readers both go through this table;
+# each parsed record has ``run_id``, ``peer_id`` and ``expires_at``.
+PER_PEER_KINDS: dict[str, tuple[Callable[..., Any], Callable[[str], str]]] = {
+    LINKS_KIND: (parse_links, links_key),
+    PLAN_KIND: (parse_plan, plan_key),
+    OBSERVATIONS_KIND: (parse_observations, observations_key),
+}
+
+# The task pool's leases, one per holder (its peer ID the subkey) under one key per pipeline or
+# stage: kind -> (parser, the key a lease's own content implies).
+LEASE_KINDS: dict[str, tuple[Callable[..., Any], Callable[[Any], str]]] = {
+    CELL_KIND: (parse_cell_lease, lambda lease: cells_key(lease.run_id, lease.pipeline, lease.stage)),
+    SHARD_KIND: (parse_shard_lease, lambda lease: shards_key(lease.run_id, lease.stage)),
+}
+
+_PLAIN_VALUE = MSGPackSerializer.dumps(None)  # hivemind's subkey for a value without subkeys
+
+
+def _dht_id(key: str) -> bytes:
+    return DHTID.generate(source=key).to_bytes()
+
+
+class BootstrapError(JoinError):
+    """None of the initial peers could be reached; worth retrying, they may come back."""
+
+
+class SwarmRecordValidator(RecordValidatorBase):
+    """Runs inside the DHT process: stores and returns only swarmd records, well-formed, signed,
+    and under the very key their content implies.
+
+    A record names its run (a heartbeat in its body, a spec through its creator's key and
+    name), so the validator needs no list of runs: it recomputes the key and compares. A DHT
+    shared by many runs thus stores every run's records, each checked, and nothing else.
+    """
+
+    def validate(self, record: DHTRecord) -> bool:
+        try:
+            value = MSGPackSerializer.loads(record.value)
+            if record.subkey == _PLAIN_VALUE:  # a spec is the one plain value swarmd stores
+                spec = open_run_spec(value)
+                return (
+                    record.key == _dht_id(spec_key(spec.run_id))
+                    and record.expiration_time <= get_dht_time() + SPEC_TTL_S + _EXPIRY_SLACK_S
+                )
+            subkey = MSGPackSerializer.loads(record.subkey)
+            if not isinstance(subkey, str):
+                return False
+            kind = peek_kind(value)
+            if kind in PER_PEER_KINDS:
+                parser, key_of = PER_PEER_KINDS[kind]
+                found = parser(value, run_id=None, now=None, peer_id=subkey)
+                return record.key == _dht_id(key_of(found.run_id)) and record.expiration_time <= found.expires_at
+            if kind in LEASE_KINDS:
+                parser, lease_key = LEASE_KINDS[kind]
+                found = parser(value, run_id=None, now=None, peer_id=subkey)
+                return record.key == _dht_id(lease_key(found)) and record.expiration_time <= found.expires_at
+            heartbeat = parse_heartbeat(value, run_id=None, now=None, peer_id=subkey)
+            # Under its run's members key, and stored no longer than the record is valid.
+            return (
+                record.key == _dht_id(members_key(heartbeat.run_id)) and record.expiration_time <= heartbeat.expires_at
+            )
+        except (RecordError, RunSpecError) as e:
+            logger.debug("DHT refused a record: %s", e)
+        except Exception as e:  # msgpack raises many types on garbage
+            logger.debug("DHT refused an undecodable record: %r", e)
+        return False
+
+
+class _TiedDHT(hivemind.DHT):
+    """hivemind's DHT process, with a hook that runs first in the child (to tie its life to ours)."""
+
+    def __init__(self, *args: object, child_init: Callable[[], None] | None, **kwargs: object) -> None:
+        self._child_init = child_init
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    def run(self) -> None:
+        # The fork copied the daemon's signal handlers; the daemon alone decides when we stop.
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # Lead our own process group, which p2pd joins: one killpg ends both.
+        os.setpgid(0, 0)
+        if self._child_init is not None:
+            self._child_init()
+        super().run()
+
+
+@dataclass(frozen=True)
+class MemberScan:
+    live: list[Heartbeat]
+    leaving: list[str]
+    """Peers whose latest heartbeat announces they are shutting down."""
+    rejected: int
+    """Records that failed validation (garbled, foreign, expired, or signed by the wrong key)."""
+
+
+class SwarmDHT:
+    """Typed access to one run's records: spec, heartbeats, and peer reachability."""
+
+    def __init__(
+        self,
+        run_id: str,
+        *,
+        identity_path: str,
+        initial_peers: Sequence[str],
+        host_maddrs: Sequence[str],
+        announce_maddrs: Sequence[str] = (),
+        nat_port_map: bool = True,
+        relay: bool = True,
+        startup_timeout_s: float = 30.0,
+        child_init: Callable[[], None] | None = None,
+    ) -> None:
+        self.run_id = run_id
+        self._kwargs = dict(
+            initial_peers=list(initial_peers),
+            identity_path=identity_path,
+            host_maddrs=list(host_maddrs),
+            announce_maddrs=list(announce_maddrs) or None,
+            nat_port_map=nat_port_map,
+            use_relay=relay,
+            auto_nat=nat_port_map,
+            # hivemind's check spawns a second p2pd and only understands RSA keys; a state-dir
+            # lock already keeps two local daemons off one identity.
+            check_if_identity_free=False,
+            startup_timeout=startup_timeout_s,
+            ensure_bootstrap_success=False,
+            record_validators=[SwarmRecordValidator()],
+            child_init=child_init,
+            shutdown_timeout=5,
+        )
+        self._dht: _TiedDHT | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the DHT process and bootstrap (blocking: call from a worker thread)."""
+        try:
+            self._dht = _TiedDHT(start=True, **self._kwargs)  # type: ignore[arg-type]
+        except Exception as e:
+            if "failed to connect to bootstrap peers" in str(e):
+                raise BootstrapError(
+                    f"none of the initial peers answered ({', '.join(self._kwargs['initial_peers'])}); "  # type: ignore[arg-type]
+                    "check the addresses and that those daemons run"
+                ) from None
+            raise JoinError(f"the DHT failed to start: {e}") from None
+
+    @property
+    def dht(self) -> _TiedDHT:
+        if self._dht is None:
+            raise RuntimeError("SwarmDHT is not started")
+        return self._dht
+
+    def is_alive(self) -> bool:
+        return self._dht is not None and self._dht.is_alive()
+
+    async def visible_maddrs(self) -> list[str]:
+        """Addresses others can dial (a future: hivemind's own getter blocks without a deadline)."""
+        return await self.dht.run_coroutine(_visible_maddrs, return_future=True)
+
+    def shutdown(self) -> None:
+        """Bounded: hivemind joins for shutdown_timeout, then terminates; then we kill the group."""
+        if self._dht is None:
+            return
+        try:
+            self._dht.shutdown()
+        finally:
+            self.kill_now()
+
+    def kill_now(self) -> None:
+        """SIGKILL the DHT process and everything in its group (p2pd); safe from a signal handler."""
+        pid = self._dht.pid if self._dht is not None else None
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
+    # --- records ---------------------------------------------------------------------------
+
+    async def publish_heartbeat(self, peer_id: str, raw: bytes, expires_at: float) -> bool:
+        fut = self.dht.store(members_key(self.run_id), raw, expires_at, subkey=peer_id, return_future=True)
+        return bool(await fut)
+
+    async def scan_members(self, now: float) -> MemberScan:
+        found = await self.dht.get(members_key(self.run_id), latest=True, return_future=True)
+        if found is None or not isinstance(found.value, dict):
+            return MemberScan([], [], 0)
+        # One signature check per member: in a worker thread, so that a big swarm cannot stall the loop.
+        return await asyncio.to_thread(self._check_members, found.value, now)
+
+    def _check_members(self, records: dict[Any, Any], now: float) -> MemberScan:
+        live, leaving, rejected = [], [], 0
+        for subkey, item in records.items():
+            try:
+                heartbeat = parse_heartbeat(item.value, run_id=self.run_id, now=now, peer_id=subkey)
+            except RecordError as e:
+                logger.debug("Dropped a member record: %s", e)
+                rejected += 1
+                continue
+            if heartbeat.leaving:
+                leaving.append(heartbeat.peer_id)
+            elif heartbeat.is_live(now):
+                live.append(heartbeat)
+        return MemberScan(live, leaving, rejected)
+
+    async def publish_pool_lease(self, lease: Lease, raw: bytes) -> bool:
+        """Store this peer's cell or shard lease under the key its content implies."""
+        _, lease_key = LEASE_KINDS[lease.KIND]
+        return bool(
+            await self.dht.store(lease_key(lease), raw, lease.expires_at, subkey=lease.peer_id, return_future=True)
+        )
+
+    async def scan_cell(self, pipeline: int, stage: int, now: float) -> list[CellLease]:
+        """Every verified lease of the cell (live or not: the caller resolves)."""
+        found = await self._scan_pool(CELL_KIND, cells_key(self.run_id, pipeline, stage), now)
+        return [lease for lease, _ in found if lease.cell == (pipeline, stage)]
+
+    async def scan_shards(self, stage: int, now: float) -> list[tuple[ShardLease, bytes]]:
+        """Every verified lease of ``stage``'s shards, with its signed bytes (a take-over's proof)."""
+        found = await self._scan_pool(SHARD_KIND, shards_key(self.run_id, stage), now)
+        return [(lease, raw) for lease, raw in found if lease.stage == stage]
+
+    async def _scan_pool(self, kind: str, key: str, now: float) -> list[tuple[Any, bytes]]:
+        found = await self.dht.get(key, latest=True, return_future=True)
+        if found is None or not isinstance(found.value, dict):
+            return []
+        parser, _ = LEASE_KINDS[kind]
+        leases = []
+        for subkey, item in found.value.items():
+            try:
+                leases.append((parser(item.value, run_id=self.run_id, now=now, peer_id=subkey), item.value))
+            except RecordError as e:
+                logger.debug("Dropped a %s record: %s", kind, e)
+        return leases
+
+    async def publish_peer_record(self, kind: str, peer_id: str, raw: bytes, expires_at: float) -> bool:
+        """Store this peer's record of a per-peer ``kind`` (links, plan, observations)."""
+        key = PER_PEER_KINDS[kind][1](self.run_id)
+        return bool(await self.dht.store(key, raw, expires_at, subkey=peer_id, return_future=True))
+
+    async def scan_peer_records(self, kind: str, now: float | None) -> list[Any]:
+        """Every verified record of ``kind`` in this run, one per peer (``now=None``: expired
+        ones too, for kinds whose newest record stands until replaced)."""
+        parser, key_of = PER_PEER_KINDS[kind]
+        found = await self.dht.get(key_of(self.run_id), latest=True, return_future=True)
+        if found is None or not isinstance(found.value, dict):
+            return []
+
+        def check() -> list[Any]:
+            out = []
+            for subkey, item in found.value.items():
+                try:
+                    out.append(parser(item.value, run_id=self.run_id, now=now, peer_id=subkey))
+                except RecordError as e:
+                    logger.debug("Dropped a %s record: %s", kind, e)
+            return out
+
+        return await asyncio.to_thread(check)  # signature checks off the loop, as for members
+
+    async def publish_spec(self, raw: bytes) -> bool:
+        expiration = get_dht_time() + SPEC_TTL_S
+        return bool(await self.dht.store(spec_key(self.run_id), raw, expiration, return_future=True))
+
+    async def fetch_spec(self) -> SignedRunSpec | None:
+        found = await self.dht.get(spec_key(self.run_id), latest=True, return_future=True)
+        if found is None:
+            return None
+        try:
+            return verify_run_spec(found.value, self.run_id)
+        except RunSpecError as e:
+            logger.warning("%s", e)
+            return None
+
+    # --- peers -----------------------------------------------------------------------------
+
+    async def ping(self, peer_id: str) -> float | None:
+        """Round-trip time of a DHT ping to ``peer_id`` in seconds, or None if it did not answer."""
+        return await self.dht.run_coroutine(functools.partial(_ping, peer_id), return_future=True)
+
+    async def known_peers(self) -> int:
+        """How many other DHT nodes this one knows (0: it has not reached the swarm)."""
+        return await self.dht.run_coroutine(_routing_table_size, return_future=True)
+
+    async def replicate_p2p(self) -> Any:
+        """A hivemind P2P handle in this process on the DHT's own p2pd (same peer ID, same host)."""
+        from hivemind.p2p import P2P
+
+        maddr = await self.dht.run_coroutine(_daemon_listen_maddr, return_future=True)
+        return await P2P.replicate(maddr)
+
+    async def add_peers(self, peer_id: str, maddrs: Sequence[str]) -> int:
+        """Connect to ``peer_id``, found out of band (LAN discovery), at those of ``maddrs`` that
+        name it (a hello must not make us dial third parties); returns how many answered."""
+        own = [m for m in maddrs if m.endswith(f"/p2p/{peer_id}")][:MAX_ADDRS]
+        return await self.dht.run_coroutine(functools.partial(_add_peers, own), return_future=True)
+
+
+# These run inside the DHT process (hivemind pickles them across), so they are module-level.
+
+
+async def _ping(peer_id: str, dht: hivemind.DHT, node: DHTNode) -> float | None:
+    started = time.perf_counter()
+    answered = await node.protocol.call_ping(PeerID.from_base58(peer_id))
+    return time.perf_counter() - started if answered is not None else None
+
+
+async def _add_peers(maddrs: list[str], dht: hivemind.DHT, node: DHTNode) -> int:
+    async def one(maddr: str) -> bool:
+        try:
+            addr = Multiaddr(maddr)
+            peer = PeerID.from_base58(addr["p2p"])
+            await asyncio.wait_for(node.protocol.p2p._client.connect(peer, [addr.decapsulate(f"/p2p/{peer}")]), 5)
+            return await node.protocol.call_ping(peer) is not None
+        except Exception as e:
+            logger.debug("Could not reach %s: %r", maddr, e)
+            return False
+
+    return sum(await asyncio.gather(*(one(m) for m in maddrs)))
+
+
+async def _visible_maddrs(dht: hivemind.DHT, node: DHTNode) -> list[str]:
+    return [str(m) for m in await node.get_visible_maddrs()]
+
+
+async def _daemon_listen_maddr(dht: hivemind.DHT, node: DHTNode) -> Any:
+    return node.protocol.p2p.daemon_listen_maddr
+
+
+async def _routing_table_size(dht: hivemind.DHT, node: DHTNode) -> int:
+    return len(node.protocol.routing_table.uid_to_peer_id)

@@ -1,0 +1,6 @@
+"""Who is in the swarm and whom it trusts with a role (``swarmd.peers.membership``).
+
+- ``members``      the swarm as this peer sees it: live heartbeats and round-trip times
+- ``reliability``  reliability from others' observations, never a peer's word on itself
+- ``election``     elected roles: coordinator, shard server and its standby, relay
+"""

@@ -1,0 +1,11 @@
+"""The signed records peers publish about themselves and the run (``swarmd.peers.records``).
+
+- ``envelope``     the signed envelope every record travels in, and the checks on untrusted fields
+- ``identity``     this peer's Ed25519 key and the libp2p peer ID it gives
+- ``run_spec``     run specs and self-certifying run IDs
+- ``heartbeat``    the signed, expiring membership record
+- ``links``        what a peer measured: RTTs and bandwidths to others, its own compute
+- ``plan_record``  the elected coordinator's signed plan: cells, shard servers, relays, spares
+
+The lowest layer of ``swarmd.peers``: records know no DHT, no pool and no planner.
+"""
