@@ -119,10 +119,17 @@ class _Item:
     micro_batch: int = field(compare=False, default=-1)
 
 
+def _non_finite(vector: torch.Tensor) -> int:
+    """How many of the values are NaN or infinite (0 for a contribution fit to send)."""
+    return int(vector.numel() - torch.isfinite(vector).sum())
+
+
 @dataclass
 class CellStats:
     shares: int = 0
     abandoned: int = 0
+    dropped_rounds: int = 0
+    """Rounds whose contribution came out NaN or infinite: never sent, their shares trained again."""
     rounds: int = 0
     forwards: int = 0
     backwards: int = 0
@@ -341,6 +348,25 @@ class CellWorker:
             request = LedgerAbandon(run_id=self.run_id, pipeline=self.pipeline, share_ids=[share.share_id])
             asyncio.create_task(self._quietly(self.view.ledger, request))
 
+    def _drop_round(self, share_ids: list[int], non_finite: int, elements: int) -> None:
+        """A round whose contribution is not finite never leaves this cell (no codec carries it,
+        and a server must not step on it): its shares go back to the ledger to be trained
+        again. Left open there, they held the pipeline's quota until their lease lapsed
+        (``LEASE_S``, ten minutes) and the pipeline stood still."""
+        self.stats.dropped_rounds += 1
+        logger.warning(
+            "cell %s: the round of shares %s came out with %d non-finite values of %d (weights at version %s); "
+            "dropping it: its shares are trained again",
+            self.cell,
+            share_ids,
+            non_finite,
+            elements,
+            self.puller.version,
+        )
+        if self.is_first and self.view.ledger is not None:
+            request = LedgerAbandon(run_id=self.run_id, pipeline=self.pipeline, share_ids=list(share_ids))
+            asyncio.create_task(self._quietly(self.view.ledger, request))
+
     def _drain_inbox(self) -> None:
         while not self._inbox.empty():
             self._inbox.get_nowait()
@@ -529,11 +555,15 @@ class CellWorker:
         if share.round_end:
             vector, micro_batches = await self.in_thread(self.compute.contribution)
             self.stats.rounds += 1
-            bases = self.puller.round_bases()
-            self.contributions.add(self._round_shares, vector, micro_batches, bases)
-            if self.settings.mode == "gradient":
-                self._sync_after = bases
-            self._round_shares, self._shares_in_round = [], 0
+            round_shares, self._round_shares, self._shares_in_round = self._round_shares, [], 0
+            non_finite = await self.in_thread(_non_finite, vector)
+            if non_finite:
+                self._drop_round(round_shares, non_finite, vector.numel())
+            else:
+                bases = self.puller.round_bases()
+                self.contributions.add(round_shares, vector, micro_batches, bases)
+                if self.settings.mode == "gradient":
+                    self._sync_after = bases
         if not self.is_first:
             await self._between_shares()
         self._share_done.set()
@@ -580,6 +610,7 @@ class CellWorker:
             "share": None if self._share is None else self._share.share_id,
             "shares": s.shares,
             "abandoned": s.abandoned,
+            "dropped_rounds": s.dropped_rounds,
             "rounds": s.rounds,
             "forwards": s.forwards,
             "backwards": s.backwards,

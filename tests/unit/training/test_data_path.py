@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import torch
 
+from swarmd.models.cell_compute import CellCompute
 from swarmd.peers.records.plan_record import PlanRecord
 from tests.unit.training.swarm_in_process import Swarm
 
@@ -255,3 +257,34 @@ def test_a_head_killed_during_a_reduction_loses_no_update_and_its_members_go_to_
     # headed again) to the server itself.
     assert sum(c["contributions"]["direct"] for c in cells) >= 1, cells
     assert all(c["contributions"]["lost"] == 0 for c in cells), cells
+
+
+def test_a_round_that_comes_out_non_finite_is_dropped_and_its_shares_trained_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Seen in the four-daemon test: stage 0's round came out NaN, no codec could carry it, and
+    # its shares stayed open at the ledger, holding the pipeline for the ledger's 10-minute lease.
+    real = CellCompute.contribution
+    poisoned: list[int] = []
+
+    def contribution(self: CellCompute) -> tuple[torch.Tensor, int]:
+        vector, count = real(self)
+        if self.module.stage == 0 and not poisoned:
+            poisoned.append(count)
+            vector = vector.clone()
+            vector[0] = float("nan")
+        return vector, count
+
+    monkeypatch.setattr(CellCompute, "contribution", contribution)
+
+    async def scenario(swarm: Swarm) -> dict[str, Any]:
+        await swarm.wait_for("12 updates", lambda: swarm.updates() >= 12, 120)
+        (member,) = swarm.members.values()
+        return member.trainer.status()
+
+    status = run(tmp_path, 1, scenario)
+    (first,) = [c for c in status["cells"] if c["stage"] == 0]
+    assert poisoned and first["dropped_rounds"] == 1
+    ledger = status["ledger"]
+    assert ledger["abandoned"] >= 1 and ledger["reissued"] >= 1
+    assert ledger["done_below"] >= 6 * 4  # the dropped shares (the first) were trained again: no gap
