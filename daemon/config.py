@@ -63,7 +63,7 @@ class SwarmConfig:
     relay: bool = True
     """Allow reaching and being reached through libp2p circuit relays."""
     data_via_relay: str = "auto"
-    """How our worker's requests reach the stage hosts: "auto" (direct, through an elected
+    """How our cells' requests reach their neighbours and the shard servers: "auto" (direct, through an elected
     relay when the direct path does not open or the relay path is measured faster),
     "always" (through a relay whenever the plan names one: outbound connections filtered) or
     "never"."""
@@ -109,7 +109,7 @@ class ComputeConfig:
     benchmark: bool = True
     """Measure matmul throughput at start (published in heartbeats)."""
     train: bool = True
-    """Work on the run's micro-batches, and host stages when it is this peer's turn."""
+    """Work cells of the plan and serve shards when elected to."""
     threads: int = 0
     """torch threads for compute (0: torch's default, one per core)."""
 
@@ -143,7 +143,7 @@ class ProbesConfig:
 @dataclass(kw_only=True)
 class RolesConfig:
     min_reliability: float = 0.5
-    """A parameter server, standby or coordinator needs at least this measured reliability
+    """A shard server, standby or coordinator needs at least this measured reliability
     (0..1, swarmd.peers.membership.reliability); an incumbent keeps its role down to this minus hysteresis."""
     min_relay_reliability: float = 0.6
     """What a relay needs (it forwards others' tensors: a little more than a server)."""

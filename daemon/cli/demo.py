@@ -76,7 +76,7 @@ def run_demo(peers: int, duration_s: float) -> int:
     finally:
         if trained:
             _gather(daemons[0])
-        codes = [d.stop() for d in daemons]  # each host checkpoints its stages on the way out
+        codes = [d.stop() for d in daemons]  # each shard server checkpoints its shards on the way out
         print(f"stopped {len(daemons)} daemons, exit codes {codes}")
     if trained:
         print(f"export the model: swarmd export --run-id {run_id} DIR --state-dir {daemons[0].state_dir}")

@@ -89,5 +89,5 @@ class StateDirLock:
 
 
 def run_checkpoint_dir(state_dir: Path, run_id: str) -> Path:
-    """Where this peer's parameter servers of ``run_id`` keep their stage checkpoints."""
+    """Where this peer's shard servers of ``run_id`` keep their checkpoints."""
     return state_dir / RUNS_DIRNAME / run_id

@@ -18,8 +18,8 @@ renewed; what is decided here is who *should* hold them:
   peers the planner would route through, then to the best eligible peers, up to the number
   wanted (``relays_wanted``); with nobody eligible, one peer serves anyway (``elect_relays``).
 - **A shard server's standby** (the peer it logs every step at and checkpoints to): the peer
-  other than the host likeliest to stay, by reliability, then the fastest link from the host
-  (the host waits for every push's log there), then uptime, then the lowest peer ID
+  other than the server likeliest to stay, by reliability, then the fastest link from the
+  server (it waits for every step's log there), then uptime, then the lowest peer ID
   (``elect_standby``).
 
 The simulator (``swarmd.peers.sim.simulator``) elects with these same functions.
@@ -130,14 +130,14 @@ def relays_wanted(members: int) -> int:
 
 
 def elect_standby(candidates: Iterable[tuple[str, float, float, float]]) -> str | None:
-    """The standby among ``(peer ID, reliability, uptime_s, bandwidth_Bps from the host)`` of
-    the peers other than the host: the highest reliability as others measured it (callers
-    round it: finer differences are noise), then the fastest link from the host (by
+    """The standby among ``(peer ID, reliability, uptime_s, bandwidth_Bps from the server)`` of
+    the peers other than the shard server: the highest reliability as others measured it (callers
+    round it: finer differences are noise), then the fastest link from the server (by
     ``link_class``: within a factor of two, links are equal), then the
     longest uptime, then the lowest peer ID. None when there is nobody.
 
-    The link comes before uptime because the host logs every push at its standby before it
-    applies it: a standby on a slow link holds the whole stage back (in a calibration run, a
+    The link comes before uptime because the server logs every step at its standby before it
+    counts: a standby on a slow link holds the whole stage back (in a calibration run, a
     10 Mbit/s standby beside 40 Mbit/s peers halved the swarm's throughput)."""
     best = min(candidates, key=lambda c: (-c[1], -link_class(c[3]), -c[2], c[0]), default=None)
     return None if best is None else best[0]
@@ -146,6 +146,6 @@ def elect_standby(candidates: Iterable[tuple[str, float, float, float]]) -> str 
 def link_class(bandwidth_Bps: float) -> int:
     """A bandwidth's class, a factor of two wide: links within one are equal for electing a
     standby. Measurements wobble from round to round, and the standby must not flap with them
-    (each new standby gets a whole checkpoint), nor differ between the host and a peer that
-    works out the host's standby from its own copy of the matrix. 0 for an unknown link."""
+    (each new standby gets a whole checkpoint), nor differ between the server and a peer that
+    works out the server's standby from its own copy of the matrix. 0 for an unknown link."""
     return int(math.floor(math.log2(bandwidth_Bps))) if bandwidth_Bps >= 1.0 and math.isfinite(bandwidth_Bps) else 0

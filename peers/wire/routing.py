@@ -1,6 +1,6 @@
 """Which way a request goes: straight to its peer, or through an elected relay.
 
-A worker's requests carry tensors to and from the stage hosts. The direct path is the default;
+A cell's requests carry tensors to its neighbours and to the shard servers. The direct path is the default;
 a relay (elected among reliable, well-connected peers and named in the plan) is taken when
 
 - the direct path does not open: the peer cannot be reached from here (a firewall, a NAT
