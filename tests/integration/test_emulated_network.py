@@ -68,7 +68,7 @@ def test_the_harness_measures_the_daemons_data_path_on_a_shaped_link_with_its_la
     """What the calibration gives the simulator as the links: the data path's goodput stays
     under the shaper's rate, and a request's round trip carries the emulated latency both ways."""
     need_root_and_iproute2()
-    from tests.benchmarks.calibrate_simulator import measure_data_path
+    from tests.benchmarks.calibration.measure import measure_data_path
 
     rate = 2e6
     net = EmulatedNetwork(f"swp{os.getpid()}", [rate, rate], [rate, rate], [0.01, 0.01], tmp_path, net=215)
