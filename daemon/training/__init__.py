@@ -1,6 +1,10 @@
 """Training across the swarm, in the daemon (``swarmd.training``; the protocol is ``docs/data-path.md``).
 
 - ``trainer``        the service: reads the pool, holds the cells and shards it is given, serves them
+- ``bookkeeping``    the trainer's round as a pure step: readings of the pool in, claims and actions out
+- ``lifecycle``      the step's actions done: cells and servers opened and closed, leases published
+- ``status``         the training section of the daemon's status, and the swarm's rate of updates
+- ``export``         every stage's newest weights gathered from its shards' holders (``swarmd export``)
 - ``opening``        a shard opened from the newest state it may believe; a cell built for its stage
 - ``cell``           one cell at work: shares through the pipeline, tensors straight to its neighbours
 - ``puller``         a cell's weights: a whole pull, then committed deltas by long poll

@@ -1,0 +1,90 @@
+"""The run's weights gathered at one peer for ``swarmd export``: every stage's newest
+committed weights, asked of its shards' holders, written as ``stage<s>.safetensors``.
+
+A shard that is between holders (a hand-over takes a few seconds: the old holder's last step
+copied, the new one's lease published) is asked for again with backoff, for a bounded time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from swarmd.errors import SwarmdError
+from swarmd.models.cell_compute import flatten_parameters, unflatten_parameters
+from swarmd.models.checkpoint import save_safetensors_atomic
+from swarmd.peers.taskpool.exchange import shard_range
+from swarmd.peers.taskpool.servers import Shard
+from swarmd.peers.wire.codecs import decode_vector
+from swarmd.peers.wire.errors import RpcError
+from swarmd.peers.wire.messages import Pull
+from swarmd.training.opening import stage_module
+
+if TYPE_CHECKING:
+    from swarmd.training.trainer import Trainer
+
+GATHER_WAIT_S = 45.0
+"""How long a gather waits for a shard that is between holders."""
+GATHER_BACKOFF_S = (0.5, 4.0)
+
+
+async def gather_weights(trainer: Trainer) -> list[int]:
+    """Write every stage's weights to the trainer's checkpoint folder; returns each stage's
+    oldest shard version."""
+    assignment = trainer.assignment
+    if assignment is None:
+        raise SwarmdError("this peer has not read the pool yet; try again in a few seconds")
+    versions = []
+    for stage in range(trainer.stages):
+        module = stage_module(trainer, stage)
+        vector = flatten_parameters(module)
+        shards = (trainer.assignment or assignment).shard_counts()[stage]  # the newest: a plan may come meanwhile
+        found = []
+        for k in range(shards):
+            lo, hi = shard_range(vector.numel(), shards, k)
+            version, values = await _whole_slice(trainer, (stage, k), shards, hi - lo)
+            vector[lo:hi] = values
+            found.append(version)
+        state = unflatten_parameters(module, vector)
+        path = trainer.checkpoint_dir / f"stage{stage}.safetensors"
+        await asyncio.to_thread(save_safetensors_atomic, state, path, {"version": str(min(found))})
+        versions.append(min(found))
+    return versions
+
+
+async def _whole_slice(trainer: Trainer, key: Shard, shards: int, size: int) -> tuple[int, torch.Tensor]:
+    """Shard ``key``'s newest weights, from here or its holder; a shard between holders is
+    asked for again (with backoff) for up to ``GATHER_WAIT_S``."""
+    deadline = time.monotonic() + GATHER_WAIT_S
+    delay = GATHER_BACKOFF_S[0]
+    while True:
+        server = trainer.servers.get(key)
+        if server is not None and (weights := server.weights()) is not None:
+            return server.version, weights
+        holder = trainer.shard_holder(key)
+        why = "it has no holder right now"
+        if holder is not None:
+            request = Pull(
+                run_id=trainer.spec.run_id,
+                stage=key[0],
+                shard=key[1],
+                shards=shards,
+                have_version=-1,
+                pending_share_ids=[],
+                wait_s=0.0,
+            )
+            try:
+                answer, blobs = await trainer.send(holder, request, [], 60.0)
+            except RpcError as e:  # the holder is handing it over, or gone
+                why = f"its holder {holder[:16]} did not answer ({e})"
+            else:
+                if answer.kind != "full":
+                    raise SwarmdError(f"shard {key}'s holder answered {answer.kind!r} to a whole pull")
+                return answer.version, decode_vector(blobs[0], size, "fp32")
+        if time.monotonic() + delay > deadline:
+            raise SwarmdError(f"shard {key}: {why}, for {GATHER_WAIT_S:.0f} s; try the export again shortly")
+        await asyncio.sleep(delay)
+        delay = min(2 * delay, GATHER_BACKOFF_S[1])
