@@ -7,7 +7,12 @@
 - ``tokenizer``     the byte-level tokenizer (256 ids, nothing to download)
 - ``corpus``        the built-in corpus (``data/``) and deterministic sequences by data index
 - ``checkpoint``    atomic safetensors checkpoints, and export to a ``from_pretrained`` folder
-- ``parameter_shard`` one slice of a stage's parameters: AdamW or the outer step, fp16 deltas, replay
+- ``parameter_shard`` one slice of a stage's parameters: its buffer, steps, replay, pulls and checkpoints
+- ``shard_config``  a shard's settings, its step rule (AdamW or DiLoCo's outer Nesterov), its errors
+- ``shard_contribution`` a contribution's checks: its form, and the norm bound against the running median
+- ``shard_share_ids`` the share IDs a shard has buffered, settled and applied, so a share counts once
+- ``shard_deltas``  fp16 deltas with error feedback, and the recent ones kept for pulls
+- ``shard_checkpoint`` a shard's whole state in one safetensors file, and reading it back
 - ``cell_compute``  a cell's compute: forwards kept for their backward, shares, rounds, rebases
 - ``reference``     the single-process synchronous baseline the swarm is measured against
 

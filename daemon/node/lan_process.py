@@ -166,7 +166,7 @@ def _child_main(argv: list[str] | None = None) -> int:
     for noisy in ("libp2p", "zeroconf", "multiaddr"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
-    from swarmd.peers.lan.mdns import LanDiscovery
+    from swarmd.peers.lan.discovery import LanDiscovery
     from swarmd.peers.records.identity import load_or_create_identity
 
     out_lock = threading.Lock()

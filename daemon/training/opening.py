@@ -26,7 +26,8 @@ import torch
 from swarmd.errors import SwarmdError
 from swarmd.models.cell_compute import CellCompute, flatten_parameters
 from swarmd.models.corpus import Dataset
-from swarmd.models.parameter_shard import ParameterShard, ShardConfig, ShardError
+from swarmd.models.parameter_shard import ParameterShard
+from swarmd.models.shard_config import ShardConfig, ShardError
 from swarmd.models.stages import StageModule, split_layers
 from swarmd.peers.records.run_spec import run_seed
 from swarmd.peers.taskpool.assignment import Assignment

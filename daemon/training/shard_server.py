@@ -36,7 +36,8 @@ from pathlib import Path
 import torch
 
 from swarmd.errors import SwarmdError
-from swarmd.models.parameter_shard import ContributionError, Outcome, ParameterShard, ShardStep
+from swarmd.models.parameter_shard import Outcome, ParameterShard, ShardStep
+from swarmd.models.shard_config import ContributionError
 from swarmd.peers.taskpool.exchange import ExchangeConfig, staleness_weight
 from swarmd.peers.taskpool.servers import Shard
 from swarmd.peers.wire.codecs import decode_vector, encode_vector

@@ -35,7 +35,7 @@ DISCOVERY_TIMEOUT_S = 30.0
 HELPER = """
 import json, logging, signal, sys, threading
 from swarmd.peers.records.identity import Identity
-from swarmd.peers.lan.mdns import LanDiscovery
+from swarmd.peers.lan.discovery import LanDiscovery
 
 ip, run_id = sys.argv[1], sys.argv[2]
 logging.basicConfig(level=logging.DEBUG, stream=sys.stderr,

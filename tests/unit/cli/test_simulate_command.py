@@ -10,7 +10,7 @@ import pytest
 
 from swarmd.cli.main import main
 from swarmd.config import HeartbeatConfig, RolesConfig, SwarmConfig
-from swarmd.models.parameter_shard import ShardConfig
+from swarmd.models.shard_config import ShardConfig
 from swarmd.peers.membership.election import ElectionConfig, coordination_round_s
 from swarmd.peers.planning.transfers import KEEP_VERSIONS
 from swarmd.peers.sim.simulator import SimConfig

@@ -9,13 +9,8 @@ import pytest
 import torch
 
 from swarmd.errors import SwarmdError
-from swarmd.models.parameter_shard import (
-    ContributionError,
-    Outcome,
-    ParameterShard,
-    ShardConfig,
-    ShardError,
-)
+from swarmd.models.parameter_shard import Outcome, ParameterShard
+from swarmd.models.shard_config import ContributionError, ShardConfig, ShardError
 
 pytestmark = pytest.mark.timeout(60)
 

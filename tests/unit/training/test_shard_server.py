@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from swarmd.errors import SwarmdError
-from swarmd.models.parameter_shard import ParameterShard, ShardConfig, ShardStep
+from swarmd.models.parameter_shard import ParameterShard, ShardStep
+from swarmd.models.shard_config import ShardConfig
 from swarmd.peers.taskpool.exchange import ExchangeConfig
 from swarmd.peers.wire.codecs import encode_vector
 from swarmd.peers.wire.messages import Contribute

@@ -14,7 +14,9 @@ from collections.abc import Callable, Iterator
 import pytest
 from zeroconf import service_type_name
 
-from swarmd.peers.lan.mdns import LanDiscovery, LanDiscoveryError, mdns_service_type
+from swarmd.peers.lan.discovery import LanDiscovery
+from swarmd.peers.lan.hello import LanDiscoveryError
+from swarmd.peers.lan.mdns import mdns_service_type
 from swarmd.peers.records.identity import Identity
 
 WAIT_S = 10.0
