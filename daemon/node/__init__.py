@@ -1,8 +1,17 @@
 """One daemon (``swarmd.node``): the node and the services it composes on one asyncio loop.
 
-- ``node``          the composition root: identity, DHT, membership, training, control, watchdog
-- ``coordination``  who coordinates, which plan every peer follows, publishing and repairing plans
-- ``device``        what this machine offers: device model, memory, measured throughput
-- ``relay``         forwarding others' requests when elected a relay, and routing our own
-- ``lan_process``   LAN discovery (py-libp2p mDNS) in a child process, and the node's handle on it
+- ``node``            the composition root: makes the services below, wires them, starts and stops them
+- ``services``        periodic rounds with capped backoff, bounded DHT calls, the one stop request
+- ``joining``         starting the DHT and finding the run's spec, retried until the join timeout
+- ``presence``        this peer's heartbeats (and its leave), membership scans, round-trip probes
+- ``lan_service``     the LAN-discovery child while it runs, and the peers it introduces to the DHT
+- ``lan_process``     LAN discovery (py-libp2p mDNS) in a child process, and the node's handle on it
+- ``control_api``     what the control socket answers: status, peers, gather weights for export
+- ``measurements``    link probes, passive link samples, the observation book, and their signed records
+- ``swarm_view``      what a round makes of everyone's records: reliability, the live links, the scenario
+- ``plan_choice``     who coordinates and which plan every peer follows: rules all compute alike
+- ``plan_publisher``  the elected coordinator's plans: made, repaired, compared, published
+- ``coordination``    the coordination round, and the roles and plan in force that others ask about
+- ``device``          what this machine offers: device model, memory, measured throughput
+- ``relay``           forwarding others' requests when elected a relay, and routing our own
 """

@@ -112,7 +112,7 @@ def test_roles_follow_the_history_the_observers_kept(
     an hour; the fourth is new to all. Once the books are published, the swarm's scores come
     from the others' books, the coordinator and the relay are peers that pass the thresholds,
     and the flapper and the newcomer hold neither role."""
-    from swarmd.node.coordination import OBSERVATIONS_FILE
+    from swarmd.node.measurements import OBSERVATIONS_FILE
     from swarmd.peers.records.identity import load_or_create_identity
     from swarmd.system.state_dir import prepare_state_dir
 

@@ -1,0 +1,106 @@
+"""What the node answers its owner on the control socket (``swarmd status``, ``peers``, ``export``).
+
+The socket (``swarmd.system.control``) serves these handlers from its own thread; they only
+read the node's parts, each of which reports itself (``status()``), and assemble the answer.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, Protocol
+
+from swarmd import __version__
+from swarmd.errors import SwarmdError
+from swarmd.node.coordination import Coordination
+from swarmd.node.presence import Presence
+from swarmd.node.relay import RelayService, Router
+from swarmd.peers.records.identity import Identity
+from swarmd.peers.records.run_spec import SignedRunSpec
+from swarmd.peers.wire.rpc import RpcServer
+from swarmd.system.control import Handler
+
+if TYPE_CHECKING:
+    from swarmd.training.trainer import Trainer
+
+
+class NodeParts(Protocol):
+    """The parts of a node (``swarmd.node.node.Node``) the control API reads; None until started."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def identity(self) -> Identity | None: ...
+
+    @property
+    def spec(self) -> SignedRunSpec | None: ...
+
+    @property
+    def presence(self) -> Presence | None: ...
+
+    @property
+    def trainer(self) -> Trainer | None: ...
+
+    @property
+    def coordination(self) -> Coordination | None: ...
+
+    @property
+    def relay(self) -> RelayService | None: ...
+
+    @property
+    def router(self) -> Router | None: ...
+
+    @property
+    def rpc(self) -> RpcServer | None: ...
+
+
+class ControlApi:
+    def __init__(self, node: NodeParts) -> None:
+        self.node = node
+
+    def handlers(self) -> dict[str, Handler]:
+        return {"status": self.status, "peers": self.peers, "gather_weights": self.gather_weights}
+
+    def status(self, request: dict[str, Any]) -> dict[str, Any]:
+        node, now = self.node, time.time()
+        # The socket opens only once the node knows its identity and has a presence.
+        assert node.presence is not None
+        spec = node.spec.spec if node.spec is not None else None
+        return {
+            "peer_id": node.identity.peer_id if node.identity else None,
+            "version": __version__,
+            "state": node.state,
+            "pid": os.getpid(),
+            "run_id": node.run_id,
+            "run": None
+            if spec is None
+            else {
+                "name": spec.name,
+                "model": spec.model.family,
+                "layers": spec.model.layers,
+                "hidden": spec.model.hidden,
+                "stages": spec.stages,
+                "creator": node.spec.creator if node.spec else None,
+            },
+            **node.presence.status(now),
+            "training": node.trainer.status() if node.trainer is not None else None,
+            "swarm": node.coordination.status() if node.coordination is not None else None,
+            "relaying": node.relay.status() if node.relay is not None else None,
+            "routes": node.router.status() if node.router is not None else None,
+            "rpc": None if node.rpc is None else asdict(node.rpc.counters),
+        }
+
+    async def gather_weights(self, request: dict[str, Any]) -> dict[str, Any]:
+        """For ``swarmd export``: every stage's weights from its shards, written to our state directory."""
+        if self.node.trainer is None:
+            raise SwarmdError("this daemon does not train; export from the state directory as it is")
+        return {"run_id": self.node.run_id, "versions": await self.node.trainer.gather_weights()}
+
+    def peers(self, request: dict[str, Any]) -> dict[str, Any]:
+        presence = self.node.presence
+        return {"run_id": self.node.run_id, "peers": presence.membership.snapshot(time.time()) if presence else []}

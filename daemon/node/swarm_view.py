@@ -1,0 +1,113 @@
+"""What one coordination round made of the swarm's records: reliability, links, the live scenario.
+
+Every peer reads the same signed records (links, observations) and so computes the same view;
+the roles elected from it (coordinator, relays, standby, hosts) therefore agree without a
+vote. The view is built whole each round and swapped in at once, so that a reader between
+two rounds never sees the reliability of one and the links of another.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from swarmd.peers.membership.election import RoleCandidate
+from swarmd.peers.membership.reliability import Observations, Reliability, swarm_reliability
+from swarmd.peers.planning.scenario import ScenarioError
+from swarmd.peers.planning.snapshot import Member, Snapshot, build_snapshot, model_for_scenario
+from swarmd.peers.records.links import LinksRecord
+from swarmd.peers.records.run_spec import SignedRunSpec
+from swarmd.peers.wire.routing import Matrix
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SwarmView:
+    """The live members' reliability and links as of the last round (empty before the first)."""
+
+    reliability: dict[str, Reliability] = field(default_factory=dict)
+    snapshot: Snapshot | None = None
+    """The live scenario the coordinator plans from; None when the members do not make one."""
+    matrix: Matrix | None = None
+    """The snapshot's latency and bandwidth by peer ID: the router asks on every request."""
+    connectivity: dict[str, float] = field(default_factory=dict)
+    """Median bandwidth from each member to the others, of the snapshot."""
+
+    def candidate(self, peer: str) -> RoleCandidate:
+        """``peer`` as a candidate for a role: its reliability and its connectivity."""
+        r = self.reliability.get(peer)
+        return RoleCandidate(peer, r.score if r is not None else 0.0, self.connectivity.get(peer, 0.0))
+
+    def score_of(self, peer: str) -> float:
+        """The peer's reliability as others observed it, to one decimal: what orders peers for
+        roles (standby, a free stage, checkpoint sources). Finer differences are measurement
+        noise that moves every round; ordering by them made the standby flap between peers."""
+        r = self.reliability.get(peer)
+        return round(r.score, 1) if r is not None else 0.0
+
+    def link_Bps(self, a: str, b: str) -> float:
+        """The bandwidth from ``a`` to ``b`` in the live matrix (measured, or filled from the
+        others where a pair was not), 0.0 where either is not in it."""
+        matrix = self.matrix
+        if matrix is None or a == b:
+            return 0.0
+        i, j = matrix.index.get(a), matrix.index.get(b)
+        return 0.0 if i is None or j is None else float(matrix.bandwidth_Bps[i, j])
+
+
+def read_view(
+    spec: SignedRunSpec,
+    own: Member,
+    members: dict[str, dict[str, Any]],
+    links: dict[str, LinksRecord],
+    observations: list[Observations],
+) -> SwarmView:
+    """The view of the live swarm: ``own`` and the other ``members`` (heartbeat fields), with
+    the links records and observations the live peers published."""
+    reliability = swarm_reliability(observations, sorted({*members, own.peer_id}))
+    snapshot = _snapshot(spec, own, members, links, reliability)
+    return SwarmView(reliability, snapshot, matrix_of(snapshot), connectivity_of(snapshot))
+
+
+def _snapshot(
+    spec: SignedRunSpec,
+    own: Member,
+    members: dict[str, dict[str, Any]],
+    links: dict[str, LinksRecord],
+    reliability: dict[str, Reliability],
+) -> Snapshot | None:
+    run = spec.spec
+    listed = [own]
+    for peer, m in members.items():
+        memory = float(m.get("device", {}).get("memory_bytes", 0)) / (1 << 30)
+        listed.append(Member(peer, memory, float(m.get("throughput_gflops", 0.0)) / 1000))
+    uptime = {p: (r.mean_uptime_h, r.mean_downtime_h) for p, r in reliability.items() if r.observers}
+    model = model_for_scenario(run.model.layers, run.model.hidden, run.model.vocab, run.model.seq_len)
+    batch = {"sequences": run.batch_sequences, "micro_batch": run.micro_batch}
+    try:
+        return build_snapshot(spec.run_id, listed, links, uptime, model, batch)
+    except ScenarioError as e:
+        logger.warning("The live swarm does not make a scenario: %s", e)
+        return None
+
+
+def matrix_of(snap: Snapshot | None) -> Matrix | None:
+    if snap is None:
+        return None
+    sc = snap.scenario
+    return Matrix({p: i for i, p in enumerate(sc.ids)}, sc.latency_s, sc.bandwidth_Bps)
+
+
+def connectivity_of(snap: Snapshot | None) -> dict[str, float]:
+    """Median measured (or filled) bandwidth from each member to the others."""
+    if snap is None:
+        return {}
+    sc = snap.scenario
+    out = {}
+    for i, peer in enumerate(sc.ids):
+        row = [float(sc.bandwidth_Bps[i, j]) for j in range(sc.n) if j != i]
+        out[peer] = statistics.median(row) if row else 0.0
+    return out
