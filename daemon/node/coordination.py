@@ -22,7 +22,7 @@ from swarmd.node.measurements import Measurements
 from swarmd.node.plan_choice import elect, plan_to_follow
 from swarmd.node.plan_publisher import PlanPublisher
 from swarmd.node.swarm_view import SwarmView, read_view
-from swarmd.peers.membership.election import ElectionConfig, elect_standby, eligible
+from swarmd.peers.membership.election import ElectionConfig, elect_standby
 from swarmd.peers.membership.reliability import KIND as OBSERVATIONS_KIND
 from swarmd.peers.membership.reliability import Observations
 from swarmd.peers.planning.snapshot import Member
@@ -109,10 +109,6 @@ class Coordination:
 
     def score_of(self, peer: str) -> float:
         return self.view.score_of(peer)
-
-    def may_host(self, peer: str, incumbent: bool) -> bool:
-        """Whether ``peer`` passes the thresholds for a parameter server (``[roles]``)."""
-        return eligible(self.view.candidate(peer), self.thresholds, incumbent)
 
     def status(self) -> dict[str, Any]:
         plan_ = self.plan

@@ -2,7 +2,7 @@
 
 hivemind 1.1.12 and py-libp2p 0.8.1 both register the protobuf symbol ``crypto.pb.KeyType``,
 so the two cannot be imported into one interpreter. The py-libp2p host (mDNS and the hello
-protocol, ``swarmd.peers.lan.mdns``) therefore runs in a child: ``python -m swarmd.node.lan_process``.
+protocol, ``swarmd.peers.lan``) therefore runs in a child: ``python -m swarmd.node.lan_process``.
 
 The link is the child's stdin and stdout, one JSON object a line, each bounded:
 

@@ -29,7 +29,7 @@ from swarmd.peers.taskpool.exchange import shard_sizes, share_seconds
 from swarmd.peers.wire.sizes import REQUEST_OVERHEAD_BYTES, SLOW_LINK_Bps, activation_elements, codec_for, message_bytes
 
 KEEP_VERSIONS = 64
-"""Deltas a shard server keeps for pulls (``models.parameter_shard``'s default); a cell further
+"""Deltas a shard server keeps for pulls (``swarmd.models.shard_config``'s default); a cell further
 behind gets the whole slice."""
 
 
