@@ -97,7 +97,7 @@ class ShardOpener:
         if shard is None:
             return None
         shard.step_micro_batches = step
-        lineage = f"{trainer.own[:16]}@{trainer._shard_claims.get(key, time.time()):.3f}"
+        lineage = f"{trainer.own[:16]}@{trainer.books.shard_claims.get(key, time.time()):.3f}"
         server = ShardServer(
             key,
             shards,
@@ -234,7 +234,7 @@ class ShardOpener:
     # --- a server's replication -------------------------------------------------------------------
 
     async def _log_step(self, key: Shard, lineage: str, step: ShardStep, ledger: str) -> bool:
-        standby = self.trainer._standby
+        standby = self.trainer.books.standby
         if standby is None:
             return False
         frame = await asyncio.to_thread(encode_vector, step.delta, "fp16")
@@ -251,7 +251,7 @@ class ShardOpener:
         return True
 
     async def _send_checkpoint(self, key: Shard, lineage: str, version: int, data: bytes) -> bool:
-        standby = self.trainer._standby
+        standby = self.trainer.books.standby
         if standby is None:
             return False
         request = ReplicaCheckpoint(

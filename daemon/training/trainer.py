@@ -144,14 +144,6 @@ class Trainer:
     def lease_holders(self) -> Mapping[Shard, tuple[ShardLease, ...]]:
         return self.books.lease_holders
 
-    @property
-    def _shard_claims(self) -> Mapping[Shard, float]:
-        return self.books.shard_claims
-
-    @property
-    def _standby(self) -> str | None:
-        return self.books.standby
-
     # --- the round ----------------------------------------------------------------------------
 
     async def tick(self) -> None:
