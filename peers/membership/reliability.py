@@ -42,12 +42,11 @@ import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from swarmd.errors import RecordError
-from swarmd.peers.records.envelope import Fields, open_record, sign_record
-from swarmd.peers.records.heartbeat import check_subject, check_times
-from swarmd.peers.records.identity import Identity
+from swarmd.peers.records.envelope import Fields
+from swarmd.peers.records.signed import Head, SignedRecord
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +184,7 @@ class ObservationBook:
         chosen = sorted(self.watches.items(), key=lambda item: -item[1].watched_s)[: min(limit, MAX_SUBJECTS)]
         peers = {p: (round(w.watched_s, 1), round(min(w.up_s, w.watched_s), 1), w.departures) for p, w in chosen}
         return Observations(
-            run_id=run_id, observer=observer, issued_at=now, expires_at=now + min(ttl_s, MAX_TTL_S), peers=peers
+            run_id=run_id, peer_id=observer, issued_at=now, expires_at=now + min(ttl_s, MAX_TTL_S), peers=peers
         )
 
 
@@ -209,60 +208,48 @@ def _is_number(v: object) -> bool:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Observations:
-    run_id: str
-    observer: str
-    issued_at: float
-    expires_at: float
+class Observations(SignedRecord):
+    """One observer's signed figures about the peers it watched; ``peer_id`` is the observer."""
+
+    KIND: ClassVar[str] = KIND
+    MAX_BYTES: ClassVar[int] = MAX_OBSERVATIONS_BYTES
+    MAX_TTL_S: ClassVar[float] = MAX_TTL_S
     peers: dict[str, tuple[float, float, int]]
     """subject -> (watched s, up s, departures)."""
 
     @property
-    def peer_id(self) -> str:
-        """The signer (the DHT subkey): the observer."""
-        return self.observer
+    def observer(self) -> str:
+        """The peer that watched (the signer, and the DHT subkey)."""
+        return self.peer_id
 
-    def sign(self, identity: Identity) -> bytes:
-        if identity.peer_id != self.observer:
-            raise RecordError(f"cannot sign observations of {self.observer} with the key of {identity.peer_id}")
-        body = {
-            "run_id": self.run_id,
-            "peer_id": self.observer,
-            "issued_at": self.issued_at,
-            "expires_at": self.expires_at,
-            "peers": {p: list(v) for p, v in self.peers.items()},
-        }
-        return sign_record(identity, KIND, body)
+    @classmethod
+    def _read_fields(cls, f: Fields, head: Head) -> dict[str, Any]:
+        claimed = head.peer_id
+        raw_peers = f.obj.get("peers")
+        if not isinstance(raw_peers, dict) or len(raw_peers) > MAX_SUBJECTS:
+            size = len(raw_peers) if isinstance(raw_peers, dict) else type(raw_peers).__name__
+            raise RecordError(
+                f"observations of {claimed}: 'peers' must be an object of at most {MAX_SUBJECTS}, got {size}"
+            )
+        peers = {}
+        for subject, value in raw_peers.items():
+            if not isinstance(subject, str) or not 0 < len(subject) <= 128 or not subject.isprintable():
+                raise RecordError(f"observations of {claimed}: bad subject {str(subject)[:60]!r}")
+            if not (isinstance(value, list) and len(value) == 3 and all(_is_number(v) for v in value)):
+                raise RecordError(f"observations of {claimed}: {subject[:60]} must be [watched_s, up_s, departures]")
+            watched, up, departures = value
+            if (
+                not 0 <= up <= watched <= MAX_SECONDS
+                or departures != int(departures)
+                or not 0 <= departures <= MAX_DEPARTURES
+            ):
+                raise RecordError(f"observations of {claimed}: {subject[:60]} figures out of range: {value}")
+            peers[subject] = (float(watched), float(up), int(departures))
+        return {"peers": peers}
 
 
-def parse_observations(
-    raw: object, *, run_id: str | None, now: float | None, peer_id: str | None = None
-) -> Observations:
-    """Verify and decode an observations record (``run_id=None``/``now=None``: the DHT validator's check)."""
-    record = open_record(raw, KIND, MAX_OBSERVATIONS_BYTES)
-    f = Fields(record.body, KIND)
-    f.only({"run_id", "peer_id", "issued_at", "expires_at", "peers"})
-    claimed, found_run = check_subject(f, record.signer, KIND, run_id=run_id, peer_id=peer_id)
-    issued_at, expires_at = check_times(f, "observations", claimed, now, MAX_TTL_S)
-    raw_peers = record.body.get("peers")
-    if not isinstance(raw_peers, dict) or len(raw_peers) > MAX_SUBJECTS:
-        size = len(raw_peers) if isinstance(raw_peers, dict) else type(raw_peers).__name__
-        raise RecordError(f"observations of {claimed}: 'peers' must be an object of at most {MAX_SUBJECTS}, got {size}")
-    peers = {}
-    for subject, value in raw_peers.items():
-        if not isinstance(subject, str) or not 0 < len(subject) <= 128 or not subject.isprintable():
-            raise RecordError(f"observations of {claimed}: bad subject {str(subject)[:60]!r}")
-        if not (isinstance(value, list) and len(value) == 3 and all(_is_number(v) for v in value)):
-            raise RecordError(f"observations of {claimed}: {subject[:60]} must be [watched_s, up_s, departures]")
-        watched, up, departures = value
-        if (
-            not 0 <= up <= watched <= MAX_SECONDS
-            or departures != int(departures)
-            or not 0 <= departures <= MAX_DEPARTURES
-        ):
-            raise RecordError(f"observations of {claimed}: {subject[:60]} figures out of range: {value}")
-        peers[subject] = (float(watched), float(up), int(departures))
-    return Observations(run_id=found_run, observer=claimed, issued_at=issued_at, expires_at=expires_at, peers=peers)
+parse_observations = Observations.parse
+"""Verify and decode an observations record (``SignedRecord.parse``)."""
 
 
 @dataclass(frozen=True)

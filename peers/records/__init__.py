@@ -3,6 +3,7 @@
 - ``envelope``     the signed envelope every record travels in, and the checks on untrusted fields
 - ``identity``     this peer's Ed25519 key and the libp2p peer ID it gives
 - ``run_spec``     run specs and self-certifying run IDs
+- ``signed``       the base of every record a peer signs about itself: subject, run and time checks
 - ``heartbeat``    the signed, expiring membership record
 - ``links``        what a peer measured: RTTs and bandwidths to others, its own compute
 - ``plan_record``  the elected coordinator's signed plan: cells, shard servers, relays, spares

@@ -46,8 +46,11 @@ def _signed_message(kind: str, body: bytes) -> bytes:
 
 
 @dataclass(frozen=True)
-class SignedRecord:
-    """A record whose signature has been checked: ``signer`` really signed ``body``."""
+class OpenedRecord:
+    """An envelope whose signature has been checked: ``signer`` really signed ``body``.
+
+    What the body says is not checked yet: that is each kind's reader
+    (``swarmd.peers.records.signed`` for the records peers publish about themselves)."""
 
     kind: str
     body: dict[str, Any]
@@ -72,11 +75,11 @@ def sign_record(identity: Identity, kind: str, body: dict[str, Any]) -> bytes:
     return raw
 
 
-def open_record(raw: object, kind: str, max_bytes: int = MAX_RECORD_BYTES) -> SignedRecord:
+def open_record(raw: object, kind: str, max_bytes: int = MAX_RECORD_BYTES) -> OpenedRecord:
     """Check size, envelope schema and signature of ``raw``; return the verified record.
 
     Raises RecordError naming the first check that failed. The body's own schema is the
-    caller's to check (see the ``parse_*`` functions of each record kind).
+    caller's to check (see ``SignedRecord.parse`` in ``swarmd.peers.records.signed``).
     """
     if not isinstance(raw, bytes | bytearray):
         raise RecordError(f"{kind} record must be bytes, got {type(raw).__name__}")
@@ -106,7 +109,7 @@ def open_record(raw: object, kind: str, max_bytes: int = MAX_RECORD_BYTES) -> Si
     body = _parse_json(body_bytes, f"{kind} record body")
     if not isinstance(body, dict):
         raise RecordError(f"{kind} record body must be a JSON object")
-    return SignedRecord(kind, body, public_key, peer_id_from_public_key(public_key), raw)
+    return OpenedRecord(kind, body, public_key, peer_id_from_public_key(public_key), raw)
 
 
 def _printable(text: str) -> bool:

@@ -16,11 +16,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from swarmd.errors import RecordError
-from swarmd.peers.records.envelope import Fields, open_record, sign_record
-from swarmd.peers.records.heartbeat import check_subject, check_times
-from swarmd.peers.records.identity import Identity
+from swarmd.peers.records.envelope import Fields
+from swarmd.peers.records.signed import Head, SignedRecord
 
 KIND = "links"
 MAX_LINKS_BYTES = 32 * 1024
@@ -114,30 +114,40 @@ class ProbeBudget:
 
 
 @dataclass(frozen=True, kw_only=True)
-class LinksRecord:
-    run_id: str
-    peer_id: str
-    issued_at: float
-    expires_at: float
+class LinksRecord(SignedRecord):
+    KIND: ClassVar[str] = KIND
+    MAX_BYTES: ClassVar[int] = MAX_LINKS_BYTES
+    MAX_TTL_S: ClassVar[float] = MAX_TTL_S
     tflops: float
     """The signer's own measured compute throughput (dense matmul), TFLOPS."""
     memory_gib: float
     links: dict[str, tuple[float, float, float]]
     """peer -> (one-way latency s, bandwidth B/s, age of the measurement s); -1 where not measured."""
 
-    def sign(self, identity: Identity) -> bytes:
-        if identity.peer_id != self.peer_id:
-            raise RecordError(f"cannot sign links for {self.peer_id} with the key of {identity.peer_id}")
-        body = {
-            "run_id": self.run_id,
-            "peer_id": self.peer_id,
-            "issued_at": self.issued_at,
-            "expires_at": self.expires_at,
-            "tflops": self.tflops,
-            "memory_gib": self.memory_gib,
-            "links": {p: list(v) for p, v in self.links.items()},
-        }
-        return sign_record(identity, KIND, body)
+    @classmethod
+    def _read_fields(cls, f: Fields, head: Head) -> dict[str, Any]:
+        claimed = head.peer_id
+        raw_links = f.obj.get("links")
+        if not isinstance(raw_links, dict) or len(raw_links) > MAX_LINKS:
+            size = len(raw_links) if isinstance(raw_links, dict) else type(raw_links).__name__
+            raise RecordError(f"links of {claimed}: 'links' must be an object of at most {MAX_LINKS} peers, got {size}")
+        links = {}
+        for peer, value in raw_links.items():
+            if not isinstance(peer, str) or not 0 < len(peer) <= 128 or peer == claimed:
+                raise RecordError(f"links of {claimed}: bad peer id {str(peer)[:60]!r}")
+            if not (isinstance(value, list) and len(value) == 3 and all(_is_number(v) for v in value)):
+                raise RecordError(f"links of {claimed}: link to {peer[:60]} must be [latency, bandwidth, age]")
+            latency, bandwidth, age = (float(v) for v in value)
+            if not (latency == -1 or 0 <= latency <= 60) or not (bandwidth == -1 or 0 < bandwidth <= 1e12):
+                raise RecordError(f"links of {claimed}: link to {peer[:60]} out of range: {value}")
+            if not 0 <= age <= 86400:
+                raise RecordError(f"links of {claimed}: measurement age {age} out of 0..86400 s")
+            links[peer] = (latency, bandwidth, age)
+        return {"tflops": f.number("tflops", 0, 1e6), "memory_gib": f.number("memory_gib", 0, 1e6), "links": links}
+
+
+parse_links = LinksRecord.parse
+"""Verify and decode a links record (``SignedRecord.parse``)."""
 
 
 def make_record(
@@ -165,40 +175,6 @@ def make_record(
         tflops=tflops,
         memory_gib=memory_gib,
         links=out,
-    )
-
-
-def parse_links(raw: object, *, run_id: str | None, now: float | None, peer_id: str | None = None) -> LinksRecord:
-    """Verify and decode a links record (``run_id=None``/``now=None``: the DHT validator's check)."""
-    record = open_record(raw, KIND, MAX_LINKS_BYTES)
-    f = Fields(record.body, KIND)
-    f.only({"run_id", "peer_id", "issued_at", "expires_at", "tflops", "memory_gib", "links"})
-    claimed, found_run = check_subject(f, record.signer, KIND, run_id=run_id, peer_id=peer_id)
-    issued_at, expires_at = check_times(f, "links", claimed, now, MAX_TTL_S)
-    raw_links = record.body.get("links")
-    if not isinstance(raw_links, dict) or len(raw_links) > MAX_LINKS:
-        size = len(raw_links) if isinstance(raw_links, dict) else type(raw_links).__name__
-        raise RecordError(f"links of {claimed}: 'links' must be an object of at most {MAX_LINKS} peers, got {size}")
-    links = {}
-    for peer, value in raw_links.items():
-        if not isinstance(peer, str) or not 0 < len(peer) <= 128 or peer == claimed:
-            raise RecordError(f"links of {claimed}: bad peer id {str(peer)[:60]!r}")
-        if not (isinstance(value, list) and len(value) == 3 and all(_is_number(v) for v in value)):
-            raise RecordError(f"links of {claimed}: link to {peer[:60]} must be [latency, bandwidth, age]")
-        latency, bandwidth, age = (float(v) for v in value)
-        if not (latency == -1 or 0 <= latency <= 60) or not (bandwidth == -1 or 0 < bandwidth <= 1e12):
-            raise RecordError(f"links of {claimed}: link to {peer[:60]} out of range: {value}")
-        if not 0 <= age <= 86400:
-            raise RecordError(f"links of {claimed}: measurement age {age} out of 0..86400 s")
-        links[peer] = (latency, bandwidth, age)
-    return LinksRecord(
-        run_id=found_run,
-        peer_id=claimed,
-        issued_at=issued_at,
-        expires_at=expires_at,
-        tflops=f.number("tflops", 0, 1e6),
-        memory_gib=f.number("memory_gib", 0, 1e6),
-        links=links,
     )
 
 

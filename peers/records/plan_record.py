@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from swarmd.errors import RecordError
-from swarmd.peers.records.envelope import Fields, open_record, sign_record
-from swarmd.peers.records.heartbeat import CLOCK_SKEW_S, check_subject, check_times
-from swarmd.peers.records.identity import Identity
+from swarmd.peers.records.envelope import Fields
+from swarmd.peers.records.signed import Head, SignedRecord
 
 KIND = "plan"
 MAX_PLAN_BYTES = 256 * 1024
@@ -35,12 +35,14 @@ KINDS = ("full", "repair", "relays")
 
 
 @dataclass(frozen=True, kw_only=True)
-class PlanRecord:
-    run_id: str
-    peer_id: str
-    """The coordinator that computed and signed it."""
-    issued_at: float
-    expires_at: float
+class PlanRecord(SignedRecord):
+    """A plan; its ``peer_id`` is the coordinator that computed and signed it."""
+
+    KIND: ClassVar[str] = KIND
+    MAX_BYTES: ClassVar[int] = MAX_PLAN_BYTES
+    MAX_TTL_S: ClassVar[float] = MAX_TTL_S
+    READ_EXPIRED: ClassVar[bool] = True
+    """An expired plan is still read: the newest one stands until replaced."""
     version: int
     kind: str
     """``full`` (planned from scratch), ``repair`` (mended from the previous version) or
@@ -79,29 +81,75 @@ class PlanRecord:
     def server_of(self, stage: int) -> str:
         return self.devices[self.parameter_servers[stage]]
 
-    def sign(self, identity: Identity) -> bytes:
-        if identity.peer_id != self.peer_id:
-            raise RecordError(f"cannot sign a plan for {self.peer_id} with the key of {identity.peer_id}")
-        body = {
-            "run_id": self.run_id,
-            "peer_id": self.peer_id,
-            "issued_at": self.issued_at,
-            "expires_at": self.expires_at,
-            "version": self.version,
-            "kind": self.kind,
-            "devices": self.devices,
-            "pipelines": self.pipelines,
-            "layers_per_stage": self.layers_per_stage,
-            "parameter_servers": self.parameter_servers,
-            "relays": self.relays,
-            "predicted": self.predicted,
-            "shard_servers": self.shard_servers,
-            "local_steps": self.local_steps,
-            "share_micro_batches": self.share_micro_batches,
-            "spares": self.spares,
-            "reduce_groups": self.reduce_groups,
+    @classmethod
+    def _read_fields(cls, f: Fields, head: Head) -> dict[str, Any]:
+        """The plan's own fields, and that the grid is a grid (every pipeline as long as the
+        stage list, no device twice)."""
+        claimed, body = head.peer_id, f.obj
+        kind = f.string("kind", 16)
+        if kind not in KINDS:
+            raise RecordError(f"plan of {claimed} has kind {kind!r}, not one of {', '.join(KINDS)}")
+        devices = f.strings("devices", MAX_PLAN_DEVICES, 128)
+        if len(set(devices)) != len(devices):
+            raise RecordError(f"plan of {claimed} names a device twice")
+        n = len(devices)
+        layers = _index_list(body.get("layers_per_stage"), "layers_per_stage", 1 << 20, MAX_STAGES)
+        stages = len(layers)
+        if stages < 1 or min(layers) < 1:
+            raise RecordError(f"plan of {claimed}: every stage needs at least one layer, got {layers[:8]}")
+        raw_pipes = body.get("pipelines")
+        if not isinstance(raw_pipes, list) or not 1 <= len(raw_pipes) <= MAX_PLAN_DEVICES:
+            raise RecordError(f"plan of {claimed}: pipelines must be a list of 1..{MAX_PLAN_DEVICES} pipelines")
+        pipelines = [_index_list(row, "a pipeline", n, MAX_STAGES) for row in raw_pipes]
+        if any(len(row) != stages for row in pipelines):
+            raise RecordError(f"plan of {claimed}: every pipeline must have {stages} stages")
+        placed = [d for row in pipelines for d in row]
+        if len(set(placed)) != len(placed):
+            raise RecordError(f"plan of {claimed} places a device twice")
+        servers = _index_list(body.get("parameter_servers"), "parameter_servers", n, MAX_STAGES)
+        if len(servers) != stages:
+            raise RecordError(f"plan of {claimed}: {len(servers)} parameter servers for {stages} stages")
+        relays = _index_list(body.get("relays"), "relays", n, MAX_PLAN_DEVICES)
+        shard_servers = _shard_servers(body.get("shard_servers", []), servers, n, claimed)
+        spares = _index_list(body.get("spares", []), "spares", n, MAX_PLAN_DEVICES)
+        local_steps = f.integer("local_steps", 1, MAX_LOCAL_STEPS) if "local_steps" in body else 1
+        share = f.integer("share_micro_batches", 0, MAX_SHARE) if "share_micro_batches" in body else 0
+        reduce_groups = _index_list(body.get("reduce_groups", []), "reduce_groups", MAX_GROUP + 1, MAX_STAGES)
+        if reduce_groups and (len(reduce_groups) != stages or min(reduce_groups) < 1):
+            raise RecordError(
+                f"plan of {claimed}: reduce_groups must give each of {stages} stages a group size "
+                f"of 1 to {MAX_GROUP}, got {reduce_groups[:8]}"
+            )
+        predicted_raw = body.get("predicted")
+        if not isinstance(predicted_raw, dict) or len(predicted_raw) > 16:
+            raise RecordError(f"plan of {claimed}: predicted must be an object of at most 16 figures")
+        predicted = {}
+        for key, value in predicted_raw.items():
+            ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+            if not isinstance(key, str) or len(key) > 32 or not ok:
+                raise RecordError(
+                    f"plan of {claimed}: predicted {str(key)[:32]!r} = {str(value)[:30]!r} is not a figure"
+                )
+            predicted[key] = float(value)
+        return {
+            "version": f.integer("version", 0, 2**53),
+            "kind": kind,
+            "devices": devices,
+            "pipelines": pipelines,
+            "layers_per_stage": layers,
+            "parameter_servers": servers,
+            "relays": relays,
+            "predicted": predicted,
+            "shard_servers": shard_servers,
+            "local_steps": local_steps,
+            "share_micro_batches": share,
+            "spares": spares,
+            "reduce_groups": reduce_groups,
         }
-        return sign_record(identity, KIND, body)
+
+
+parse_plan = PlanRecord.parse
+"""Verify and decode a plan record (``SignedRecord.parse``)."""
 
 
 def _index_list(value: object, what: str, n: int, max_len: int) -> list[int]:
@@ -111,101 +159,6 @@ def _index_list(value: object, what: str, n: int, max_len: int) -> list[int]:
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < n:
             raise RecordError(f"plan: {what} holds {str(v)[:30]!r}, not an index below {n}")
     return list(value)
-
-
-def parse_plan(raw: object, *, run_id: str | None, now: float | None, peer_id: str | None = None) -> PlanRecord:
-    """Verify and decode a plan record: signature, schema, bounds, and that the grid is a grid
-    (every pipeline as long as the stage list, no device twice)."""
-    record = open_record(raw, KIND, MAX_PLAN_BYTES)
-    f = Fields(record.body, KIND)
-    f.only(
-        {
-            "run_id",
-            "peer_id",
-            "issued_at",
-            "expires_at",
-            "version",
-            "kind",
-            "devices",
-            "pipelines",
-            "layers_per_stage",
-            "parameter_servers",
-            "relays",
-            "predicted",
-            "shard_servers",
-            "local_steps",
-            "share_micro_batches",
-            "spares",
-            "reduce_groups",
-        }
-    )
-    claimed, found_run = check_subject(f, record.signer, KIND, run_id=run_id, peer_id=peer_id)
-    # An expired plan is still read (now=None for the clock): the newest one stands until replaced.
-    issued_at, expires_at = check_times(f, "plan", claimed, None, MAX_TTL_S)
-    if now is not None and issued_at > now + CLOCK_SKEW_S:
-        raise RecordError(f"plan of {claimed} is issued {issued_at - now:.0f} s in the future")
-    kind = f.string("kind", 16)
-    if kind not in KINDS:
-        raise RecordError(f"plan of {claimed} has kind {kind!r}, not one of {', '.join(KINDS)}")
-    devices = f.strings("devices", MAX_PLAN_DEVICES, 128)
-    if len(set(devices)) != len(devices):
-        raise RecordError(f"plan of {claimed} names a device twice")
-    n = len(devices)
-    layers = _index_list(record.body.get("layers_per_stage"), "layers_per_stage", 1 << 20, MAX_STAGES)
-    stages = len(layers)
-    if stages < 1 or min(layers) < 1:
-        raise RecordError(f"plan of {claimed}: every stage needs at least one layer, got {layers[:8]}")
-    raw_pipes = record.body.get("pipelines")
-    if not isinstance(raw_pipes, list) or not 1 <= len(raw_pipes) <= MAX_PLAN_DEVICES:
-        raise RecordError(f"plan of {claimed}: pipelines must be a list of 1..{MAX_PLAN_DEVICES} pipelines")
-    pipelines = [_index_list(row, "a pipeline", n, MAX_STAGES) for row in raw_pipes]
-    if any(len(row) != stages for row in pipelines):
-        raise RecordError(f"plan of {claimed}: every pipeline must have {stages} stages")
-    placed = [d for row in pipelines for d in row]
-    if len(set(placed)) != len(placed):
-        raise RecordError(f"plan of {claimed} places a device twice")
-    servers = _index_list(record.body.get("parameter_servers"), "parameter_servers", n, MAX_STAGES)
-    if len(servers) != stages:
-        raise RecordError(f"plan of {claimed}: {len(servers)} parameter servers for {stages} stages")
-    relays = _index_list(record.body.get("relays"), "relays", n, MAX_PLAN_DEVICES)
-    shard_servers = _shard_servers(record.body.get("shard_servers", []), servers, n, claimed)
-    spares = _index_list(record.body.get("spares", []), "spares", n, MAX_PLAN_DEVICES)
-    local_steps = f.integer("local_steps", 1, MAX_LOCAL_STEPS) if "local_steps" in record.body else 1
-    share = f.integer("share_micro_batches", 0, MAX_SHARE) if "share_micro_batches" in record.body else 0
-    reduce_groups = _index_list(record.body.get("reduce_groups", []), "reduce_groups", MAX_GROUP + 1, MAX_STAGES)
-    if reduce_groups and (len(reduce_groups) != stages or min(reduce_groups) < 1):
-        raise RecordError(
-            f"plan of {claimed}: reduce_groups must give each of {stages} stages a group size "
-            f"of 1 to {MAX_GROUP}, got {reduce_groups[:8]}"
-        )
-    predicted_raw = record.body.get("predicted")
-    if not isinstance(predicted_raw, dict) or len(predicted_raw) > 16:
-        raise RecordError(f"plan of {claimed}: predicted must be an object of at most 16 figures")
-    predicted = {}
-    for key, value in predicted_raw.items():
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
-        if not isinstance(key, str) or len(key) > 32 or not ok:
-            raise RecordError(f"plan of {claimed}: predicted {str(key)[:32]!r} = {str(value)[:30]!r} is not a figure")
-        predicted[key] = float(value)
-    return PlanRecord(
-        run_id=found_run,
-        peer_id=claimed,
-        issued_at=issued_at,
-        expires_at=expires_at,
-        version=f.integer("version", 0, 2**53),
-        kind=kind,
-        devices=devices,
-        pipelines=pipelines,
-        layers_per_stage=layers,
-        parameter_servers=servers,
-        relays=relays,
-        predicted=predicted,
-        shard_servers=shard_servers,
-        local_steps=local_steps,
-        share_micro_batches=share,
-        spares=spares,
-        reduce_groups=reduce_groups,
-    )
 
 
 def _shard_servers(value: object, servers: list[int], n: int, claimed: str) -> list[list[int]]:

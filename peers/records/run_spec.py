@@ -20,7 +20,7 @@ from typing import Any
 
 from swarmd.errors import RecordError, RunSpecError
 from swarmd.models.shape import FAMILIES, ModelError, ModelShape
-from swarmd.peers.records.envelope import Fields, SignedRecord, open_record, sign_record
+from swarmd.peers.records.envelope import Fields, OpenedRecord, open_record, sign_record
 from swarmd.peers.records.identity import Identity
 
 KIND = "run-spec"
@@ -186,7 +186,7 @@ def sign_run_spec(identity: Identity, spec: RunSpec) -> SignedRunSpec:
 def open_run_spec(raw: object) -> SignedRunSpec:
     """Check a signed spec and derive the one run ID its creator's key certifies."""
     try:
-        record: SignedRecord = open_record(raw, KIND, MAX_SPEC_BYTES)
+        record: OpenedRecord = open_record(raw, KIND, MAX_SPEC_BYTES)
         spec = parse_spec_body(record.body)
     except RecordError as e:
         raise RunSpecError(f"run spec is invalid: {e}") from None

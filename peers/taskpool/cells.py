@@ -23,15 +23,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from swarmd.peers.records.envelope import Fields, open_record
-from swarmd.peers.records.heartbeat import check_subject, check_times
+from swarmd.peers.records.envelope import Fields
+from swarmd.peers.records.signed import Head
 from swarmd.peers.taskpool.lease import Lease
 
 KIND = "cell-lease"
 MAX_LEASE_BYTES = 2048
-MAX_LEASE_TTL_S = 600.0
 MAX_PIPELINES = 100_000
 MAX_STAGES = 1024
 
@@ -42,6 +41,7 @@ Cell = tuple[int, int]
 @dataclass(frozen=True, kw_only=True)
 class CellLease(Lease):
     KIND: ClassVar[str] = KIND
+    MAX_BYTES: ClassVar[int] = MAX_LEASE_BYTES
     pipeline: int
     stage: int
 
@@ -49,24 +49,13 @@ class CellLease(Lease):
     def cell(self) -> Cell:
         return (self.pipeline, self.stage)
 
+    @classmethod
+    def _read_claim(cls, f: Fields, head: Head) -> dict[str, Any]:
+        return {"pipeline": f.integer("pipeline", 0, MAX_PIPELINES - 1), "stage": f.integer("stage", 0, MAX_STAGES - 1)}
 
-def parse_cell_lease(raw: object, *, run_id: str | None, now: float | None, peer_id: str | None = None) -> CellLease:
-    """Verify and decode a cell lease (``run_id=None``/``now=None``: the DHT validator's check)."""
-    record = open_record(raw, KIND, MAX_LEASE_BYTES)
-    f = Fields(record.body, KIND)
-    f.only({"run_id", "pipeline", "stage", "peer_id", "claimed_at", "issued_at", "expires_at", "released"})
-    claimed, found_run = check_subject(f, record.signer, "cell lease", run_id=run_id, peer_id=peer_id)
-    issued_at, expires_at = check_times(f, "cell lease", claimed, now, MAX_LEASE_TTL_S)
-    return CellLease(
-        run_id=found_run,
-        pipeline=f.integer("pipeline", 0, MAX_PIPELINES - 1),
-        stage=f.integer("stage", 0, MAX_STAGES - 1),
-        peer_id=claimed,
-        claimed_at=f.number("claimed_at", 0, issued_at),
-        issued_at=issued_at,
-        expires_at=expires_at,
-        released=f.boolean("released"),
-    )
+
+parse_cell_lease = CellLease.parse
+"""Verify and decode a cell lease (``SignedRecord.parse``)."""
 
 
 def resolve_cells(

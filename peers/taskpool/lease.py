@@ -3,30 +3,37 @@ lives, released when it lets go. ``cells`` and ``servers`` add what is claimed."
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from swarmd.errors import RecordError
-from swarmd.peers.records.envelope import sign_record
-from swarmd.peers.records.identity import Identity
+from swarmd.peers.records.envelope import Fields
+from swarmd.peers.records.signed import Head, SignedRecord
+
+MAX_LEASE_TTL_S = 600.0
+"""A holder renews every few seconds; a lease that outlives a dead holder by much stalls its cell."""
 
 
 @dataclass(frozen=True, kw_only=True)
-class Lease:
-    KIND: ClassVar[str]
-    run_id: str
-    peer_id: str
+class Lease(SignedRecord):
+    MAX_TTL_S: ClassVar[float] = MAX_LEASE_TTL_S
     claimed_at: float
     """When the holder first claimed it; kept on renewal (the tie-break of concurrent claims)."""
-    issued_at: float
-    expires_at: float
     released: bool = False
     """Set when the holder lets go (it stops, or the assignment moved it): free at once."""
 
     def is_live(self, now: float) -> bool:
         return not self.released and now < self.expires_at
 
-    def sign(self, identity: Identity) -> bytes:
-        if identity.peer_id != self.peer_id:
-            raise RecordError(f"cannot sign a {self.KIND} for {self.peer_id} with the key of {identity.peer_id}")
-        return sign_record(identity, self.KIND, asdict(self))
+    @classmethod
+    def _read_fields(cls, f: Fields, head: Head) -> dict[str, Any]:
+        # What is claimed is read first, then the claim's own time and state.
+        return {
+            **cls._read_claim(f, head),
+            "claimed_at": f.number("claimed_at", 0, head.issued_at),
+            "released": f.boolean("released"),
+        }
+
+    @classmethod
+    def _read_claim(cls, f: Fields, head: Head) -> dict[str, Any]:
+        """The fields of what the lease claims (a cell, a shard), read from ``f``."""
+        raise NotImplementedError(f"{cls.__name__} must read what it claims")

@@ -23,17 +23,16 @@ from __future__ import annotations
 import base64
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar, Self
 
 from swarmd.errors import RecordError
-from swarmd.peers.records.envelope import Fields, open_record
-from swarmd.peers.records.heartbeat import check_subject, check_times
+from swarmd.peers.records.envelope import Fields
+from swarmd.peers.records.signed import Head
 from swarmd.peers.taskpool.lease import Lease
 
 KIND = "shard-lease"
 MAX_LEASE_BYTES = 8192
 """Room for the lease and, in a take-over, the previous holder's lease as proof."""
-MAX_LEASE_TTL_S = 600.0
 MAX_STAGES = 1024
 MAX_SHARDS = 4096
 MAX_VERSION = 2**40
@@ -48,6 +47,7 @@ Shard = tuple[int, int]
 @dataclass(frozen=True, kw_only=True)
 class ShardLease(Lease):
     KIND: ClassVar[str] = KIND
+    MAX_BYTES: ClassVar[int] = MAX_LEASE_BYTES
     stage: int
     shard: int
     shards: int
@@ -64,57 +64,40 @@ class ShardLease(Lease):
     def key(self) -> Shard:
         return (self.stage, self.shard)
 
+    @classmethod
+    def parse(cls, raw: object, *, run_id: str | None, now: float | None, peer_id: str | None = None) -> Self:
+        """``SignedRecord.parse``, and a proof, when present, must itself be a valid lease of the
+        same shard and run that names this lease's signer its standby, issued before the claim
+        and not long before."""
+        lease = super().parse(raw, run_id=run_id, now=now, peer_id=peer_id)
+        if lease.proof:
+            claimed = lease.peer_id
+            previous = proof_of(lease)
+            if previous.proof:
+                raise RecordError(f"shard lease of {claimed}: a proof may not carry a proof of its own")
+            if (previous.run_id, previous.key, previous.shards) != (lease.run_id, lease.key, lease.shards):
+                raise RecordError(f"shard lease of {claimed}: its proof is for another shard")
+            if previous.standby != claimed or previous.peer_id == claimed:
+                raise RecordError(f"shard lease of {claimed}: its proof does not name it the standby")
+            if not lease.claimed_at - PROOF_MAX_AGE_S <= previous.issued_at <= lease.claimed_at + 1.0:
+                raise RecordError(f"shard lease of {claimed}: its proof was not issued just before the claim")
+        return lease
 
-def parse_shard_lease(raw: object, *, run_id: str | None, now: float | None, peer_id: str | None = None) -> ShardLease:
-    """Verify and decode a shard lease (``run_id=None``/``now=None``: the DHT validator's check).
-    A proof, when present, must itself be a valid lease of the same shard and run that names
-    this lease's signer its standby, issued before the claim and not long before."""
-    record = open_record(raw, KIND, MAX_LEASE_BYTES)
-    f = Fields(record.body, KIND)
-    f.only(
-        {
-            "run_id",
-            "stage",
-            "shard",
-            "shards",
-            "peer_id",
-            "claimed_at",
-            "issued_at",
-            "expires_at",
-            "version",
-            "standby",
-            "proof",
-            "released",
+    @classmethod
+    def _read_claim(cls, f: Fields, head: Head) -> dict[str, Any]:
+        shards = f.integer("shards", 1, MAX_SHARDS)
+        return {
+            "stage": f.integer("stage", 0, MAX_STAGES - 1),
+            "shard": f.integer("shard", 0, shards - 1),
+            "shards": shards,
+            "version": f.integer("version", 0, MAX_VERSION),
+            "standby": f.string("standby", 128),
+            "proof": f.string("proof", 4 * MAX_LEASE_BYTES // 3 + 4),
         }
-    )
-    claimed, found_run = check_subject(f, record.signer, "shard lease", run_id=run_id, peer_id=peer_id)
-    issued_at, expires_at = check_times(f, "shard lease", claimed, now, MAX_LEASE_TTL_S)
-    shards = f.integer("shards", 1, MAX_SHARDS)
-    lease = ShardLease(
-        run_id=found_run,
-        stage=f.integer("stage", 0, MAX_STAGES - 1),
-        shard=f.integer("shard", 0, shards - 1),
-        shards=shards,
-        peer_id=claimed,
-        claimed_at=f.number("claimed_at", 0, issued_at),
-        issued_at=issued_at,
-        expires_at=expires_at,
-        version=f.integer("version", 0, MAX_VERSION),
-        standby=f.string("standby", 128),
-        proof=f.string("proof", 4 * MAX_LEASE_BYTES // 3 + 4),
-        released=f.boolean("released"),
-    )
-    if lease.proof:
-        previous = proof_of(lease)
-        if previous.proof:
-            raise RecordError(f"shard lease of {claimed}: a proof may not carry a proof of its own")
-        if (previous.run_id, previous.key, previous.shards) != (lease.run_id, lease.key, lease.shards):
-            raise RecordError(f"shard lease of {claimed}: its proof is for another shard")
-        if previous.standby != claimed or previous.peer_id == claimed:
-            raise RecordError(f"shard lease of {claimed}: its proof does not name it the standby")
-        if not lease.claimed_at - PROOF_MAX_AGE_S <= previous.issued_at <= lease.claimed_at + 1.0:
-            raise RecordError(f"shard lease of {claimed}: its proof was not issued just before the claim")
-    return lease
+
+
+parse_shard_lease = ShardLease.parse
+"""Verify and decode a shard lease and its proof (``ShardLease.parse``)."""
 
 
 def proof_of(lease: ShardLease) -> ShardLease:

@@ -86,7 +86,7 @@ def test_a_damaged_or_foreign_book_starts_afresh(tmp_path: Path) -> None:
 
 
 def record(observer: Identity, peers: dict[str, tuple[float, float, int]]) -> Observations:
-    return Observations(run_id=RUN, observer=observer.peer_id, issued_at=T0, expires_at=T0 + 60, peers=peers)
+    return Observations(run_id=RUN, peer_id=observer.peer_id, issued_at=T0, expires_at=T0 + 60, peers=peers)
 
 
 def test_observations_record_round_trip_and_refusals() -> None:
@@ -112,14 +112,14 @@ def test_observations_record_round_trip_and_refusals() -> None:
 def test_self_reports_are_ignored_and_a_lying_minority_cannot_lift_a_flapper() -> None:
     flapper = (3600.0, 1800.0, 30)  # what honest observers saw
     honest = [
-        Observations(run_id=RUN, observer=f"h{i}", issued_at=T0, expires_at=T0 + 60, peers={"x": flapper})
+        Observations(run_id=RUN, peer_id=f"h{i}", issued_at=T0, expires_at=T0 + 60, peers={"x": flapper})
         for i in range(3)
     ]
     liars = [
-        Observations(run_id=RUN, observer=f"l{i}", issued_at=T0, expires_at=T0 + 60, peers={"x": (86400.0, 86400.0, 0)})
+        Observations(run_id=RUN, peer_id=f"l{i}", issued_at=T0, expires_at=T0 + 60, peers={"x": (86400.0, 86400.0, 0)})
         for i in range(2)
     ]
-    itself = Observations(run_id=RUN, observer="x", issued_at=T0, expires_at=T0 + 60, peers={"x": (1e6, 1e6, 0)})
+    itself = Observations(run_id=RUN, peer_id="x", issued_at=T0, expires_at=T0 + 60, peers={"x": (1e6, 1e6, 0)})
     result = swarm_reliability([*honest, *liars, itself], ["x", "nobody"])
     assert result["x"].observers == 5  # its own word is not among them
     assert result["x"].score == pytest.approx(score(*flapper)) and result["x"].score < 0.5

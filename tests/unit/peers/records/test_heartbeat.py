@@ -10,7 +10,6 @@ import pytest
 from swarmd.errors import RecordError
 from swarmd.peers.records.envelope import sign_record
 from swarmd.peers.records.heartbeat import (
-    CLOCK_SKEW_S,
     KIND,
     MAX_HEARTBEAT_BYTES,
     MAX_TTL_S,
@@ -19,6 +18,7 @@ from swarmd.peers.records.heartbeat import (
     parse_heartbeat,
 )
 from swarmd.peers.records.identity import Identity
+from swarmd.peers.records.signed import CLOCK_SKEW_S
 
 pytestmark = pytest.mark.timeout(30)
 
