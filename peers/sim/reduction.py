@@ -11,7 +11,7 @@ shares and settling are all its parts' (``shards.Contribution.parts``).
 
 The deltas come back the same way: a member pulls a shard from its head for it once the head's
 own pull brought a newer version (within ``HEAD_KEEP_VERSIONS`` of the member's), else from the
-server (``shards.ShardServers.pull``).
+server (``pulls.Pulls.pull``).
 
 A head that leaves: once its departure is noticed, every part at it or on its way to or from
 it is sent by its own cell straight to the server (the daemon's members see their request to
@@ -27,7 +27,7 @@ from swarmd.peers.sim.shards import Contribution
 from swarmd.peers.taskpool.reduction import group_of, head_of, reduce_wait_s, summable
 
 if TYPE_CHECKING:
-    from swarmd.peers.sim.pipelines import Cell
+    from swarmd.peers.sim.pipeline_state import Cell
     from swarmd.peers.sim.simulator import Simulation
 
 

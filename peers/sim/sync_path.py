@@ -33,8 +33,8 @@ import numpy as np
 
 from swarmd.peers.planning.plan_cost import Plan, stage_parameters
 from swarmd.peers.sim.allreduce import all_reduce
-from swarmd.peers.sim.pipelines import pipeline_timing
 from swarmd.peers.sim.results import PathFigures
+from swarmd.peers.sim.timing import pipeline_timing
 from swarmd.peers.sim.workload import Workload
 from swarmd.peers.taskpool.exchange import share_seconds
 from swarmd.peers.wire.sizes import message_bytes

@@ -12,9 +12,9 @@ from swarmd.peers.planning.plan_cost import Plan, stage_parameters
 from swarmd.peers.planning.scenario import Scenario, parse_scenario
 from swarmd.peers.sim.allreduce import all_reduce, ring_order, ring_seconds
 from swarmd.peers.sim.churn import ChurnEvent
-from swarmd.peers.sim.pipelines import pipeline_timing
 from swarmd.peers.sim.simulator import SimConfig, Simulation, Strategy
 from swarmd.peers.sim.strategies import diloco_plan
+from swarmd.peers.sim.timing import pipeline_timing
 from swarmd.peers.taskpool.exchange import share_seconds
 from swarmd.peers.wire.sizes import message_bytes
 
