@@ -16,7 +16,7 @@ from pathlib import Path
 from swarmd.errors import RecordError
 from swarmd.node.lan_process import LanDiscoveryProcess
 from swarmd.peers.dht.swarm_dht import SwarmDHT
-from swarmd.peers.records.heartbeat import parse_heartbeat
+from swarmd.peers.records.heartbeat import Heartbeat
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class LanService:
     def _on_hello(self, peer_id: str, payload: bytes) -> None:
         """A peer found on the LAN sent its heartbeat: if it is of our run, reach it through the DHT."""
         try:
-            heartbeat = parse_heartbeat(payload, run_id=self.run_id, now=time.time(), peer_id=peer_id)
+            heartbeat = Heartbeat.parse(payload, run_id=self.run_id, now=time.time(), peer_id=peer_id)
         except RecordError as e:
             logger.debug("Ignoring LAN peer %s: %s", peer_id[:60], e)
             return

@@ -22,7 +22,7 @@ from swarmd.node.lan_service import LanService
 from swarmd.node.services import dht_call
 from swarmd.peers.dht.swarm_dht import SwarmDHT
 from swarmd.peers.membership.members import Membership
-from swarmd.peers.records.heartbeat import MAX_ADDRS, DeviceInfo, Heartbeat, parse_heartbeat
+from swarmd.peers.records.heartbeat import MAX_ADDRS, DeviceInfo, Heartbeat
 from swarmd.peers.records.identity import Identity
 from swarmd.system import systemd
 
@@ -96,7 +96,7 @@ class Presence:
             leaving=leaving,
         )
         raw = heartbeat.sign(self.identity)
-        parse_heartbeat(raw, run_id=self.run_id, now=now, peer_id=self.identity.peer_id)  # raises RecordError
+        Heartbeat.parse(raw, run_id=self.run_id, now=now, peer_id=self.identity.peer_id)  # raises RecordError
         self._last_expires_at = expires_at
         return raw
 

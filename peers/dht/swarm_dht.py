@@ -34,19 +34,19 @@ from multiaddr import Multiaddr
 
 from swarmd.errors import JoinError, RecordError, RunSpecError
 from swarmd.peers.membership.reliability import KIND as OBSERVATIONS_KIND
-from swarmd.peers.membership.reliability import parse_observations
+from swarmd.peers.membership.reliability import Observations
 from swarmd.peers.records.envelope import peek_kind
-from swarmd.peers.records.heartbeat import MAX_ADDRS, Heartbeat, parse_heartbeat
+from swarmd.peers.records.heartbeat import MAX_ADDRS, Heartbeat
 from swarmd.peers.records.links import KIND as LINKS_KIND
-from swarmd.peers.records.links import parse_links
+from swarmd.peers.records.links import LinksRecord
 from swarmd.peers.records.plan_record import KIND as PLAN_KIND
-from swarmd.peers.records.plan_record import parse_plan
+from swarmd.peers.records.plan_record import PlanRecord
 from swarmd.peers.records.run_spec import SignedRunSpec, open_run_spec, verify_run_spec
 from swarmd.peers.taskpool.cells import KIND as CELL_KIND
-from swarmd.peers.taskpool.cells import CellLease, parse_cell_lease
+from swarmd.peers.taskpool.cells import CellLease
 from swarmd.peers.taskpool.lease import Lease
 from swarmd.peers.taskpool.servers import KIND as SHARD_KIND
-from swarmd.peers.taskpool.servers import ShardLease, parse_shard_lease
+from swarmd.peers.taskpool.servers import ShardLease
 
 logger = logging.getLogger(__name__)
 
@@ -89,16 +89,16 @@ def observations_key(run_id: str) -> str:
 # kind -> (parser, the run's key). The validator and the readers both go through this table;
 # each parsed record has ``run_id``, ``peer_id`` and ``expires_at``.
 PER_PEER_KINDS: dict[str, tuple[Callable[..., Any], Callable[[str], str]]] = {
-    LINKS_KIND: (parse_links, links_key),
-    PLAN_KIND: (parse_plan, plan_key),
-    OBSERVATIONS_KIND: (parse_observations, observations_key),
+    LINKS_KIND: (LinksRecord.parse, links_key),
+    PLAN_KIND: (PlanRecord.parse, plan_key),
+    OBSERVATIONS_KIND: (Observations.parse, observations_key),
 }
 
 # The task pool's leases, one per holder (its peer ID the subkey) under one key per pipeline or
 # stage: kind -> (parser, the key a lease's own content implies).
 LEASE_KINDS: dict[str, tuple[Callable[..., Any], Callable[[Any], str]]] = {
-    CELL_KIND: (parse_cell_lease, lambda lease: cells_key(lease.run_id, lease.pipeline, lease.stage)),
-    SHARD_KIND: (parse_shard_lease, lambda lease: shards_key(lease.run_id, lease.stage)),
+    CELL_KIND: (CellLease.parse, lambda lease: cells_key(lease.run_id, lease.pipeline, lease.stage)),
+    SHARD_KIND: (ShardLease.parse, lambda lease: shards_key(lease.run_id, lease.stage)),
 }
 
 _PLAIN_VALUE = MSGPackSerializer.dumps(None)  # hivemind's subkey for a value without subkeys
@@ -142,7 +142,7 @@ class SwarmRecordValidator(RecordValidatorBase):
                 parser, lease_key = LEASE_KINDS[kind]
                 found = parser(value, run_id=None, now=None, peer_id=subkey)
                 return record.key == _dht_id(lease_key(found)) and record.expiration_time <= found.expires_at
-            heartbeat = parse_heartbeat(value, run_id=None, now=None, peer_id=subkey)
+            heartbeat = Heartbeat.parse(value, run_id=None, now=None, peer_id=subkey)
             # Under its run's members key, and stored no longer than the record is valid.
             return (
                 record.key == _dht_id(members_key(heartbeat.run_id)) and record.expiration_time <= heartbeat.expires_at
@@ -278,7 +278,7 @@ class SwarmDHT:
         live, leaving, rejected = [], [], 0
         for subkey, item in records.items():
             try:
-                heartbeat = parse_heartbeat(item.value, run_id=self.run_id, now=now, peer_id=subkey)
+                heartbeat = Heartbeat.parse(item.value, run_id=self.run_id, now=now, peer_id=subkey)
             except RecordError as e:
                 logger.debug("Dropped a member record: %s", e)
                 rejected += 1

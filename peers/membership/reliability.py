@@ -248,10 +248,6 @@ class Observations(SignedRecord):
         return {"peers": peers}
 
 
-parse_observations = Observations.parse
-"""Verify and decode an observations record (``SignedRecord.parse``)."""
-
-
 @dataclass(frozen=True)
 class Reliability:
     score: float

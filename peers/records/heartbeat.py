@@ -81,7 +81,3 @@ class Heartbeat(SignedRecord):
             "uptime_s": f.number("uptime_s", 0, 1e10),
             "leaving": f.boolean("leaving"),
         }
-
-
-parse_heartbeat = Heartbeat.parse
-"""Verify and decode a heartbeat (``SignedRecord.parse``)."""

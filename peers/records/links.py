@@ -146,10 +146,6 @@ class LinksRecord(SignedRecord):
         return {"tflops": f.number("tflops", 0, 1e6), "memory_gib": f.number("memory_gib", 0, 1e6), "links": links}
 
 
-parse_links = LinksRecord.parse
-"""Verify and decode a links record (``SignedRecord.parse``)."""
-
-
 def make_record(
     run_id: str,
     peer_id: str,

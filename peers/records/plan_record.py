@@ -148,10 +148,6 @@ class PlanRecord(SignedRecord):
         }
 
 
-parse_plan = PlanRecord.parse
-"""Verify and decode a plan record (``SignedRecord.parse``)."""
-
-
 def _index_list(value: object, what: str, n: int, max_len: int) -> list[int]:
     if not isinstance(value, list) or len(value) > max_len:
         raise RecordError(f"plan: {what} must be a list of at most {max_len} indices")

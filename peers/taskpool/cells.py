@@ -54,10 +54,6 @@ class CellLease(Lease):
         return {"pipeline": f.integer("pipeline", 0, MAX_PIPELINES - 1), "stage": f.integer("stage", 0, MAX_STAGES - 1)}
 
 
-parse_cell_lease = CellLease.parse
-"""Verify and decode a cell lease (``SignedRecord.parse``)."""
-
-
 def resolve_cells(
     leases: Iterable[CellLease], named: Mapping[Cell, str], live: set[str], now: float
 ) -> dict[Cell, CellLease]:

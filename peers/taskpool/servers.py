@@ -96,17 +96,13 @@ class ShardLease(Lease):
         }
 
 
-parse_shard_lease = ShardLease.parse
-"""Verify and decode a shard lease and its proof (``ShardLease.parse``)."""
-
-
 def proof_of(lease: ShardLease) -> ShardLease:
     """The previous holder's lease a take-over carries (checked, expired or not)."""
     try:
         raw = base64.b64decode(lease.proof, validate=True)
     except ValueError:
         raise RecordError("shard lease proof is not base64") from None
-    return parse_shard_lease(raw, run_id=lease.run_id, now=None)
+    return ShardLease.parse(raw, run_id=lease.run_id, now=None)
 
 
 def encode_proof(raw_lease: bytes) -> str:

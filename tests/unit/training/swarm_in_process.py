@@ -23,9 +23,9 @@ from swarmd.models.presets import DEFAULT_RUN
 from swarmd.peers.records.identity import Identity
 from swarmd.peers.records.plan_record import PlanRecord
 from swarmd.peers.records.run_spec import SignedRunSpec, parse_spec_body, sign_run_spec
-from swarmd.peers.taskpool.cells import CellLease, parse_cell_lease
+from swarmd.peers.taskpool.cells import CellLease
 from swarmd.peers.taskpool.lease import Lease
-from swarmd.peers.taskpool.servers import ShardLease, parse_shard_lease
+from swarmd.peers.taskpool.servers import ShardLease
 from swarmd.peers.wire.errors import Unreachable, refusal
 from swarmd.peers.wire.protocol import Request
 from swarmd.training.trainer import Trainer
@@ -50,14 +50,14 @@ class MemoryDHT:
         out = []
         for peer, raw in self.cells.get((pipeline, stage), {}).items():
             with contextlib.suppress(RecordError):  # expired: the DHT would have let it go
-                out.append(parse_cell_lease(raw, run_id=self.run_id, now=now, peer_id=peer))
+                out.append(CellLease.parse(raw, run_id=self.run_id, now=now, peer_id=peer))
         return out
 
     async def scan_shards(self, stage: int, now: float) -> list[tuple[ShardLease, bytes]]:
         out = []
         for peer, raw in self.shards.get(stage, {}).items():
             with contextlib.suppress(RecordError):
-                out.append((parse_shard_lease(raw, run_id=self.run_id, now=now, peer_id=peer), raw))
+                out.append((ShardLease.parse(raw, run_id=self.run_id, now=now, peer_id=peer), raw))
         return out
 
 

@@ -20,13 +20,7 @@ from swarmd.peers.membership.election import (
     eligible,
     relays_wanted,
 )
-from swarmd.peers.membership.reliability import (
-    ObservationBook,
-    Observations,
-    parse_observations,
-    score,
-    swarm_reliability,
-)
+from swarmd.peers.membership.reliability import ObservationBook, Observations, score, swarm_reliability
 from swarmd.peers.records.envelope import sign_record
 from swarmd.peers.records.identity import Identity
 from swarmd.peers.records.run_spec import derive_run_id
@@ -91,22 +85,22 @@ def record(observer: Identity, peers: dict[str, tuple[float, float, int]]) -> Ob
 
 def test_observations_record_round_trip_and_refusals() -> None:
     obs = record(A, {B.peer_id: (600.0, 500.0, 2)})
-    assert parse_observations(obs.sign(A), run_id=RUN, now=T0, peer_id=A.peer_id) == obs
+    assert Observations.parse(obs.sign(A), run_id=RUN, now=T0, peer_id=A.peer_id) == obs
     body = {"run_id": RUN, "peer_id": A.peer_id, "issued_at": T0, "expires_at": T0 + 60, "peers": {}}
     with pytest.raises(RecordError, match="signed by"):
-        parse_observations(sign_record(B, rel.KIND, body), run_id=RUN, now=T0)
+        Observations.parse(sign_record(B, rel.KIND, body), run_id=RUN, now=T0)
     for bad in ([600, 700, 0], [600, 500, 1.5], [600, 500], [-1, 0, 0]):
         body["peers"] = {B.peer_id: bad}
         with pytest.raises(RecordError):
-            parse_observations(sign_record(A, rel.KIND, body), run_id=RUN, now=T0)
+            Observations.parse(sign_record(A, rel.KIND, body), run_id=RUN, now=T0)
     body["peers"] = {f"p{i}": [60, 60, 0] for i in range(rel.MAX_SUBJECTS + 1)}
     with pytest.raises(RecordError, match="at most"):
-        parse_observations(sign_record(A, rel.KIND, body), run_id=RUN, now=T0)
+        Observations.parse(sign_record(A, rel.KIND, body), run_id=RUN, now=T0)
     body["peers"], body["extra"] = {}, 1
     with pytest.raises(RecordError):
-        parse_observations(sign_record(A, rel.KIND, body), run_id=RUN, now=T0)
+        Observations.parse(sign_record(A, rel.KIND, body), run_id=RUN, now=T0)
     with pytest.raises(RecordError, match="expired"):
-        parse_observations(obs.sign(A), run_id=RUN, now=T0 + 61)
+        Observations.parse(obs.sign(A), run_id=RUN, now=T0 + 61)
 
 
 def test_self_reports_are_ignored_and_a_lying_minority_cannot_lift_a_flapper() -> None:
@@ -206,7 +200,7 @@ def test_hostile_books_and_records_are_refused(tmp_path: Path) -> None:
         "peers": {"evil\x1b[31m\n": [60, 60, 0]},
     }
     with pytest.raises(RecordError, match="bad subject"):
-        parse_observations(sign_record(A, rel.KIND, body), run_id=RUN, now=T0)
+        Observations.parse(sign_record(A, rel.KIND, body), run_id=RUN, now=T0)
 
 
 def test_a_flood_of_new_keys_does_not_evict_a_long_watched_peer(monkeypatch: pytest.MonkeyPatch) -> None:

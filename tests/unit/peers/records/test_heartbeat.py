@@ -9,14 +9,7 @@ import pytest
 
 from swarmd.errors import RecordError
 from swarmd.peers.records.envelope import sign_record
-from swarmd.peers.records.heartbeat import (
-    KIND,
-    MAX_HEARTBEAT_BYTES,
-    MAX_TTL_S,
-    DeviceInfo,
-    Heartbeat,
-    parse_heartbeat,
-)
+from swarmd.peers.records.heartbeat import KIND, MAX_HEARTBEAT_BYTES, MAX_TTL_S, DeviceInfo, Heartbeat
 from swarmd.peers.records.identity import Identity
 from swarmd.peers.records.signed import CLOCK_SKEW_S
 
@@ -58,12 +51,12 @@ def signed_body(identity: Identity, **overrides: Any) -> bytes:
 
 def test_valid_heartbeat_parses(identity: Identity) -> None:
     hb = make_heartbeat(identity)
-    parsed = parse_heartbeat(hb.sign(identity), run_id=RUN_ID, now=NOW + 1, peer_id=identity.peer_id)
+    parsed = Heartbeat.parse(hb.sign(identity), run_id=RUN_ID, now=NOW + 1, peer_id=identity.peer_id)
     assert parsed == hb
     assert parsed.is_live(NOW + 1)
     assert not parsed.is_live(NOW + 60)
     # Without a subkey to compare against, too.
-    assert parse_heartbeat(hb.sign(identity), run_id=RUN_ID, now=NOW) == hb
+    assert Heartbeat.parse(hb.sign(identity), run_id=RUN_ID, now=NOW) == hb
 
 
 def test_cuda_device_and_all_roles(identity: Identity) -> None:
@@ -72,54 +65,54 @@ def test_cuda_device_and_all_roles(identity: Identity) -> None:
         device=DeviceInfo(kind="cuda", name="NVIDIA H200", memory_bytes=141 * 2**30, cpus=16),
         roles=["worker", "parameter_server", "relay"],
     )
-    assert parse_heartbeat(hb.sign(identity), run_id=RUN_ID, now=NOW) == hb
+    assert Heartbeat.parse(hb.sign(identity), run_id=RUN_ID, now=NOW) == hb
 
 
 def test_expired_rejected(identity: Identity) -> None:
     raw = make_heartbeat(identity).sign(identity)
     with pytest.raises(RecordError, match="expired"):
-        parse_heartbeat(raw, run_id=RUN_ID, now=NOW + 60)
+        Heartbeat.parse(raw, run_id=RUN_ID, now=NOW + 60)
     with pytest.raises(RecordError, match="expired"):
-        parse_heartbeat(raw, run_id=RUN_ID, now=NOW + 10_000)
+        Heartbeat.parse(raw, run_id=RUN_ID, now=NOW + 10_000)
 
 
 def test_clock_skew_tolerated_but_far_future_rejected(identity: Identity) -> None:
     raw = make_heartbeat(identity).sign(identity)
-    parse_heartbeat(raw, run_id=RUN_ID, now=NOW - CLOCK_SKEW_S + 1)
+    Heartbeat.parse(raw, run_id=RUN_ID, now=NOW - CLOCK_SKEW_S + 1)
     with pytest.raises(RecordError, match="in the future"):
-        parse_heartbeat(raw, run_id=RUN_ID, now=NOW - CLOCK_SKEW_S - 5)
+        Heartbeat.parse(raw, run_id=RUN_ID, now=NOW - CLOCK_SKEW_S - 5)
     far = make_heartbeat(identity, issued_at=NOW + 3000, expires_at=NOW + 3060).sign(identity)
     with pytest.raises(RecordError, match="in the future"):
-        parse_heartbeat(far, run_id=RUN_ID, now=NOW)
+        Heartbeat.parse(far, run_id=RUN_ID, now=NOW)
 
 
 def test_ttl_over_max_rejected(identity: Identity) -> None:
     ok = make_heartbeat(identity, expires_at=NOW + MAX_TTL_S).sign(identity)
-    parse_heartbeat(ok, run_id=RUN_ID, now=NOW)
+    Heartbeat.parse(ok, run_id=RUN_ID, now=NOW)
     too_long = make_heartbeat(identity, expires_at=NOW + MAX_TTL_S + 1).sign(identity)
     with pytest.raises(RecordError, match="expires_at"):
-        parse_heartbeat(too_long, run_id=RUN_ID, now=NOW)
+        Heartbeat.parse(too_long, run_id=RUN_ID, now=NOW)
 
 
 def test_expires_before_issued_rejected(identity: Identity) -> None:
     raw = make_heartbeat(identity, expires_at=NOW - 1).sign(identity)
     with pytest.raises(RecordError, match="expires_at"):
-        parse_heartbeat(raw, run_id=RUN_ID, now=NOW - 10)
+        Heartbeat.parse(raw, run_id=RUN_ID, now=NOW - 10)
 
 
 def test_wrong_run_rejected(identity: Identity) -> None:
     raw = make_heartbeat(identity).sign(identity)
     with pytest.raises(RecordError, match="is for run"):
-        parse_heartbeat(raw, run_id="other-run.abcdefghijklmnopqrstuvwx", now=NOW)
+        Heartbeat.parse(raw, run_id="other-run.abcdefghijklmnopqrstuvwx", now=NOW)
 
 
 def test_body_claiming_another_peer_rejected(identity: Identity) -> None:
     other = Identity.generate()
     raw = signed_body(identity, peer_id=other.peer_id)  # signed by A, claims to be B
     with pytest.raises(RecordError, match="but is signed by"):
-        parse_heartbeat(raw, run_id=RUN_ID, now=NOW)
+        Heartbeat.parse(raw, run_id=RUN_ID, now=NOW)
     with pytest.raises(RecordError, match="but is signed by"):
-        parse_heartbeat(raw, run_id=RUN_ID, now=NOW, peer_id=other.peer_id)
+        Heartbeat.parse(raw, run_id=RUN_ID, now=NOW, peer_id=other.peer_id)
 
 
 def test_sign_refuses_another_peers_heartbeat(identity: Identity) -> None:
@@ -131,60 +124,60 @@ def test_sign_refuses_another_peers_heartbeat(identity: Identity) -> None:
 def test_stored_under_another_peers_subkey_rejected(identity: Identity) -> None:
     raw = make_heartbeat(identity).sign(identity)
     with pytest.raises(RecordError, match="another peer's key"):
-        parse_heartbeat(raw, run_id=RUN_ID, now=NOW, peer_id=Identity.generate().peer_id)
+        Heartbeat.parse(raw, run_id=RUN_ID, now=NOW, peer_id=Identity.generate().peer_id)
 
 
 def test_unknown_role_rejected(identity: Identity) -> None:
     raw = make_heartbeat(identity, roles=["worker", "king"]).sign(identity)
     with pytest.raises(RecordError, match="unknown roles"):
-        parse_heartbeat(raw, run_id=RUN_ID, now=NOW)
+        Heartbeat.parse(raw, run_id=RUN_ID, now=NOW)
 
 
 def test_too_many_roles_rejected(identity: Identity) -> None:
     raw = make_heartbeat(identity, roles=["worker"] * 4).sign(identity)
     with pytest.raises(RecordError, match="roles"):
-        parse_heartbeat(raw, run_id=RUN_ID, now=NOW)
+        Heartbeat.parse(raw, run_id=RUN_ID, now=NOW)
 
 
 def test_unknown_device_kind_rejected(identity: Identity) -> None:
     device = DeviceInfo(kind="tpu", name="x", memory_bytes=1, cpus=1)
     raw = make_heartbeat(identity, device=device).sign(identity)
     with pytest.raises(RecordError, match="device kind 'tpu'"):
-        parse_heartbeat(raw, run_id=RUN_ID, now=NOW)
+        Heartbeat.parse(raw, run_id=RUN_ID, now=NOW)
 
 
 def test_device_extra_field_rejected(identity: Identity) -> None:
     device = dict(kind="cpu", name="x", memory_bytes=1, cpus=1, backdoor=True)
     with pytest.raises(RecordError, match="unknown fields"):
-        parse_heartbeat(signed_body(identity, device=device), run_id=RUN_ID, now=NOW)
+        Heartbeat.parse(signed_body(identity, device=device), run_id=RUN_ID, now=NOW)
 
 
 @pytest.mark.parametrize("cpus", [0, 5000, True, 1.5])
 def test_device_cpus_checked(identity: Identity, cpus: object) -> None:
     device = dict(kind="cpu", name="x", memory_bytes=1, cpus=cpus)
     with pytest.raises(RecordError, match="cpus"):
-        parse_heartbeat(signed_body(identity, device=device), run_id=RUN_ID, now=NOW)
+        Heartbeat.parse(signed_body(identity, device=device), run_id=RUN_ID, now=NOW)
 
 
 def test_too_many_addrs_rejected(identity: Identity) -> None:
     raw = make_heartbeat(identity, addrs=[f"/ip4/10.0.0.{i}/tcp/1" for i in range(17)]).sign(identity)
     with pytest.raises(RecordError, match="17 items, over 16"):
-        parse_heartbeat(raw, run_id=RUN_ID, now=NOW)
+        Heartbeat.parse(raw, run_id=RUN_ID, now=NOW)
     raw = make_heartbeat(identity, lan_addrs=[f"/ip4/10.0.0.{i}/tcp/1" for i in range(17)]).sign(identity)
     with pytest.raises(RecordError, match="lan_addrs"):
-        parse_heartbeat(raw, run_id=RUN_ID, now=NOW)
+        Heartbeat.parse(raw, run_id=RUN_ID, now=NOW)
 
 
 def test_unknown_field_rejected(identity: Identity) -> None:
     with pytest.raises(RecordError, match="unknown fields"):
-        parse_heartbeat(signed_body(identity, extra=1), run_id=RUN_ID, now=NOW)
+        Heartbeat.parse(signed_body(identity, extra=1), run_id=RUN_ID, now=NOW)
 
 
 def test_missing_field_rejected(identity: Identity) -> None:
     body = dataclasses.asdict(make_heartbeat(identity))
     del body["version"]
     with pytest.raises(RecordError, match="missing field 'version'"):
-        parse_heartbeat(sign_record(identity, KIND, body), run_id=RUN_ID, now=NOW)
+        Heartbeat.parse(sign_record(identity, KIND, body), run_id=RUN_ID, now=NOW)
 
 
 @pytest.mark.parametrize(
@@ -193,30 +186,30 @@ def test_missing_field_rejected(identity: Identity) -> None:
 )
 def test_bad_field_values_rejected(identity: Identity, field: str, value: object) -> None:
     with pytest.raises(RecordError, match=field):
-        parse_heartbeat(signed_body(identity, **{field: value}), run_id=RUN_ID, now=NOW)
+        Heartbeat.parse(signed_body(identity, **{field: value}), run_id=RUN_ID, now=NOW)
 
 
 def test_oversized_rejected(identity: Identity) -> None:
     hb = make_heartbeat(identity, device=DeviceInfo(kind="cpu", name="x" * 128, memory_bytes=1, cpus=1))
-    parse_heartbeat(hb.sign(identity), run_id=RUN_ID, now=NOW)
+    Heartbeat.parse(hb.sign(identity), run_id=RUN_ID, now=NOW)
     big = signed_body(identity, version="v" * MAX_HEARTBEAT_BYTES)
     with pytest.raises(RecordError, match=f"over the {MAX_HEARTBEAT_BYTES}-byte limit"):
-        parse_heartbeat(big, run_id=RUN_ID, now=NOW)
+        Heartbeat.parse(big, run_id=RUN_ID, now=NOW)
 
 
 def test_wrong_record_kind_rejected(identity: Identity) -> None:
     body = dataclasses.asdict(make_heartbeat(identity))
     with pytest.raises(RecordError, match="expected a heartbeat record"):
-        parse_heartbeat(sign_record(identity, "run-spec", body), run_id=RUN_ID, now=NOW)
+        Heartbeat.parse(sign_record(identity, "run-spec", body), run_id=RUN_ID, now=NOW)
 
 
 def test_leaving_round_trips(identity: Identity) -> None:
     hb = make_heartbeat(identity, leaving=True)
-    parsed = parse_heartbeat(hb.sign(identity), run_id=RUN_ID, now=NOW, peer_id=identity.peer_id)
+    parsed = Heartbeat.parse(hb.sign(identity), run_id=RUN_ID, now=NOW, peer_id=identity.peer_id)
     assert parsed.leaving is True
     assert parsed == hb
     assert not parsed.is_live(NOW)
-    assert parse_heartbeat(make_heartbeat(identity).sign(identity), run_id=RUN_ID, now=NOW).leaving is False
+    assert Heartbeat.parse(make_heartbeat(identity).sign(identity), run_id=RUN_ID, now=NOW).leaving is False
 
 
 def test_device_name_with_terminal_escapes_rejected(identity: Identity) -> None:
@@ -224,4 +217,4 @@ def test_device_name_with_terminal_escapes_rejected(identity: Identity) -> None:
     body["device"]["name"] = "GPU\x1b]0;owned\x07"
     raw = sign_record(identity, KIND, body)
     with pytest.raises(RecordError, match="control characters"):
-        parse_heartbeat(raw, run_id=body["run_id"], now=body["issued_at"])
+        Heartbeat.parse(raw, run_id=body["run_id"], now=body["issued_at"])

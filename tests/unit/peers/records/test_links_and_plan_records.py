@@ -13,8 +13,8 @@ from swarmd.peers.records import links as links_mod
 from swarmd.peers.records import plan_record as plan_mod
 from swarmd.peers.records.envelope import sign_record
 from swarmd.peers.records.identity import Identity
-from swarmd.peers.records.links import LinkEstimate, ProbeBudget, bandwidth_from_transfer, make_record, parse_links
-from swarmd.peers.records.plan_record import PlanRecord, parse_plan
+from swarmd.peers.records.links import LinkEstimate, LinksRecord, ProbeBudget, bandwidth_from_transfer, make_record
+from swarmd.peers.records.plan_record import PlanRecord
 from swarmd.peers.records.run_spec import derive_run_id
 
 pytestmark = pytest.mark.timeout(30)
@@ -54,24 +54,24 @@ def test_probe_budget_bounds_bytes_and_frequency() -> None:
 
 def test_links_record_round_trip_and_refusals() -> None:
     record = links_of(A, {B.peer_id: LinkEstimate(0.02, 5e6, T0 - 5, 3), C.peer_id: LinkEstimate(None, None, 0, 0)})
-    parsed = parse_links(record.sign(A), run_id=RUN, now=T0, peer_id=A.peer_id)
+    parsed = LinksRecord.parse(record.sign(A), run_id=RUN, now=T0, peer_id=A.peer_id)
     assert parsed.links == {B.peer_id: (0.01, 5e6, 5.0)}  # one-way latency; unmeasured left out
     with pytest.raises(RecordError, match="signed by"):
         body = dataclasses.asdict(dataclasses.replace(record, peer_id=B.peer_id))
         body["links"] = {}
-        parse_links(sign_record(A, links_mod.KIND, body), run_id=RUN, now=T0)
+        LinksRecord.parse(sign_record(A, links_mod.KIND, body), run_id=RUN, now=T0)
     bad = dataclasses.asdict(record)
     bad["links"] = {B.peer_id: [0.01, -5.0, 1.0]}
     with pytest.raises(RecordError, match="out of range"):
-        parse_links(sign_record(A, links_mod.KIND, bad), run_id=RUN, now=T0)
+        LinksRecord.parse(sign_record(A, links_mod.KIND, bad), run_id=RUN, now=T0)
     bad["links"] = {A.peer_id: [0.01, 5.0, 1.0]}
     with pytest.raises(RecordError, match="bad peer id"):
-        parse_links(sign_record(A, links_mod.KIND, bad), run_id=RUN, now=T0)
+        LinksRecord.parse(sign_record(A, links_mod.KIND, bad), run_id=RUN, now=T0)
     bad["links"] = {f"p{i}": [0.01, 5.0, 1.0] for i in range(links_mod.MAX_LINKS + 1)}
     with pytest.raises(RecordError, match="at most"):
-        parse_links(sign_record(A, links_mod.KIND, bad), run_id=RUN, now=T0)
+        LinksRecord.parse(sign_record(A, links_mod.KIND, bad), run_id=RUN, now=T0)
     with pytest.raises(RecordError, match="expired"):
-        parse_links(record.sign(A), run_id=RUN, now=T0 + 61)
+        LinksRecord.parse(record.sign(A), run_id=RUN, now=T0 + 61)
 
 
 def plan_of(**kw: object) -> PlanRecord:
@@ -95,14 +95,14 @@ def plan_of(**kw: object) -> PlanRecord:
 
 def test_plan_record_round_trip_and_lookups() -> None:
     plan = plan_of()
-    parsed = parse_plan(plan.sign(A), run_id=RUN, now=T0, peer_id=A.peer_id)
+    parsed = PlanRecord.parse(plan.sign(A), run_id=RUN, now=T0, peer_id=A.peer_id)
     assert parsed == plan
     assert parsed.stage_of(C.peer_id) == 1 and parsed.stage_of(B.peer_id) is None
     assert parsed.server_of(1) == C.peer_id
     sharded = plan_of(
         shard_servers=[[0, 1], [2]], local_steps=20, share_micro_batches=8, spares=[1], reduce_groups=[1, 2]
     )
-    assert parse_plan(sharded.sign(A), run_id=RUN, now=T0) == sharded
+    assert PlanRecord.parse(sharded.sign(A), run_id=RUN, now=T0) == sharded
 
 
 @pytest.mark.parametrize(
@@ -129,7 +129,7 @@ def test_a_malformed_plan_is_refused(change: dict[str, object], message: str) ->
     body = dataclasses.asdict(plan_of())
     body.update(change)
     with pytest.raises(RecordError, match=message):
-        parse_plan(sign_record(A, plan_mod.KIND, body), run_id=RUN, now=T0)
+        PlanRecord.parse(sign_record(A, plan_mod.KIND, body), run_id=RUN, now=T0)
 
 
 def test_the_snapshot_fills_unmeasured_links_and_counts_them() -> None:
@@ -163,7 +163,7 @@ def test_an_unreachable_link_is_published_at_the_floor_and_starts_afresh_when_it
     est.add(T0, rtt_s=0.05, bandwidth_Bps=4e6)
     est.mark_unreachable(T0 + 10)
     assert est.unreachable and est.bandwidth_Bps == links_mod.UNREACHABLE_BPS
-    record = parse_links(links_of(A, {B.peer_id: est}).sign(A), run_id=RUN, now=T0)  # within the schema
+    record = LinksRecord.parse(links_of(A, {B.peer_id: est}).sign(A), run_id=RUN, now=T0)  # within the schema
     assert record.links[B.peer_id][1] == links_mod.UNREACHABLE_BPS
     members = [Member(p.peer_id, 16.0) for p in (A, B)]
     snap = build_snapshot(

@@ -12,26 +12,9 @@ from swarmd.peers.records.envelope import sign_record
 from swarmd.peers.records.identity import Identity
 from swarmd.peers.records.run_spec import derive_run_id
 from swarmd.peers.taskpool.assignment import PROVISIONAL, provisional
-from swarmd.peers.taskpool.cells import (
-    CellLease,
-    open_cells,
-    parse_cell_lease,
-    pipeline_epoch,
-    resolve_cells,
-    spare_for,
-    spares,
-)
-from swarmd.peers.taskpool.servers import (
-    KIND as SHARD_KIND,
-)
-from swarmd.peers.taskpool.servers import (
-    MAX_UNSEEN_STEPS,
-    SeenVersions,
-    ShardLease,
-    encode_proof,
-    parse_shard_lease,
-    resolve_shards,
-)
+from swarmd.peers.taskpool.cells import CellLease, open_cells, pipeline_epoch, resolve_cells, spare_for, spares
+from swarmd.peers.taskpool.servers import KIND as SHARD_KIND
+from swarmd.peers.taskpool.servers import MAX_UNSEEN_STEPS, SeenVersions, ShardLease, encode_proof, resolve_shards
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -66,9 +49,9 @@ def shard(who: Identity, s: int = 0, k: int = 0, shards: int = 1, **kw: object) 
 
 def test_cell_lease_round_trip_and_impostor() -> None:
     original = cell(A, p=3, s=1)
-    assert parse_cell_lease(original.sign(A), run_id=RUN, now=T0, peer_id=A.peer_id) == original
+    assert CellLease.parse(original.sign(A), run_id=RUN, now=T0, peer_id=A.peer_id) == original
     with pytest.raises(RecordError, match="signed by"):
-        parse_cell_lease(sign_record(A, "cell-lease", dataclasses.asdict(cell(B))), run_id=RUN, now=T0)
+        CellLease.parse(sign_record(A, "cell-lease", dataclasses.asdict(cell(B))), run_id=RUN, now=T0)
 
 
 def test_a_lease_counts_only_from_a_live_member_where_the_assignment_allows_it() -> None:
@@ -106,11 +89,11 @@ def test_only_the_named_standby_takes_a_shard_over_with_the_holders_signed_word(
     holder = shard(A, standby=B.peer_id)
     raw = holder.sign(A)
     take = shard(B, claimed_at=T0 + 5, issued_at=T0 + 5, expires_at=T0 + 35, proof=encode_proof(raw))
-    assert parse_shard_lease(take.sign(B), run_id=RUN, now=T0 + 5) == take
+    assert ShardLease.parse(take.sign(B), run_id=RUN, now=T0 + 5) == take
     # C claims with A's lease as proof, but A named B: refused when read.
     forged = shard(C, claimed_at=T0 + 5, issued_at=T0 + 5, expires_at=T0 + 35, proof=encode_proof(raw))
     with pytest.raises(RecordError, match="does not name it"):
-        parse_shard_lease(forged.sign(C), run_id=RUN, now=T0 + 5)
+        ShardLease.parse(forged.sign(C), run_id=RUN, now=T0 + 5)
     # While A lives, B's take-over does not count; once A is gone it does.
     assert resolve_shards([holder, take], named, counts, {A.peer_id, B.peer_id}, T0 + 6)[(0, 0)].peer_id == A.peer_id
     assert resolve_shards([take], named, counts, {B.peer_id}, T0 + 6)[(0, 0)].peer_id == B.peer_id
@@ -123,12 +106,12 @@ def test_a_proof_must_be_fresh_and_for_this_shard() -> None:
     old = shard(A, standby=B.peer_id, issued_at=T0 - 5000, claimed_at=T0 - 5000, expires_at=T0 - 4990)
     stale = shard(B, claimed_at=T0, proof=encode_proof(old.sign(A)))
     with pytest.raises(RecordError, match="just before"):
-        parse_shard_lease(stale.sign(B), run_id=RUN, now=T0)
+        ShardLease.parse(stale.sign(B), run_id=RUN, now=T0)
     other = shard(A, k=1, shards=2, standby=B.peer_id)
     with pytest.raises(RecordError, match="another shard"):
-        parse_shard_lease(shard(B, proof=encode_proof(other.sign(A))).sign(B), run_id=RUN, now=T0)
+        ShardLease.parse(shard(B, proof=encode_proof(other.sign(A))).sign(B), run_id=RUN, now=T0)
     with pytest.raises(RecordError, match="outside"):
-        parse_shard_lease(sign_record(A, SHARD_KIND, {**dataclasses.asdict(shard(A)), "shard": 1}), run_id=RUN, now=T0)
+        ShardLease.parse(sign_record(A, SHARD_KIND, {**dataclasses.asdict(shard(A)), "shard": 1}), run_id=RUN, now=T0)
 
 
 def test_a_replica_far_past_what_rightful_holders_showed_is_not_believed() -> None:
