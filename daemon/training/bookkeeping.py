@@ -301,13 +301,16 @@ def _takeovers(books: Books, named: Mapping[Shard, str]) -> set[Shard]:
 
 def _shard_lease(books: Books, key: Shard, claimed_at: float, proofs: dict[Shard, str], released: bool) -> PublishShard:
     """This peer's lease of ``key``; a take-over's carries the lease of the holder that named
-    us standby, kept (in ``proofs``) for as long as we hold the shard by take-over."""
+    us standby, kept (in ``proofs``) for as long as we hold the shard by take-over. A release
+    carries none: the holder then rightful is whoever the plan moved the shard to, whose lease
+    names us nobody's standby, and a proof that does not name its signer the standby makes the
+    whole lease unreadable (``ShardLease.parse``), so the release would never be seen."""
     a = _assignment(books)
     named = a.named_shards().get(key)
     known = books.rightful.get(key)
-    if named == books.own:
+    if named == books.own or released:
         proofs.pop(key, None)
-    elif known is not None and known[0].peer_id != books.own:
+    elif known is not None and known[0].peer_id != books.own and known[0].standby == books.own:
         proofs[key] = encode_proof(known[1])
     return PublishShard(
         key=key,

@@ -143,6 +143,24 @@ def test_a_plan_that_moves_a_cell_away_closes_it_before_releasing_it() -> None:
     assert (close, claim) == (CloseShard((0, 0)), renewed((1, 0), 20.0))
     assert isinstance(release, PublishShard)
     assert (release.key, release.claimed_at, release.released) == ((0, 0), 10.0, True)
+    # A release carries no proof: B's lease, which names nobody standby, made it unreadable
+    # (ShardLease.parse: "its proof does not name it the standby"), so the pool kept A's claim.
+    assert release.proof == ""
+    signed = ShardLease(
+        run_id=RUN_ID,
+        stage=0,
+        shard=0,
+        shards=1,
+        peer_id=A,
+        claimed_at=release.claimed_at,
+        issued_at=20.0,
+        expires_at=20.0 + TTL_S,
+        version=0,
+        standby=release.standby,
+        proof=release.proof,
+        released=True,
+    ).sign(BY_PEER[A])
+    assert ShardLease.parse(signed, run_id=RUN_ID, now=21.0).released
     assert books.shard_claims == {(1, 0): 20.0}
 
     leases = (cell_lease(B, (0, 0), 20.0), cell_lease(A, (0, 0), 10.0, claimed_at=10.0))
