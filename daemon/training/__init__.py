@@ -7,6 +7,11 @@
 - ``export``         every stage's newest weights gathered from its shards' holders (``swarmd export``)
 - ``opening``        a shard opened from the newest state it may believe; a cell built for its stage
 - ``cell``           one cell at work: shares through the pipeline, tensors straight to its neighbours
+- ``in_flight``      a cell's share in flight: its queued work, stage 0's window, how long shares take
+- ``feeder``         stage 0's shares from the ledger: asked for, fed, given back when dropped
+- ``neighbours``     a cell's tensors straight to its neighbours, tried again on a broken path
+- ``rounds``         the end of a share at a cell and of its round: the contribution, the sync
+- ``cell_stats``     a cell's counters and its entry in the status
 - ``puller``         a cell's weights: a whole pull, then committed deltas by long poll
 - ``contributions``  a cell's one contribution per round, a slice per shard, kept until committed
 - ``shard_server``   one slice of a stage's parameters served: contributions in, deltas out, steps logged

@@ -278,7 +278,7 @@ class Contributions:
             self.stats.committed_rounds += not r.lost
             if self.cell.is_first and self.cell.view.ledger is not None and not r.lost:
                 request = LedgerComplete(run_id=self.cell.run_id, pipeline=self.cell.pipeline, share_ids=r.share_ids)
-                asyncio.create_task(self.cell._quietly(self.cell.view.ledger, request))
+                self.cell.tell(self.cell.view.ledger, request)
 
     def info(self) -> dict[str, Any]:
         s = self.stats

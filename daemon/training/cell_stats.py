@@ -1,0 +1,66 @@
+"""A cell's counters, and the object the daemon's status shows of it (``training.cells``)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from swarmd.training.cell import CellWorker
+
+
+@dataclass
+class CellStats:
+    shares: int = 0
+    abandoned: int = 0
+    dropped_rounds: int = 0
+    """Rounds whose contribution came out NaN or infinite: never sent, their shares trained again."""
+    rounds: int = 0
+    forwards: int = 0
+    backwards: int = 0
+    refused_epoch: int = 0
+    send_failures: int = 0
+    sync_timeouts: int = 0
+    """Rounds that went on without the step of the round before (gradient mode)."""
+    seconds: dict[str, float] = field(
+        default_factory=lambda: {"compute": 0.0, "codec": 0.0, "waiting": 0.0, "sync": 0.0}
+    )
+
+    @contextlib.contextmanager
+    def timing(self, what: str) -> Iterator[None]:
+        """Count the time the block takes as ``what`` (one of ``seconds``' keys)."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[what] += time.perf_counter() - started
+
+
+def cell_info(cell: CellWorker) -> dict[str, Any]:
+    """The cell's entry in the status JSON: its counters, its recent loss, its weights and
+    contributions."""
+    s = cell.stats
+    recent = [loss for _, loss in list(cell.losses)[-16:]]
+    share = cell.flight.share
+    return {
+        "pipeline": cell.pipeline,
+        "stage": cell.stage,
+        "epoch": cell.view.epoch,
+        "share": None if share is None else share.share_id,
+        "shares": s.shares,
+        "abandoned": s.abandoned,
+        "dropped_rounds": s.dropped_rounds,
+        "rounds": s.rounds,
+        "forwards": s.forwards,
+        "backwards": s.backwards,
+        "refused_epoch": s.refused_epoch,
+        "send_failures": s.send_failures,
+        "sync_timeouts": s.sync_timeouts,
+        "seconds": {k: round(v, 2) for k, v in s.seconds.items()},
+        "loss": round(sum(recent) / len(recent), 4) if recent else None,
+        "weights": cell.puller.info(),
+        "contributions": cell.contributions.info(),
+    }

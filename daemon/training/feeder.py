@@ -1,0 +1,109 @@
+"""Stage 0's shares from the ledger: asked for, fed into the pipeline, given back when dropped.
+
+The stage-0 cell asks the ledger (the holder of shard (0, 0)) for one share at a time,
+renewing with the same request the shares whose contributions are not committed yet. It feeds
+the share's micro-batches at most ``window`` at once and waits until the share is over here
+(stage 0 runs each micro-batch's backward last) before it asks for the next. A share its
+pipeline could not finish, or a round dropped as not finite, goes back to the ledger
+(``LedgerAbandon``), which issues it again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from swarmd.peers.wire.errors import RpcError
+from swarmd.peers.wire.messages import LedgerAbandon, LedgerIssue
+from swarmd.training.in_flight import ShareInFlight
+
+if TYPE_CHECKING:
+    from swarmd.training.cell import CellWorker
+
+logger = logging.getLogger(__name__)
+
+ISSUE_RETRY_S = 0.5
+ABANDON_BACKOFF_S = (0.25, 5.0)
+"""Stage 0's wait after a share its pipeline could not finish, doubling while they fail: a
+neighbour that is not ready yet is asked again soon, not hundreds of times a second."""
+
+
+class Feeder:
+    def __init__(self, cell: CellWorker) -> None:
+        self.cell = cell
+        self._attempts = 0  # shares fed so far
+
+    async def run(self) -> None:
+        cell = self.cell
+        backoff = 0.0  # after a share the pipeline could not finish (a neighbour not ready yet)
+        while not cell.stopped:
+            if backoff:
+                await cell.sleep(backoff)
+            await cell.rounds.between_shares()  # the first whole pull too: nothing is in flight here now
+            if not await self._ready():
+                await self._idle()
+                continue
+            issued = await self._issue()
+            if issued is None:
+                await cell.sleep(ISSUE_RETRY_S)
+                continue
+            share_id, first, count = issued
+            cell.rounds.share_begins()
+            round_end = cell.rounds.issued()
+            epoch = cell.view.epoch
+            assert epoch is not None
+            # Increasing across this cell's restarts too: a downstream cell may still hold an older try.
+            self._attempts = max(self._attempts + 1, int(time.time() * 10))
+            share = ShareInFlight(share_id, first, count, round_end, epoch, self._attempts)
+            cell.flight.open(share)
+            for m in range(first, first + count):
+                if not await cell.flight.feed(share, m):
+                    break
+            await cell.flight.settled()
+            finished = cell.flight.abandoned_at != share_id
+            backoff = 0.0 if finished else min(max(2 * backoff, ABANDON_BACKOFF_S[0]), ABANDON_BACKOFF_S[1])
+
+    def give_back(self, share_ids: list[int]) -> None:
+        """Tell the ledger these shares will not be finished here: it issues them again."""
+        cell = self.cell
+        if cell.view.ledger is not None:
+            request = LedgerAbandon(run_id=cell.run_id, pipeline=cell.pipeline, share_ids=list(share_ids))
+            cell.tell(cell.view.ledger, request)
+
+    async def _ready(self) -> bool:
+        cell, v = self.cell, self.cell.view
+        return (
+            v.epoch is not None
+            and v.ledger is not None
+            and (cell.is_last or v.next is not None)
+            and cell.puller.loaded
+            and await cell.contributions.room()
+        )
+
+    async def _issue(self) -> tuple[int, int, int] | None:
+        cell = self.cell
+        ledger = cell.view.ledger
+        if ledger is None:
+            return None
+        request = LedgerIssue(
+            run_id=cell.run_id, pipeline=cell.pipeline, renew=cell.contributions.open_shares(), want=1
+        )
+        try:
+            answer, _ = await cell.send(ledger, request, [], 30.0)
+        except RpcError as e:
+            logger.debug("cell %s: no share from the ledger at %s (%s)", cell.cell, ledger, e)
+            return None
+        if not answer.shares:
+            return None
+        share_id, first, count = answer.shares[0]
+        return share_id, first, count
+
+    async def _idle(self) -> None:
+        """Stage 0 cannot feed yet: wait for what it lacks (room to contribute, weights, a view),
+        woken as soon as the contributions move on, else after a short while."""
+        cell = self.cell
+        if cell.puller.loaded and cell.view.epoch is not None and cell.view.ledger is not None:
+            await cell.timed(cell.contributions.wait_for_room(0.5))
+        else:
+            await cell.sleep(0.2)

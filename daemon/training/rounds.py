@@ -1,0 +1,112 @@
+"""The end of a share at one cell, and of the round it closes: the contribution, and the sync.
+
+A round is H shares (``local_steps``); stage 0 marks the last one ``round_end``. When that
+share is done here the cell takes its contribution (the round's mean gradient, or its
+pseudo-gradient) and hands it to ``Contributions``, then goes on at once. A contribution that
+is not finite never leaves the cell: the round is dropped and stage 0 gives its shares back to
+the ledger, to be trained again.
+
+Between two shares, nothing is in flight at the cell: the weights that arrived are applied
+then. In gradient mode the next round first waits, at most ``SYNC_WAIT_S``, for the step its
+contribution went into.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+
+from swarmd.peers.taskpool.exchange import SYNC_WAIT_S
+from swarmd.training.in_flight import ShareInFlight
+
+if TYPE_CHECKING:
+    from swarmd.training.cell import CellWorker
+
+logger = logging.getLogger(__name__)
+
+
+def _non_finite(vector: torch.Tensor) -> int:
+    """How many of the values are NaN or infinite (0 for a contribution fit to send)."""
+    return int(vector.numel() - torch.isfinite(vector).sum())
+
+
+class CellRounds:
+    def __init__(self, cell: CellWorker) -> None:
+        self.cell = cell
+        self._shares: list[int] = []  # the shares done here this round
+        self._issued = 0  # stage 0: the shares fed this round, less those abandoned
+        self._sync_after: list[int] | None = None  # gradient mode: the bases of the round just contributed
+
+    def share_begins(self) -> None:
+        """A share opens here; the first of a round takes the weights applied just now as its base."""
+        if not self._shares:
+            self.cell.puller.round_started()
+
+    def issued(self) -> bool:
+        """Stage 0 feeds another share this round; True when it is the round's last."""
+        self._issued += 1
+        return self._issued >= self.cell.settings.local_steps
+
+    def abandoned(self) -> None:
+        """The share in flight was dropped: stage 0 feeds another in its place this round."""
+        self._issued = max(0, self._issued - 1)
+
+    async def share_done(self, share: ShareInFlight) -> None:
+        """Every micro-batch of ``share`` ran its backward here: the compute ends the share, and
+        the round with it when the share is its last."""
+        cell = self.cell
+        while share.round_end and not cell.stopped and not await cell.contributions.room():
+            await cell.timed(cell.contributions.wait_for_room(1.0))  # backpressure: the last round is not delivered yet
+        cell.stats.shares += 1
+        await cell.in_thread(cell.compute.end_share)
+        self._shares.append(share.share_id)
+        if share.round_end:
+            await self._end_round()
+
+    async def _end_round(self) -> None:
+        cell = self.cell
+        vector, micro_batches = await cell.in_thread(cell.compute.contribution)
+        cell.stats.rounds += 1
+        share_ids, self._shares, self._issued = self._shares, [], 0
+        non_finite = await cell.in_thread(_non_finite, vector)
+        if non_finite:
+            self._drop(share_ids, non_finite, vector.numel())
+            return
+        bases = cell.puller.round_bases()
+        cell.contributions.add(share_ids, vector, micro_batches, bases)
+        if cell.settings.mode == "gradient":
+            self._sync_after = bases
+
+    def _drop(self, share_ids: list[int], non_finite: int, elements: int) -> None:
+        """A round whose contribution is not finite never leaves this cell (no codec carries it,
+        and a server must not step on it): its shares go back to the ledger to be trained
+        again. Left open there, they held the pipeline's quota until their lease lapsed
+        (``LEASE_S``, ten minutes) and the pipeline stood still."""
+        cell = self.cell
+        cell.stats.dropped_rounds += 1
+        logger.warning(
+            "cell %s: the round of shares %s came out with %d non-finite values of %d (weights at version %s); "
+            "dropping it: its shares are trained again",
+            cell.cell,
+            share_ids,
+            non_finite,
+            elements,
+            cell.puller.version,
+        )
+        if cell.feeder is not None:
+            cell.feeder.give_back(share_ids)
+
+    async def between_shares(self) -> None:
+        """Apply the weights that arrived: no micro-batch is in flight here now. In gradient mode
+        the next round waits (at most ``SYNC_WAIT_S``) for the step its contribution went into:
+        H = 1 is chosen where the exchange is cheap next to the compute, and so the rounds are
+        synchronous SGD, each on the weights of every pipeline's previous round, at little cost."""
+        cell = self.cell
+        if self._sync_after is not None:
+            bases, self._sync_after = self._sync_after, None
+            with cell.stats.timing("sync"):
+                if not await cell.puller.wait_past(bases, SYNC_WAIT_S):
+                    cell.stats.sync_timeouts += 1
+        await cell.puller.apply()
