@@ -9,11 +9,14 @@ leaves stops its flows and the all-reduce never finishes: its owner starts anoth
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
+    from swarmd.peers.sim.engine import Handler
     from swarmd.peers.sim.simulator import Simulation
+
+P = TypeVar("P")
 
 
 def ring_order(sim: Simulation, members: Sequence[int]) -> list[int]:
@@ -31,24 +34,25 @@ def ring_seconds(sim: Simulation, ring: Sequence[int]) -> float:
 
 
 def all_reduce(
-    sim: Simulation, now: float, members: Sequence[int], nbytes: float, then: Callable[..., None], args: tuple[Any, ...]
+    sim: Simulation, now: float, members: Sequence[int], nbytes: float, then: Handler[P], payload: P
 ) -> list[int]:
-    """Start an all-reduce of ``nbytes`` a member among ``members``; ``then(t, *args)`` runs
-    when it is done. Returns the ring."""
+    """Start an all-reduce of ``nbytes`` a member among ``members``; ``then(t, payload)``
+    runs when it is done. Returns the ring."""
     ring = ring_order(sim, members)
     n = len(ring)
     if n < 2:
-        sim.engine.at(now, then, *args)
+        sim.engine.at(now, then, payload)
         return ring
     left = [n]
     latency = ring_seconds(sim, ring)
 
-    def part(t: float) -> None:
+    def part(t: float, _: None) -> None:
+        """A member's chunks are all at the next one (the event carries nothing)."""
         left[0] -= 1
         if left[0] == 0:
-            sim.engine.at(t + latency, then, *args)
+            sim.engine.at(t + latency, then, payload)
 
     chunk = 2.0 * (n - 1) / n * nbytes
     for i, a in enumerate(ring):
-        sim.engine.send(now, a, ring[(i + 1) % n], chunk, part)
+        sim.engine.send(now, a, ring[(i + 1) % n], chunk, part, None)
     return ring

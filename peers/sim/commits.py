@@ -57,7 +57,7 @@ class Commits:
             shard.standby,
             sim.workload.delta_bytes(shard.stage, shard.index),
             self._logged,
-            (LoggedStep(shard, shard.epoch, shard.standby, shard.version),),
+            LoggedStep(shard, shard.epoch, shard.standby, shard.version),
         )
         if shard.version % sim.settings.checkpoint_every == 0:
             sim.engine.send(now, shard.holder, shard.standby, sim.workload.checkpoint_bytes(shard.stage, shard.index))

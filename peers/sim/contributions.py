@@ -69,7 +69,7 @@ class Intake:
         src = c.device if sender is None else sender
         nbytes = sim.workload.contribution_bytes(c.stage, c.shard, sim.engine.path_rate(src, shard.holder, None))
         via = sim.engine.route(src, shard.holder, nbytes, for_speed=False)
-        sim.engine.send(now, src, shard.holder, nbytes, self._arrived, (Delivery(shard, shard.epoch, c),), via)
+        sim.engine.send(now, src, shard.holder, nbytes, self._arrived, Delivery(shard, shard.epoch, c), via)
 
     def cut(self, cell: Cell) -> int:
         """``cell``'s device left: its contributions in flight to the shards of its stage stop

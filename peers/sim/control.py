@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -29,6 +29,22 @@ from swarmd.peers.sim.results import PlanEvent
 
 if TYPE_CHECKING:
     from swarmd.peers.sim.simulator import Simulation
+
+
+class CoordinatorRound(NamedTuple):
+    """The round at which ``coordinator`` (as of its ``epoch``) plans a change it was told of."""
+
+    coordinator: int
+    epoch: int
+
+
+class PlanReady(NamedTuple):
+    """A plan for the ``live`` members, computed by ``by`` (as of its ``epoch``)."""
+
+    plan: Plan
+    live: list[int]
+    by: int
+    epoch: int
 
 
 class Control:
@@ -97,7 +113,7 @@ class Control:
             return
         self.wanted = False
         self.pending = True
-        self.sim.engine.at(self._next_round(c, now), self._plan_start, c, int(self.sim.epoch[c]))
+        self.sim.engine.at(self._next_round(c, now), self._plan_start, CoordinatorRound(c, int(self.sim.epoch[c])))
 
     def _next_round(self, c: int, now: float) -> float:
         period = self.sim.settings.coordinate_s
@@ -106,9 +122,10 @@ class Control:
         phase = float(self.round_phase[c])
         return phase + math.ceil(max(0.0, now - phase) / period) * period
 
-    def _plan_start(self, now: float, c: int, epoch: int) -> None:
+    def _plan_start(self, now: float, turn: CoordinatorRound) -> None:
         self.pending = False
-        if self.coordinator == c and self.sim.epoch[c] == epoch and self.sim.up[c]:
+        c = turn.coordinator
+        if self.coordinator == c and self.sim.epoch[c] == turn.epoch and self.sim.up[c]:
             self._plan_now(now, c)
         else:  # it left, or was replaced, before its round: whoever coordinates now plans
             self.wanted = True
@@ -139,18 +156,18 @@ class Control:
         runtime = time.perf_counter() - started
         self.events.append(PlanEvent(now, kind, runtime, len(live), len(result.pipelines)))
         self.planning = True
-        sim.engine.at(now + runtime, self._plan_ready, result, live, c, int(sim.epoch[c]))
+        sim.engine.at(now + runtime, self._plan_ready, PlanReady(result, live, c, int(sim.epoch[c])))
 
-    def _plan_ready(self, now: float, result: Plan, live: list[int], by: int, epoch: int) -> None:
+    def _plan_ready(self, now: float, ready: PlanReady) -> None:
         self.planning = False
         sim = self.sim
-        if sim.epoch[by] != epoch:
+        if sim.epoch[ready.by] != ready.epoch:
             # Its coordinator left while computing it: nobody publishes it. The next one plans
             # once that departure is noticed (``Simulation._notice`` elects it).
             sim.counts["plans_lost"] += 1
             self.wanted = True
         else:
-            sim.follow(now, self._with_relays(result, live))
+            sim.follow(now, self._with_relays(ready.plan, ready.live))
         if self.wanted:
             self.want_plan(now)
 

@@ -1,8 +1,10 @@
 """The simulator's engine: one event queue, and every message as a flow on the shared links.
 
-- ``at(t, handler, *args)`` runs ``handler(t, *args)`` at simulated time ``t``. Events live in
-  a heap of (time, sequence, handler, args): ties run in the order they were set, so a run
-  is deterministic for its seed.
+- ``at(t, handler, payload)`` runs ``handler(t, payload)`` at simulated time ``t``: a
+  ``Handler[P]`` takes the time and one typed payload ``P`` (a NamedTuple or frozen dataclass
+  per kind of event, declared beside its handler; None for one that carries nothing). Events
+  live in a heap of (time, sequence, handler, payload): ties run in the order they were set,
+  so a run is deterministic for its seed.
 - ``send``: one message of ``nbytes`` from ``src`` to ``dst``, as a flow on the shared links
   (``swarmd.peers.sim.shared_links``), then the path's latency, then its handler. Through a
   relay it is stored and forwarded: a flow to the relay, and once all of it is there a flow
@@ -32,7 +34,7 @@ import itertools
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, NamedTuple, TypeVar, overload
 
 import numpy as np
 
@@ -40,7 +42,9 @@ from swarmd.peers.planning.scenario import interface_rates
 from swarmd.peers.sim.shared_links import SharedLinks
 from swarmd.peers.wire.routing import RELAY_GAIN, Matrix, choose_route
 
-Handler = Callable[..., None]
+P = TypeVar("P")
+Handler = Callable[[float, P], None]
+"""An event's handler: ``handler(now, payload)``."""
 RETRY_S = 1.0
 """After a peer comes back, when a parked message goes again: the daemon's senders retry a
 broken send with backoff from 0.2-0.25 s up to 4-5 s (``contributions.RETRY_S``,
@@ -96,48 +100,67 @@ class Engine:
         self.counts: Counter[str] = Counter()
         self.relays: list[int] = []
         self._routes: dict[tuple[int, int, float], int | None] = {}
-        self._events: list[tuple[float, int, Handler, tuple[Any, ...]]] = []
+        self._events: list[tuple[float, int, Handler[Any], Any]] = []
         self._seq = itertools.count()
         self.events_run = 0
         self.now = 0.0
-        self._parked: dict[int, _Message] = {}
+        self._parked: dict[int, _Message[Any]] = {}
         """Messages cut or unsent because an end was away, by ``id``, until that end comes back
         (``returned``) or its departure is noticed (``forget``)."""
 
     # --- events -----------------------------------------------------------------------------
 
-    def at(self, t: float, handler: Handler, *args: Any) -> None:
-        heapq.heappush(self._events, (t, next(self._seq), handler, args))
+    def at(self, t: float, handler: Handler[P], payload: P) -> None:
+        heapq.heappush(self._events, (t, next(self._seq), handler, payload))
 
     def run_until(self, until: float, max_events: int) -> None:
         events = self._events
         while events and self.events_run < max_events and events[0][0] <= until:
-            t, _, handler, args = heapq.heappop(events)
+            t, _, handler, payload = heapq.heappop(events)
             self.now = t
-            handler(t, *args)
+            handler(t, payload)
             self.events_run += 1
 
     def _flow_event(self, t: float, slot: int, serial: int) -> None:
-        self.at(t, self._flow_due, slot, serial)
+        self.at(t, self._flow_due, _FlowDue(slot, serial))
 
     def _defer(self, t: float) -> None:
-        self.at(t, self.links.flush)
+        self.at(t, self._flush_links, None)
 
-    def _flow_due(self, now: float, slot: int, serial: int) -> None:
-        payload = self.links.due(now, slot, serial)
-        if payload is None:
+    def _flush_links(self, now: float, _: None) -> None:
+        self.links.flush(now)
+
+    def _flow_due(self, now: float, due: _FlowDue) -> None:
+        through = self.links.due(now, due.slot, due.serial)
+        if through is None:
             return
-        msg, hop, delay = payload
-        msg.slots.remove(slot)
+        msg, hop, delay = through
+        msg.slots.remove(due.slot)
         if hop == _FIRST_HOP:  # all of it is at the relay: on to its peer
             assert msg.via is not None
             self._flow(now, msg, msg.via, msg.dst, _LAST_HOP)
             return
         msg.parts -= 1
         if msg.parts == 0:
-            self.at(now + delay + msg.after, msg.then, *msg.args)
+            self.at(now + delay + msg.after, msg.then, msg.payload)
 
     # --- messages ---------------------------------------------------------------------------
+
+    @overload
+    def send(self, now: float, src: int, dst: int, nbytes: float) -> None: ...
+
+    @overload
+    def send(
+        self,
+        now: float,
+        src: int,
+        dst: int,
+        nbytes: float,
+        then: Handler[P],
+        payload: P,
+        via: int | None = None,
+        after: float = 0.0,
+    ) -> None: ...
 
     def send(
         self,
@@ -145,46 +168,37 @@ class Engine:
         src: int,
         dst: int,
         nbytes: float,
-        then: Handler | None = None,
-        args: tuple = (),
+        then: Handler[Any] | None = None,
+        payload: Any = None,
         via: int | None = None,
         after: float = 0.0,
     ) -> None:
         """``nbytes`` leave ``src`` for ``dst`` at ``now``; once the last byte is through and
-        the latency has passed (and ``after`` more seconds), ``then(t, *args)`` runs. Between
-        two ends of which one is down nothing is sent and nothing runs: the sender finds out
-        by other means (the peer's lease lapses)."""
-        self._message(now, src, dst, nbytes, then or _nothing, args, via, after, stream=False)
+        the latency has passed (and ``after`` more seconds), ``then(t, payload)`` runs (no
+        ``then``: nobody waits for it). Between two ends of which one is down nothing is sent
+        and nothing runs: the sender finds out by other means (the peer's lease lapses)."""
+        self._message(now, _Message(src, dst, nbytes, then or _nothing, payload, after, via, stream=False))
 
     def stream(
-        self, now: float, src: int, dst: int, nbytes: float, then: Handler, args: tuple, via: int | None = None
+        self, now: float, src: int, dst: int, nbytes: float, then: Handler[P], payload: P, via: int | None = None
     ) -> None:
         """Bulk bytes of many messages; through ``via`` both hops at once (module doc)."""
-        self._message(now, src, dst, nbytes, then, args, via, 0.0, stream=True)
+        self._message(now, _Message(src, dst, nbytes, then, payload, 0.0, via, stream=True))
 
-    def _message(
-        self,
-        now: float,
-        src: int,
-        dst: int,
-        nbytes: float,
-        then: Handler,
-        args: tuple,
-        via: int | None,
-        after: float,
-        *,
-        stream: bool,
-    ) -> None:
-        if src == dst or nbytes <= 0:
-            self.at(now + after, then, *args)
+    def _message(self, now: float, msg: _Message[Any]) -> None:
+        """Send ``msg`` afresh: its flows start, or it is parked, or (nothing to carry) its
+        handler is due after its ``after``."""
+        src, dst, stream = msg.src, msg.dst, msg.stream
+        if src == dst or msg.nbytes <= 0:
+            self.at(now + msg.after, msg.then, msg.payload)
             return
         if not (self.up[src] and self.up[dst]):
             if not stream:
-                self._park(_Message(src, dst, nbytes, then, args, after, via, stream))
+                self._park(msg)
             return
-        if via in (src, dst):
-            via = None
-        msg = _Message(src, dst, nbytes, then, args, after, via, stream)
+        if msg.via in (src, dst):
+            msg.via = None
+        via = msg.via
         if via is None:
             self._flow(now, msg, src, dst, _DIRECT)
             return
@@ -196,7 +210,7 @@ class Engine:
         else:
             self._flow(now, msg, src, via, _FIRST_HOP)
 
-    def _flow(self, now: float, msg: _Message, a: int, b: int, hop: int) -> None:
+    def _flow(self, now: float, msg: _Message[Any], a: int, b: int, hop: int) -> None:
         self.sent[a] += msg.nbytes
         self.received[b] += msg.nbytes
         msg.slots.append(self.links.start(now, a, b, msg.nbytes, (msg, hop, self.one_way(a, b, msg.nbytes))))
@@ -214,11 +228,11 @@ class Engine:
         for msg in messages:  # after every cancel: a resend may reuse a freed slot
             if msg.via == device and self.up[msg.src] and self.up[msg.dst]:
                 self.counts["relay_gone"] += 1
-                self._message(now, msg.src, msg.dst, msg.nbytes, msg.then, msg.args, None, msg.after, stream=msg.stream)
+                self._message(now, msg.again(None))
             elif not msg.stream:
                 self._park(msg)
 
-    def _park(self, msg: _Message) -> None:
+    def _park(self, msg: _Message[Any]) -> None:
         msg.parts = 1
         self._parked[id(msg)] = msg
         self.counts["parked"] += 1
@@ -231,10 +245,7 @@ class Engine:
                 del self._parked[key]
                 self.counts["retried"] += 1
                 via = msg.via if msg.via is not None and self.up[msg.via] else None
-                self.at(now + RETRY_S, self._retry, msg, via)
-
-    def _retry(self, now: float, msg: _Message, via: int | None) -> None:
-        self._message(now, msg.src, msg.dst, msg.nbytes, msg.then, msg.args, via, msg.after, stream=False)
+                self.at(now + RETRY_S, self._message, msg.again(via))
 
     def forget(self, device: int) -> None:
         """``device``'s departure is noticed: its leases lapsed, and what it held is taken over
@@ -357,15 +368,23 @@ class Engine:
 _DIRECT, _FIRST_HOP, _LAST_HOP, _STREAM_HOP = range(4)
 
 
+class _FlowDue(NamedTuple):
+    """The shared links' completion event of the flow in ``slot`` (stale unless ``serial``
+    is still the slot's)."""
+
+    slot: int
+    serial: int
+
+
 @dataclass(eq=False)
-class _Message:
+class _Message(Generic[P]):
     """One message (or one share's stream across a boundary) and the flows that carry it."""
 
     src: int
     dst: int
     nbytes: float
-    then: Handler
-    args: tuple[Any, ...]
+    then: Handler[P]
+    payload: P
     after: float
     via: int | None
     stream: bool
@@ -373,6 +392,10 @@ class _Message:
     """Flows still to finish before ``then`` runs (a stream through a relay has two)."""
     slots: list[int] = field(default_factory=list)
 
+    def again(self, via: int | None) -> _Message[P]:
+        """The same message, to be sent afresh from its sender (through ``via``)."""
+        return _Message(self.src, self.dst, self.nbytes, self.then, self.payload, self.after, via, self.stream)
 
-def _nothing(now: float) -> None:
+
+def _nothing(now: float, _: None) -> None:
     """The handler of a message whose arrival nobody waits for (a checkpoint copy's bytes)."""

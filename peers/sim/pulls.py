@@ -71,7 +71,7 @@ class Pulls:
         cell.pulling[k] = True
         via = sim.engine.route(source, cell.device, nbytes, for_speed=False)
         answer = PullAnswer(shard, shard.epoch, cell, cell.serial, version, now)
-        sim.engine.send(now, source, cell.device, nbytes, self._pulled, (answer,), via)
+        sim.engine.send(now, source, cell.device, nbytes, self._pulled, answer, via)
 
     def committed(self, now: float, shard: Shard) -> None:
         """``shard`` committed a new version: every cell of its stage may pull it."""
@@ -104,7 +104,7 @@ class Pulls:
         nbytes = sim.workload.slice_bytes(shard.stage, shard.index)
         via = sim.engine.route(shard.holder, cell.device, nbytes, for_speed=False)
         copy = SliceCopy(shard, shard.epoch, cell, cell.serial, shard.committed)
-        sim.engine.send(now, shard.holder, cell.device, nbytes, self._slice_in, (copy,), via)
+        sim.engine.send(now, shard.holder, cell.device, nbytes, self._slice_in, copy, via)
 
     def _slice_in(self, now: float, s: SliceCopy) -> None:
         shard, cell = s.shard, s.cell

@@ -21,7 +21,7 @@ the head fail, and go direct); a part whose cell left too is lost with it, as a 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from swarmd.peers.sim.shards import Contribution
 from swarmd.peers.taskpool.reduction import group_of, head_of, reduce_wait_s, summable
@@ -39,6 +39,21 @@ class Bucket:
     shard: int
     head_pipeline: int
     parts: list[Contribution] = field(default_factory=list)
+
+
+class HeadDelivery(NamedTuple):
+    """A member's part on its way to the ``head`` device of pipeline ``head_pid``."""
+
+    head: int
+    head_pid: int
+    contribution: Contribution
+
+
+class BucketDue(NamedTuple):
+    """A bucket's wait (``reduce_wait_s``) is over: it goes to the server if still open."""
+
+    key: tuple[int, int, int]
+    bucket: Bucket
 
 
 class Reducers:
@@ -103,21 +118,22 @@ class Reducers:
         c.cell.in_flight.add(c.cid)
         c.sent_at = now
         self.to_head[c.cid] = (head.device, c)
-        args = (head.device, head.pipeline.pid, c)
+        delivery = HeadDelivery(head.device, head.pipeline.pid, c)
         if head.device == c.device:
-            self._arrived(now, *args)
+            self._arrived(now, delivery)
         else:
             rate = sim.engine.path_rate(c.device, head.device, None)
             nbytes = sim.workload.contribution_bytes(c.stage, c.shard, rate)
             via = sim.engine.route(c.device, head.device, nbytes, for_speed=False)
-            sim.engine.send(now, c.device, head.device, nbytes, self._arrived, args, via)
+            sim.engine.send(now, c.device, head.device, nbytes, self._arrived, delivery, via)
         return True
 
-    def _arrived(self, now: float, head: int, head_pid: int, c: Contribution) -> None:
+    def _arrived(self, now: float, d: HeadDelivery) -> None:
+        head, c = d.head, d.contribution
         if self.to_head.get(c.cid, (None, None))[1] is not c:
             return  # sent to the server meanwhile (its head left)
         pipes = self.sim.pipelines.pipelines
-        index = next((i for i, p in enumerate(pipes) if p.pid == head_pid), None)
+        index = next((i for i, p in enumerate(pipes) if p.pid == d.head_pid), None)
         if index is None:
             return self._direct(now, c)  # the head's pipeline is gone from the plan
         key = (head, c.stage, c.shard)
@@ -126,10 +142,10 @@ class Reducers:
             bucket = self.buckets[key] = Bucket(head, c.stage, c.shard, index)
             cell = pipes[index].cells[c.stage]
             wait = reduce_wait_s(self._round_s(cell))
-            self.sim.engine.at(now + wait, self._flush, key, bucket)
+            self.sim.engine.at(now + wait, self._flush, BucketDue(key, bucket))
         bucket.parts.append(c)
         if len(bucket.parts) >= self._expected(bucket):
-            self._flush(now, key, bucket)
+            self._flush(now, BucketDue(key, bucket))
 
     def _round_s(self, cell: Cell) -> float:
         p = cell.pipeline
@@ -140,7 +156,8 @@ class Reducers:
         members = group_of(bucket.head_pipeline, len(pipes), self.group_size(bucket.stage))
         return max(1, sum(pipes[p].cells[bucket.stage].device is not None for p in members))
 
-    def _flush(self, now: float, key: tuple[int, int, int], bucket: Bucket) -> None:
+    def _flush(self, now: float, due: BucketDue) -> None:
+        key, bucket = due
         if self.buckets.get(key) is not bucket:
             return
         del self.buckets[key]

@@ -68,8 +68,8 @@ class Segments:
             a, c = p.cells[b].device, p.cells[b + 1].device
             assert a is not None and c is not None
             forward, backward = BoundaryStream(at, t.tail_forward[b]), BoundaryStream(at, t.tail_backward[b])
-            sim.engine.stream(now, a, c, m * k * nbytes, self._boundary, (forward,), via)
-            sim.engine.stream(now, c, a, m * k * nbytes, self._boundary, (backward,), via)
+            sim.engine.stream(now, a, c, m * k * nbytes, self._boundary, forward, via)
+            sim.engine.stream(now, c, a, m * k * nbytes, self._boundary, backward, via)
 
     def _take_base(self, now: float, at: PipelineEpoch) -> None:
         """Between two shares every cell applies what its pulls brought; the last share's

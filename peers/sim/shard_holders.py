@@ -76,7 +76,7 @@ class ShardHolders:
             return
         copy = CheckpointCopy(shard, shard.epoch, standby, shard.version)
         nbytes = sim.workload.checkpoint_bytes(shard.stage, shard.index)
-        sim.engine.send(now, holder, standby, nbytes, self._standby_ready, (copy,))
+        sim.engine.send(now, holder, standby, nbytes, self._standby_ready, copy)
 
     def _standby_ready(self, now: float, copy: CheckpointCopy) -> None:
         shard = copy.shard
@@ -126,7 +126,7 @@ class ShardHolders:
                     continue
                 shard.moving_to = server
                 nbytes = sim.workload.checkpoint_bytes(shard.stage, shard.index)
-                sim.engine.send(now, shard.holder, server, nbytes, self._moved, (Move(shard, shard.epoch, server),))
+                sim.engine.send(now, shard.holder, server, nbytes, self._moved, Move(shard, shard.epoch, server))
 
     def _moved(self, now: float, move: Move) -> None:
         shard = move.shard

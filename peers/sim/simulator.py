@@ -36,7 +36,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
@@ -98,6 +98,15 @@ class SimConfig:
     data_via_relay: str = "auto"
     """The daemon's ``[swarm] data_via_relay``: auto, always or never."""
     max_events: int = 200_000_000
+
+
+class Notice(NamedTuple):
+    """The membership learns that ``device`` came (``up``) or went, unless it changed again
+    since (its ``epoch`` moved on)."""
+
+    device: int
+    up: bool
+    epoch: int
 
 
 class DataPlane(Protocol):
@@ -193,7 +202,7 @@ class Simulation:
             scenario.latency_s, scenario.bandwidth_Bps, self.ids, self.up, overheads, settings.data_via_relay
         )
         for ev in churn:
-            self.engine.at(ev.at_s, self._churn, ev.device, ev.up)
+            self.engine.at(ev.at_s, self._churn, ev)
         self.counts: Counter[str] = Counter()
         self.phases = OpTimes()
         self.staleness: Counter[int] = Counter()
@@ -248,14 +257,15 @@ class Simulation:
         live = self.members()
         return max(live, key=lambda d: (self.availability[d], -d))
 
-    def _churn(self, now: float, device: int, up: bool) -> None:
+    def _churn(self, now: float, ev: ChurnEvent) -> None:
+        device, up = ev.device, ev.up
         self.up[device] = up
         if device in self.control.relays:
             self.engine.relay_changed()
         if up:
             self.counts["returns"] += 1
             self.engine.returned(now, device)
-            self.engine.at(now + self.settings.join_s, self._notice, device, True, int(self.epoch[device]))
+            self.engine.at(now + self.settings.join_s, self._notice, Notice(device, True, int(self.epoch[device])))
             return
         self.counts["departures"] += 1
         self.epoch[device] += 1
@@ -263,13 +273,14 @@ class Simulation:
             self.departure_times.append(now)
         self.engine.cut(now, device)
         self.plane.departed(now, device)
-        self.engine.at(now + self.settings.detect_s, self._notice, device, False, int(self.epoch[device]))
+        self.engine.at(now + self.settings.detect_s, self._notice, Notice(device, False, int(self.epoch[device])))
 
     def _planned(self, device: int) -> bool:
         return self.plane.planned(device)
 
-    def _notice(self, now: float, device: int, up: bool, epoch: int) -> None:
-        if self.epoch[device] != epoch or self.up[device] != up:
+    def _notice(self, now: float, notice: Notice) -> None:
+        device, up = notice.device, notice.up
+        if self.epoch[device] != notice.epoch or self.up[device] != up:
             return  # it changed again before anyone noticed
         self.member[device] = up
         self.member_since[device] = now

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -63,6 +63,49 @@ POLICIES = {
     "swarm": Policy("swarm", wiring=True, on_departure="reroute", local_steps=1),
     "diloco": Policy("diloco", wiring=False, on_departure="drop", local_steps=DILOCO_INNER_STEPS),
 }
+
+
+class StateCopy(NamedTuple):
+    """A ``stage``'s weights and optimizer state on their way to new member ``device``,
+    asked for at ``asked``."""
+
+    device: int
+    stage: int
+    asked: float
+
+
+@dataclass(eq=False)
+class RowJoin:
+    """A row's compute in flight: the parts (its schedule, its boundaries' flows) still to
+    finish, and when the row ends once they have."""
+
+    left: int
+    end: float
+    row: tuple[int, ...] | None
+    """None: SWARM's stages together."""
+
+
+class RowPart(NamedTuple):
+    """One part of a row's compute of step ``epoch`` done; ``tail``: once a boundary's flow
+    is in, the last micro-batch's way on."""
+
+    join: RowJoin
+    epoch: int
+    tail: float
+
+
+class RowDone(NamedTuple):
+    """A row of step ``epoch`` is through (None: one left the step, or SWARM's stages
+    together)."""
+
+    epoch: int
+    row: tuple[int, ...] | None
+
+
+class Reduced(NamedTuple):
+    """A stage's all-reduce of step ``epoch`` is done."""
+
+    epoch: int
 
 
 class SyncPath:
@@ -131,7 +174,7 @@ class SyncPath:
             lost = self.k * self.policy.local_steps
             self.step_mb -= lost
             self._lose(lost)
-            self._row_done(now, self.epoch, None)  # the round goes on without it
+            self._row_done(now, RowDone(self.epoch, None))  # the round goes on without it
         elif self.phase == "compute":  # reroute: the rest of the step on the live peers
             done = min(1.0, (now - self.started) / self.expected) if self.expected > 0 else 0.0
             self.sim.counts["rerouted"] += 1
@@ -196,14 +239,15 @@ class SyncPath:
             return
         source = min(sources, key=lambda d: float(sim.scenario.latency_s[d, device]))
         self.loading[device] = stage
-        sim.engine.send(now, source, device, self.state_bytes[stage], self._loaded, (device, stage, now))
+        sim.engine.send(now, source, device, self.state_bytes[stage], self._loaded, StateCopy(device, stage, now))
 
-    def _loaded(self, now: float, device: int, stage: int, asked: float) -> None:
+    def _loaded(self, now: float, copy: StateCopy) -> None:
+        device, stage = copy.device, copy.stage
         if self.loading.get(device) != stage:
             return
         del self.loading[device]
         self.holds[device] = stage
-        self.sim.phases.add("weights", now - asked)
+        self.sim.phases.add("weights", now - copy.asked)
         self.start_step(now)
 
     def _ready(self, row: tuple[int, ...]) -> bool:
@@ -242,12 +286,12 @@ class SyncPath:
             t = pipeline_timing(sim, row)
             compute = max(share_seconds(t.forward_s, t.backward_s, t.send_s, micro), micro * t.floor_s)
             longest = max(longest, compute)
-            join: list = [1 + 2 * len(t.send_s), now + compute, row]
-            sim.engine.at(now + compute, self._part, join, epoch, 0.0)
+            join = RowJoin(1 + 2 * len(t.send_s), now + compute, row)
+            sim.engine.at(now + compute, self._part, RowPart(join, epoch, 0.0))
             for b, (nbytes, via) in enumerate(zip(t.nbytes, t.via, strict=True)):
                 a, c = row[b], row[b + 1]
-                sim.engine.stream(now, a, c, micro * nbytes, self._part, (join, epoch, t.tail_forward[b]), via)
-                sim.engine.stream(now, c, a, micro * nbytes, self._part, (join, epoch, t.tail_backward[b]), via)
+                sim.engine.stream(now, a, c, micro * nbytes, self._part, RowPart(join, epoch, t.tail_forward[b]), via)
+                sim.engine.stream(now, c, a, micro * nbytes, self._part, RowPart(join, epoch, t.tail_backward[b]), via)
         self.expected = longest
 
     def _wired(self, now: float, rows: list[tuple[int, ...]], fraction: float) -> float:
@@ -274,26 +318,26 @@ class SyncPath:
             share = sim.tflops[senders] / sim.tflops[senders].sum()
             flows += [(int(a), int(b), micro * act * float(f)) for a, b, f in zip(senders, drawn, share, strict=True)]
         compute = share_seconds(fwd, bwd, send, micro)
-        join: list = [1 + 2 * len(flows), now + compute, None]
-        sim.engine.at(now + compute, self._part, join, self.epoch, 0.0)
+        join = RowJoin(1 + 2 * len(flows), now + compute, None)
+        sim.engine.at(now + compute, self._part, RowPart(join, self.epoch, 0.0))
         for a, b, nbytes in flows:
-            sim.engine.stream(now, a, b, nbytes, self._part, (join, self.epoch, bwd[-1]), None)
-            sim.engine.stream(now, b, a, nbytes, self._part, (join, self.epoch, bwd[0]), None)
+            sim.engine.stream(now, a, b, nbytes, self._part, RowPart(join, self.epoch, bwd[-1]), None)
+            sim.engine.stream(now, b, a, nbytes, self._part, RowPart(join, self.epoch, bwd[0]), None)
         return compute
 
-    def _part(self, now: float, join: list, epoch: int, tail: float) -> None:
-        """One part of a row's compute (its schedule, or a boundary's flow) is done: ``join``
-        is (parts left, when the row ends, the row)."""
-        if epoch != self.epoch:
+    def _part(self, now: float, part: RowPart) -> None:
+        """One part of a row's compute (its schedule, or a boundary's flow) is done."""
+        if part.epoch != self.epoch:
             return
-        join[0] -= 1
-        join[1] = max(join[1], now + tail)
-        if join[0] == 0:
-            self.sim.engine.at(max(now, join[1]), self._row_done, epoch, join[2])
+        join = part.join
+        join.left -= 1
+        join.end = max(join.end, now + part.tail)
+        if join.left == 0:
+            self.sim.engine.at(max(now, join.end), self._row_done, RowDone(part.epoch, join.row))
 
-    def _row_done(self, now: float, epoch: int, row: tuple[int, ...] | None) -> None:
-        """A row is through (None: one left the step, or SWARM's stages together)."""
-        if epoch != self.epoch or self.phase != "compute":
+    def _row_done(self, now: float, done: RowDone) -> None:
+        row = done.row
+        if done.epoch != self.epoch or self.phase != "compute":
             return
         if row is not None and row not in self.step_rows:
             return  # it left the step (DiLoCo: a replica that departed)
@@ -317,10 +361,10 @@ class SyncPath:
         groups = self._groups(self.step_rows)
         self.left = len(groups)
         for s, group in enumerate(groups):
-            all_reduce(self.sim, now, group, self.stage_bytes[s], self._reduced, (self.epoch,))
+            all_reduce(self.sim, now, group, self.stage_bytes[s], self._reduced, Reduced(self.epoch))
 
-    def _reduced(self, now: float, epoch: int) -> None:
-        if epoch != self.epoch or self.phase != "reduce":
+    def _reduced(self, now: float, done: Reduced) -> None:
+        if done.epoch != self.epoch or self.phase != "reduce":
             return
         self.left -= 1
         if self.left > 0:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 import pytest
 
-from swarmd.peers.sim.engine import RETRY_S, Engine, Overheads
+from swarmd.peers.sim.engine import RETRY_S, Engine, Handler, Overheads
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -23,7 +21,7 @@ def engine(n: int = 4, overheads: Overheads = NO_OVERHEADS) -> tuple[Engine, lis
     return e, []
 
 
-def landed(log: list[tuple[float, str]]) -> Callable[[float, str], None]:
+def landed(log: list[tuple[float, str]]) -> Handler[str]:
     def handler(now: float, name: str) -> None:
         log.append((now, name))
 
@@ -34,7 +32,7 @@ def test_a_senders_messages_share_its_uplink_and_arrive_after_the_latency() -> N
     e, log = engine(3)
     e.bandwidth_Bps[0, 2] = 10.0
     for dst, nbytes, name in ((1, 1e8, "a"), (1, 1e8, "b"), (2, 100.0, "slow")):
-        e.send(0.0, 0, dst, nbytes, landed(log), (name,))
+        e.send(0.0, 0, dst, nbytes, landed(log), name)
     e.run_until(100.0, 1000)
     # The two 1e8 B messages share the uplink (1e8 B/s) but for the 10 B/s the slow one
     # takes: both take two seconds, then the 1 ms latency; the slow one 10 s.
@@ -44,7 +42,7 @@ def test_a_senders_messages_share_its_uplink_and_arrive_after_the_latency() -> N
 
 def test_a_message_at_a_relay_that_leaves_goes_again_on_the_direct_path() -> None:
     e, log = engine()
-    e.send(0.0, 0, 1, 1e6, landed(log), ("landed",), via=2)
+    e.send(0.0, 0, 1, 1e6, landed(log), "landed", via=2)
     e.run_until(0.005, 1000)  # half-way to the relay
     e.up[2] = False
     e.cut(0.005, 2)
@@ -55,7 +53,7 @@ def test_a_message_at_a_relay_that_leaves_goes_again_on_the_direct_path() -> Non
 
 def test_a_stream_through_a_relay_runs_both_hops_at_once() -> None:
     e, log = engine()
-    e.stream(0.0, 0, 1, 1e8, landed(log), ("through",), via=2)
+    e.stream(0.0, 0, 1, 1e8, landed(log), "through", via=2)
     e.run_until(10.0, 1000)
     assert log == [(pytest.approx(1.001), "through")]  # not 2 s: each message is forwarded as it comes
     assert e.received[2] == pytest.approx(1e8) and e.sent[2] == pytest.approx(1e8)
@@ -63,12 +61,12 @@ def test_a_stream_through_a_relay_runs_both_hops_at_once() -> None:
 
 def test_a_departed_end_stops_its_flows_and_the_others_speed_up() -> None:
     e, log = engine()
-    e.send(0.0, 0, 1, 1e8, landed(log), ("kept",))
-    e.send(0.0, 0, 2, 1e8, landed(log), ("cut",))
+    e.send(0.0, 0, 1, 1e8, landed(log), "kept")
+    e.send(0.0, 0, 2, 1e8, landed(log), "cut")
     e.run_until(0.5, 1000)  # each a quarter through, at half the uplink
     e.up[2] = False
     e.cut(0.5, 2)
-    e.send(0.6, 0, 2, 1e3, landed(log), ("to a departed peer",))  # nothing is sent
+    e.send(0.6, 0, 2, 1e3, landed(log), "to a departed peer")  # nothing is sent
     e.run_until(10.0, 1000)
     # The rest of "kept" (75 MB) at the whole uplink: 0.75 s more, then the latency.
     assert log == [(pytest.approx(1.251), "kept")] and len(e.links) == 0
@@ -77,7 +75,7 @@ def test_a_departed_end_stops_its_flows_and_the_others_speed_up() -> None:
 
 def test_the_bytes_carried_leave_out_what_flows_in_flight_have_not_sent_yet() -> None:
     e, log = engine()
-    e.send(0.0, 0, 1, 1e8, landed(log), ("half",))
+    e.send(0.0, 0, 1, 1e8, landed(log), "half")
     e.run_until(0.5, 1000)
     sent, received = e.carried(0.5)
     assert sent[0] == pytest.approx(5e7) and received[1] == pytest.approx(5e7) and e.sent[0] == 1e8
@@ -94,7 +92,7 @@ def test_a_request_pays_the_stacks_overhead_each_way_and_a_busy_interface_its_qu
 def cut_half_way() -> tuple[Engine, list[tuple[float, str]]]:
     """d0 sends d1 a 10 ms message, and d1 drops off half-way through it."""
     e, log = engine()
-    e.send(0.0, 0, 1, 1e6, landed(log), ("landed",))
+    e.send(0.0, 0, 1, 1e6, landed(log), "landed")
     e.run_until(0.005, 1000)
     e.up[1] = False
     e.cut(0.005, 1)
@@ -105,7 +103,7 @@ def test_a_message_cut_by_a_blip_goes_again_once_its_end_is_back() -> None:
     # d1 is back at 50 ms, before anyone noticed: the sender's retry gets through RETRY_S
     # later, the whole message again.
     e, log = cut_half_way()
-    e.send(0.01, 2, 1, 1e6, landed(log), ("sent while away",))  # nothing goes to a peer that is away
+    e.send(0.01, 2, 1, 1e6, landed(log), "sent while away")  # nothing goes to a peer that is away
     e.run_until(0.05, 1000)
     assert log == []
     e.up[1] = True

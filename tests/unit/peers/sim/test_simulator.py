@@ -247,7 +247,7 @@ def test_a_departure_in_the_middle_of_a_round_keeps_its_shares_done_and_recomput
     while not (p.segment and p.started > 0 and len(p.segment) == 4):
         sim.advance(sim.engine.now + 0.01)
     leave = p.started + 2.5 * p.per_share_s
-    sim.engine.at(leave, sim._churn, 3, False)
+    sim.engine.at(leave, sim._churn, ChurnEvent(leave, 3, False))
     sim.advance(leave)
     assert p.shares_done == 2 and [len(c.round_shares) for c in p.cells] == [2, 0]
     r = sim.run()

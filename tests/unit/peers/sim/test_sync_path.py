@@ -65,7 +65,7 @@ def test_a_ring_all_reduce_sends_two_n_minus_one_over_n_of_the_bytes_and_waits_f
     sim = simulation(sc, fixed(((0,), (1,), (2,)), (4,), "dtfm"), 0.1)
     assert ring_order(sim, [0, 1, 2]) == [1, 2, 0]  # by region, then ID
     done: list[float] = []
-    all_reduce(sim, 0.0, [0, 1, 2], 3e8, lambda t: done.append(t), ())
+    all_reduce(sim, 0.0, [0, 1, 2], 3e8, lambda t, _: done.append(t), None)
     sim.engine.run_until(100.0, 1000)
     # Each member sends 2 * 2 / 3 of 300 MB (400 MB, 4 s at 100 MB/s) and the four chunk steps
     # each wait for a hop's 1 ms; the flows' own latency is one more.
