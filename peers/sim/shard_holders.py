@@ -31,7 +31,7 @@ class CheckpointCopy(NamedTuple):
     version: int
 
 
-class Move(NamedTuple):
+class ShardMove(NamedTuple):
     """A checkpoint of ``shard`` (as of ``epoch``) on its way to the ``server`` a plan names: it
     holds the shard at the version committed when the checkpoint and the log since are in."""
 
@@ -126,9 +126,9 @@ class ShardHolders:
                     continue
                 shard.moving_to = server
                 nbytes = sim.workload.checkpoint_bytes(shard.stage, shard.index)
-                sim.engine.send(now, shard.holder, server, nbytes, self._moved, Move(shard, shard.epoch, server))
+                sim.engine.send(now, shard.holder, server, nbytes, self._moved, ShardMove(shard, shard.epoch, server))
 
-    def _moved(self, now: float, move: Move) -> None:
+    def _moved(self, now: float, move: ShardMove) -> None:
         shard = move.shard
         if move.epoch != shard.epoch or shard.moving_to != move.server:
             return

@@ -331,3 +331,41 @@ def test_unit_tests_mirror_the_packages() -> None:
         if package not in packages:
             found.append(f"tests/unit/{'/'.join(parts)} mirrors no package ({package})")
     assert found == []
+
+
+# --- size: one concept per module and per class ------------------------------------------------
+
+MAX_MODULE_LINES = 500
+MAX_CLASS_LINES = 300
+
+
+def _source_files() -> Iterator[Path]:
+    for folder in TOP:
+        for path, _ in _modules(folder):
+            yield path
+
+
+def test_no_module_over_500_lines_and_no_class_over_300() -> None:
+    found = []
+    for path in [*_source_files(), *sorted((ROOT / "tests").rglob("*.py"))]:
+        if any(part in SKIP_DIRS for part in path.relative_to(ROOT).parts):
+            continue
+        text = path.read_text()
+        lines = len(text.splitlines())
+        if lines > MAX_MODULE_LINES:
+            found.append(f"{path.relative_to(ROOT)}: {lines} lines (at most {MAX_MODULE_LINES})")
+        for node in ast.walk(ast.parse(text, str(path))):
+            if isinstance(node, ast.ClassDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_CLASS_LINES:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} class {node.name}: {length} lines")
+    assert found == [], "split along the concept's seams"
+
+
+def test_no_two_classes_of_one_name() -> None:
+    where: dict[str, list[str]] = {}
+    for path in _source_files():
+        for node in ast.parse(path.read_text(), str(path)).body:
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in where.items() if len(paths) > 1} == {}
