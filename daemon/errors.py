@@ -31,6 +31,10 @@ class JoinError(SwarmdError):
     """The daemon could not join the run's swarm (peers unreachable, spec not served)."""
 
 
+class BootstrapError(JoinError):
+    """None of the initial peers could be reached; worth retrying, they may come back."""
+
+
 class ControlError(SwarmdError):
     """The local control socket could not be reached or answered garbage."""
 

@@ -12,15 +12,17 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from swarmd.config import SwarmConfig
-from swarmd.errors import JoinError
+from swarmd.errors import BootstrapError, JoinError
 from swarmd.node.services import DHT_CALL_TIMEOUT_S, dht_call
-from swarmd.peers.dht.swarm_dht import BootstrapError, SwarmDHT
 from swarmd.peers.records.run_spec import SignedRunSpec
 from swarmd.system import systemd
 from swarmd.system.state_dir import load_cached_spec, save_spec, spec_cache_path
+
+if TYPE_CHECKING:  # hivemind: a test that imports this module must not load it (py-libp2p clash)
+    from swarmd.peers.dht.swarm_dht import SwarmDHT
 
 logger = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from hivemind.utils.serializer import MSGPackSerializer
 from hivemind.utils.timed_storage import get_dht_time
 from multiaddr import Multiaddr
 
-from swarmd.errors import JoinError, RecordError, RunSpecError
+from swarmd.errors import BootstrapError, JoinError, RecordError, RunSpecError
 from swarmd.peers.membership.reliability import KIND as OBSERVATIONS_KIND
 from swarmd.peers.membership.reliability import Observations
 from swarmd.peers.records.envelope import peek_kind
@@ -106,10 +106,6 @@ _PLAIN_VALUE = MSGPackSerializer.dumps(None)  # hivemind's subkey for a value wi
 
 def _dht_id(key: str) -> bytes:
     return DHTID.generate(source=key).to_bytes()
-
-
-class BootstrapError(JoinError):
-    """None of the initial peers could be reached; worth retrying, they may come back."""
 
 
 class SwarmRecordValidator(RecordValidatorBase):
