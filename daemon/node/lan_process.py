@@ -28,7 +28,7 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from swarmd.errors import SwarmdError
 
@@ -151,6 +151,34 @@ class LanDiscoveryProcess:
 # --- the child ---------------------------------------------------------------------------
 
 
+class AnswerFirst:
+    """The child's lines to the daemon, the answer to the start (``ready`` or ``error``) first.
+
+    The daemon reads the first line as that answer. A peer may greet us as soon as the host
+    listens, before ``ready`` is written: its hello then waits here and follows the answer
+    (written first, it made the daemon take the child for broken and run without LAN
+    discovery). Events come from the trio thread, the answer from the main thread."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+        self._early: list[dict[str, Any]] | None = []
+
+    def answer(self, obj: dict[str, Any]) -> None:
+        with self._lock:
+            early, self._early = self._early or [], None
+            self._stream.write(b"".join(_line(o) for o in [obj, *early]))
+            self._stream.flush()
+
+    def event(self, obj: dict[str, Any]) -> None:
+        with self._lock:
+            if self._early is not None:
+                self._early.append(obj)
+                return
+            self._stream.write(_line(obj))
+            self._stream.flush()
+
+
 def _child_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="swarmd.node.lan_process")
     parser.add_argument("--state-dir", type=Path, required=True)
@@ -169,26 +197,21 @@ def _child_main(argv: list[str] | None = None) -> int:
     from swarmd.peers.lan.discovery import LanDiscovery
     from swarmd.peers.records.identity import load_or_create_identity
 
-    out_lock = threading.Lock()
-
-    def send(obj: dict[str, Any]) -> None:
-        with out_lock:
-            sys.stdout.buffer.write(_line(obj))
-            sys.stdout.buffer.flush()
+    out = AnswerFirst(sys.stdout.buffer)
 
     hello = b""
 
     def on_hello(peer_id: str, payload: bytes) -> None:
-        send({"peer": peer_id, "hello": base64.b64encode(payload).decode()})
+        out.event({"peer": peer_id, "hello": base64.b64encode(payload).decode()})
 
     try:
         identity = load_or_create_identity(args.state_dir)
         lan = LanDiscovery(identity, args.run_id, args.listen, get_hello=lambda: hello, on_hello=on_hello)
         lan.start()
     except Exception as e:  # reported to the daemon, which logs one line and goes on without us
-        send({"error": str(e) if isinstance(e, SwarmdError) else f"{type(e).__name__}: {e}"})
+        out.answer({"error": str(e) if isinstance(e, SwarmdError) else f"{type(e).__name__}: {e}"})
         return 1
-    send({"ready": lan.listen_maddrs})
+    out.answer({"ready": lan.listen_maddrs})
     try:
         for line in sys.stdin.buffer:  # ends at end-of-file: the daemon is gone or stopping
             if len(line) > MAX_LINE_BYTES:
