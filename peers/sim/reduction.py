@@ -130,7 +130,7 @@ class Reducers:
 
     def _arrived(self, now: float, d: HeadDelivery) -> None:
         head, c = d.head, d.contribution
-        if self.to_head.get(c.cid, (None, None))[1] is not c:
+        if self.to_head.get(c.cid, (None, None))[1] is not d.contribution:
             return  # sent to the server meanwhile (its head left)
         pipes = self.sim.pipelines.pipelines
         index = next((i for i, p in enumerate(pipes) if p.pid == d.head_pid), None)

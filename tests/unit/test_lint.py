@@ -1,11 +1,14 @@
-"""The linter and the formatter own the code's layout: ``ruff check`` and ``ruff format`` are clean.
+"""The linter and the formatter own the code's layout: ``ruff check`` and ``ruff format`` are
+clean; and ``mypy`` finds the source's types consistent (``[tool.mypy]`` in pyproject.toml).
 
-They run here so that the README's one test command (and so CI) checks both; the ``test``
-extra installs ruff. Fix a failure with ``.venv/bin/ruff format . && .venv/bin/ruff check --fix .``.
+They run here so that the README's one test command (and so CI) checks all three; the
+``test`` extra installs ruff and mypy. Fix a failure with ``.venv/bin/ruff format . &&
+.venv/bin/ruff check --fix .``, or as ``.venv/bin/python -m mypy daemon peers models`` says.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -29,6 +32,19 @@ def _ruff() -> str:
 def test_ruff_is_clean(command: list[str]) -> None:
     done = subprocess.run([_ruff(), *command], cwd=ROOT, capture_output=True, text=True, timeout=100)
     assert done.returncode == 0, f"ruff {' '.join(command)}:\n{done.stdout}{done.stderr}"
+
+
+@pytest.mark.timeout(300)
+def test_mypy_is_clean() -> None:
+    assert importlib.util.find_spec("mypy"), "mypy is not installed: `pip install -e '.[test]'` brings it"
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "daemon", "peers", "models"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert done.returncode == 0, f"mypy:\n{done.stdout[-4000:]}{done.stderr[-2000:]}"
 
 
 def test_no_hand_layout_fights_the_formatter() -> None:
