@@ -60,6 +60,21 @@ def test_malformed_config(workdir: Path) -> None:
     assert_one_line_error(swarmd("status", "--config", str(config)), "not valid TOML")
 
 
+def run_alone(run_id: str, state_dir: Path, join_timeout_s: int) -> list[str]:
+    """``swarmd run`` of a daemon on loopback that gives up joining after ``join_timeout_s``."""
+    return [
+        "run",
+        "--run-id",
+        run_id,
+        "--state-dir",
+        str(state_dir),
+        *LOOPBACK_FLAGS,
+        "--no-benchmark",
+        "--join-timeout",
+        str(join_timeout_s),
+    ]
+
+
 def test_malformed_run_id_and_multiaddr(workdir: Path) -> None:
     out = swarmd("run", "--run-id", "no spaces allowed", "--state-dir", str(workdir / "s"))
     assert_one_line_error(out, "malformed", "swarmd run create")
@@ -70,17 +85,7 @@ def test_malformed_run_id_and_multiaddr(workdir: Path) -> None:
 def test_unreachable_initial_peer_gives_up_after_the_join_timeout(workdir: Path) -> None:
     nobody = Identity.generate().peer_id
     out = swarmd(
-        "run",
-        "--run-id",
-        RUN_ID,
-        "--state-dir",
-        str(workdir / "s"),
-        *LOOPBACK_FLAGS,
-        "--no-benchmark",
-        "--join-timeout",
-        "3",
-        "--initial-peers",
-        f"/ip4/127.0.0.1/tcp/1/p2p/{nobody}",
+        *run_alone(RUN_ID, workdir / "s", join_timeout_s=3), "--initial-peers", f"/ip4/127.0.0.1/tcp/1/p2p/{nobody}"
     )
     assert_one_line_error(out, RUN_ID, "within 3 s", "none of the initial peers answered", "/tcp/1/")
     assert "retrying in" in out.stderr
@@ -88,17 +93,7 @@ def test_unreachable_initial_peer_gives_up_after_the_join_timeout(workdir: Path)
 
 
 def test_run_nobody_serves(workdir: Path) -> None:
-    out = swarmd(
-        "run",
-        "--run-id",
-        RUN_ID,
-        "--state-dir",
-        str(workdir / "s"),
-        *LOOPBACK_FLAGS,
-        "--no-benchmark",
-        "--join-timeout",
-        "2",
-    )
+    out = swarmd(*run_alone(RUN_ID, workdir / "s", join_timeout_s=2))
     assert_one_line_error(out, "not served", "no --initial-peers")
 
 
@@ -107,9 +102,7 @@ def test_tampered_cached_spec_is_not_trusted(workdir: Path, make_run: Callable[.
     run_id = make_run(state)
     cached = state / "runs" / f"{run_id}.spec"
     cached.write_bytes(cached.read_bytes().replace(b"adamw", b"sgd\x20\x20"))
-    out = swarmd(
-        "run", "--run-id", run_id, "--state-dir", str(state), *LOOPBACK_FLAGS, "--no-benchmark", "--join-timeout", "2"
-    )
+    out = swarmd(*run_alone(run_id, state, join_timeout_s=2))
     assert "Ignoring the cached spec" in out.stderr and "bad signature" in out.stderr
     assert_one_line_error(out, "not served")
 
