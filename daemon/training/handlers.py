@@ -150,7 +150,7 @@ class TrainingHandlers:
         if server is not None and named == trainer.own:
             raise Unavailable(f"this peer still serves shard {key} under the assignment it follows; ask again shortly")
         if server is not None:
-            await trainer._close_shard(key)
+            await trainer.lifecycle.close_shard(key)  # hand its state over to the new holder
             data = await asyncio.to_thread(server.checkpoint_path.read_bytes)
             return Fetched(version=server.version, kind="checkpoint", versions=[]), [data]
         replica = trainer.replicas.newest(key)

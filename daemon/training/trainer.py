@@ -256,10 +256,6 @@ class Trainer:
             raise NotHolder(f"this peer does not serve shard {key} (any more); read the shard leases again")
         return server
 
-    async def _close_shard(self, key: Shard) -> None:
-        """Hand a shard's state over at its new holder's request (``handlers.replica_fetch``)."""
-        await self.lifecycle.close_shard(key)
-
     async def gather_weights(self) -> list[int]:
         """Every stage's newest committed weights, from its shards' holders, written here as
         ``stage<s>.safetensors`` (for ``swarmd export``). Returns each stage's oldest shard version."""
