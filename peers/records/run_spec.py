@@ -30,6 +30,18 @@ _NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
 _RUN_ID = re.compile(r"([a-z0-9][a-z0-9-]{0,39})\.([a-z2-7]{24})")
 MODEL_FAMILIES = FAMILIES
 OPTIMIZERS = ("adamw", "sgd")
+MEMBERSHIP = ("open", "allowlist", "token")
+"""Who may join: anyone with the run ID; the peers the spec lists; holders of a join token the
+creator signed (``swarmd.peers.records.join_token``)."""
+CHECKPOINT_ACCESS = ("public", "members")
+"""Who may fetch a stage's checkpoint: anyone (an open run's weights are public), or members only."""
+AGGREGATIONS = ("mean", "centred-clip")
+"""How a shard server combines a round's contributions: their mean, or centred clipping (each
+contribution clipped to a radius around the last update before averaging: a few outliers
+cannot drag the step, ``swarmd.models.robust_aggregation``)."""
+MAX_ALLOWLIST = 400
+"""Enough for a lab or a team, and small enough for the spec to stay one small DHT value; a larger
+private run admits by join token."""
 
 
 def derive_run_id(name: str, creator_public_key: bytes) -> str:
@@ -71,8 +83,31 @@ class RunSpec:
     0 leaves H to the planner (``docs/data-path.md``)."""
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
+    aggregation: str = "mean"
+    """One of ``AGGREGATIONS``: the rule every shard server of the run applies."""
+    membership: str = "open"
+    """One of ``MEMBERSHIP``."""
+    allowlist: tuple[str, ...] = ()
+    """The peer IDs that may join when ``membership`` is ``allowlist``."""
+    checkpoint_access: str = "public"
+    """One of ``CHECKPOINT_ACCESS``."""
 
     def to_body(self) -> dict[str, Any]:
+        """The signed body. Settings at their defaults are left out, so that an open run's spec
+        reads (and signs) as it did before private runs and robust aggregation existed."""
+        body = self._base_body()
+        if self.aggregation != "mean":
+            body["exchange"]["aggregation"] = self.aggregation
+        access = {
+            "membership": (self.membership, "open"),
+            "allowlist": (list(self.allowlist), []),
+            "checkpoints": (self.checkpoint_access, "public"),
+        }
+        if any(value != default for value, default in access.values()):
+            body["access"] = {name: value for name, (value, default) in access.items() if value != default}
+        return body
+
+    def _base_body(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "model": {
@@ -103,7 +138,7 @@ class RunSpec:
 def parse_spec_body(body: dict[str, Any]) -> RunSpec:
     """Check a spec's schema and ranges; raises RecordError naming the field."""
     f = Fields(body, "run spec")
-    f.only({"name", "model", "data", "batch", "optimizer", "stages", "exchange"})
+    f.only({"name", "model", "data", "batch", "optimizer", "stages", "exchange", "access"})
     name = f.string("name", 40)
     if not _NAME.fullmatch(name):
         raise RecordError(f"run spec: name {name!r} must be 1-40 characters of a-z, 0-9 and '-'")
@@ -139,15 +174,19 @@ def parse_spec_body(body: dict[str, Any]) -> RunSpec:
     stages = f.integer("stages", 1, 1024)
     if stages > model.layers:
         raise RecordError(f"run spec: stages {stages} exceeds model.layers {model.layers}")
-    exchange = {"local_steps": 1, "outer_lr": 0.7, "outer_momentum": 0.9}
+    exchange: dict[str, Any] = {"local_steps": 1, "outer_lr": 0.7, "outer_momentum": 0.9}
     if "exchange" in body:  # specs signed before local steps existed have none
         x = f.object("exchange")
-        x.only(set(exchange))
+        x.only({*exchange, "aggregation"})
         exchange = {
             "local_steps": x.integer("local_steps", 0, 1000),
             "outer_lr": x.number("outer_lr", 1e-6, 10.0),
             "outer_momentum": x.number("outer_momentum", 0.0, 0.999),
         }
+        if "aggregation" in body["exchange"]:
+            exchange["aggregation"] = _one_of(x.string("aggregation", 32), AGGREGATIONS, "exchange.aggregation")
+    if "access" in body:  # specs signed before private runs existed are open
+        exchange.update(_access(f.object("access"), body["access"]))
     return RunSpec(
         name=name,
         model=model,
@@ -159,8 +198,28 @@ def parse_spec_body(body: dict[str, Any]) -> RunSpec:
         weight_decay=o.number("weight_decay", 0.0, 10.0),
         max_staleness=o.integer("max_staleness", 0, 1000),
         stages=stages,
-        **exchange,  # type: ignore[arg-type]
+        **exchange,
     )
+
+
+def _one_of(value: str, allowed: tuple[str, ...], name: str) -> str:
+    if value not in allowed:
+        raise RecordError(f"run spec: {name} {value!r} is not one of {', '.join(allowed)}")
+    return value
+
+
+def _access(a: Fields, raw: dict[str, Any]) -> dict[str, Any]:
+    a.only({"membership", "allowlist", "checkpoints"})
+    out: dict[str, Any] = {}
+    if "membership" in raw:
+        out["membership"] = _one_of(a.string("membership", 16), MEMBERSHIP, "access.membership")
+    if "allowlist" in raw:
+        out["allowlist"] = tuple(a.strings("allowlist", MAX_ALLOWLIST, 128))
+    if "checkpoints" in raw:
+        out["checkpoint_access"] = _one_of(a.string("checkpoints", 16), CHECKPOINT_ACCESS, "access.checkpoints")
+    if out.get("membership") == "allowlist" and not out.get("allowlist"):
+        raise RecordError("run spec: access.membership is 'allowlist' but access.allowlist names nobody")
+    return out
 
 
 def run_seed(run_id: str) -> int:

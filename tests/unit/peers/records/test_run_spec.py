@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -340,4 +341,36 @@ def test_exchange_section_is_optional_and_checked() -> None:
     assert (spec.local_steps, spec.outer_lr) == (50, 0.7)
     body["exchange"]["local_steps"] = 5000
     with pytest.raises(RecordError, match="local_steps"):
+        parse_spec_body(body)
+
+
+def test_access_and_aggregation_round_trip_and_defaults_stay_out_of_the_body() -> None:
+    body = copy.deepcopy(DEFAULT_RUN)
+    body["exchange"] = {**body.get("exchange", {}), "aggregation": "centred-clip"}
+    body["access"] = {"membership": "allowlist", "allowlist": ["12D3KooWabc"], "checkpoints": "members"}
+    spec = parse_spec_body(body)
+    assert (spec.aggregation, spec.membership, spec.allowlist, spec.checkpoint_access) == (
+        "centred-clip",
+        "allowlist",
+        ("12D3KooWabc",),
+        "members",
+    )
+    assert parse_spec_body(spec.to_body()) == spec
+    assert "access" not in parse_spec_body(copy.deepcopy(DEFAULT_RUN)).to_body()
+
+
+@pytest.mark.parametrize(
+    ("access", "words"),
+    [
+        ({"membership": "closed"}, "access.membership 'closed' is not one of open, allowlist, token"),
+        ({"membership": "allowlist"}, "names nobody"),
+        ({"checkpoints": "friends"}, "access.checkpoints"),
+        ({"allowlist": ["x"] * 401}, "401 items, over 400"),
+        ({"who": 1}, "unknown fields"),
+    ],
+)
+def test_bad_access_is_refused_naming_the_field(access: dict[str, object], words: str) -> None:
+    body = copy.deepcopy(DEFAULT_RUN)
+    body["access"] = access
+    with pytest.raises(RecordError, match=re.escape(words)):
         parse_spec_body(body)
