@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import shutil
 import socket
 import stat
@@ -16,9 +18,12 @@ from typing import Any
 import pytest
 
 from swarmd.errors import ControlError
-from swarmd.system.control import MAX_REQUEST_BYTES, MAX_SOCKET_PATH, ControlServer, call
+from swarmd.system.control import MAX_REQUEST_BYTES, MAX_REQUEST_DEPTH, MAX_SOCKET_PATH, ControlServer, call
 
 pytestmark = pytest.mark.timeout(30)
+
+
+ECHO_ARGUMENTS = {"limit": int, "pad": str, "scale": float, "verbose": bool}
 
 
 def _status(request: dict[str, Any]) -> dict[str, Any]:
@@ -63,7 +68,9 @@ def short_dir() -> Iterator[Path]:
 @pytest.fixture
 def server(short_dir: Path) -> Iterator[ControlServer]:
     loop = LoopThread()
-    srv = ControlServer(short_dir / "c.sock", {"status": _status, "echo": _echo, "boom": _boom})
+    srv = ControlServer(
+        short_dir / "c.sock", {"status": _status, "echo": _echo, "boom": _boom}, {"echo": ECHO_ARGUMENTS}
+    )
     loop.run(srv.start())
     try:
         yield srv
@@ -73,14 +80,19 @@ def server(short_dir: Path) -> Iterator[ControlServer]:
 
 
 def _raw_request(path: Path, data: bytes) -> dict[str, Any]:
+    """Send ``data`` as it is; the answer must be exactly one JSON line, then the server closes."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(10)
         sock.connect(str(path))
-        sock.sendall(data)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # refused before all was read
+            sock.sendall(data)
         chunks = []
-        while chunk := sock.recv(65536):
-            chunks.append(chunk)
-    answer: dict[str, Any] = json.loads(b"".join(chunks))
+        with contextlib.suppress(ConnectionResetError):  # closed with part of an oversize request unread
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+    lines = b"".join(chunks).split(b"\n")
+    assert len(lines) == 2 and lines[1] == b"", lines  # one line, newline-terminated
+    answer: dict[str, Any] = json.loads(lines[0])
     return answer
 
 
@@ -116,7 +128,7 @@ def test_handler_error(server: ControlServer) -> None:
 
 
 def test_oversized_request(server: ControlServer) -> None:
-    with pytest.raises(ControlError, match=f"over {MAX_REQUEST_BYTES}"):
+    with pytest.raises(ControlError, match=f"over {MAX_REQUEST_BYTES} bytes without its newline"):
         call(server.path, "echo", pad="x" * (2 * MAX_REQUEST_BYTES))
     assert call(server.path, "status")["state"] == "running"
 
@@ -127,19 +139,46 @@ def test_oversized_raw_request_answered(server: ControlServer) -> None:
     assert str(MAX_REQUEST_BYTES) in answer["error"]
 
 
+DEEP = b"[" * 2000 + b"]" * 2000
+
+
 @pytest.mark.parametrize(
     ("data", "error"),
     [
-        (b"not json\n", "not JSON"),
-        (b"[1, 2]\n", "unknown command"),
-        (b'{"command": 5}\n', "unknown command"),
-        (b'{"no_command": 1}\n', "unknown command"),
+        (b"not json\n", "not JSON (Expecting value"),
+        (b'{"command": "status"\n', "not JSON"),
+        (b'{"command": "\xff\xfe"}\n', "not UTF-8"),
+        (DEEP + b"\n", f"nests 2000 levels deep, over the limit of {MAX_REQUEST_DEPTH}"),
+        (b'{"command": "status", "a": ' + DEEP[:600] + b"}\n", "nests 601 levels deep"),
+        (b'{"command": "status", "a": "[[[[[[[[[[[[[[[[[[[[", "b": 1}\n', "status takes no argument 'a'"),
+        (b"[1, 2]\n", "request is a JSON array, not an object"),
+        (b'"status"\n', "request is a JSON string, not an object"),
+        (b"null\n", "request is a JSON null, not an object"),
+        (b'{"command": 5}\n', "'command' is a JSON number, not a string; known commands: ['boom', 'echo', 'status']"),
+        (b'{"no_command": 1}\n', "request has no 'command'"),
+        (b'{"command": "nope"}\n', "unknown command 'nope'"),
+        (b'{"command": "echo", "limit": "5"}\n', "echo's argument 'limit' must be int, not a JSON string"),
+        (b'{"command": "echo", "limit": true}\n', "echo's argument 'limit' must be int, not a JSON boolean"),
+        (b'{"command": "echo", "verbose": 1}\n', "echo's argument 'verbose' must be bool, not a JSON number"),
+        (b'{"command": "echo", "pad": ["x"]}\n', "echo's argument 'pad' must be str, not a JSON array"),
+        (b'{"command": "echo", "other": 1}\n', "echo takes no argument 'other'; its arguments: ['limit', 'pad'"),
     ],
 )
-def test_malformed_requests(server: ControlServer, data: bytes, error: str) -> None:
+def test_malformed_requests(server: ControlServer, caplog: pytest.LogCaptureFixture, data: bytes, error: str) -> None:
+    caplog.set_level(logging.DEBUG, logger="swarmd.system.control")
     answer = _raw_request(server.path, data)
     assert answer["ok"] is False
     assert error in answer["error"]
+    # Client error is logged at DEBUG, never with a traceback, and the server goes on answering.
+    assert [r for r in caplog.records if r.exc_info or r.levelno >= logging.WARNING] == []
+    assert any(error in r.getMessage() for r in caplog.records)
+    assert call(server.path, "status")["state"] == "running"
+
+
+def test_well_typed_arguments_accepted(server: ControlServer) -> None:
+    # A JSON integer is a fine float; the request the handler gets is the one sent.
+    request = {"command": "echo", "limit": 3, "pad": "x", "scale": 2, "verbose": False}
+    assert call(server.path, "echo", limit=3, pad="x", scale=2, verbose=False) == {"request": request}
 
 
 def test_incomplete_request(server: ControlServer) -> None:
@@ -149,7 +188,8 @@ def test_incomplete_request(server: ControlServer) -> None:
         sock.sendall(b'{"command": "status"}')  # no newline
         sock.shutdown(socket.SHUT_WR)
         answer = json.loads(sock.recv(65536))
-    assert answer == {"ok": False, "error": "incomplete request"}
+    assert answer["ok"] is False
+    assert "incomplete request: the connection closed after 21 bytes without a newline" in answer["error"]
 
 
 def test_missing_socket(short_dir: Path) -> None:
