@@ -14,4 +14,5 @@
 - ``coordination``    the coordination round, and the roles and plan in force that others ask about
 - ``device``          what this machine offers: device model, memory, measured throughput
 - ``relay``           forwarding others' requests when elected a relay, and routing our own
+- ``admission``       whom the request server serves: live members, and strangers only the public reads
 """

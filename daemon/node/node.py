@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from swarmd.config import Config
 from swarmd.errors import SwarmdError
+from swarmd.node.admission import RunAdmission
 from swarmd.node.control_api import ControlApi
 from swarmd.node.coordination import Coordination
 from swarmd.node.joining import Joining
@@ -195,7 +196,8 @@ class Node:
         self._p2p = await dht_call(self.dht.replicate_p2p())
         self.relay = RelayService(coordination.own, coordination.is_relay, measurements.is_member)
         # The server believes a relayed request only from a relay of the plan in force.
-        self.rpc = RpcServer(run_id=self.run_id, is_relay=coordination.is_relay)
+        admit = RunAdmission(coordination.own, measurements.is_member, coordination.spec.spec.checkpoint_access)
+        self.rpc = RpcServer(run_id=self.run_id, is_relay=coordination.is_relay, admit=admit)
         self.rpc.register(Probe, measurements.handle_probe)
         self.rpc.register(Forward, self.relay.handle)
         await self.rpc.attach(self._p2p)

@@ -96,7 +96,10 @@ class TrainingHandlers:
         return await self.trainer.reducer.pull(sender, request)
 
     async def pull(self, sender: str, request: Pull, blobs: list[bytes]) -> tuple[Pulled, list[bytes]]:
-        self._member(sender)
+        # Reading a stage's committed weights is the run spec's choice: anyone's for an open
+        # run's public weights (the request server admitted the stranger for this alone).
+        if self.trainer.spec.spec.checkpoint_access != "public":
+            self._member(sender)
         return await self.trainer.server((request.stage, request.shard)).pull(request)
 
     def _ledger(self) -> LedgerHost:

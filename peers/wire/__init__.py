@@ -3,7 +3,9 @@
 - ``errors``         refusal codes and their typed exceptions; transport failures
 - ``protocol``       requests and answers as frozen dataclasses, checked against their annotations
 - ``messages``       every request and answer of the data path (``docs/data-path.md``), relaying, probes
-- ``rpc``            framed requests over hivemind P2P streams: bounded, with deadlines, counted
+- ``framing``        one message on a stream: header, blobs, bounds checked before reading, deadlines
+- ``rpc``            requests over hivemind P2P streams: admitted, bounded, paced, dispatched, counted
+- ``quota``          each peer's share of the server: rates, in flight, bans; the byte budget; counters
 - ``sizes``          the bytes of every message, as the planner and the simulator charge them
 - ``codecs``         tensor frames in fp32, fp16, bf16 or int8, checked before use; error feedback
 - ``routing``        which way a request goes: direct, or through an elected relay

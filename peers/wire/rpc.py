@@ -1,22 +1,26 @@
 """Requests between peers on the data path: typed messages framed over hivemind P2P streams.
 
 One request per stream: the caller opens a stream on ``PROTOCOL`` to a peer (libp2p
-authenticates the peer ID on both ends), writes one message, reads one answer. A message is
-
-    u32 header length | header (JSON object) | u32 blob count | (u32 length | bytes) per blob
-
-with the header at most ``MAX_HEADER_BYTES``, at most ``MAX_BLOBS`` blobs, and the whole at
-most the receiver's limit (a method's own ``MAX_BYTES``, else the server's): every length is
-checked before anything is read or allocated, and every read has a deadline. The header is a
-``swarmd.peers.wire.protocol`` message; blobs carry tensor frames (``codecs``) or safetensors.
+authenticates the peer ID on both ends), writes one message, reads one answer, each framed and
+bounded by ``swarmd.peers.wire.framing`` (a request at most its method's ``MAX_BYTES``, else
+the server's limit). The header is a ``swarmd.peers.wire.protocol`` message; blobs carry
+tensor frames (``codecs``) or safetensors.
 
 ``RpcServer`` dispatches by method to the handler registered for the request's type, which
-gets the authenticated speaker and a request already checked. The server never raises: a
-malformed, oversized, slow or unknown request, or a handler's refusal, is answered with a
-``Code`` and counted. A request a relay passes on (``Relayed``) is unwrapped here, believed only
-from a relay of the plan, and handed to the inner method's handler as from the peer it speaks
-for: handlers never see relaying. ``call`` sends a request and returns its typed answer, or
-raises the refusal's own exception (``swarmd.peers.wire.errors``).
+gets the authenticated speaker and a request already checked. Before a byte of a request is
+read, the speaker's ban, requests in flight and request rate are checked (``quota``), and a
+peer that is no member (``Admit``) gets one of a few slots of its own; its header must come
+within ``HEADER_TIMEOUT_S``, and the admission then decides, by request type, whether that
+speaker may ask it (NOT_MEMBER). Only then are blobs read: each one's declared length is
+checked against the limit and reserved from the server's byte budget (BUSY when it does not
+fit), charged to the speaker's byte rate, and read at ``MIN_RATE_Bps`` or faster. The server
+never raises: a malformed, oversized, slow or unknown request, or a handler's refusal, is
+answered with a ``Code`` and counted by code and by peer; a peer whose faults pile up is banned
+for a while (its streams closed unread). A request a relay passes on (``Relayed``) is unwrapped
+as soon as its header is read, believed only from a relay of the plan, admitted and counted as
+from the peer it speaks for, and handed to the inner method's handler as from that peer:
+handlers never see relaying. ``call`` sends a request and returns its typed answer, or raises
+the refusal's own exception (``swarmd.peers.wire.errors``).
 """
 
 from __future__ import annotations
@@ -25,10 +29,10 @@ import asyncio
 import contextlib
 import json
 import logging
-import struct
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from swarmd.errors import SwarmdError
 from swarmd.peers.wire.emulated_delay import one_way_delay_s
@@ -52,15 +56,31 @@ from swarmd.peers.wire.errors import (
     refusal,
     refusal_header,
 )
+from swarmd.peers.wire.framing import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_TIMEOUT_S,
+    MAX_HEADER_BYTES,
+    Frame,
+    MIN_RATE_Bps,
+    no_constants,
+    read_head,
+    read_length,
+    read_message,
+    read_paced,
+    stream_broken,
+    write_message,
+)
 from swarmd.peers.wire.messages import Relayed
-from swarmd.peers.wire.protocol import MAX_BLOBS, Request
 from swarmd.peers.wire.protocol import Answer as TypedAnswer
+from swarmd.peers.wire.protocol import Request
+from swarmd.peers.wire.quota import ByteBudget, PeerQuotas, QuotaLimits, RpcCounters
 
 __all__ = [
     "PROTOCOL",
     "MAX_HEADER_BYTES",
     "RpcServer",
     "RpcCounters",
+    "Admit",
     "Handler",
     "call",
     "exchange",
@@ -78,111 +98,36 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 PROTOCOL = "/swarmd/wire/2.0.0"
-MAX_HEADER_BYTES = 256 * 1024
-"""Fits the largest message (a replica log's 64 KiB ledger, or a relayed header, escaped)."""
 SMALL_REQUEST_BYTES = MAX_HEADER_BYTES + 8
 """What the server reads at most of a request that carries no blobs."""
-DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
-DEFAULT_TIMEOUT_S = 30.0
-MAX_CONCURRENT_REQUESTS = 32
-MAX_PER_PEER = 8
-"""Requests of one speaker served at once; more are refused QUOTA (a peer cannot take every slot)."""
-
+HEADER_TIMEOUT_S = 5.0
+"""A request's header and blob count must be in this soon after its stream opens (the largest
+header in 5 s is 400 kbit/s): a stream that stalls before it says what it asks holds a slot no
+longer, and a non-member is refused within it."""
+BLOB_GRACE_S = 10.0
+"""After the header, a request's blobs are due at ``framing.MIN_RATE_Bps`` from this long on."""
+MAX_CONCURRENT_REQUESTS = 64
+"""Requests of members (and relays of the plan) served at once. Memory is bounded by the byte
+budget, not by this: it bounds the handlers at work, long polls included."""
+STRANGER_SLOTS = 8
+"""Requests of non-members (the few methods the admission lets them make) served at once, in
+slots of their own: however many keys a stranger makes, it never takes a member's slot."""
+MAX_PER_STRANGER = 2
 R = TypeVar("R", bound=Request[Any])
 A = TypeVar("A", bound=TypedAnswer)
 Handler = Callable[[str, R, list[bytes]], Awaitable[tuple[TypedAnswer, list[bytes]]]]
 """``async def handler(sender, request, blobs) -> (answer, blobs)``."""
-Frame = tuple[dict[str, Any], list[bytes]]
-"""A message's header and blobs, as they travel."""
 
 
-def _no_constants(name: str) -> float:
-    raise ValueError(f"{name} is not a number a message may carry")
+class Admit(Protocol):
+    """Who may be served what (the daemon's: ``swarmd.node.admission``)."""
 
+    def member(self, peer: str) -> bool:
+        """Whether ``peer`` is a member: asked when its stream opens, to give it a member's slot."""
 
-async def write_message(
-    writer: asyncio.StreamWriter,
-    header: dict[str, Any],
-    blobs: Sequence[bytes] = (),
-    max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-) -> int:
-    """Write one message; returns its size in bytes."""
-    try:
-        encoded = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
-    except ValueError as e:
-        raise Invalid(f"message header cannot be sent: {e}") from None
-    if len(encoded) > MAX_HEADER_BYTES:
-        raise Invalid(f"message header is {len(encoded)} bytes, over {MAX_HEADER_BYTES}")
-    if len(blobs) > MAX_BLOBS:
-        raise Invalid(f"message has {len(blobs)} blobs, over {MAX_BLOBS}")
-    total = 8 + len(encoded) + sum(4 + len(b) for b in blobs)
-    if total > max_bytes:
-        raise Invalid(f"message is {total} bytes, over the {max_bytes}-byte limit")
-    writer.write(struct.pack("<I", len(encoded)) + encoded + struct.pack("<I", len(blobs)))
-    for blob in blobs:
-        writer.write(struct.pack("<I", len(blob)))
-        writer.write(blob)
-    await writer.drain()
-    return total
-
-
-async def read_message(
-    reader: asyncio.StreamReader,
-    max_bytes: int | Callable[[dict[str, Any]], int] = DEFAULT_MAX_MESSAGE_BYTES,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-) -> Frame:
-    """Read one message; raises ProtocolViolation naming what was wrong (and the limit).
-    ``max_bytes`` may depend on the header (a method's own limit), read before any blob."""
-    try:
-        return await asyncio.wait_for(_read_message(reader, max_bytes), timeout_s)
-    except TimeoutError:
-        raise ProtocolViolation(f"message not received within {timeout_s:.0f} s", Code.TIMEOUT) from None
-    except asyncio.IncompleteReadError as e:
-        # The other side (or the path to it) closed the stream: a broken stream, not bad bytes; a
-        # request that is safe to repeat may go again.
-        raise StreamBroken(f"the stream ended mid-message ({len(e.partial)} of {e.expected} bytes)") from None
-
-
-async def _read_message(reader: asyncio.StreamReader, limit: int | Callable[[dict[str, Any]], int]) -> Frame:
-    (header_len,) = struct.unpack("<I", await reader.readexactly(4))
-    if header_len > MAX_HEADER_BYTES:
-        raise ProtocolViolation(f"header of {header_len} bytes, over {MAX_HEADER_BYTES}", Code.TOO_LARGE)
-    try:
-        header = json.loads(await reader.readexactly(header_len), parse_constant=_no_constants)
-    except (ValueError, RecursionError):
-        raise ProtocolViolation("header is not JSON (or holds NaN or an infinity)") from None
-    if not isinstance(header, dict):
-        raise ProtocolViolation("header is not a JSON object")
-    max_bytes = limit(header) if callable(limit) else limit
-    (count,) = struct.unpack("<I", await reader.readexactly(4))
-    if count > MAX_BLOBS:
-        raise ProtocolViolation(f"{count} blobs, over {MAX_BLOBS}", Code.TOO_LARGE)
-    total, blobs = 8 + header_len, []
-    for _ in range(count):
-        (size,) = struct.unpack("<I", await reader.readexactly(4))
-        total += 4 + size
-        if total > max_bytes:
-            raise ProtocolViolation(
-                f"message of at least {total} bytes, over the {max_bytes}-byte limit", Code.TOO_LARGE
-            )
-        blobs.append(await reader.readexactly(size))
-    return header, blobs
-
-
-@dataclass
-class RpcCounters:
-    requests: int = 0
-    answered: int = 0
-    refused: dict[str, int] = field(default_factory=dict)
-    """Refusals by code (``Code``): malformed, oversized and slow requests, unknown methods, and
-    what the handlers refused."""
-    bytes_in: int = 0
-    """Bytes of the requests' blobs and framing (their JSON headers left out)."""
-    bytes_out: int = 0
-    """Bytes of the answers sent, headers included."""
-
-    def refuse(self, code: Code) -> None:
-        self.refused[code.value] = self.refused.get(code.value, 0) + 1
+    def check(self, peer: str, request_type: type[Request[Any]]) -> None:
+        """Raise a ``Refused`` (NOT_MEMBER) when ``peer`` may not make such a request; asked once
+        its header is read, before any blob."""
 
 
 @dataclass(frozen=True)
@@ -190,6 +135,18 @@ class _Route:
     request_type: type[Request[Any]]
     handler: Callable[..., Awaitable[Any]]
     relayable: bool
+
+
+@dataclass
+class _Call:
+    """One request as it is served: who speaks, for whom, and what it holds here."""
+
+    speaker: str
+    sender: str
+    counted: list[str] = field(default_factory=list)
+    """The peers whose requests in flight it counts in."""
+    reserved: int = 0
+    """Bytes of the budget reserved for the sender."""
 
 
 class RpcServer:
@@ -200,20 +157,24 @@ class RpcServer:
         *,
         run_id: str | None = None,
         is_relay: Callable[[str], bool] | None = None,
-        admit: Callable[[str, Request[Any]], None] | None = None,
+        admit: Admit | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         timeout_s: float = DEFAULT_TIMEOUT_S,
-        max_per_peer: int = MAX_PER_PEER,
+        limits: QuotaLimits | None = None,
+        budget: ByteBudget | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``run_id``: the run served (another run's request is refused WRONG_RUN); ``is_relay``:
         whether a peer is a relay of the plan in force (None: nobody relays to us); ``admit``:
-        raises a ``Refused`` for a speaker that may not be served (not a member, over a quota)."""
+        who may ask what (None: everyone is a member); ``limits`` and ``budget``: each peer's
+        quotas and what all requests may hold (``swarmd.peers.wire.quota``)."""
         self.run_id, self.is_relay, self.admit = run_id, is_relay, admit
-        self.max_message_bytes, self.timeout_s, self.max_per_peer = max_message_bytes, timeout_s, max_per_peer
+        self.max_message_bytes, self.timeout_s, self.clock = max_message_bytes, timeout_s, clock
+        self.quotas, self.budget = PeerQuotas(limits), budget or ByteBudget()
         self.counters = RpcCounters()
         self._routes: dict[str, _Route] = {}
         self._slots = asyncio.Semaphore(MAX_CONCURRENT_REQUESTS)
-        self._in_flight: dict[str, int] = {}
+        self._stranger_slots = asyncio.Semaphore(STRANGER_SLOTS)
 
     def register(
         self,
@@ -237,56 +198,129 @@ class RpcServer:
     async def serve(self, peer_id: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Answer one request from ``peer_id`` (authenticated by the transport) on a stream."""
         self.counters.requests += 1
+        call = _Call(peer_id, peer_id)
         try:
-            if self._slots.locked():
-                await self._refuse(writer, Busy(f"{MAX_CONCURRENT_REQUESTS} requests in flight here; retry later"))
+            if self.quotas.banned_s(peer_id, self.clock()):
+                self.counters.ignored += 1  # unread and unanswered: a banned peer costs a stream, no more
                 return
-            async with self._slots:
-                await self._serve_one(peer_id, reader, writer)
+            try:
+                await self._serve_call(call, reader, writer)
+            except Refused as e:
+                await self._refuse(call, writer, e)
         except Exception:  # the stream broke while answering: nothing more to tell the peer
             logger.debug("Answering %s failed", peer_id, exc_info=True)
         finally:
+            for peer in call.counted:
+                self.quotas.close(peer)
+            if call.reserved:
+                self.budget.release(call.sender, call.reserved)
             writer.close()
 
-    async def _serve_one(self, peer_id: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            header, blobs = await read_message(reader, self._limit, self.timeout_s)
-        except (ProtocolViolation, StreamBroken) as e:  # a request cut short is the sender's: answered if it can hear
-            code = e.code if isinstance(e, ProtocolViolation) else Code.BAD_REQUEST
-            logger.debug("Refused a request from %s: %s", peer_id, e)
-            await self._refuse(writer, refusal(code, f"refused: {e}"))
-            return
-        self.counters.bytes_in += 8 + sum(4 + len(b) for b in blobs)
-        answer, out = await self._dispatch(peer_id, header, blobs)
-        try:
-            sent = await asyncio.wait_for(write_message(writer, answer, out, self.max_message_bytes), self.timeout_s)
-        except Invalid as e:  # too large for our own limit: the handler's fault, and the asker must hear of it
-            logger.warning("Answer to %s from %s cannot be sent: %s", header.get("method"), peer_id, e)
-            await self._refuse(writer, Internal(f"the answer cannot be sent: {e}"))
-            return
+    async def _serve_call(self, call: _Call, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        relay = self.is_relay is not None and self.is_relay(call.speaker)
+        member = relay or self.admit is None or self.admit.member(call.speaker)
+        # A relay speaks for others: whom, its header says, and they are counted then.
+        if not relay and (delay_s := self._charge(call, call.speaker, member)) > 0:
+            await asyncio.sleep(delay_s)  # slowed before it takes a slot
+        slots = self._slots if member else self._stranger_slots
+        if slots.locked():
+            held = f"{MAX_CONCURRENT_REQUESTS} requests" if member else f"{STRANGER_SLOTS} requests of non-members"
+            raise Busy(f"{held} in flight here; retry later")
+        async with slots:
+            try:
+                route, header, blobs = await self._read(call, reader)
+            except StreamBroken as e:  # a request cut short is the sender's: answered if it can hear
+                raise BadRequest(f"refused: {e}") from None
+            except ProtocolViolation as e:
+                raise refusal(e.code, f"refused: {e}") from None
+            self.counters.bytes_in += 8 + sum(4 + len(b) for b in blobs)
+            answer, out = await self._dispatch(call.sender, route, header, blobs)
+            try:
+                sent = await asyncio.wait_for(
+                    write_message(writer, answer, out, self.max_message_bytes), self.timeout_s
+                )
+            except Invalid as e:  # too large for our own limit: the handler's fault, and the asker must hear of it
+                logger.warning("Answer to %s from %s cannot be sent: %s", header.get("method"), call.sender, e)
+                raise Internal(f"the answer cannot be sent: {e}") from None
         self.counters.bytes_out += sent
         if answer.get("ok") is True:
             self.counters.answered += 1
 
-    async def _dispatch(self, sender: str, header: dict[str, Any], blobs: list[bytes]) -> Frame:
+    def _charge(self, call: _Call, peer: str, member: bool) -> float:
+        """Count a request of ``peer`` in flight and against its rate: how long to slow it."""
+        if not member and self.quotas.in_flight(peer) >= MAX_PER_STRANGER:
+            raise OverQuota(f"{MAX_PER_STRANGER} requests of yours in flight here, the most a non-member may have")
+        now = self.clock()
+        self.quotas.open(peer, now)
+        call.counted.append(peer)
+        delay_s = self.quotas.request(peer, now)
+        self.counters.slowed += delay_s > 0
+        return delay_s
+
+    async def _read(self, call: _Call, reader: asyncio.StreamReader) -> tuple[_Route, dict[str, Any], list[bytes]]:
+        """Read a request: its header within ``HEADER_TIMEOUT_S``, then (once admitted) its blobs,
+        each reserved, charged and read at ``MIN_RATE_Bps``."""
+        loop, header_s = asyncio.get_running_loop(), min(HEADER_TIMEOUT_S, self.timeout_s)
+        try:
+            async with asyncio.timeout_at(loop.time() + header_s) as deadline:
+                header, total, count = await read_head(reader)
+                route, header, delay_s = self._admit(call, header, count)
+                limit = min(self.max_message_bytes, max_request_bytes(route.request_type))
+                blobs: list[bytes] = []
+                if delay_s > 0:  # a relayed request over its sender's rate: slowed, its deadline paused
+                    deadline.reschedule(None)
+                    await asyncio.sleep(delay_s)
+                due = loop.time() + BLOB_GRACE_S  # when the bytes read so far are due at the least rate
+                for _ in range(count):
+                    deadline.reschedule(due + 4 / MIN_RATE_Bps)
+                    size, total = await read_length(reader, total, limit)
+                    self.budget.reserve(call.sender, size)
+                    call.reserved += size
+                    if (delay_s := self.quotas.transfer(call.sender, size, self.clock())) > 0:
+                        self.counters.slowed += 1
+                        deadline.reschedule(None)
+                        await asyncio.sleep(delay_s)
+                        due += delay_s
+                    blobs.append(await read_paced(reader, size, deadline, due))
+                    due += (4 + size) / MIN_RATE_Bps
+        except TimeoutError:
+            raise ProtocolViolation(
+                f"request not received in time: its header is due within {header_s:.0f} s, then its blobs at "
+                f"{MIN_RATE_Bps // 1024} KiB/s or faster after {BLOB_GRACE_S:.0f} s",
+                Code.TIMEOUT,
+            ) from None
+        except asyncio.IncompleteReadError as e:
+            raise stream_broken(e) from None
+        return route, header, blobs
+
+    def _admit(self, call: _Call, header: dict[str, Any], count: int) -> tuple[_Route, dict[str, Any], float]:
+        """The route of a request whose header is read, if its speaker may make it; and how long
+        to slow it (a relayed request is counted against the peer it speaks for)."""
+        method = header.get("method")
+        if method == Relayed.METHOD:
+            try:
+                relayed = Relayed.from_fields({k: v for k, v in header.items() if k != "method"})
+            except Invalid as e:
+                raise BadRequest(str(e)) from None
+            call.sender, header = self._unwrap(call.speaker, relayed)
+            method = header.get("method")
+        route = self._routes.get(method) if isinstance(method, str) else None
+        if route is None:
+            raise UnknownMethod(f"no method {str(method)[:40]!r} here; this peer serves {sorted(self._routes)}")
+        if self.run_id is not None and header.get("run_id") != self.run_id:
+            raise WrongRun(f"this peer serves run {self.run_id}, not {str(header.get('run_id'))[:80]}")
+        low, high = (b, b) if isinstance(b := route.request_type.BLOBS, int) else b
+        if not low <= count <= high:  # refused before its blobs are read
+            rule = f"exactly {low}" if low == high else f"{low} to {high}"
+            raise BadRequest(f"{route.request_type.__name__} blobs = {count}: must be {rule}")
+        if self.admit is not None:
+            self.admit.check(call.sender, route.request_type)
+        return route, header, 0.0 if call.sender == call.speaker else self._charge(call, call.sender, True)
+
+    async def _dispatch(self, sender: str, route: _Route, header: dict[str, Any], blobs: list[bytes]) -> Frame:
         """The answer (or refusal) to one request; never raises."""
         try:
-            method = header.get("method")
-            if method == Relayed.METHOD:
-                sender, header = self._unwrap(sender, Relayed.decode(header, blobs))
-                method = header.get("method")
-            route = self._routes.get(method) if isinstance(method, str) else None
-            if route is None:
-                raise UnknownMethod(f"no method {str(method)[:40]!r} here; this peer serves {sorted(self._routes)}")
-            if self._in_flight.get(sender, 0) >= self.max_per_peer:
-                raise OverQuota(f"{self.max_per_peer} requests of yours in flight here; wait for their answers")
-            self._in_flight[sender] = self._in_flight.get(sender, 0) + 1
-            try:
-                return await self._handle(route, sender, header, blobs)
-            finally:
-                self._in_flight[sender] -= 1
-                if not self._in_flight[sender]:
-                    del self._in_flight[sender]
+            return await self._handle(route, sender, header, blobs)
         except Refused as e:
             error: Refused = e
         except Invalid as e:
@@ -296,15 +330,11 @@ class RpcServer:
         except Exception as e:
             logger.exception("Handler of %s failed on a request from %s", header.get("method"), sender)
             error = Internal(f"internal error ({type(e).__name__}); see this peer's log")
-        self.counters.refuse(error.code)
+        self._count(sender, error.code)
         return refusal_header(error), []
 
     async def _handle(self, route: _Route, sender: str, header: dict[str, Any], blobs: list[bytes]) -> Frame:
         request = route.request_type.decode(header, blobs)
-        if self.run_id is not None and request.run_id != self.run_id:
-            raise WrongRun(f"this peer serves run {self.run_id}, not {request.run_id}")
-        if self.admit is not None:
-            self.admit(sender, request)
         answer, out = await route.handler(sender, request, blobs)
         if not isinstance(answer, route.request_type.ANSWER):
             raise TypeError(f"{route.request_type.__name__} handler answered {type(answer).__name__}")
@@ -320,7 +350,7 @@ class RpcServer:
         if self.run_id is not None and relayed.run_id != self.run_id:
             raise WrongRun(f"this peer serves run {self.run_id}, not {relayed.run_id}")
         try:
-            inner = json.loads(relayed.header, parse_constant=_no_constants)
+            inner = json.loads(relayed.header, parse_constant=no_constants)
         except (ValueError, RecursionError):
             raise BadRequest("a relayed request's header is not JSON") from None
         method = inner.get("method") if isinstance(inner, dict) else None
@@ -329,16 +359,17 @@ class RpcServer:
             raise BadRequest(f"method {str(method)[:40]!r} is not served through relays here")
         return relayed.on_behalf_of, inner
 
-    def _limit(self, header: dict[str, Any]) -> int:
-        method = header.get("method")
-        route = self._routes.get(method) if isinstance(method, str) else None
-        if route is None or route.request_type is None:
-            return self.max_message_bytes
-        return min(self.max_message_bytes, max_request_bytes(route.request_type))
+    def _count(self, peer: str, code: Code) -> None:
+        """Count a refusal by code and peer; a peer whose faults pile up is banned for a while."""
+        self.counters.refuse(code, peer)
+        ban_s = self.quotas.strike(peer, code, self.clock())
+        if ban_s:
+            logger.info("Ignoring %s for %.0f s: too many refused requests (the last %s)", peer, ban_s, code.value)
+            self.counters.ban(peer, time.time() + ban_s)
 
-    async def _refuse(self, writer: asyncio.StreamWriter, error: Refused) -> None:
-        self.counters.refuse(error.code)
-        await asyncio.wait_for(write_message(writer, refusal_header(error)), self.timeout_s)
+    async def _refuse(self, call: _Call, writer: asyncio.StreamWriter, error: Refused) -> None:
+        self._count(call.sender, error.code)
+        await asyncio.wait_for(write_message(writer, refusal_header(error)), HEADER_TIMEOUT_S)
 
 
 def max_request_bytes(request_type: type[Request[Any]]) -> int:

@@ -29,6 +29,7 @@ from swarmd.peers.wire.errors import (
 )
 from swarmd.peers.wire.messages import Probe, Probed, Pull, Pulled, Relayed
 from swarmd.peers.wire.protocol import Ack, Answer, Request, bound
+from swarmd.peers.wire.quota import QuotaLimits
 from tests.unit.peers.wire.memory_streams import MemoryNet, serve_raw, stream
 
 pytestmark = pytest.mark.timeout(30)
@@ -188,7 +189,7 @@ def test_a_relays_word_is_believed_and_nobody_elses(net: MemoryNet) -> None:
 
 
 def test_one_peer_cannot_take_every_slot(net: MemoryNet) -> None:
-    h = host(net, max_per_peer=1)
+    h = host(net, limits=QuotaLimits(max_in_flight=1))
 
     async def scenario() -> None:
         held = asyncio.create_task(rpc.call("a", "h", Scale(run_id=RUN, factor=1, hold=True)))
@@ -227,6 +228,11 @@ def frame(header: bytes, blobs: Sequence[bytes] = ()) -> bytes:
     return out + b"".join(struct.pack("<I", len(b)) + b for b in blobs)
 
 
+def ask_for(request_type: type[Request[Any]], **fields: Any) -> bytes:
+    """The header of a request of this type in our run, as it travels."""
+    return json.dumps({"method": request_type.METHOD, "run_id": RUN, **fields}).encode()
+
+
 def refusal(raw: bytes) -> dict[str, Any]:
     (length,) = struct.unpack_from("<I", raw)
     answer: dict[str, Any] = json.loads(raw[4 : 4 + length])
@@ -242,9 +248,10 @@ def refusal(raw: bytes) -> dict[str, Any]:
         (frame(b"[1, 2]"), "BAD_REQUEST", "not a JSON object"),
         (struct.pack("<I", 2**31), "TOO_LARGE", "over 262144"),
         (frame(b'{"method": "x"}', [b""] * 65), "TOO_LARGE", "65 blobs, over 64"),
-        (frame(b'{"method": "test.rpc.direct"}', [bytes(rpc.SMALL_REQUEST_BYTES)]), "TOO_LARGE", "-byte limit"),
-        (frame(b'{"method": "probe"}', [bytes(Probe.MAX_BYTES or 0)]), "TOO_LARGE", f"over the {Probe.MAX_BYTES}-byte"),
-        (struct.pack("<I", 100) + b'{"method":', "TIMEOUT", "not received within"),
+        (frame(ask_for(Direct), [b""]), "BAD_REQUEST", "Direct blobs = 1: must be exactly 0"),
+        (frame(ask_for(Scale, factor=1))[:-4] + struct.pack("<II", 1, 2**31), "TOO_LARGE", "268435456-byte limit"),
+        (frame(ask_for(Probe), [bytes(Probe.MAX_BYTES or 0)]), "TOO_LARGE", f"over the {Probe.MAX_BYTES}-byte"),
+        (struct.pack("<I", 100) + b'{"method":', "TIMEOUT", "its header is due within 0 s"),
         (struct.pack("<I", 100) + b'{"method"', "BAD_REQUEST", None),
     ],
 )
