@@ -14,6 +14,7 @@ from typing import Any
 
 from swarmd.errors import ConfigError
 from swarmd.peers.records.heartbeat import MAX_TTL_S
+from swarmd.peers.records.join_token import MAX_TOKEN_CHARS, is_token_text
 from swarmd.peers.wire.routing import MODES as RELAY_MODES
 
 DEFAULT_STATE_DIR = "~/.local/state/swarmd"
@@ -69,6 +70,9 @@ class SwarmConfig:
     "never"."""
     join_timeout_s: float = 60.0
     """Give up when no peer serves the run spec within this time."""
+    join_token: str = ""
+    """This peer's join token for a private run, as the run's creator printed it with
+    ``swarmd run token``; ``swarmd run --join-token`` overrides."""
 
     def __post_init__(self) -> None:
         _check_range("swarm", "join_timeout_s", self.join_timeout_s, 1, 3600)
@@ -82,6 +86,11 @@ class SwarmConfig:
             )
         if not self.host_maddrs:
             raise ConfigError("[swarm] host_maddrs is empty; give at least one address to listen on")
+        if self.join_token and not is_token_text(self.join_token):
+            raise ConfigError(
+                f"[swarm] join_token is not a join token ({len(self.join_token)} characters; a token is base64 "
+                f"text of at most {MAX_TOKEN_CHARS}): pass it exactly as 'swarmd run token' printed it"
+            )
 
 
 @dataclass(kw_only=True)

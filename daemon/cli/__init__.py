@@ -4,6 +4,7 @@
 - ``status_view``       the text of ``swarmd status`` and ``swarmd peers`` from a daemon's answer
 - ``demo``              ``swarmd demo``: a local swarm on 127.0.0.1 that trains the default run
 - ``export``            ``swarmd export``: a run's stage weights as a ``from_pretrained`` folder
+- ``token_command``     ``swarmd run token``: a private run's creator admits a peer; the joiner's check
 - ``plan_command``      ``swarmd plan``: a scenario file in, a plan out
 - ``simulate_command``  ``swarmd simulate``: a scenario played out over hours, strategy against strategy
 

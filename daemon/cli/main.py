@@ -2,6 +2,7 @@
 
     swarmd run --run-id ID [--initial-peers MADDR ...]   join a run and stay in it
     swarmd run create --spec FILE                         sign a run spec, print its run ID
+    swarmd run token --run-id ID --peer PEER_ID           the creator admits a peer to a private run
     swarmd status [--json]                                this peer, its run and the peers it sees
     swarmd peers [--json]                                 the swarm, one line a peer
     swarmd export --run-id ID DIR                         a folder transformers' from_pretrained loads
@@ -48,9 +49,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="join a run's swarm (or 'run create' a new run)")
-    run.add_argument("action", nargs="?", choices=["create"], help="'create': sign a run spec and print its run ID")
+    run.add_argument(
+        "action",
+        nargs="?",
+        choices=["create", "token"],
+        help="'create': sign a run spec and print its run ID; 'token': sign a join token for --peer",
+    )
     run.add_argument("--run-id", help="the run to join (overrides [swarm] run_id)")
     run.add_argument("--spec", type=Path, help="with 'create': the run spec file (TOML or .json)")
+    run.add_argument("--peer", metavar="PEER_ID", help="with 'token': the peer the token admits")
+    run.add_argument("--days", type=float, metavar="N", help="with 'token': days it admits the peer (default 30)")
+    run.add_argument("--join-token", metavar="TOKEN", help="a private run's join token (overrides [swarm] join_token)")
     run.add_argument("--initial-peers", nargs="+", metavar="MADDR", help="multiaddrs of peers in the swarm")
     run.add_argument("--host-maddrs", nargs="+", metavar="MADDR", help="where the DHT listens")
     run.add_argument("--lan-maddr", metavar="MADDR", help="where the LAN-discovery host listens")
@@ -143,8 +152,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     _configure_logging("debug" if args.debug else config.node.log_level)
     if args.action == "create":
         return cmd_run_create(args, config)
+    if args.action == "token":
+        from swarmd.cli.token_command import run_token
+
+        return run_token(config.node.state_path, args.run_id or config.swarm.run_id, args.peer or "", args.days)
     if args.spec:
         raise ConfigError("--spec goes with 'swarmd run create'; to join a run give --run-id")
+    if args.peer or args.days is not None:
+        raise ConfigError("--peer and --days go with 'swarmd run token' (the creator admits a peer)")
     from swarmd.peers.wire.emulated_delay import configured_delays
 
     configured_delays()  # a calibration harness's delay file that is wrong stops us here, in one line
@@ -156,6 +171,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         "lan_maddr": args.lan_maddr,
         "join_timeout_s": args.join_timeout,
         "data_via_relay": args.data_via_relay,
+        "join_token": args.join_token,
     }
     values = {**sw.__dict__, **{k: v for k, v in overrides.items() if v is not None}}
     if args.no_mdns:
@@ -175,6 +191,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         config.compute = dataclasses.replace(config.compute, threads=args.threads)  # re-validates
     if not config.swarm.run_id:
         raise ConfigError("no run to join: pass --run-id ID (or set [swarm] run_id); 'swarmd run create' makes one")
+    if config.swarm.join_token:
+        from swarmd.cli.token_command import check_join_token
+
+        check_join_token(config.node.state_path, config.swarm.run_id, config.swarm.join_token)
     return _run_node(config)
 
 

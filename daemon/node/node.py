@@ -148,6 +148,7 @@ class Node:
                 logger.warning("%s; going on without it, retrying in %.0f s", e, LAN_RESTART_INTERVAL_S)
         device_task = asyncio.create_task(presence.measure_device(self.config.compute))
         self.spec = spec = await joining.find_spec()
+        self.membership.follow(spec, cfg.join_token)  # a private run's refusal stops us here
         await device_task
         self.measurements, self.coordination = measurements, coordination = self._make_coordination(spec)
         observe = functools.partial(presence.scan_members, measurements.observe)

@@ -94,6 +94,7 @@ class Presence:
             roles=self.roles(),
             uptime_s=now - self.started_at,
             leaving=leaving,
+            join_token=self.membership.join_token,  # a private run's members admit us by it
         )
         raw = heartbeat.sign(self.identity)
         Heartbeat.parse(raw, run_id=self.run_id, now=now, peer_id=self.identity.peer_id)  # raises RecordError
@@ -146,5 +147,6 @@ class Presence:
             "device": {"kind": self.device.kind, "name": self.device.name, "memory_bytes": self.device.memory_bytes},
             "throughput_gflops": round(self.throughput_gflops, 1),
             "rejected_records": self.rejected_records,
+            "refused_members": self.membership.refusals(),
             "peers": self.membership.snapshot(now),
         }

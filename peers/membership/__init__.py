@@ -1,6 +1,7 @@
 """Who is in the swarm and whom it trusts with a role (``swarmd.peers.membership``).
 
 - ``members``      the swarm as this peer sees it: live heartbeats and round-trip times
+- ``admission``    who the run's spec lets in (open, allowlist, join tokens), before any work
 - ``reliability``  reliability from others' observations, never a peer's word on itself
 - ``election``     elected roles: coordinator, shard server and its standby, relay
 """

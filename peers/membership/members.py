@@ -1,15 +1,22 @@
 """The swarm as this peer sees it: the live heartbeats of a run, and round-trip times.
 
 Pure bookkeeping over what the DHT returned; the node feeds it scans and RTT samples. A peer
-is seen while its latest heartbeat is unexpired and not marked ``leaving``.
+is seen while its latest heartbeat is unexpired, not marked ``leaving``, and admitted by the
+run's spec (``swarmd.peers.membership.admission``: a private run's allowlist or join tokens).
+A refused heartbeat never makes a member; each is counted by reason for ``swarmd status``.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections import Counter
 from dataclasses import dataclass
 
+from swarmd.peers.membership.admission import Refusal, admit, check_own_admission, read_token
 from swarmd.peers.records.heartbeat import Heartbeat
+from swarmd.peers.records.join_token import JoinToken
+from swarmd.peers.records.run_spec import SignedRunSpec
 
 logger = logging.getLogger(__name__)
 
@@ -50,9 +57,29 @@ class Membership:
         self.peers: dict[str, PeerView] = {}
         self.scans = 0
         """Scans merged so far: until the first, nobody else is known, not even to be absent."""
+        self.spec: SignedRunSpec | None = None
+        """The run's spec, whose access rule admits members; set by ``follow`` before any scan."""
+        self.join_token = ""
+        """This peer's own join token, carried in each of its heartbeats (private runs)."""
+        self.refused: Counter[str] = Counter()
+        """Heartbeats refused by the spec's access rule, by reason (``admission.REASONS``)."""
+        # Per peer of the last scan: its token as verified (one signature check per token, not
+        # per scan), and the issue time of its last refused heartbeat (each is counted once).
+        self._tokens: dict[str, tuple[str, JoinToken | Refusal]] = {}
+        self._refused_at: dict[str, float] = {}
+
+    def follow(self, spec: SignedRunSpec, join_token: str = "", now: float | None = None) -> None:
+        """Admit members by ``spec`` from now on, and carry ``join_token`` in our heartbeats.
+
+        Raises JoinError, saying what to ask the run's creator for, when ``spec`` would refuse
+        this very peer: it would only run beside a swarm that ignores it."""
+        check_own_admission(spec, self.own_peer_id, join_token, time.time() if now is None else now)
+        self.spec, self.join_token = spec, join_token
 
     def update(self, live: list[Heartbeat], leaving: list[str], now: float) -> tuple[list[str], list[str]]:
         """Merge a scan of live heartbeats; return the peer IDs that joined and that left."""
+        if self.spec is None:  # admitting without the spec would open every private run
+            raise RuntimeError("Membership.update before follow(spec): the run's access rule is not known yet")
         self.scans += 1
         latest: dict[str, Heartbeat] = {}
         for hb in live:
@@ -60,11 +87,12 @@ class Membership:
                 continue
             if hb.peer_id not in latest or hb.issued_at > latest[hb.peer_id].issued_at:
                 latest[hb.peer_id] = hb
+        refused = self._refuse(self.spec, latest, now)
         joined = [p for p in latest if p not in self.peers]
         left = [
             p
             for p, view in self.peers.items()
-            if p not in latest and (p in leaving or not self._still_valid(view, now))
+            if p in refused or (p not in latest and (p in leaving or not self._still_valid(view, now)))
         ]
         for peer_id in left:
             del self.peers[peer_id]
@@ -77,6 +105,35 @@ class Membership:
             elif hb.issued_at >= view.heartbeat.issued_at:
                 view.heartbeat = hb
         return joined, left
+
+    def _refuse(self, spec: SignedRunSpec, latest: dict[str, Heartbeat], now: float) -> set[str]:
+        """Take the heartbeats ``spec`` does not admit out of ``latest``; return their peers."""
+        tokens, refused_at = self._tokens, self._refused_at
+        self._tokens, self._refused_at = {}, {}  # only the peers of this scan: bounded by it
+        refused: set[str] = set()
+        for peer_id, hb in list(latest.items()):
+            token: JoinToken | Refusal | None = None
+            if spec.spec.membership == "token":
+                text, token = tokens.get(peer_id, ("", None))
+                if token is None or text != hb.join_token:
+                    token = read_token(spec, peer_id, hb.join_token)
+                self._tokens[peer_id] = (hb.join_token, token)
+            refusal = admit(spec, hb, now, token)
+            if refusal is None:
+                continue
+            del latest[peer_id]
+            refused.add(peer_id)
+            self._refused_at[peer_id] = hb.issued_at
+            if refused_at.get(peer_id) != hb.issued_at:
+                self.refused[refusal.reason] += 1
+                logger.debug("Refused the heartbeat of %s: %s", peer_id, refusal.detail)
+            if peer_id in self.peers:
+                logger.info("Peer %s is no longer admitted: %s", peer_id, refusal.detail)
+        return refused
+
+    def refusals(self) -> dict[str, int]:
+        """Refused heartbeats by reason, for ``swarmd status``."""
+        return dict(sorted(self.refused.items()))
 
     @staticmethod
     def _still_valid(view: PeerView, now: float) -> bool:

@@ -5,6 +5,7 @@
 - ``run_spec``     run specs and self-certifying run IDs
 - ``signed``       the base of every record a peer signs about itself: subject, run and time checks
 - ``heartbeat``    the signed, expiring membership record
+- ``join_token``   the creator's signed word that one peer may join a private run
 - ``links``        what a peer measured: RTTs and bandwidths to others, its own compute
 - ``plan_record``  the elected coordinator's signed plan: cells, shard servers, relays, spares
 

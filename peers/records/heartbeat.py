@@ -3,15 +3,21 @@
 Readers drop a heartbeat that is too large, malformed, badly signed, signed by a key other
 than the peer it describes, for another run, or expired. What a heartbeat says about the
 peer's device and uptime is its own claim; measured reliability comes from what others observe.
+
+A heartbeat of a private run also carries the peer's join token (``join_token``), which the
+readers check against the run's spec (``swarmd.peers.membership.admission``); a heartbeat
+without one, as every heartbeat before private runs existed, reads as before.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 from swarmd.errors import RecordError
-from swarmd.peers.records.envelope import Fields
+from swarmd.peers.records.envelope import Fields, sign_record
+from swarmd.peers.records.identity import Identity
+from swarmd.peers.records.join_token import MAX_TOKEN_CHARS
 from swarmd.peers.records.signed import Head, SignedRecord
 
 KIND = "heartbeat"
@@ -51,6 +57,20 @@ class Heartbeat(SignedRecord):
     uptime_s: float
     leaving: bool = False
     """Set on the last heartbeat of a peer that is shutting down: readers drop it at once."""
+    join_token: str = ""
+    """The peer's join token for a private run (``swarmd.peers.records.join_token``), unverified
+    here: only the run's spec says whether one is needed and who must have signed it."""
+
+    def sign(self, identity: Identity) -> bytes:
+        """As every record's, but without ``join_token`` when there is none: an open run's
+        heartbeat then reads the same to daemons from before private runs."""
+        if self.join_token:
+            return super().sign(identity)
+        if identity.peer_id != self.peer_id:
+            raise RecordError(f"cannot sign the heartbeat of {self.peer_id} with the key of {identity.peer_id}")
+        body = asdict(self)
+        del body["join_token"]
+        return sign_record(identity, self.KIND, body)
 
     def is_live(self, now: float) -> bool:
         return not self.leaving and now < self.expires_at
@@ -80,4 +100,6 @@ class Heartbeat(SignedRecord):
             "roles": roles,
             "uptime_s": f.number("uptime_s", 0, 1e10),
             "leaving": f.boolean("leaving"),
+            # Absent from open runs' heartbeats, as from every heartbeat before private runs.
+            "join_token": f.string("join_token", MAX_TOKEN_CHARS) if "join_token" in f.obj else "",
         }

@@ -202,3 +202,16 @@ def test_values_not_shared_between_configs() -> None:
     a, b = Config(), Config()
     a.swarm.host_maddrs.append("/ip4/1.2.3.4/tcp/1")
     assert b.swarm.host_maddrs == ["/ip4/0.0.0.0/tcp/31337"]
+
+
+def test_join_token(tmp_path: Path) -> None:
+    from swarmd.peers.records.join_token import MAX_TOKEN_CHARS
+
+    assert SwarmConfig().join_token == ""
+    cfg = load_config(write(tmp_path, '[swarm]\njoin_token = "eyJ2IjoxfQ=="\n'))
+    assert cfg.swarm.join_token == "eyJ2IjoxfQ=="
+    for bad in ("not base64!", "QUJD\n", "A" * (MAX_TOKEN_CHARS + 4)):
+        with pytest.raises(ConfigError, match=r"\[swarm\] join_token is not a join token .*'swarmd run token'"):
+            SwarmConfig(join_token=bad)
+    with pytest.raises(ConfigError, match="join_token"):
+        load_config(write(tmp_path, "[swarm]\njoin_token = 5\n"))

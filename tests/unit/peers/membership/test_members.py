@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
+from swarmd.models.presets import DEFAULT_RUN
 from swarmd.peers.membership.members import Membership
 from swarmd.peers.records.heartbeat import DeviceInfo, Heartbeat
+from swarmd.peers.records.identity import Identity
+from swarmd.peers.records.run_spec import parse_spec_body, sign_run_spec
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -14,6 +19,14 @@ ME = "12D3KooWMe"
 A = "12D3KooWPeerA"
 B = "12D3KooWPeerB"
 T0 = 1_000_000.0
+OPEN_RUN = sign_run_spec(Identity.generate(), parse_spec_body(copy.deepcopy(DEFAULT_RUN)))
+
+
+def members() -> Membership:
+    """This peer's membership of an open run (private runs: test_admission.py)."""
+    m = Membership(ME)
+    m.follow(OPEN_RUN)
+    return m
 
 
 def hb(peer_id: str, issued_at: float = T0, ttl: float = 60.0, leaving: bool = False, **kw: object) -> Heartbeat:
@@ -35,27 +48,27 @@ def hb(peer_id: str, issued_at: float = T0, ttl: float = 60.0, leaving: bool = F
 
 
 def test_join_reported_once() -> None:
-    m = Membership(ME)
+    m = members()
     assert m.update([hb(A), hb(B)], [], T0) == ([A, B], [])
     assert set(m.peers) == {A, B}
     assert m.update([hb(A, T0 + 10), hb(B, T0 + 10)], [], T0 + 10) == ([], [])
 
 
 def test_own_peer_id_ignored() -> None:
-    m = Membership(ME)
+    m = members()
     assert m.update([hb(ME), hb(A)], [], T0) == ([A], [])
     assert ME not in m.peers
 
 
 def test_dead_heartbeats_in_scan_ignored() -> None:
-    m = Membership(ME)
+    m = members()
     # Expired, or leaving: never joins.
     assert m.update([hb(A, T0 - 100), hb(B, leaving=True)], [], T0) == ([], [])
     assert m.peers == {}
 
 
 def test_leaving_peer_dropped_at_once() -> None:
-    m = Membership(ME)
+    m = members()
     m.update([hb(A), hb(B)], [], T0)
     joined, left = m.update([hb(B, T0 + 1)], [A], T0 + 1)
     assert (joined, left) == ([], [A])
@@ -63,7 +76,7 @@ def test_leaving_peer_dropped_at_once() -> None:
 
 
 def test_missing_from_one_scan_but_unexpired_kept() -> None:
-    m = Membership(ME)
+    m = members()
     m.update([hb(A, ttl=60)], [], T0)
     assert m.update([], [], T0 + 30) == ([], [])
     assert A in m.peers
@@ -72,7 +85,7 @@ def test_missing_from_one_scan_but_unexpired_kept() -> None:
 
 
 def test_missing_and_expired_dropped() -> None:
-    m = Membership(ME)
+    m = members()
     m.update([hb(A, ttl=60)], [], T0)
     assert m.update([], [], T0 + 60) == ([], [A])
     assert m.peers == {}
@@ -82,7 +95,7 @@ def test_missing_and_expired_dropped() -> None:
 
 
 def test_latest_heartbeat_wins() -> None:
-    m = Membership(ME)
+    m = members()
     newer, older = hb(A, T0 + 5, uptime_s=5.0), hb(A, T0, uptime_s=0.0)
     m.update([newer, older], [], T0 + 5)
     assert m.peers[A].heartbeat == newer
@@ -96,7 +109,7 @@ def test_latest_heartbeat_wins() -> None:
 
 
 def test_expired_dropped_on_the_next_scan_even_if_missing() -> None:
-    m = Membership(ME)
+    m = members()
     m.update([hb(A, ttl=10), hb(B, ttl=100)], [], T0)
     assert m.update([], [], T0 + 5) == ([], [])
     assert m.update([], [], T0 + 10) == ([], [A])
@@ -104,7 +117,7 @@ def test_expired_dropped_on_the_next_scan_even_if_missing() -> None:
 
 
 def test_rtt_smoothing() -> None:
-    m = Membership(ME)
+    m = members()
     m.update([hb(A)], [], T0)
     m.record_rtt(A, None)
     assert m.peers[A].rtt_s is None
@@ -121,7 +134,7 @@ def test_rtt_smoothing() -> None:
 
 
 def test_snapshot_fields() -> None:
-    m = Membership(ME)
+    m = members()
     m.update([hb(B, T0 - 2), hb(A, T0 - 1)], [], T0)
     m.record_rtt(A, 1.0)  # the dial
     m.record_rtt(A, 0.012345)
@@ -144,7 +157,7 @@ def test_snapshot_fields() -> None:
 
 
 def test_peers_keep_their_order_by_uptime_whenever_each_last_sent_a_heartbeat() -> None:
-    m = Membership(ME)
+    m = members()
     # A started 0.5 s before B; B's heartbeat is newer, so as of the heartbeats B looked older
     m.update([hb(A, T0 - 0.9, uptime_s=99.7), hb(B, T0 - 0.1, uptime_s=100.0)], [], T0)
     a = {p["peer_id"]: p["uptime_s"] for p in m.snapshot(T0)}
@@ -152,6 +165,12 @@ def test_peers_keep_their_order_by_uptime_whenever_each_last_sent_a_heartbeat() 
 
 
 def test_snapshot_age_never_negative() -> None:
-    m = Membership(ME)
+    m = members()
     m.update([hb(A, T0 + 20)], [], T0)  # issued in our future (clock skew)
     assert m.snapshot(T0)[0]["age_s"] == 0.0
+
+
+def test_no_scan_before_the_spec_is_known() -> None:
+    # Admitting without the spec's access rule would let anyone into a private run.
+    with pytest.raises(RuntimeError, match="before follow"):
+        Membership(ME).update([hb(A)], [], T0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from swarmd.errors import RecordError
 from swarmd.peers.records.envelope import sign_record
 from swarmd.peers.records.heartbeat import KIND, MAX_HEARTBEAT_BYTES, MAX_TTL_S, DeviceInfo, Heartbeat
 from swarmd.peers.records.identity import Identity
+from swarmd.peers.records.join_token import MAX_TOKEN_CHARS
 from swarmd.peers.records.signed import CLOCK_SKEW_S
 
 pytestmark = pytest.mark.timeout(30)
@@ -218,3 +220,23 @@ def test_device_name_with_terminal_escapes_rejected(identity: Identity) -> None:
     raw = sign_record(identity, KIND, body)
     with pytest.raises(RecordError, match="control characters"):
         Heartbeat.parse(raw, run_id=body["run_id"], now=body["issued_at"])
+
+
+def test_join_token_carried_and_absent_when_empty(identity: Identity) -> None:
+    with_token = make_heartbeat(identity, join_token="QUJD" * 100)
+    assert Heartbeat.parse(with_token.sign(identity), run_id=RUN_ID, now=NOW) == with_token
+    # An open run's heartbeat has no such field, so it reads the same to daemons older than it.
+    raw = make_heartbeat(identity).sign(identity)
+    assert "join_token" not in json.loads(json.loads(raw)["body"])
+    assert Heartbeat.parse(raw, run_id=RUN_ID, now=NOW).join_token == ""
+    with pytest.raises(RecordError, match=f"'join_token' is {MAX_TOKEN_CHARS + 4} characters, over {MAX_TOKEN_CHARS}"):
+        Heartbeat.parse(signed_body(identity, join_token="A" * (MAX_TOKEN_CHARS + 4)), run_id=RUN_ID, now=NOW)
+    with pytest.raises(RecordError, match="'join_token' has type list"):
+        Heartbeat.parse(signed_body(identity, join_token=["x"]), run_id=RUN_ID, now=NOW)
+    with pytest.raises(RecordError, match="cannot sign the heartbeat"):
+        make_heartbeat(identity).sign(Identity.generate())
+
+
+def test_heartbeat_with_the_largest_token_fits(identity: Identity) -> None:
+    raw = make_heartbeat(identity, join_token="A" * MAX_TOKEN_CHARS).sign(identity)
+    assert len(raw) < MAX_HEARTBEAT_BYTES

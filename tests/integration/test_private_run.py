@@ -1,0 +1,141 @@
+"""A private run (``membership = "token"``): a daemon with the creator's token joins and trains;
+one without is refused with a clear error; strangers' heartbeats never make members.
+
+- the creator signs a token for the joiner (``swarmd run token``); the joiner runs with
+  ``--join-token`` and the two train together (the joiner takes a cell, the shards' versions
+  climb);
+- a daemon with no token stops on joining with a one-line error naming the run and the command
+  to ask the creator for; it never shows up among the creator's members;
+- a stranger writes valid heartbeats of its own into the run's DHT key (no token; a token it
+  signed itself): the DHT accepts them (they are well-formed and signed), the creator's
+  membership refuses them and counts the refusals in its status, and never lists the stranger.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from swarmd.models.presets import DEFAULT_RUN
+from swarmd.peers.records.identity import load_or_create_identity
+from swarmd.system.local_swarm import LocalDaemon, create_run, wait_for
+from swarmd.system.state_dir import prepare_state_dir
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+
+# Runs in its own interpreter (hivemind must not share the test process with py-libp2p): a
+# plain hivemind DHT joins the swarm and stores two valid heartbeats under the run's members
+# key, one with no token and one with a token its signer made for a run of its own.
+STRANGERS = r"""
+import json, sys, time
+import hivemind
+from swarmd.peers.dht.swarm_dht import members_key
+from swarmd.peers.records.heartbeat import DeviceInfo, Heartbeat
+from swarmd.peers.records.identity import Identity
+from swarmd.peers.records.join_token import sign_join_token
+from swarmd.peers.records.run_spec import derive_run_id
+
+run_id, bootstrap = sys.argv[1], sys.argv[2:]
+dht = hivemind.DHT(initial_peers=bootstrap, start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+                   nat_port_map=False, auto_nat=False, use_relay=False)
+now = time.time()  # stored for no longer than the heartbeat lives, or the validators refuse it
+def beat(who, token=""):
+    return Heartbeat(run_id=run_id, peer_id=who.peer_id, issued_at=now, expires_at=now + 120, addrs=[],
+                     device=DeviceInfo(kind="cpu", name="x", memory_bytes=1, cpus=1), throughput_gflops=1.0,
+                     version="0", roles=["worker"], uptime_s=1.0, join_token=token).sign(who)
+plain, forger = Identity.generate(), Identity.generate()
+own_run = derive_run_id(run_id.split(".")[0], forger.public_key)
+forged = sign_join_token(forger, own_run, forger.peer_id, now=now, days=1).text
+stored = {name: dht.store(members_key(run_id), beat(who, token), now + 120, subkey=who.peer_id)
+          for name, who, token in (("plain", plain, ""), ("forged", forger, forged))}
+print(json.dumps({"peers": [plain.peer_id, forger.peer_id], "stored": stored}), flush=True)
+dht.shutdown()
+"""
+
+
+def training(daemon: LocalDaemon) -> dict[str, Any]:
+    return (daemon.status() or {}).get("training") or {}
+
+
+def versions(daemons: list[LocalDaemon]) -> dict[int, int]:
+    """Stage -> the highest version any of ``daemons`` serves."""
+    out: dict[int, int] = {}
+    for daemon in daemons:
+        for shard in training(daemon).get("shards") or []:
+            out[shard["stage"]] = max(out.get(shard["stage"], 0), shard["version"])
+    return out
+
+
+def peer_id_of(state_dir: Path) -> str:
+    return load_or_create_identity(prepare_state_dir(state_dir)).peer_id
+
+
+def swarmd(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "swarmd", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_a_token_run_admits_the_token_holder_and_no_one_else(
+    workdir: Path, daemon_factory: Callable[..., LocalDaemon]
+) -> None:
+    spec = workdir / "private.json"
+    spec.write_text(json.dumps({**DEFAULT_RUN, "name": "private", "access": {"membership": "token"}}))
+    creator_dir, joiner_dir, outsider_dir = workdir / "a", workdir / "b", workdir / "c"
+    run_id = create_run(creator_dir, spec)
+    issued = swarmd(
+        "run", "token", "--run-id", run_id, "--peer", peer_id_of(joiner_dir), "--state-dir", str(creator_dir)
+    )
+    assert issued.returncode == 0, issued.stderr
+    token = issued.stdout.strip()
+
+    creator = daemon_factory(creator_dir, run_id, train=True)
+    joiner = daemon_factory(joiner_dir, run_id, ["--join-token", token], train=True)
+    outsider = daemon_factory(outsider_dir, run_id)  # no token, and no training: it only has to be refused
+    addrs = creator.start().wait_running()["addrs"]
+    joiner_id = joiner.start(addrs).wait_running()["peer_id"]
+    creator_id = creator.status()["peer_id"]  # type: ignore[index]
+    wait_for(lambda: creator.seen_peers() == {joiner_id} and joiner.seen_peers() == {creator_id}, 60, "admission")
+
+    # Without a token, a daemon stops on joining, saying what to ask for.
+    outsider.start(addrs)
+    assert outsider.proc is not None
+    wait_for(lambda: outsider.proc is not None and outsider.proc.poll() is not None, 120, "the outsider to stop")
+    log = outsider.log_tail()
+    assert outsider.proc.returncode == 1, log
+    outsider_id = peer_id_of(outsider_dir)
+    assert f"run {run_id} is private" in log
+    assert f"swarmd run token --run-id {run_id} --peer {outsider_id}" in log
+    assert "Traceback" not in log
+
+    # Strangers' own heartbeats are valid records, so the DHT keeps them; membership refuses them.
+    out = subprocess.run([sys.executable, "-c", STRANGERS, run_id, *addrs], capture_output=True, text=True, timeout=90)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert all(report["stored"].values()), report  # the gate is membership's, not the DHT's
+    strangers = set(report["peers"])
+
+    def refused() -> dict[str, int] | None:
+        status = creator.status() or {}
+        seen = {p["peer_id"] for p in status.get("peers", [])}
+        assert not seen & (strangers | {outsider_id}), f"a refused peer became a member: {seen}"
+        counts: dict[str, int] = status.get("refused_members") or {}
+        return counts if counts.get("no-token", 0) >= 1 and counts.get("bad-token", 0) >= 1 else None
+
+    counts = wait_for(refused, 60, "the creator to refuse both strangers' heartbeats", poll_s=0.5)
+    print(f"refused at the creator: {counts}")
+
+    # Meanwhile, and after, the token holder trains beside the creator.
+    wait_for(lambda: training(joiner).get("cells"), 120, "the joiner to take a cell")
+    start = versions([creator, joiner])
+
+    def trained_on() -> bool:
+        now = versions([creator, joiner])
+        return len(now) == 2 and all(now[s] >= start.get(s, 0) + 3 for s in now)
+
+    wait_for(trained_on, 180, "training to go on over the creator and the joiner", poll_s=0.5)
+    assert creator.seen_peers() == {joiner_id}
