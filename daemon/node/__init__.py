@@ -3,6 +3,7 @@
 - ``node``            the composition root: makes the services below, wires them, starts and stops them
 - ``services``        periodic rounds with capped backoff, bounded DHT calls, the one stop request
 - ``joining``         starting the DHT and finding the run's spec, retried until the join timeout
+- ``dht_watch``       the DHT process's supervisor: a dead one is restarted, the node re-attached
 - ``presence``        this peer's heartbeats (and its leave), membership scans, round-trip probes
 - ``lan_service``     the LAN-discovery child while it runs, and the peers it introduces to the DHT
 - ``lan_process``     LAN discovery (py-libp2p mDNS) in a child process, and the node's handle on it
@@ -14,5 +15,5 @@
 - ``coordination``    the coordination round, and the roles and plan in force that others ask about
 - ``device``          what this machine offers: device model, memory, measured throughput
 - ``relay``           forwarding others' requests when elected a relay, and routing our own
-- ``admission``       whom the request server serves: live members, and strangers only the public reads
+- ``request_gate``    whom the request server serves: live members, and strangers only the public reads
 """

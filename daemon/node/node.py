@@ -4,9 +4,10 @@
 service is a module of its own (``swarmd.node`` maps them). The services run as periodic tasks
 on one asyncio loop (``swarmd.node.services``); the hivemind DHT has its own process, and
 py-libp2p (LAN discovery) a child process of its own. Nothing here blocks the loop: DHT calls
-return futures with deadlines, torch work runs in a worker thread. A service whose round fails
-(a DHT hiccup) retries with capped backoff; only the DHT process dying stops the daemon, so
-that the service manager restarts it. Shutdown is bounded by ``[node] stop_timeout_s``.
+return futures with deadlines (written to its pipe by a thread of their own), torch work runs in
+a worker thread. A service whose round fails (a DHT hiccup) retries with capped backoff; a DHT
+process that dies is restarted (``swarmd.node.dht_watch``), and only one that keeps dying stops
+the daemon, so that the service manager restarts it. Shutdown is bounded by ``[node] stop_timeout_s``.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 from swarmd.config import Config
 from swarmd.errors import SwarmdError
-from swarmd.node.admission import RunAdmission
+from swarmd.node.request_gate import RunAdmission
 from swarmd.node.control_api import ControlApi
 from swarmd.node.coordination import Coordination
+from swarmd.node.dht_watch import DhtWatch
 from swarmd.node.joining import Joining
 from swarmd.node.lan_service import LAN_RESTART_INTERVAL_S, LanService
 from swarmd.node.measurements import Measurements
@@ -69,6 +71,7 @@ class Node:
         self.identity: Identity | None = None
         self.spec: SignedRunSpec | None = None
         self.dht: SwarmDHT | None = None
+        self.dht_watch: DhtWatch | None = None  # restarts the DHT process if it dies
         self.presence: Presence | None = None  # heartbeats and membership, once the DHT exists
         self.lan: LanService | None = None
         self.trainer: Trainer | None = None  # when [compute] train is on (swarmd.training)
@@ -140,6 +143,7 @@ class Node:
         joining = Joining(dht, self.state_dir, self.run_id, cfg, services.sleep_or_stop)
         # The DHT forks before torch starts threads: fork after that is unsafe.
         await joining.start_dht()
+        self.dht_watch = DhtWatch(dht, self._after_dht_restart, self.request_stop)
         logger.info("DHT listening on %s", " ".join(await presence.refresh_addrs()))
         if cfg.mdns:
             try:
@@ -251,12 +255,28 @@ class Node:
                     os.close(fd)
 
     async def _watchdog(self) -> None:
-        if self.dht is not None and not self.dht.is_alive():
-            logger.error("The DHT process died; stopping so that the service manager restarts swarmd")
-            self.request_stop(exit_code=1)
-            return
+        # A restart runs in a task of its own: the service manager's watchdog is fed meanwhile.
+        if self.dht_watch is not None:
+            self.dht_watch.check()
         if systemd.watchdog_interval_s() is not None:
             systemd.notify_watchdog()
+
+    async def _after_dht_restart(self) -> None:
+        """On a new DHT process: the data path rides on its p2pd, and what we published lived in the old one."""
+        assert self.dht is not None
+        old, self._p2p = self._p2p, await dht_call(self.dht.replicate_p2p())
+        if self.rpc is not None:
+            await self.rpc.attach(self._p2p)
+        for holder in (self.measurements, self.relay):
+            if holder is not None:
+                holder.p2p = self._p2p
+        if old is not None:  # its p2pd is gone: closing it only frees our end
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(old.shutdown(), 2.0)
+        if self.presence is not None:
+            await self.presence.publish_heartbeat()
+        if self.spec is not None:
+            await dht_call(self.dht.publish_spec(self.spec.raw))
 
     async def _shutdown(self) -> None:
         self.state = "stopping"
@@ -274,7 +294,11 @@ class Node:
     async def _leave(self) -> None:
         """Stop the loops, announce leaving, stop the rest; each step runs whatever the others did."""
         # Every task is cancelled before any is awaited: a LAN dial must not outlive the loops.
-        await asyncio.gather(self.services.cancel(), *([self.lan.cancel_dials()] if self.lan is not None else []))
+        await asyncio.gather(
+            self.services.cancel(),
+            *([self.lan.cancel_dials()] if self.lan is not None else []),
+            *([self.dht_watch.stop()] if self.dht_watch is not None else []),
+        )
         if self.trainer is not None and self.dht is not None and self.dht.is_alive():
             try:  # checkpoint every stage we train, and free the stages for the others at once
                 await asyncio.wait_for(self.trainer.release(), TRAINER_STOP_TIMEOUT_S)

@@ -121,7 +121,8 @@ class Presence:
 
     async def scan_members(self, observe: Callable[[list[dict[str, Any]]], None]) -> None:
         """Read every member's heartbeat; ``observe`` gets who is live (for the observation book)."""
-        scan = await dht_call(self.dht.scan_members(time.time()))
+        # Members we already see are read first: a bucket crowded by strangers cannot hide them.
+        scan = await dht_call(self.dht.scan_members(time.time(), known=list(self.membership.peers)))
         self.rejected_records += scan.rejected
         joined, left = self.membership.update(scan.live, scan.leaving, time.time())
         observe(self.membership.snapshot(time.time()))
@@ -148,5 +149,6 @@ class Presence:
             "throughput_gflops": round(self.throughput_gflops, 1),
             "rejected_records": self.rejected_records,
             "refused_members": self.membership.refusals(),
+            "dht_restarts": self.dht.restarts,
             "peers": self.membership.snapshot(now),
         }

@@ -15,11 +15,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import logging
 import os
+import random
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +35,7 @@ from hivemind.utils.timed_storage import get_dht_time
 from multiaddr import Multiaddr
 
 from swarmd.errors import BootstrapError, JoinError, RecordError, RunSpecError
+from swarmd.peers.dht.process import MAX_REQUEST_BYTES, TiedDHT
 from swarmd.peers.membership.reliability import KIND as OBSERVATIONS_KIND
 from swarmd.peers.membership.reliability import Observations
 from swarmd.peers.records.envelope import peek_kind
@@ -60,8 +63,27 @@ def spec_key(run_id: str) -> str:
     return f"swarmd/{run_id}/spec"
 
 
-def members_key(run_id: str) -> str:
-    return f"swarmd/{run_id}/members"
+MEMBER_BUCKETS = 16
+"""Heartbeats are spread over this many keys by a hash of the peer ID: one read returns one
+bucket, never every member's heartbeat in one value."""
+MEMBERS_PER_BUCKET = 128
+"""The most heartbeats one read of a bucket brings out of the DHT process and checks (a Sybil
+flood costs a scan at most ``MEMBER_BUCKETS * MEMBERS_PER_BUCKET`` signature checks)."""
+KNOWN_PER_BUCKET = 96
+"""Of those, the most taken from members already known; the rest is a random draw of the
+others, so that a bucket crowded by Sybils neither hides the members nor shuts out joiners."""
+MAX_RECORDS_PER_READ = 512
+"""The most records one read of any other per-peer key brings out of the DHT process."""
+
+
+def member_bucket(peer_id: str) -> int:
+    """The bucket of ``peer_id``'s heartbeat (the same on every peer: a hash, not a lookup)."""
+    return int.from_bytes(hashlib.sha256(peer_id.encode()).digest()[:4], "big") % MEMBER_BUCKETS
+
+
+def members_key(run_id: str, bucket: int) -> str:
+    """The key of one bucket of the run's heartbeats (``member_bucket`` of the peer)."""
+    return f"swarmd/{run_id}/members/{bucket}"
 
 
 def cells_key(run_id: str, pipeline: int, stage: int) -> str:
@@ -139,34 +161,16 @@ class SwarmRecordValidator(RecordValidatorBase):
                 found = parser(value, run_id=None, now=None, peer_id=subkey)
                 return record.key == _dht_id(lease_key(found)) and record.expiration_time <= found.expires_at
             heartbeat = Heartbeat.parse(value, run_id=None, now=None, peer_id=subkey)
-            # Under its run's members key, and stored no longer than the record is valid.
+            # Under its run's key for its peer's bucket, stored no longer than the record is valid.
             return (
-                record.key == _dht_id(members_key(heartbeat.run_id)) and record.expiration_time <= heartbeat.expires_at
+                record.key == _dht_id(members_key(heartbeat.run_id, member_bucket(subkey)))
+                and record.expiration_time <= heartbeat.expires_at
             )
         except (RecordError, RunSpecError) as e:
             logger.debug("DHT refused a record: %s", e)
         except Exception as e:  # msgpack raises many types on garbage
             logger.debug("DHT refused an undecodable record: %r", e)
         return False
-
-
-class _TiedDHT(hivemind.DHT):
-    """hivemind's DHT process, with a hook that runs first in the child (to tie its life to ours)."""
-
-    def __init__(self, *args: object, child_init: Callable[[], None] | None, **kwargs: object) -> None:
-        self._child_init = child_init
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-
-    def run(self) -> None:
-        # The fork copied the daemon's signal handlers; the daemon alone decides when we stop.
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        # Lead our own process group, which p2pd joins: one killpg ends both.
-        os.setpgid(0, 0)
-        if self._child_init is not None:
-            self._child_init()
-        super().run()
 
 
 @dataclass(frozen=True)
@@ -212,14 +216,16 @@ class SwarmDHT:
             child_init=child_init,
             shutdown_timeout=5,
         )
-        self._dht: _TiedDHT | None = None
+        self._dht: TiedDHT | None = None
+        self.restarts = 0
+        """Times a dead DHT process was replaced (``swarmd status``)."""
 
     # --- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
         """Start the DHT process and bootstrap (blocking: call from a worker thread)."""
         try:
-            self._dht = _TiedDHT(start=True, **self._kwargs)  # type: ignore[arg-type]
+            self._dht = TiedDHT(start=True, **self._kwargs)  # type: ignore[arg-type]
         except Exception as e:
             if "failed to connect to bootstrap peers" in str(e):
                 raise BootstrapError(
@@ -228,18 +234,38 @@ class SwarmDHT:
                 ) from None
             raise JoinError(f"the DHT failed to start: {e}") from None
 
+    def restart(self) -> None:
+        """Replace a dead DHT process with a new one: same identity, same initial peers
+        (blocking: call from a worker thread). What was stored only in the old one is lost:
+        the caller publishes its own records again."""
+        old = self._dht
+        if old is not None:
+            self.kill_now()  # its p2pd outlives a process killed alone
+            old.close_writer()
+        self._dht = None
+        kwargs = dict(self._kwargs, ensure_bootstrap_success=False)  # peers that left must not stop us
+        try:
+            self._dht = TiedDHT(start=True, **kwargs)  # type: ignore[arg-type]
+        except Exception as e:
+            raise JoinError(f"the DHT process could not be restarted: {e}") from None
+        self.restarts += 1
+
     @property
-    def dht(self) -> _TiedDHT:
+    def dht(self) -> TiedDHT:
         if self._dht is None:
             raise RuntimeError("SwarmDHT is not started")
         return self._dht
+
+    @property
+    def pid(self) -> int | None:
+        return self._dht.pid if self._dht is not None else None
 
     def is_alive(self) -> bool:
         return self._dht is not None and self._dht.is_alive()
 
     async def visible_maddrs(self) -> list[str]:
         """Addresses others can dial (a future: hivemind's own getter blocks without a deadline)."""
-        return await self.dht.run_coroutine(_visible_maddrs, return_future=True)
+        return await self.dht.call(self.dht.run_coroutine, _visible_maddrs)
 
     def shutdown(self) -> None:
         """Bounded: hivemind joins for shutdown_timeout, then terminates; then we kill the group."""
@@ -249,6 +275,7 @@ class SwarmDHT:
             self._dht.shutdown()
         finally:
             self.kill_now()
+            self._dht.close_writer()
 
     def kill_now(self) -> None:
         """SIGKILL the DHT process and everything in its group (p2pd); safe from a signal handler."""
@@ -257,24 +284,53 @@ class SwarmDHT:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
 
+    # --- the pipe --------------------------------------------------------------------------
+
+    async def _store(self, key: str, raw: bytes, expires_at: float, subkey: str | None = None) -> bool:
+        """Store one value; a value past MAX_REQUEST_BYTES never reaches hivemind's pipe."""
+        if len(raw) > MAX_REQUEST_BYTES:
+            raise RecordError(
+                f"a {len(raw)}-byte value for {key} is over the {MAX_REQUEST_BYTES}-byte limit of one DHT "
+                "request; split or shrink the record"
+            )
+        return bool(await self.dht.call(self.dht.store, key, raw, expires_at, subkey=subkey))
+
+    async def _read(self, key: str, limit: int, known: Sequence[str] = ()) -> dict[str, bytes]:
+        """Up to ``limit`` of the per-peer records under ``key`` (``known`` subkeys first, then a
+        random draw): what crosses the pipe and what the caller checks stay bounded however
+        many records strangers stored."""
+        read = functools.partial(_sample_records, key, limit, list(known)[:limit])
+        records, total = await self.dht.call(self.dht.run_coroutine, read)
+        if total > len(records):
+            logger.debug("Read %d of the %d records under %s (the rest on later reads)", len(records), total, key)
+        return records
+
     # --- records ---------------------------------------------------------------------------
 
     async def publish_heartbeat(self, peer_id: str, raw: bytes, expires_at: float) -> bool:
-        fut = self.dht.store(members_key(self.run_id), raw, expires_at, subkey=peer_id, return_future=True)
-        return bool(await fut)
+        return await self._store(members_key(self.run_id, member_bucket(peer_id)), raw, expires_at, subkey=peer_id)
 
-    async def scan_members(self, now: float) -> MemberScan:
-        found = await self.dht.get(members_key(self.run_id), latest=True, return_future=True)
-        if found is None or not isinstance(found.value, dict):
-            return MemberScan([], [], 0)
-        # One signature check per member: in a worker thread, so that a big swarm cannot stall the loop.
-        return await asyncio.to_thread(self._check_members, found.value, now)
+    async def scan_members(self, now: float, known: Collection[str] = ()) -> MemberScan:
+        """Every bucket's heartbeats, each read bounded (``known``: members we already see,
+        read first in their buckets)."""
+        by_bucket: list[list[str]] = [[] for _ in range(MEMBER_BUCKETS)]
+        for peer_id in known:
+            by_bucket[member_bucket(peer_id)].append(peer_id)
+        reads = await asyncio.gather(
+            *(
+                self._read(members_key(self.run_id, b), MEMBERS_PER_BUCKET, by_bucket[b][:KNOWN_PER_BUCKET])
+                for b in range(MEMBER_BUCKETS)
+            )
+        )
+        records = {subkey: raw for read in reads for subkey, raw in read.items()}
+        # One signature check per record: in a worker thread, so that a big swarm cannot stall the loop.
+        return await asyncio.to_thread(self._check_members, records, now)
 
-    def _check_members(self, records: dict[Any, Any], now: float) -> MemberScan:
+    def _check_members(self, records: dict[str, bytes], now: float) -> MemberScan:
         live, leaving, rejected = [], [], 0
-        for subkey, item in records.items():
+        for subkey, raw in records.items():
             try:
-                heartbeat = Heartbeat.parse(item.value, run_id=self.run_id, now=now, peer_id=subkey)
+                heartbeat = Heartbeat.parse(raw, run_id=self.run_id, now=now, peer_id=subkey)
             except RecordError as e:
                 logger.debug("Dropped a member record: %s", e)
                 rejected += 1
@@ -288,9 +344,7 @@ class SwarmDHT:
     async def publish_pool_lease(self, lease: Lease, raw: bytes) -> bool:
         """Store this peer's cell or shard lease under the key its content implies."""
         _, lease_key = LEASE_KINDS[lease.KIND]
-        return bool(
-            await self.dht.store(lease_key(lease), raw, lease.expires_at, subkey=lease.peer_id, return_future=True)
-        )
+        return await self._store(lease_key(lease), raw, lease.expires_at, subkey=lease.peer_id)
 
     async def scan_cell(self, pipeline: int, stage: int, now: float) -> list[CellLease]:
         """Every verified lease of the cell (live or not: the caller resolves)."""
@@ -303,14 +357,12 @@ class SwarmDHT:
         return [(lease, raw) for lease, raw in found if lease.stage == stage]
 
     async def _scan_pool(self, kind: str, key: str, now: float) -> list[tuple[Any, bytes]]:
-        found = await self.dht.get(key, latest=True, return_future=True)
-        if found is None or not isinstance(found.value, dict):
-            return []
+        records = await self._read(key, MAX_RECORDS_PER_READ)
         parser, _ = LEASE_KINDS[kind]
         leases = []
-        for subkey, item in found.value.items():
+        for subkey, raw in records.items():
             try:
-                leases.append((parser(item.value, run_id=self.run_id, now=now, peer_id=subkey), item.value))
+                leases.append((parser(raw, run_id=self.run_id, now=now, peer_id=subkey), raw))
             except RecordError as e:
                 logger.debug("Dropped a %s record: %s", kind, e)
         return leases
@@ -318,21 +370,19 @@ class SwarmDHT:
     async def publish_peer_record(self, kind: str, peer_id: str, raw: bytes, expires_at: float) -> bool:
         """Store this peer's record of a per-peer ``kind`` (links, plan, observations)."""
         key = PER_PEER_KINDS[kind][1](self.run_id)
-        return bool(await self.dht.store(key, raw, expires_at, subkey=peer_id, return_future=True))
+        return await self._store(key, raw, expires_at, subkey=peer_id)
 
     async def scan_peer_records(self, kind: str, now: float | None) -> list[Any]:
         """Every verified record of ``kind`` in this run, one per peer (``now=None``: expired
         ones too, for kinds whose newest record stands until replaced)."""
         parser, key_of = PER_PEER_KINDS[kind]
-        found = await self.dht.get(key_of(self.run_id), latest=True, return_future=True)
-        if found is None or not isinstance(found.value, dict):
-            return []
+        records = await self._read(key_of(self.run_id), MAX_RECORDS_PER_READ)
 
         def check() -> list[Any]:
             out = []
-            for subkey, item in found.value.items():
+            for subkey, raw in records.items():
                 try:
-                    out.append(parser(item.value, run_id=self.run_id, now=now, peer_id=subkey))
+                    out.append(parser(raw, run_id=self.run_id, now=now, peer_id=subkey))
                 except RecordError as e:
                     logger.debug("Dropped a %s record: %s", kind, e)
             return out
@@ -340,11 +390,10 @@ class SwarmDHT:
         return await asyncio.to_thread(check)  # signature checks off the loop, as for members
 
     async def publish_spec(self, raw: bytes) -> bool:
-        expiration = get_dht_time() + SPEC_TTL_S
-        return bool(await self.dht.store(spec_key(self.run_id), raw, expiration, return_future=True))
+        return await self._store(spec_key(self.run_id), raw, get_dht_time() + SPEC_TTL_S)
 
     async def fetch_spec(self) -> SignedRunSpec | None:
-        found = await self.dht.get(spec_key(self.run_id), latest=True, return_future=True)
+        found = await self.dht.call(self.dht.get, spec_key(self.run_id), latest=True)
         if found is None:
             return None
         try:
@@ -357,27 +406,50 @@ class SwarmDHT:
 
     async def ping(self, peer_id: str) -> float | None:
         """Round-trip time of a DHT ping to ``peer_id`` in seconds, or None if it did not answer."""
-        return await self.dht.run_coroutine(functools.partial(_ping, peer_id), return_future=True)
+        return await self.dht.call(self.dht.run_coroutine, functools.partial(_ping, peer_id))
 
     async def known_peers(self) -> int:
         """How many other DHT nodes this one knows (0: it has not reached the swarm)."""
-        return await self.dht.run_coroutine(_routing_table_size, return_future=True)
+        return await self.dht.call(self.dht.run_coroutine, _routing_table_size)
 
     async def replicate_p2p(self) -> Any:
         """A hivemind P2P handle in this process on the DHT's own p2pd (same peer ID, same host)."""
         from hivemind.p2p import P2P
 
-        maddr = await self.dht.run_coroutine(_daemon_listen_maddr, return_future=True)
+        maddr = await self.dht.call(self.dht.run_coroutine, _daemon_listen_maddr)
         return await P2P.replicate(maddr)
 
     async def add_peers(self, peer_id: str, maddrs: Sequence[str]) -> int:
         """Connect to ``peer_id``, found out of band (LAN discovery), at those of ``maddrs`` that
         name it (a hello must not make us dial third parties); returns how many answered."""
         own = [m for m in maddrs if m.endswith(f"/p2p/{peer_id}")][:MAX_ADDRS]
-        return await self.dht.run_coroutine(functools.partial(_add_peers, own), return_future=True)
+        return await self.dht.call(self.dht.run_coroutine, functools.partial(_add_peers, own))
 
 
 # These run inside the DHT process (hivemind pickles them across), so they are module-level.
+
+
+async def _sample_records(
+    key: str, limit: int, known: list[str], dht: hivemind.DHT, node: DHTNode
+) -> tuple[dict[str, bytes], int]:
+    """At most ``limit`` of the per-peer values under ``key``, ``known`` subkeys first, and how
+    many there were: only these cross the pipe back (its answer side carries megabytes, but
+    the reader's checks and memory must not grow with what strangers store)."""
+    found = await node.get(key, latest=True)
+    if found is None or not isinstance(found.value, dict):
+        return {}, 0
+    records = {
+        subkey: item.value
+        for subkey, item in found.value.items()
+        if isinstance(subkey, str) and isinstance(getattr(item, "value", None), bytes)
+    }
+    if len(records) <= limit:
+        return records, len(records)
+    chosen = [subkey for subkey in known if subkey in records][:limit]
+    taken = set(chosen)
+    others = [subkey for subkey in records if subkey not in taken]
+    chosen += random.sample(others, min(len(others), limit - len(chosen)))
+    return {subkey: records[subkey] for subkey in chosen}, len(records)
 
 
 async def _ping(peer_id: str, dht: hivemind.DHT, node: DHTNode) -> float | None:

@@ -26,7 +26,7 @@ from swarmd.peers.records.heartbeat import DeviceInfo, Heartbeat
 from swarmd.peers.records.identity import Identity
 from swarmd.peers.records.envelope import sign_record
 from dataclasses import asdict
-from swarmd.peers.dht.swarm_dht import members_key
+from swarmd.peers.dht.swarm_dht import member_bucket, members_key
 
 run_id, victim, bootstrap = sys.argv[1], sys.argv[2], sys.argv[3:]
 dht = hivemind.DHT(initial_peers=bootstrap, start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"],
@@ -47,7 +47,7 @@ attempts = {
 }
 results = {}
 for name, (subkey, value) in attempts.items():
-    results[name] = dht.store(members_key(run_id), value, get_dht_time() + 60, subkey=subkey)
+    results[name] = dht.store(members_key(run_id, member_bucket(subkey)), value, get_dht_time() + 60, subkey=subkey)
 print(json.dumps({"mallory": mallory.peer_id, "stored": results}), flush=True)
 dht.shutdown()
 """

@@ -5,8 +5,9 @@ so they cannot be imported into one process; py-libp2p is imported by other unit
 discovery, peer IDs). The validator therefore runs in one helper interpreter for this module
 (a plain Python child on stdin/stdout: no daemon, no network), while the records are built
 here. The helper builds the DHT key, subkey and value exactly as hivemind does:
-key = ``DHTID.generate(source=members_key(run_id)).to_bytes()``, subkey and value through
-``MSGPackSerializer.dumps``.
+key = ``DHTID.generate(source=members_key(run_id, bucket)).to_bytes()``, subkey and value
+through ``MSGPackSerializer.dumps``. Key names: ``members`` is the bucket of the subkey's peer
+in the test's run, ``members:RUN`` the same in another run, ``members/N`` bucket N.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import base64, json, sys
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord
 from hivemind.utils.serializer import MSGPackSerializer
-from swarmd.peers.dht.swarm_dht import SwarmRecordValidator, members_key, spec_key
+from swarmd.peers.dht.swarm_dht import MEMBER_BUCKETS, SwarmRecordValidator, member_bucket, members_key, spec_key
 
 validators = {}
 print(json.dumps({"ready": True}), flush=True)
@@ -49,9 +50,14 @@ for line in sys.stdin:
         req = json.loads(line)
         run_id = req["run_id"]
         validator = validators.setdefault(run_id, SwarmRecordValidator())
-        key = req["key"]
-        source = {"members": members_key(run_id), "spec": spec_key(run_id)}.get(key["name"], key["name"])
-        sub = req["subkey"]
+        name, sub = req["key"]["name"], req["subkey"]
+        peer = sub.get("obj") if isinstance(sub.get("obj"), str) else ""
+        if name == "members" or name.startswith("members:"):
+            source = members_key(name.partition(":")[2] or run_id, member_bucket(peer))
+        elif name.startswith("members/"):
+            source = members_key(run_id, int(name.split("/")[1]) % MEMBER_BUCKETS)
+        else:
+            source = {"spec": spec_key(run_id)}.get(name, name)
         if "raw" in sub:
             subkey = base64.b64decode(sub["raw"])
         else:
@@ -209,11 +215,22 @@ def test_heartbeat_of_another_run_rejected(validate: Validator, run_id: str, mem
     # (readers still see only their own run).
     assert validate(
         run_id,
-        key=f"swarmd/{other_run}/members",
+        key=f"members:{other_run}",
         value=hb.sign(member),
         subkey=member.peer_id,
         expiration=hb.expires_at,
     )
+
+
+def test_heartbeat_in_another_bucket_rejected(validate: Validator, run_id: str, member: Identity) -> None:
+    # Each peer's heartbeat has one bucket (a hash of its ID): a flood cannot pile into one
+    # a reader must take whole, nor push another peer's bucket past its read bound with beats
+    # that are not of that bucket.
+    hb = heartbeat(member, run_id)
+    ok = dict(value=hb.sign(member), subkey=member.peer_id, expiration=hb.expires_at)
+    assert validate(run_id, key="members", **ok)
+    accepted = [validate(run_id, key=f"members/{b}", **ok) for b in range(16)]
+    assert sum(accepted) == 1, accepted
 
 
 @pytest.mark.parametrize("key", ["some-other-key", "swarmd/x/members", "spec-not-members"])

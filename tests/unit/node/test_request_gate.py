@@ -1,11 +1,11 @@
-"""daemon/node/admission.py: members may ask anything; strangers only pull weights, and only
+"""daemon/node/request_gate.py: members may ask anything; strangers only pull weights, and only
 from a run whose checkpoints are public."""
 
 from __future__ import annotations
 
 import pytest
 
-from swarmd.node.admission import RunAdmission
+from swarmd.node.request_gate import RunAdmission
 from swarmd.peers.wire.errors import NotMember
 from swarmd.peers.wire.messages import Contribute, Forward, Probe, Pull, PullFromHead, ReplicaFetch
 
