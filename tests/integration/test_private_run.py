@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 STRANGERS = r"""
 import json, sys, time
 import hivemind
-from swarmd.peers.dht.swarm_dht import members_key
+from swarmd.peers.dht.swarm_dht import member_bucket, members_key
 from swarmd.peers.records.heartbeat import DeviceInfo, Heartbeat
 from swarmd.peers.records.identity import Identity
 from swarmd.peers.records.join_token import sign_join_token
@@ -52,7 +52,7 @@ def beat(who, token=""):
 plain, forger = Identity.generate(), Identity.generate()
 own_run = derive_run_id(run_id.split(".")[0], forger.public_key)
 forged = sign_join_token(forger, own_run, forger.peer_id, now=now, days=1).text
-stored = {name: dht.store(members_key(run_id), beat(who, token), now + 120, subkey=who.peer_id)
+stored = {name: dht.store(members_key(run_id, member_bucket(who.peer_id)), beat(who, token), now + 120, subkey=who.peer_id)
           for name, who, token in (("plain", plain, ""), ("forged", forger, forged))}
 print(json.dumps({"peers": [plain.peer_id, forger.peer_id], "stored": stored}), flush=True)
 dht.shutdown()
