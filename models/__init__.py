@@ -10,6 +10,7 @@
 - ``parameter_shard`` one slice of a stage's parameters: its buffer, steps, replay, pulls and checkpoints
 - ``shard_config``  a shard's settings, its step rule (AdamW or DiLoCo's outer Nesterov), its errors
 - ``shard_contribution`` a contribution's checks: its form, and the norm bound against the running median
+- ``robust_aggregation`` a median with one vote per sender, and centred clipping around the last aggregate
 - ``shard_share_ids`` the share IDs a shard has buffered, settled and applied, so a share counts once
 - ``shard_deltas``  fp16 deltas with error feedback, and the recent ones kept for pulls
 - ``shard_checkpoint`` a shard's whole state in one safetensors file, and reading it back

@@ -6,15 +6,18 @@ it. AdamW and the outer Nesterov step are elementwise, so a slice is a complete 
 its own: two shards stepping side by side equal one optimizer over the whole vector.
 
 - **Contributions** (:meth:`ParameterShard.contribute`) are checked, and clipped or refused
-  past a norm bound (``shard_contribution``), then buffered as
-  ``weight * micro_batches * vector``, with the micro-batches counted unweighted. The step
-  divides the buffer by that count, so a stale contribution (weight below 1, the caller's
-  staleness rule) shrinks the step rather than renormalising it (FedBuff's rule). The shard
-  steps once the counted micro-batches reach ``step_micro_batches``.
+  past a norm bound (``shard_contribution``); with ``aggregation = "centred-clip"`` their
+  difference from the previous aggregate is clipped too (``robust_aggregation``). Then they
+  are buffered as ``weight * micro_batches * vector``, with the micro-batches counted
+  unweighted. The step divides the buffer by that count, so a stale contribution (weight
+  below 1, the caller's staleness rule) shrinks the step rather than renormalising it
+  (FedBuff's rule). The shard steps once the counted micro-batches reach
+  ``step_micro_batches``.
 - **Deltas** go to cells in fp16 with error feedback kept here (``shard_deltas``): a cell that
   adds them in order holds the shard's weights bit for bit.
 - **Share IDs** make contributions idempotent (``shard_share_ids``): one naming a share already
-  applied or already buffered is acknowledged and not applied again (a recompute after a failure).
+  applied or already buffered is not applied again (DUPLICATE: the server refuses it
+  ``AlreadyApplied``, a recompute after a failure and a replay alike).
 - **Confirmation.** An applied step is *committed* once the caller has logged it at the
   standby and says so (:meth:`ParameterShard.confirm`); pulls see committed versions only,
   so no cell ever holds weights that a failover could lose.
@@ -26,12 +29,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
 import torch
 
+from swarmd.models.robust_aggregation import CentredClip
 from swarmd.models.shard_checkpoint import ShardCheckpoint, write_shard_checkpoint
 from swarmd.models.shard_config import ContributionError, ShardConfig, ShardError
 from swarmd.models.shard_contribution import NormBound, check_contribution
@@ -51,8 +55,12 @@ class ShardCounters:
     """Contributions the caller weighted 0 (too stale): acknowledged, not applied."""
     refused: int = 0
     """Contributions refused with ContributionError (malformed, non-finite, absurdly large)."""
+    refused_by: dict[str, int] = field(default_factory=dict)
+    """The refusals by ``ContributionError.reason`` (``finite``, ``norm``, ...)."""
     clipped: int = 0
     """Contributions scaled down to the norm bound."""
+    centre_clipped: int = 0
+    """Contributions whose distance from the centre was clipped (centred clipping only)."""
     steps: int = 0
     """Optimizer steps taken here (replayed log entries not included)."""
     replayed: int = 0
@@ -129,6 +137,11 @@ class ParameterShard:
         self._count = 0
         self._share_ids = ShardShareIds(config.recent_share_ids)
         self._norms = NormBound(config)
+        self._centred = (
+            CentredClip(hi - lo, config.clip_radius_factor, config.norm_window, config.norm_warmup)
+            if config.aggregation == "centred-clip"
+            else None
+        )
 
     # --- settings and status ---------------------------------------------------------------
 
@@ -163,6 +176,7 @@ class ParameterShard:
         weight: float,
         *,
         parts: int = 1,
+        sender: str = "",
     ) -> ContributeResult:
         """Take one cell's contribution to this slice: its mean gradient or pseudo-gradient over
         ``micro_batches`` micro-batches computed on weights ``base_version``, for ``share_ids``,
@@ -172,7 +186,8 @@ class ParameterShard:
         contribution; returns DUPLICATE when a share ID is already buffered or applied (its new
         IDs, if any, are settled with it), DROPPED for weight 0 (its IDs settled), else BUFFERED,
         with the step when this one completed it. ``parts``: the cells' contributions this one
-        sums (a reduction head's); such a sum is taken whole or refused (``overlap``)."""
+        sums (a reduction head's); such a sum is taken whole or refused (``overlap``). ``sender``:
+        who sent it, so that each sender has one vote in the adaptive bounds (``VoteMedian``)."""
         # Every refusal, whichever check makes it, is counted here and nowhere else.
         try:
             ids = check_contribution(
@@ -193,19 +208,22 @@ class ParameterShard:
                 return ContributeResult(Outcome.DUPLICATE, self.version)
             vector = vector.detach().to(device=self._sum.device, dtype=torch.float32)
             vector, norm, clipped = self._norms.screen(vector, ids)
-            if clipped:
-                self.counters.clipped += 1
             if weight == 0:
                 self.counters.dropped += 1
                 self._share_ids.settle(ids, self.committed_version)
                 return ContributeResult(Outcome.DROPPED, self.version)
+            self.counters.clipped += clipped
+            if self._centred is not None:
+                vector, centre_clipped = self._centred.clip(vector, sender)
+                self.counters.centre_clipped += centre_clipped
             self._sum.add_(vector, alpha=weight * micro_batches)
             self._count += micro_batches
             self._share_ids.buffer(ids)
-            self._norms.accept(norm)
+            self._norms.accept(sender, norm)
             self.counters.applied += 1
-        except ContributionError:
+        except ContributionError as e:
             self.counters.refused += 1
+            self.counters.refused_by[e.reason] = self.counters.refused_by.get(e.reason, 0) + 1
             raise
         step = self._step() if self._count >= self._step_micro_batches else None
         return ContributeResult(Outcome.BUFFERED, self.version, step)
@@ -213,6 +231,10 @@ class ParameterShard:
     def norm_bound(self) -> float | None:
         """The norm a contribution is clipped to now (None: too few seen to judge yet)."""
         return self._norms.bound()
+
+    def clip_radius(self) -> float | None:
+        """Centred clipping's radius now (None: not centred clipping, or too few seen yet)."""
+        return None if self._centred is None else self._centred.radius()
 
     # --- steps -----------------------------------------------------------------------------
 
@@ -224,6 +246,8 @@ class ParameterShard:
         counted = self._count
         old = self._param.detach().clone()
         self._param.grad = self._sum.div_(counted)
+        if self._centred is not None:
+            self._centred.recentre(self._param.grad)
         self._optimizer.step()
         self._param.grad = None
         with torch.no_grad():

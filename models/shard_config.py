@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from swarmd.errors import SwarmdError
+from swarmd.models.robust_aggregation import AGGREGATIONS
 
 MODES = ("gradient", "local")
 
@@ -63,11 +64,20 @@ class ShardConfig:
     """Accepted contributions seen before the norm bound applies (a median of fewer means little)."""
     norm_window: int = 256
     """Recent accepted norms the median is taken over (norms drift as training goes on)."""
+    aggregation: str = "mean"
+    """One of ``AGGREGATIONS``: the weighted mean of a round's contributions, or centred clipping
+    (each one's difference from the previous aggregate clipped before averaging,
+    ``robust_aggregation``); the daemon passes the run spec's ``aggregation``."""
+    clip_radius_factor: float = 2.0
+    """Centred clipping's radius: this times the median distance of recent contributions from
+    the centre (``bench_robust`` measures what it costs in loss)."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode = {self.mode!r} is not one of {MODES}")
-        for name in ("lr", "outer_lr", "eps", "max_norm_factor", "refuse_norm_factor"):
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"aggregation = {self.aggregation!r} is not one of {AGGREGATIONS}")
+        for name in ("lr", "outer_lr", "eps", "max_norm_factor", "refuse_norm_factor", "clip_radius_factor"):
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"{name} = {value} must be a positive finite number")

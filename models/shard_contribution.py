@@ -2,20 +2,23 @@
 
 First its form: a float vector of the slice's length, finite, computed on a version the shard
 has made, over a sane number of micro-batches, for distinct share IDs, with a weight in
-[0, 1]. Then its size, against the running median of accepted norms: clipped to
-``max_norm_factor`` times it, as centred clipping does against outliers, and refused outright
-past ``refuse_norm_factor`` times it. Honest gradients spike early in training, and a bound
-that refused them dropped real work, so only the absurd is refused.
+[0, 1]. Then its size, against the running median of accepted norms (a
+``robust_aggregation.VoteMedian``: one vote per sender, so a few senders cannot drag it up and
+then hide behind it): refused outright past ``refuse_norm_factor`` times it, and once
+``norm_warmup`` norms are in, clipped to ``max_norm_factor`` times it. Honest gradients spike
+early in training, and a bound that refused them dropped real work, so only the absurd is
+refused, and during the warm-up only that. A clipped contribution's norm is recorded as the
+bound, not as sent, so that what an attacker sends moves the median no more than an honest
+contribution at the bound would.
 """
 
 from __future__ import annotations
 
-import statistics
-from collections import deque
 from collections.abc import Sequence
 
 import torch
 
+from swarmd.models.robust_aggregation import VoteMedian
 from swarmd.models.shard_config import ContributionError, ShardConfig
 
 MAX_SHARE_IDS_PER_CONTRIBUTION = 100_000
@@ -75,23 +78,23 @@ def check_contribution(
 
 
 class NormBound:
-    """The running median of accepted contributions' norms, and the bounds it sets."""
+    """The running median of accepted contributions' norms (a vote per sender), and the bounds it sets."""
 
     def __init__(self, config: ShardConfig) -> None:
         self._config = config
-        # Only the recent window counts: norms drift as training goes on.
-        self._norms: deque[float] = deque(maxlen=config.norm_window)
+        # The refusal bound needs one norm to stand on; clipping waits for the warm-up.
+        self._norms = VoteMedian(config.norm_window, 1)
 
     def median(self) -> float | None:
-        """The median of recent accepted norms (None: too few seen to judge yet)."""
-        if len(self._norms) < self._config.norm_warmup:
-            return None
-        return statistics.median(self._norms)
+        """The median of recent accepted norms (None: none seen yet)."""
+        return self._norms.median()
 
     def bound(self) -> float | None:
         """The norm a contribution is clipped to now (None: too few seen to judge yet)."""
         median = self.median()
-        return None if median is None else self._config.max_norm_factor * median
+        if median is None or len(self._norms) < self._config.norm_warmup:
+            return None
+        return self._config.max_norm_factor * median
 
     def screen(self, vector: torch.Tensor, ids: Sequence[int]) -> tuple[torch.Tensor, float, bool]:
         """``vector`` clipped to the bound, its norm after that, and whether it was clipped;
@@ -102,14 +105,15 @@ class NormBound:
         if median is not None and norm > config.refuse_norm_factor * median:
             raise ContributionError(
                 "norm",
-                f"contribution norm {norm:.4g} exceeds {config.refuse_norm_factor:g} x the median of recent "
-                f"accepted norms ({median:.4g}); refused (shares {ids[:3]})",
+                f"contribution norm {norm:.4g} exceeds the bound {config.refuse_norm_factor * median:.4g} "
+                f"({config.refuse_norm_factor:g} x the median of recent accepted norms, {median:.4g}); "
+                f"refused (shares {list(ids[:3])}); a cell that sends this has diverged: check its loss",
             )
-        if median is not None and norm > config.max_norm_factor * median:
-            bound = config.max_norm_factor * median
+        bound = self.bound()
+        if bound is not None and norm > bound:
             return vector * (bound / norm), bound, True
         return vector, norm, False
 
-    def accept(self, norm: float) -> None:
-        """Count an accepted contribution's norm toward the median."""
-        self._norms.append(norm)
+    def accept(self, sender: str, norm: float) -> None:
+        """Count an accepted contribution's norm (as clipped) toward ``sender``'s vote."""
+        self._norms.add(sender, norm)

@@ -48,7 +48,7 @@ from swarmd.models.corpus import Dataset
 from swarmd.peers.taskpool.cells import Cell
 from swarmd.peers.taskpool.exchange import ExchangeConfig, window
 from swarmd.peers.wire.codecs import FrameSpec, decode_tensor
-from swarmd.peers.wire.errors import FrameError, RpcError, Unavailable, WrongEpoch
+from swarmd.peers.wire.errors import BadRequest, FrameError, RpcError, Unavailable, WrongEpoch
 from swarmd.peers.wire.messages import CellBackward, CellForward
 from swarmd.peers.wire.protocol import Request
 from swarmd.training.cell_stats import CellStats, cell_info
@@ -226,13 +226,25 @@ class CellWorker:
     # --- messages from the neighbours ---------------------------------------------------------
 
     async def handle(self, sender: str, message: CellForward | CellBackward, blob: bytes) -> None:
-        """A neighbour's activation or gradient: checked, then queued (answered at once)."""
+        """A neighbour's activation or gradient: checked (its sender is this pipeline's
+        neighbour in this epoch, its share no larger than the run's; the schema put its
+        micro-batch inside the share, and the tensor's shape, codec and finiteness are checked
+        as it is decoded), then queued (answered at once)."""
         expected = self.view.prev if isinstance(message, CellForward) else self.view.next
         if message.epoch != self.view.epoch or sender != expected:
             self.stats.refused_epoch += 1
             raise WrongEpoch(
                 f"cell {self.cell} is in epoch {str(self.view.epoch)[:12]} with neighbour {str(expected)[:16]}; "
                 f"the message is from {sender[:16]} in {message.epoch[:12]}"
+            )
+        # A share holds k micro-batches (a share issued before a re-plan keeps its k, so the
+        # batch bounds it when that is more): a neighbour's claim of more is not the ledger's.
+        most = max(self.settings.share_micro_batches, self.settings.batch_micro_batches)
+        if message.share_count > most:
+            self.stats.refused_share += 1
+            raise BadRequest(
+                f"cell {self.cell}: share {message.share_id} claims {message.share_count} micro-batches; "
+                f"a share of this run holds at most {most}"
             )
         kind = "forward" if isinstance(message, CellForward) else "backward"
         await self.flight.queue(kind, message.micro_batch, message, blob)

@@ -22,6 +22,8 @@ class CellStats:
     forwards: int = 0
     backwards: int = 0
     refused_epoch: int = 0
+    refused_share: int = 0
+    """Neighbours' tensors refused for a share larger than the run's shares."""
     send_failures: int = 0
     sync_timeouts: int = 0
     """Rounds that went on without the step of the round before (gradient mode)."""
@@ -57,6 +59,7 @@ def cell_info(cell: CellWorker) -> dict[str, Any]:
         "forwards": s.forwards,
         "backwards": s.backwards,
         "refused_epoch": s.refused_epoch,
+        "refused_share": s.refused_share,
         "send_failures": s.send_failures,
         "sync_timeouts": s.sync_timeouts,
         "seconds": {k: round(v, 2) for k, v in s.seconds.items()},

@@ -31,7 +31,7 @@ import torch
 
 from swarmd.peers.taskpool.exchange import shard_range
 from swarmd.peers.wire.codecs import ErrorFeedback
-from swarmd.peers.wire.errors import BadRequest, RpcError, Stale
+from swarmd.peers.wire.errors import AlreadyApplied, BadRequest, RpcError, Stale
 from swarmd.peers.wire.messages import Contribute, Contributed, LedgerComplete, Reduce
 from swarmd.peers.wire.sizes import codec_for
 
@@ -218,6 +218,12 @@ class Contributions:
         again = r.delivered_to[k] is not None
         try:
             answer, _ = await cell.send(head or server, request, [r.blobs[k]], DELIVER_TIMEOUT_S)
+        except AlreadyApplied:
+            # The server has this round's shares already (our first try got there and its answer
+            # was lost, or the shard's new holder took them from the old one's log): delivered;
+            # the pulls report them committed.
+            logger.debug("cell %s: shard %d had shares %s already", cell.cell, k, r.share_ids[:4])
+            return self._delivered(r, k, server, None, again)
         except (BadRequest, Stale) as e:
             # Refused for good (malformed, or from a lineage the server cannot use): nothing to
             # wait for; the round's work on this slice is not applied.
@@ -244,16 +250,13 @@ class Contributions:
             return False
         return self._delivered(r, k, server, answer, again)
 
-    def _delivered(self, r: _Round, k: int, server: str, answer: Contributed, again: bool) -> bool:
-        cell = self.cell
+    def _delivered(self, r: _Round, k: int, server: str, answer: Contributed | None, again: bool) -> bool:
         r.delivered_to[k] = server
         self.progress.set()
         self.stats.sent += 1
         self.stats.resent += again
         self.stats.bytes_sent += len(r.blobs[k])
-        if answer.duplicate:
-            logger.debug("cell %s: shard %d had shares %s already", cell.cell, k, r.share_ids[:4])
-        if answer.committed:
+        if answer is not None and answer.committed:
             r.committed[k] = True
             self._settle()
         return True

@@ -83,7 +83,9 @@ class TrainingHandlers:
 
     async def contribute(self, sender: str, request: Contribute, blobs: list[bytes]) -> tuple[Contributed, list[bytes]]:
         self._member(sender)
-        return await self.trainer.server((request.stage, request.shard)).contribute(request, blobs[0]), []
+        server = self.trainer.server((request.stage, request.shard))
+        server.admit(sender, request, self.trainer)  # only a cell of this stage, before decoding
+        return await server.contribute(request, blobs[0], sender=sender), []
 
     async def reduce(self, sender: str, request: Reduce, blobs: list[bytes]) -> tuple[Contributed, list[bytes]]:
         self._member(sender)

@@ -13,6 +13,9 @@ bases ``summable`` takes go as one sum at the oldest of their bases (the rest al
   sent a part by itself meanwhile; or a part is malformed or too large), the parts go one by
   one, each answered as the server answers it.
 
+A member's slice is taken only from the holder of its cell, for no more micro-batches than its
+shares hold (its weight in the sum); the server screens the sum as it screens any contribution.
+
 Every member waits for its answer: it counts its slice delivered only when the server took it,
 so a head that dies mid-reduction leaves its members' requests failed, and they send their
 slices straight to the server (``Contributions``), which takes each once.
@@ -156,6 +159,15 @@ class Reducer:
             )
         if request.parts != 1:
             raise BadRequest(f"a member sends its own slice (parts = 1), not {request.parts}")
+        # A part's weight in the sum is its micro-batches: a claim its shares cannot hold would
+        # outweigh the group (the server bounds the sum's claim the same way, ``ShardServer.admit``).
+        settings = self.trainer.exchange_settings()
+        most = max(settings.share_micro_batches, settings.batch_micro_batches)
+        if request.micro_batches > most * len(request.share_ids):
+            raise BadRequest(
+                f"a slice for {len(request.share_ids)} share(s) claims {request.micro_batches} micro-batches; "
+                f"at most {most} per share"
+            )
         lo, hi = shard_range(self.trainer.opener.initial_vector(request.stage).numel(), request.shards, request.shard)
         try:
             vector = await asyncio.to_thread(decode_vector, blob, hi - lo, request.codec)

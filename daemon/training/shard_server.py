@@ -3,10 +3,17 @@
 The state and the optimizer are ``swarmd.models.parameter_shard.ParameterShard``; this class is
 what the network sees of it (``docs/data-path.md``):
 
+- ``admit``: a contribution is heard only from a peer that holds a cell of the shard's stage
+  (named by the assignment in force, or the holder the pool resolved), a sum of several cells'
+  only from the reduction head of a group of them, and for no more micro-batches than its
+  shares can hold (``NotHolder`` / ``BadRequest`` otherwise).
 - ``contribute``: a cell's gradient or pseudo-gradient slice, decoded and checked (codec,
-  length, finite, norm), weighed by its staleness (``swarmd.peers.taskpool.exchange``),
-  buffered; the contribution that completes a step logs the step at the standby before
-  anything else happens (then it is **committed**), and only then do pulls see it.
+  length, finite, norm; ``swarmd.models.shard_contribution``), weighed by its staleness
+  (``swarmd.peers.taskpool.exchange``), buffered (or clipped around the last aggregate first,
+  with centred clipping); one whose shares are in already (a replay, or a resend after a lost
+  answer) is refused ``AlreadyApplied``, and the cell counts it delivered. The contribution
+  that completes a step logs the step at the standby before anything else happens (then it
+  is **committed**), and only then do pulls see it.
 - ``pull``: a long poll for a version newer than the cell's; the answer carries the deltas
   since then (or the whole slice in fp32) and which of the cell's pending share IDs are done.
 - every ``checkpoint_every`` steps a checkpoint goes to this peer's disk and to the standby
@@ -32,16 +39,20 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
 from swarmd.errors import SwarmdError
 from swarmd.models.parameter_shard import Outcome, ParameterShard, ShardStep
 from swarmd.models.shard_config import ContributionError
+from swarmd.peers.taskpool.assignment import Assignment
+from swarmd.peers.taskpool.cells import Cell
 from swarmd.peers.taskpool.exchange import ExchangeConfig, staleness_weight
+from swarmd.peers.taskpool.reduction import group_of, head_of
 from swarmd.peers.taskpool.servers import Shard
 from swarmd.peers.wire.codecs import decode_vector, encode_vector
-from swarmd.peers.wire.errors import AlreadyApplied, BadRequest, FrameError, RpcError, Stale
+from swarmd.peers.wire.errors import AlreadyApplied, BadRequest, FrameError, NotHolder, RpcError, Stale, Unavailable
 from swarmd.peers.wire.messages import Contribute, Contributed, Pull, Pulled
 
 logger = logging.getLogger(__name__)
@@ -58,12 +69,28 @@ SendCheckpoint = Callable[[int, bytes], Awaitable[bool]]
 """Sends a checkpoint (its version and bytes) to the standby; False: no standby."""
 
 
+class ContributorPool(Protocol):
+    """What ``admit`` reads of the pool (the trainer has it)."""
+
+    @property
+    def assignment(self) -> Assignment | None: ...
+
+    def cell_holder(self, cell: Cell) -> str | None: ...
+
+
 @dataclass
 class ServerStats:
     contributions: int = 0
     duplicates: int = 0
+    """Contributions naming shares in already, refused ``AlreadyApplied`` (a resend after a lost
+    answer, or a replay)."""
     dropped_stale: int = 0
     refused: int = 0
+    """Every refusal, those counted below included."""
+    refused_by: dict[str, int] = field(default_factory=dict)
+    """Refusals by reason: ``not_holder`` (the sender holds no cell of the stage, or sends a
+    sum without heading a group), ``micro_batches``, ``codec``, and the shard's own
+    (``finite``, ``norm``, ``length``, ...)."""
     steps: int = 0
     unreplicated: int = 0
     """Steps applied without reaching a standby: lost if this server dies before the next copy."""
@@ -71,6 +98,51 @@ class ServerStats:
     """Micro-batches of the contributions applied in committed steps (trained tokens' count)."""
     pulls: int = 0
     staleness: dict[int, int] = field(default_factory=dict)
+
+
+def contributor_refusal(
+    key: Shard,
+    settings: ExchangeConfig,
+    a: Assignment,
+    sender: str,
+    request: Contribute,
+    cell_holder: Callable[[Cell], str | None],
+) -> tuple[str, RpcError] | None:
+    """Why shard ``key`` refuses ``sender``'s contribution (the reason counted, the error to
+    raise), or None: it holds a cell of the stage, sends a sum only as a head of a group of
+    that size at most, and claims no more micro-batches than its shares hold."""
+    stage = request.stage
+    if stage >= a.stages:
+        return "not_holder", NotHolder(f"the assignment here has {a.stages} stages; there is no stage {stage}")
+    # The plan's holder, or the one the pool resolved (a spare standing in): a new holder is
+    # heard once this peer's view has it; until then it gets NotHolder and sends again.
+    own = [p for p in range(a.pipelines) if sender in (a.cells[p][stage], cell_holder((p, stage)))]
+    if not own:
+        return "not_holder", NotHolder(
+            f"{sender[:16]} holds no cell of stage {stage} here; only the stage's cells contribute to shard {key}"
+        )
+    size = a.group_size(stage)
+    if request.parts > 1:
+        groups = [len(group_of(p, a.pipelines, size)) for p in own if head_of(p, a.pipelines, size, key[1]) == p]
+        if not groups:
+            return "not_holder", NotHolder(
+                f"a sum of {request.parts} contributions to shard {key} comes only from its reduction head; "
+                f"{sender[:16]} heads no group of stage {stage} for it"
+            )
+        if request.parts > max(groups):
+            return "parts", BadRequest(
+                f"a sum of {request.parts} contributions to shard {key}: the head's group has only {max(groups)} cells"
+            )
+    # A contribution's weight in the step is its micro-batches: a claim its shares cannot hold
+    # would outweigh everyone else's. A share issued before a re-plan keeps its old k, so the
+    # bound is generous (the batch, when that is more: the planner's k never exceeds it).
+    k = max(a.share_micro_batches, settings.share_micro_batches, settings.batch_micro_batches)
+    if request.micro_batches > k * len(request.share_ids):
+        return "micro_batches", BadRequest(
+            f"shard {key}: a contribution for {len(request.share_ids)} share(s) claims "
+            f"{request.micro_batches} micro-batches; at most {k} per share"
+        )
+    return None
 
 
 class ShardServer:
@@ -110,21 +182,41 @@ class ShardServer:
 
     # --- requests ---------------------------------------------------------------------------
 
-    async def contribute(self, request: Contribute, blob: bytes) -> Contributed:
+    def admit(self, sender: str, request: Contribute, pool: ContributorPool) -> None:
+        """Refuse a contribution from anyone but a cell of this stage (``contributor_refusal``),
+        counted, before its tensor is decoded. The caller has checked that ``sender`` is a live
+        member."""
+        self._check_shape(request.stage, request.shard, request.shards)
+        a = pool.assignment
+        if a is None:
+            raise Unavailable(f"shard {self.key}: no assignment is in force here yet; send again shortly")
+        refusal = contributor_refusal(self.key, self.settings, a, sender, request, pool.cell_holder)
+        if refusal is not None:
+            reason, error = refusal
+            self._refuse(reason)
+            raise error
+
+    def _refuse(self, reason: str) -> None:
+        self.stats.refused += 1
+        self.stats.refused_by[reason] = self.stats.refused_by.get(reason, 0) + 1
+
+    async def contribute(self, request: Contribute, blob: bytes, *, sender: str = "") -> Contributed:
+        """Take a contribution ``admit`` let through; ``sender`` gives it its vote in the shard's
+        adaptive bounds (``swarmd.models.robust_aggregation.VoteMedian``)."""
         self._check_shape(request.stage, request.shard, request.shards)
         if request.kind != ("gradient" if self.settings.mode == "gradient" else "pseudo"):
             raise BadRequest(f"shard {self.key} takes {self.settings.mode}-mode contributions, not {request.kind}")
         try:
             vector = await asyncio.to_thread(decode_vector, blob, self.shard.size, request.codec)
         except FrameError as e:
-            self.stats.refused += 1
+            self._refuse("codec")
             raise BadRequest(f"shard {self.key}: {e}") from None
         async with self.lock:
             if self.closed:
                 raise Stale(f"shard {self.key} is closing here; send it to the shard's next holder")
             staleness = self.shard.version - request.base_version
             if staleness < 0:
-                self.stats.refused += 1
+                self._refuse("version")
                 raise BadRequest(
                     f"shard {self.key}: base version {request.base_version} is ahead of this "
                     f"server's {self.shard.version}; pull the whole slice"
@@ -139,17 +231,22 @@ class ShardServer:
                     request.share_ids,
                     weight,
                     parts=request.parts,
+                    sender=sender,
                 )
             except ContributionError as e:
-                self.stats.refused += 1
+                self._refuse(e.reason)
                 if e.reason == "overlap":
                     raise AlreadyApplied(f"shard {self.key}: {e}") from None
                 raise BadRequest(f"shard {self.key}: {e} ({e.reason})") from None
             self.stats.contributions += 1
-            self.stats.staleness[staleness] = self.stats.staleness.get(staleness, 0) + 1
             if result.outcome is Outcome.DUPLICATE:
                 self.stats.duplicates += 1
-            elif result.outcome is Outcome.DROPPED:
+                raise AlreadyApplied(
+                    f"shard {self.key} has shares of this contribution in already ({request.share_ids[:3]}): "
+                    "not applied again (its other shares, if any, are settled with them)"
+                )
+            self.stats.staleness[staleness] = self.stats.staleness.get(staleness, 0) + 1
+            if result.outcome is Outcome.DROPPED:
                 self.stats.dropped_stale += 1
             if result.step is not None:
                 await self._commit(result.step)
@@ -159,7 +256,7 @@ class ShardServer:
             accepted=result.outcome is Outcome.BUFFERED,
             staleness=staleness,
             weight=weight,
-            duplicate=result.outcome is Outcome.DUPLICATE,
+            duplicate=False,
             committed=committed,
         )
 
@@ -308,6 +405,12 @@ class ShardServer:
             "duplicates": s.duplicates,
             "dropped_stale": s.dropped_stale,
             "refused": s.refused,
+            "refused_by": dict(sorted(s.refused_by.items())),
+            "clipped": self.shard.counters.clipped,
+            "centre_clipped": self.shard.counters.centre_clipped,
+            "norm_bound": self.shard.norm_bound(),
+            "clip_radius": self.shard.clip_radius(),
+            "aggregation": self.shard.config.aggregation,
             "unreplicated": s.unreplicated,
             "pulls": s.pulls,
             "trained_micro_batches": s.trained_micro_batches,

@@ -1,10 +1,13 @@
 """daemon/training/shard_server.py: the periodic checkpoint copy to the standby travels while
 steps go on, and the standby's replica (its older copy, the log, then the new copy) rebuilds
-the committed weights whichever arrives first."""
+the committed weights whichever arrives first; only the stage's cells contribute (a sum only
+from a group's head), and a replay is refused ``AlreadyApplied``."""
 
 from __future__ import annotations
 
 import asyncio
+import struct
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -13,8 +16,10 @@ import torch
 from swarmd.errors import SwarmdError
 from swarmd.models.parameter_shard import ParameterShard, ShardStep
 from swarmd.models.shard_config import ShardConfig
+from swarmd.peers.taskpool.assignment import Assignment
 from swarmd.peers.taskpool.exchange import ExchangeConfig
 from swarmd.peers.wire.codecs import encode_vector
+from swarmd.peers.wire.errors import AlreadyApplied, BadRequest, NotHolder, Unavailable
 from swarmd.peers.wire.messages import Contribute
 from swarmd.training.opening import replay
 from swarmd.training.replicas import LogEntry, ReplicaStore
@@ -137,6 +142,86 @@ def test_a_failed_background_copy_makes_the_next_step_copy_first(tmp_path: Path)
         assert standby.copies_started == [1, 2, 4, 5]
         assert srv.stats.unreplicated == 0
         assert torch.equal(rebuilt(standby, srv), srv.weights())
+        await srv.close()
+
+    asyncio.run(scenario())
+
+
+# --- who may contribute, and replays ------------------------------------------------------------
+
+
+@dataclass
+class Pool:
+    """What ``admit`` reads of the trainer: the assignment in force and the resolved holders."""
+
+    assignment: Assignment | None
+    holders: dict[tuple[int, int], str] = field(default_factory=dict)
+
+    def cell_holder(self, cell: tuple[int, int]) -> str | None:
+        return self.holders.get(cell)
+
+
+def grid(pipelines: int, group: int = 1) -> Assignment:
+    """``pipelines`` pipelines of one stage, cell (p, 0) named ``cell-p``, one shard."""
+    cells = tuple((f"cell-{p}",) for p in range(pipelines))
+    groups = (group,) if group > 1 else ()
+    return Assignment(0, cells, ((HOLDER,),), 1, 2, reduce_groups=groups)
+
+
+def contribution(share_ids: list[int], micro_batches: int = 1, parts: int = 1, base: int = 0) -> Contribute:
+    return Contribute(
+        run_id=RUN_ID,
+        stage=0,
+        shard=0,
+        shards=1,
+        share_ids=share_ids,
+        base_version=base,
+        micro_batches=micro_batches,
+        kind="gradient",
+        codec="fp32",
+        parts=parts,
+    )
+
+
+def test_only_a_cell_of_the_stage_contributes_and_only_a_head_sends_a_sum(tmp_path: Path) -> None:
+    srv = server(tmp_path, Standby(), every=100)
+    pool = Pool(grid(4, group=2), {(3, 0): "spare"})
+    srv.admit("cell-1", contribution([1]), pool)  # named by the plan
+    srv.admit("spare", contribution([1]), pool)  # resolved by the pool (a spare standing in)
+    with pytest.raises(NotHolder, match="holds no cell of stage 0"):
+        srv.admit("stranger", contribution([1]), pool)
+    # Shard 0's head in the group {0, 1} is pipeline 0, in {2, 3} pipeline 2.
+    srv.admit("cell-0", contribution([1, 2], micro_batches=2, parts=2), pool)
+    with pytest.raises(NotHolder, match="only from its reduction head"):
+        srv.admit("cell-1", contribution([1, 2], micro_batches=2, parts=2), pool)
+    with pytest.raises(BadRequest, match="has only 2 cells"):
+        srv.admit("cell-0", contribution([1, 2, 3], micro_batches=3, parts=3), pool)
+    # k = 2 (the batch is 1): one share holds two micro-batches at most.
+    srv.admit("cell-1", contribution([1], micro_batches=2), pool)
+    with pytest.raises(BadRequest, match="claims 1000 micro-batches; at most 2 per share"):
+        srv.admit("cell-1", contribution([1], micro_batches=1000), pool)
+    with pytest.raises(Unavailable):
+        srv.admit("cell-1", contribution([1]), Pool(None))
+    assert srv.stats.refused_by == {"not_holder": 2, "parts": 1, "micro_batches": 1}
+    assert srv.info()["refused_by"] == srv.stats.refused_by and srv.stats.refused == 4
+
+
+def test_a_replayed_contribution_is_refused_as_already_applied_and_counted(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        srv = server(tmp_path, Standby(), every=100)
+        blob = encode_vector(torch.randn(SIZE, generator=torch.Generator().manual_seed(1)), "fp32")
+        answer = await srv.contribute(contribution([5]), blob, sender="cell-0")
+        assert answer.accepted and answer.committed and srv.version == 1
+        weights = srv.weights()
+        for _ in range(2):  # the captured request, replayed as it was
+            with pytest.raises(AlreadyApplied, match="not applied again"):
+                await srv.contribute(contribution([5]), blob, sender="cell-0")
+        assert srv.version == 1 and torch.equal(srv.weights(), weights)
+        assert srv.stats.duplicates == 2 and srv.shard.counters.applied == 1
+        nan = encode_vector(torch.zeros(SIZE), "fp32")[:-4] + struct.pack("<f", float("nan"))  # the last value
+        with pytest.raises(BadRequest):
+            await srv.contribute(contribution([6], base=1), nan, sender="cell-0")
+        assert srv.stats.refused_by == {"codec": 1}  # fp32 frames are checked finite as they are decoded
         await srv.close()
 
     asyncio.run(scenario())

@@ -374,3 +374,10 @@ def test_bad_access_is_refused_naming_the_field(access: dict[str, object], words
     body["access"] = access
     with pytest.raises(RecordError, match=re.escape(words)):
         parse_spec_body(body)
+
+
+def test_the_specs_aggregations_are_the_ones_a_shard_applies() -> None:
+    from swarmd.models.robust_aggregation import AGGREGATIONS as APPLIED
+    from swarmd.peers.records.run_spec import AGGREGATIONS
+
+    assert AGGREGATIONS == APPLIED
