@@ -3,11 +3,15 @@
 Every ``coordinate`` round reads every live peer's links and observations records (what
 ``swarmd.node.measurements`` publishes on each peer), makes the swarm's view of them
 (``swarmd.node.swarm_view``: reliability from what *others* observed, the live links), elects
-the coordinator (``swarmd.node.plan_choice``, sticky) and adopts the plan to follow. When this
-peer is the coordinator, it plans and publishes first (``swarmd.node.plan_publisher``).
+the coordinator (``swarmd.node.plan_choice``, sticky) and adopts the plan to follow. Plans are
+screened first: only from live members, and not far ahead of the plan in force; only the
+elected coordinator's is followed. Every plan passed over is counted by reason (``status``:
+``plans_refused``), once per publisher and version. When this peer is the coordinator, it
+plans and publishes first (``swarmd.node.plan_publisher``).
 
 Between rounds the trainer, the router and the relay service ask this object who holds which
-role (``plan_record``, ``relays``, ``standby_for``) and how good a link is (``link_Bps``).
+role (``plan_record``, ``relays``, ``standby_for``) and how good a link is (``link_Bps``). A
+relay is believed only as the plan followed names it, and only while it is a live member.
 """
 
 from __future__ import annotations
@@ -15,11 +19,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 from swarmd.node.measurements import Measurements
-from swarmd.node.plan_choice import elect, plan_to_follow
+from swarmd.node.plan_choice import PlanRefusal, elect, plan_to_follow, screen, within_reach
 from swarmd.node.plan_publisher import PlanPublisher
 from swarmd.node.swarm_view import SwarmView, read_view
 from swarmd.peers.membership.election import ElectionConfig, elect_standby
@@ -34,6 +39,10 @@ from swarmd.peers.records.run_spec import SignedRunSpec
 from swarmd.peers.wire.routing import Matrix
 
 logger = logging.getLogger(__name__)
+
+MAX_REFUSALS_REMEMBERED = 4096
+"""Plans already counted as refused (publisher, version), so that a plan that stays in
+the DHT is counted once, not every round; past this many the memory starts afresh."""
 
 
 class Coordination:
@@ -56,6 +65,9 @@ class Coordination:
         self.view = SwarmView()
         self.coordinator: str | None = None
         self.plan: PlanRecord | None = None
+        self.plans_refused: Counter[str] = Counter()
+        """Plans passed over, by reason (``swarmd.node.plan_choice``)."""
+        self._refusals_counted: set[tuple[str, int]] = set()
 
     async def coordinate(self) -> None:
         now = time.time()
@@ -70,11 +82,30 @@ class Coordination:
         observed: list[Observations] = [r for r in observations if r.observer in live]
         links_records = {r.peer_id: r for r in links if r.peer_id in live}
         self.view = read_view(self.spec, Member(self.own, memory_gib, tflops), members, links_records, observed)
-        self.publisher.note(plans)
-        self.coordinator = elect(self.view, plans, live, now, self.thresholds)
+        admitted, refused = screen(plans, live, self.plan, now)
+        self.coordinator = elect(self.view, admitted, live, now, self.thresholds)
+        in_force, passed_over = plan_to_follow(
+            admitted, self.coordinator, self.own, self.publisher.published, self.plan
+        )
+        self.publisher.note(within_reach(admitted, in_force))
         if self.coordinator == self.own:
             await self.publisher.round(self.view, self.plan, now)
-        self.plan = plan_to_follow(plans, self.coordinator, self.own, self.publisher.published, self.plan)
+            in_force, passed_over = plan_to_follow(
+                admitted, self.coordinator, self.own, self.publisher.published, self.plan
+            )
+        self.plan = in_force
+        self._count(refused + passed_over)
+
+    def _count(self, refusals: list[PlanRefusal]) -> None:
+        for refusal in refusals:
+            key = (refusal.peer_id, refusal.version)  # once, under the first reason it was refused for
+            if key in self._refusals_counted:
+                continue
+            if len(self._refusals_counted) >= MAX_REFUSALS_REMEMBERED:
+                self._refusals_counted.clear()
+            self._refusals_counted.add(key)
+            self.plans_refused[refusal.reason] += 1
+            logger.debug("Plan v%d of %s refused: %s", refusal.version, refusal.peer_id, refusal.reason)
 
     # --- what others read --------------------------------------------------------------------
 
@@ -84,11 +115,15 @@ class Coordination:
 
     def standby_for(self, own: str) -> str | None:
         """The peer this one should log its shards' steps at: the live member likeliest to
-        stay, on the best link from here among the equally reliable (``elect_standby``)."""
+        stay, on the best link from here among the equally reliable (``elect_standby``). Uptime
+        is as others observed it: a heartbeat's own ``uptime_s`` is the peer's word on itself."""
         return elect_standby(
-            (peer, self.view.score_of(peer), float(m.get("uptime_s", 0.0)), self.view.link_Bps(own, peer))
-            for peer, m in self.measurements.members.items()
-            if peer != own
+            (
+                (peer, self.view.score_of(peer), self.view.observed_up_s(peer), self.view.link_Bps(own, peer))
+                for peer in self.measurements.members
+                if peer != own
+            ),
+            self.thresholds.min_reliability,
         )
 
     def relays(self) -> list[str]:
@@ -97,7 +132,9 @@ class Coordination:
         return [] if plan_ is None else [plan_.devices[r] for r in plan_.relays if 0 <= r < len(plan_.devices)]
 
     def is_relay(self, peer: str) -> bool:
-        return peer in self.relays()
+        """Whether ``peer`` relays now: named in the plan followed (only the elected
+        coordinator's is) and live (a relay that left no longer speaks for anyone)."""
+        return (peer == self.own or self.measurements.is_member(peer)) and peer in self.relays()
 
     def matrix(self) -> Matrix | None:
         """The live latency and bandwidth matrix by peer ID (measured or filled), as of the
@@ -136,6 +173,7 @@ class Coordination:
                 "relays": self.relays(),
             },
             "plan_error": self.publisher.plan_error,
+            "plans_refused": dict(sorted(self.plans_refused.items())),
             "reliability": {p: round(r.score, 3) for p, r in sorted(self.view.reliability.items())},
             "links": self.measurements.status(snap.measured if snap else 0, snap.filled if snap else 0),
         }

@@ -54,7 +54,9 @@ class PlanPublisher:
         self._highest_version = 0
 
     def note(self, plans: list[PlanRecord]) -> None:
-        """Plans seen in the DHT: the next one published must outnumber them all."""
+        """Plans the next one published must outnumber: those within reach of the plan in force
+        (``swarmd.node.plan_choice.within_reach``). A stranger's plan far ahead is left out, or
+        it would carry every later version past what the followers accept."""
         for record in plans:
             self._highest_version = max(self._highest_version, record.version)
 

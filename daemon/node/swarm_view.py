@@ -37,9 +37,17 @@ class SwarmView:
     """Median bandwidth from each member to the others, of the snapshot."""
 
     def candidate(self, peer: str) -> RoleCandidate:
-        """``peer`` as a candidate for a role: its reliability and its connectivity."""
+        """``peer`` as a candidate for a role: its reliability, connectivity and observed uptime."""
         r = self.reliability.get(peer)
-        return RoleCandidate(peer, r.score if r is not None else 0.0, self.connectivity.get(peer, 0.0))
+        if r is None:
+            return RoleCandidate(peer, 0.0, self.connectivity.get(peer, 0.0))
+        return RoleCandidate(peer, r.score, self.connectivity.get(peer, 0.0), r.observed_up_s)
+
+    def observed_up_s(self, peer: str) -> float:
+        """How long the others have seen ``peer`` up (``Reliability.observed_up_s``); 0 when
+        nobody has watched it long enough to say."""
+        r = self.reliability.get(peer)
+        return r.observed_up_s if r is not None else 0.0
 
     def score_of(self, peer: str) -> float:
         """The peer's reliability as others observed it, to one decimal: what orders peers for

@@ -27,7 +27,10 @@ departure 0.99, and one up 95% of an hour but gone ten times 0.13.
 **Combining.** The swarm's view of a subject is the median of the scores of the observers
 that watched it for at least ``MIN_WATCHED_S``, its own report excluded. A minority of lying
 observers cannot move a median past the honest majority's range; with no qualifying observer
-the score is 0 (unknown is not trusted).
+the score is 0 (unknown is not trusted). The same observers' median ``up_s`` is the subject's
+``observed_up_s``: how long the others have seen it up, which elections use to prefer the
+longest-observed members when nobody is yet reliable enough (a fresh key, however many of
+them, starts at 0). A heartbeat's own ``uptime_s`` is the peer's word on itself and never counts.
 """
 
 from __future__ import annotations
@@ -255,6 +258,8 @@ class Reliability:
     """Observers whose figures counted (watched the subject at least ``MIN_WATCHED_S``)."""
     mean_uptime_h: float | None
     mean_downtime_h: float | None
+    observed_up_s: float = 0.0
+    """The median over the same observers of how long each saw the subject up (module doc)."""
 
 
 def swarm_reliability(records: Iterable[Observations], subjects: Iterable[str]) -> dict[str, Reliability]:
@@ -274,6 +279,10 @@ def swarm_reliability(records: Iterable[Observations], subjects: Iterable[str]) 
         scores = [score(*r) for r in reports]
         ups, downs = zip(*(uptime_estimates(*r) for r in reports), strict=True)
         out[subject] = Reliability(
-            statistics.median(scores), len(reports), statistics.median(ups), statistics.median(downs)
+            statistics.median(scores),
+            len(reports),
+            statistics.median(ups),
+            statistics.median(downs),
+            statistics.median(r[1] for r in reports),
         )
     return out

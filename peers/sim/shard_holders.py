@@ -57,13 +57,16 @@ class ShardHolders:
         holder = shard.holder
         chosen = elect_standby(
             (
-                sim.ids[d],
-                round(float(sim.availability[d]), 1),
-                now - float(sim.member_since[d]),
-                float(sim.scenario.bandwidth_Bps[holder, d]),
-            )
-            for d in sim.members()
-            if d != holder
+                (
+                    sim.ids[d],
+                    round(float(sim.availability[d]), 1),
+                    now - float(sim.member_since[d]),
+                    float(sim.scenario.bandwidth_Bps[holder, d]),
+                )
+                for d in sim.members()
+                if d != holder
+            ),
+            sim.settings.thresholds.min_reliability,
         )
         if chosen is None:
             shard.standby, shard.standby_ready = None, False

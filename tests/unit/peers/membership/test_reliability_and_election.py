@@ -179,11 +179,12 @@ def test_one_relay_per_sixteen_members_from_three() -> None:
 
 
 def test_the_standby_is_the_likeliest_to_stay_then_the_best_linked_then_the_longest_up() -> None:
-    assert elect_standby([]) is None
-    assert elect_standby([("b", 0.9, 10.0, 1e6), ("a", 0.8, 1e6, 1e9)]) == "b"  # reliability first
-    assert elect_standby([("b", 0.9, 1e6, 1e6), ("c", 0.9, 10.0, 5e6)]) == "c"  # then the link from the host
-    assert elect_standby([("b", 0.9, 10.0, 0.0), ("c", 0.9, 20.0, 0.0)]) == "c"  # then uptime
-    assert elect_standby(iter([("c", 0.9, 20.0, 0.0), ("b", 0.9, 20.0, 0.0)])) == "b"  # then the ID; any iterable
+    need = T.min_reliability
+    assert elect_standby([], need) is None
+    assert elect_standby([("b", 0.9, 10.0, 1e6), ("a", 0.8, 1e6, 1e9)], need) == "b"  # reliability first
+    assert elect_standby([("b", 0.9, 1e6, 1e6), ("c", 0.9, 10.0, 5e6)], need) == "c"  # then the link from the host
+    assert elect_standby([("b", 0.9, 10.0, 0.0), ("c", 0.9, 20.0, 0.0)], need) == "c"  # then uptime
+    assert elect_standby(iter([("c", 0.9, 20.0, 0.0), ("b", 0.9, 20.0, 0.0)]), need) == "b"  # then the ID
 
 
 def test_hostile_books_and_records_are_refused(tmp_path: Path) -> None:
