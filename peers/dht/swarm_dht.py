@@ -1,9 +1,11 @@
 """One run's records in the hivemind DHT, behind typed functions.
 
 The DHT runs in its own process, as hivemind does it; this module is the only place that
-knows the keys (``swarmd/<run id>/…``) and how values are laid out under them. Every record
-is checked twice: by the DHT process's validator before it stores or returns it, and again by
-the reader here, which also applies the run and the clock.
+knows how values are laid out under the keys (``swarmd.peers.dht.keys``). Every record is
+checked twice: by the DHT process's validator before it stores or returns it, and again by
+the reader here, which also applies the run and the clock. A plan is a signed manifest under
+the plan key and parts under their own digests (``swarmd.peers.records.plan_parts``): stored
+parts first, read back through ``swarmd.peers.dht.plan_reader``.
 
 This node stores swarmd records of any run, each checked in full (signature, schema, and the
 key its content implies), and nothing else: a DHT shared by many runs works for all of them,
@@ -35,6 +37,19 @@ from hivemind.utils.timed_storage import get_dht_time
 from multiaddr import Multiaddr
 
 from swarmd.errors import BootstrapError, JoinError, RecordError, RunSpecError
+from swarmd.peers.dht.keys import (
+    MEMBER_BUCKETS,
+    cells_key,
+    links_key,
+    member_bucket,
+    members_key,
+    observations_key,
+    plan_key,
+    plan_part_key,
+    shards_key,
+    spec_key,
+)
+from swarmd.peers.dht.plan_reader import PlanReader
 from swarmd.peers.dht.process import MAX_REQUEST_BYTES, TiedDHT
 from swarmd.peers.membership.reliability import KIND as OBSERVATIONS_KIND
 from swarmd.peers.membership.reliability import Observations
@@ -42,8 +57,9 @@ from swarmd.peers.records.envelope import peek_kind
 from swarmd.peers.records.heartbeat import MAX_ADDRS, Heartbeat
 from swarmd.peers.records.links import KIND as LINKS_KIND
 from swarmd.peers.records.links import LinksRecord
-from swarmd.peers.records.plan_record import KIND as PLAN_KIND
-from swarmd.peers.records.plan_record import PlanRecord
+from swarmd.peers.records.plan_parts import KIND as PLAN_KIND
+from swarmd.peers.records.plan_parts import MAX_TTL_S as PLAN_MAX_TTL_S
+from swarmd.peers.records.plan_parts import PlanManifest, is_part, open_bundle, open_part
 from swarmd.peers.records.run_spec import SignedRunSpec, open_run_spec, verify_run_spec
 from swarmd.peers.taskpool.cells import KIND as CELL_KIND
 from swarmd.peers.taskpool.cells import CellLease
@@ -59,13 +75,6 @@ SPEC_TTL_S = 3600.0
 _EXPIRY_SLACK_S = 30.0
 
 
-def spec_key(run_id: str) -> str:
-    return f"swarmd/{run_id}/spec"
-
-
-MEMBER_BUCKETS = 16
-"""Heartbeats are spread over this many keys by a hash of the peer ID: one read returns one
-bucket, never every member's heartbeat in one value."""
 MEMBERS_PER_BUCKET = 128
 """The most heartbeats one read of a bucket brings out of the DHT process and checks (a Sybil
 flood costs a scan at most ``MEMBER_BUCKETS * MEMBERS_PER_BUCKET`` signature checks)."""
@@ -76,43 +85,12 @@ MAX_RECORDS_PER_READ = 512
 """The most records one read of any other per-peer key brings out of the DHT process."""
 
 
-def member_bucket(peer_id: str) -> int:
-    """The bucket of ``peer_id``'s heartbeat (the same on every peer: a hash, not a lookup)."""
-    return int.from_bytes(hashlib.sha256(peer_id.encode()).digest()[:4], "big") % MEMBER_BUCKETS
-
-
-def members_key(run_id: str, bucket: int) -> str:
-    """The key of one bucket of the run's heartbeats (``member_bucket`` of the peer)."""
-    return f"swarmd/{run_id}/members/{bucket}"
-
-
-def cells_key(run_id: str, pipeline: int, stage: int) -> str:
-    """One key per cell: a peer alone holds every cell of its pipeline, one lease each."""
-    return f"swarmd/{run_id}/cells/{pipeline}/{stage}"
-
-
-def shards_key(run_id: str, stage: int) -> str:
-    return f"swarmd/{run_id}/shards/{stage}"
-
-
-def links_key(run_id: str) -> str:
-    return f"swarmd/{run_id}/links"
-
-
-def plan_key(run_id: str) -> str:
-    return f"swarmd/{run_id}/plan"
-
-
-def observations_key(run_id: str) -> str:
-    return f"swarmd/{run_id}/observations"
-
-
 # Record kinds stored one per peer (the signer's peer ID is the subkey) under one key per run:
 # kind -> (parser, the run's key). The validator and the readers both go through this table;
 # each parsed record has ``run_id``, ``peer_id`` and ``expires_at``.
 PER_PEER_KINDS: dict[str, tuple[Callable[..., Any], Callable[[str], str]]] = {
     LINKS_KIND: (LinksRecord.parse, links_key),
-    PLAN_KIND: (PlanRecord.parse, plan_key),
+    PLAN_KIND: (PlanManifest.parse, plan_key),  # the plan's parts: ``plan_part_key``, plain values
     OBSERVATIONS_KIND: (Observations.parse, observations_key),
 }
 
@@ -142,7 +120,11 @@ class SwarmRecordValidator(RecordValidatorBase):
     def validate(self, record: DHTRecord) -> bool:
         try:
             value = MSGPackSerializer.loads(record.value)
-            if record.subkey == _PLAIN_VALUE:  # a spec is the one plain value swarmd stores
+            if record.subkey == _PLAIN_VALUE and is_part(value):  # under the digest of its bytes only
+                run_id, _ = open_part(value)
+                key = plan_part_key(run_id, hashlib.sha256(value).hexdigest())
+                return record.key == _dht_id(key) and record.expiration_time <= get_dht_time() + PLAN_MAX_TTL_S
+            if record.subkey == _PLAIN_VALUE:  # else a spec is the one plain value swarmd stores
                 spec = open_run_spec(value)
                 return (
                     record.key == _dht_id(spec_key(spec.run_id))
@@ -217,6 +199,9 @@ class SwarmDHT:
             shutdown_timeout=5,
         )
         self._dht: TiedDHT | None = None
+        self._plans = PlanReader(run_id, self._fetch_part)
+        self._live: frozenset[str] = frozenset()
+        """The live members as of the last ``scan_members``: their plans' parts are fetched first."""
         self.restarts = 0
         """Times a dead DHT process was replaced (``swarmd status``)."""
 
@@ -324,7 +309,9 @@ class SwarmDHT:
         )
         records = {subkey: raw for read in reads for subkey, raw in read.items()}
         # One signature check per record: in a worker thread, so that a big swarm cannot stall the loop.
-        return await asyncio.to_thread(self._check_members, records, now)
+        scan = await asyncio.to_thread(self._check_members, records, now)
+        self._live = frozenset(h.peer_id for h in scan.live)
+        return scan
 
     def _check_members(self, records: dict[str, bytes], now: float) -> MemberScan:
         live, leaving, rejected = [], [], 0
@@ -368,9 +355,20 @@ class SwarmDHT:
         return leases
 
     async def publish_peer_record(self, kind: str, peer_id: str, raw: bytes, expires_at: float) -> bool:
-        """Store this peer's record of a per-peer ``kind`` (links, plan, observations)."""
+        """Store this peer's record of a per-peer ``kind`` (links, plan, observations). A plan
+        comes as its bundle (``PlanRecord.sign``): its parts are stored first, each under its
+        digest, then the manifest that names them, so no reader meets a manifest before its parts."""
         key = PER_PEER_KINDS[kind][1](self.run_id)
-        return await self._store(key, raw, expires_at, subkey=peer_id)
+        if kind != PLAN_KIND:
+            return await self._store(key, raw, expires_at, subkey=peer_id)
+        bundle = open_bundle(raw)
+        self._plans.remember(bundle.parts)
+        parts = [self._store(plan_part_key(self.run_id, d), v, expires_at) for d, v in bundle.parts.items()]
+        stored = sum(await asyncio.gather(*parts))
+        if stored < len(parts):
+            logger.warning("Plan not published: %d of its %d parts were not stored", len(parts) - stored, len(parts))
+            return False
+        return await self._store(key, bundle.manifest, expires_at, subkey=peer_id)
 
     async def scan_peer_records(self, kind: str, now: float | None) -> list[Any]:
         """Every verified record of ``kind`` in this run, one per peer (``now=None``: expired
@@ -387,7 +385,12 @@ class SwarmDHT:
                     logger.debug("Dropped a %s record: %s", kind, e)
             return out
 
-        return await asyncio.to_thread(check)  # signature checks off the loop, as for members
+        checked = await asyncio.to_thread(check)  # signature checks off the loop, as for members
+        return await self._plans.assemble(checked, self._live) if kind == PLAN_KIND else checked
+
+    async def _fetch_part(self, key: str) -> bytes | None:
+        found = await self.dht.call(self.dht.get, key, latest=True)
+        return found.value if found is not None and isinstance(found.value, bytes) else None
 
     async def publish_spec(self, raw: bytes) -> bool:
         return await self._store(spec_key(self.run_id), raw, get_dht_time() + SPEC_TTL_S)

@@ -54,8 +54,10 @@ from swarmd.peers.records.signed import Head, SignedRecord
 logger = logging.getLogger(__name__)
 
 KIND = "observations"
-MAX_OBSERVATIONS_BYTES = 64 * 1024
-MAX_SUBJECTS = 256
+MAX_OBSERVATIONS_BYTES = 16 * 1024
+"""Every per-peer record stays within 16 KiB, far under what one request to the DHT process may carry."""
+MAX_SUBJECTS = 192
+"""About 13.8 KB signed at most (tests/benchmarks/bench_record_sizes.py)."""
 MAX_TTL_S = 900.0
 MAX_BOOK_PEERS = 4096
 MAX_BOOK_BYTES = 4 * 1024 * 1024

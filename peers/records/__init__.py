@@ -8,6 +8,7 @@
 - ``join_token``   the creator's signed word that one peer may join a private run
 - ``links``        what a peer measured: RTTs and bandwidths to others, its own compute
 - ``plan_record``  the elected coordinator's signed plan: cells, shard servers, relays, spares
+- ``plan_parts``   a plan's wire form: a small signed manifest and compressed, content-addressed parts
 
 The lowest layer of ``swarmd.peers``: records know no DHT, no pool and no planner.
 """

@@ -23,7 +23,10 @@ from swarmd.peers.records.envelope import Fields
 from swarmd.peers.records.signed import Head, SignedRecord
 
 KIND = "links"
-MAX_LINKS_BYTES = 32 * 1024
+MAX_LINKS_BYTES = 16 * 1024
+"""A links record at its largest (``MAX_LINKS`` peers of 128-character IDs, unrounded
+figures) is about 13 KiB: one record per peer, the same size in a swarm of ten or 10,000,
+since a peer publishes only the links it measured (``ProbeBudget.max_peers`` tracked)."""
 MAX_LINKS = 64
 MAX_TTL_S = 900.0
 MIN_PROBE_BYTES = 16 * 1024

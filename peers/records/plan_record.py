@@ -4,23 +4,39 @@ Stored under ``swarmd/<run>/plan`` with the coordinator's peer ID as subkey. Rea
 record of the coordinator they elected (``swarmd.peers.membership.election``) and, across coordinator
 changes, the highest ``version``: a new coordinator continues from the highest it has seen,
 so versions only grow. Devices are named once (``devices``) and the grid refers to them by
-index, which keeps a plan of a thousand devices within ``MAX_PLAN_BYTES``.
+index.
+
+On the wire a plan is a signed manifest and compressed, content-addressed parts
+(``swarmd.peers.records.plan_parts``), so that no value it stores exceeds 16 KiB even for
+10,000 members: ``sign`` returns them as one bundle (the DHT stores them apart), ``parse``
+reads a bundle back, and ``from_parts`` joins a verified manifest with the parts a reader
+fetched. Either way the plan's own fields pass the same checks (``_read_fields``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar, Self
 
 from swarmd.errors import RecordError
 from swarmd.peers.records.envelope import Fields
+from swarmd.peers.records.identity import Identity
+from swarmd.peers.records.plan_parts import (
+    KIND,
+    MAX_BUNDLE_BYTES,
+    MAX_TTL_S,
+    PlanManifest,
+    decode,
+    encode,
+    open_bundle,
+    pack_bundle,
+)
 from swarmd.peers.records.signed import Head, SignedRecord
 
-KIND = "plan"
-MAX_PLAN_BYTES = 256 * 1024
-MAX_PLAN_DEVICES = 2048
-MAX_TTL_S = 900.0
+MAX_PLAN_DEVICES = 16384
+"""Room for a swarm of 10,000 members and more (``plan_parts`` keeps its values small)."""
 MAX_STAGES = 1024
 MAX_SHARDS = 4096
 MAX_LOCAL_STEPS = 1000
@@ -39,7 +55,7 @@ class PlanRecord(SignedRecord):
     """A plan; its ``peer_id`` is the coordinator that computed and signed it."""
 
     KIND: ClassVar[str] = KIND
-    MAX_BYTES: ClassVar[int] = MAX_PLAN_BYTES
+    MAX_BYTES: ClassVar[int] = MAX_BUNDLE_BYTES
     MAX_TTL_S: ClassVar[float] = MAX_TTL_S
     READ_EXPIRED: ClassVar[bool] = True
     """An expired plan is still read: the newest one stands until replaced."""
@@ -80,6 +96,35 @@ class PlanRecord(SignedRecord):
 
     def server_of(self, stage: int) -> str:
         return self.devices[self.parameter_servers[stage]]
+
+    def sign(self, identity: Identity) -> bytes:
+        """The plan's bundle: its manifest signed by ``identity`` (the coordinator), then its parts."""
+        if identity.peer_id != self.peer_id:
+            raise RecordError(f"cannot sign the plan of {self.peer_id} with the key of {identity.peer_id}")
+        own = {k: v for k, v in asdict(self).items() if k not in _HEAD_FIELDS}
+        devices, version = own.pop("devices"), own.pop("version")
+        found, parts = encode(self.run_id, devices, own)
+        head = {k: getattr(self, k) for k in ("run_id", "peer_id", "issued_at", "expires_at")}
+        manifest = PlanManifest(**head, version=version, **found)
+        return pack_bundle(manifest.sign(identity), parts)
+
+    @classmethod
+    def parse(cls, raw: object, *, run_id: str | None, now: float | None, peer_id: str | None = None) -> Self:
+        """Verify and decode a plan bundle (``sign``'s form); the checks are ``SignedRecord.parse``'s
+        on the manifest, then ``from_parts``'."""
+        bundle = open_bundle(raw)
+        manifest = PlanManifest.parse(bundle.manifest, run_id=run_id, now=now, peer_id=peer_id)
+        return cls.from_parts(manifest, bundle.parts)
+
+    @classmethod
+    def from_parts(cls, manifest: PlanManifest, parts: Mapping[str, bytes]) -> Self:
+        """The plan of a verified ``manifest``, from its parts by digest (each checked against
+        the digest and size the manifest signs); raises RecordError naming what failed."""
+        devices, roles = decode(manifest, parts)
+        f = Fields({**roles, "devices": devices, "version": manifest.version}, KIND)
+        f.only({name.name for name in fields(cls)} - _HEAD_FIELDS)
+        head = Head(manifest.run_id, manifest.peer_id, manifest.issued_at, manifest.expires_at)
+        return cls(**asdict(head), **cls._read_fields(f, head))
 
     @classmethod
     def _read_fields(cls, f: Fields, head: Head) -> dict[str, Any]:
@@ -146,6 +191,9 @@ class PlanRecord(SignedRecord):
             "spares": spares,
             "reduce_groups": reduce_groups,
         }
+
+
+_HEAD_FIELDS = {"run_id", "peer_id", "issued_at", "expires_at"}
 
 
 def _index_list(value: object, what: str, n: int, max_len: int) -> list[int]:

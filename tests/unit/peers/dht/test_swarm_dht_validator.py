@@ -28,6 +28,7 @@ from swarmd.peers.records.envelope import sign_record
 from swarmd.peers.records.heartbeat import KIND as HEARTBEAT_KIND
 from swarmd.peers.records.heartbeat import DeviceInfo, Heartbeat
 from swarmd.peers.records.identity import Identity
+from swarmd.peers.records.plan_parts import open_bundle
 from swarmd.peers.records.run_spec import derive_run_id, parse_spec_body, sign_run_spec
 
 pytestmark = pytest.mark.timeout(30)
@@ -332,10 +333,31 @@ def test_links_and_plan_records_under_their_own_keys_only(validate: Validator, r
         layers_per_stage=[4],
         parameter_servers=[0],
     )
-    raw = plan.sign(member)
+    bundle = plan.sign(member)
+    raw = open_bundle(bundle).manifest
     assert validate(run_id, key=f"swarmd/{run_id}/plan", value=raw, subkey=member.peer_id, expiration=now + 60)
     assert not validate(run_id, key=f"swarmd/{run_id}/plan", value=raw, subkey=member.peer_id, expiration=now + 600)
     assert not validate(run_id, key=f"swarmd/{run_id}/links", value=raw, subkey=member.peer_id, expiration=now + 60)
+    # The bundle is what the publisher splits; the old one-record form is no manifest.
+    assert not validate(run_id, key=f"swarmd/{run_id}/plan", value=bundle, subkey=member.peer_id, expiration=now + 60)
+    whole = sign_record(member, "plan", dataclasses.asdict(plan))
+    assert not validate(run_id, key=f"swarmd/{run_id}/plan", value=whole, subkey=member.peer_id, expiration=now + 60)
+
+
+def test_a_plan_part_only_under_the_digest_of_its_bytes(validate: Validator, run_id: str, member: Identity) -> None:
+    from swarmd.peers.records.plan_parts import make_part, part_digest
+
+    now = time.time()
+    part = make_part(run_id, b"compressed plan bytes")
+    key = f"swarmd/{run_id}/plan-part/{part_digest(part)}"
+    assert validate(run_id, key=key, value=part, expiration=now + 300)
+    assert not validate(run_id, key=key, value=part, expiration=now + 3600)  # past a plan's longest life
+    assert not validate(run_id, key=key, value=part + b"!", expiration=now + 300)  # not its digest
+    assert not validate(run_id, key=key, value=part, subkey=member.peer_id, expiration=now + 300)
+    other = derive_run_id("another", member.public_key)
+    assert not validate(run_id, key=key, value=make_part(other, b"compressed plan bytes"), expiration=now + 300)
+    huge = make_part(run_id, bytes(16 * 1024))
+    assert not validate(run_id, key=f"swarmd/{run_id}/plan-part/{part_digest(huge)}", value=huge, expiration=now + 60)
 
 
 def test_pool_leases_under_their_own_pipeline_or_stage_key_only(

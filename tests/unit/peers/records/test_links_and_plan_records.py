@@ -10,6 +10,7 @@ import pytest
 from swarmd.errors import RecordError
 from swarmd.peers.planning.snapshot import Member, build_snapshot, model_for_scenario
 from swarmd.peers.records import links as links_mod
+from swarmd.peers.records import plan_parts
 from swarmd.peers.records import plan_record as plan_mod
 from swarmd.peers.records.envelope import sign_record
 from swarmd.peers.records.identity import Identity
@@ -74,6 +75,17 @@ def test_links_record_round_trip_and_refusals() -> None:
         LinksRecord.parse(record.sign(A), run_id=RUN, now=T0 + 61)
 
 
+def test_the_largest_links_record_fits_its_bound() -> None:
+    """Every link at its most verbose: the record stays within MAX_LINKS_BYTES (16 KiB), whatever
+    the swarm's size, since a peer publishes at most MAX_LINKS of them."""
+    figures = (1.2345678901234567e-05, 1.2345678901234567e11, 86399.12345678901)
+    links = {f"p{i:03d}" + "Q" * 124: figures for i in range(links_mod.MAX_LINKS)}
+    record = dataclasses.replace(links_of(A, {}), tflops=123456.789012345, memory_gib=123456.789012345, links=links)
+    raw = record.sign(A)
+    assert len(raw) <= links_mod.MAX_LINKS_BYTES
+    assert LinksRecord.parse(raw, run_id=RUN, now=T0).links == links
+
+
 def plan_of(**kw: object) -> PlanRecord:
     fields: dict[str, object] = dict(
         run_id=RUN,
@@ -129,7 +141,23 @@ def test_a_malformed_plan_is_refused(change: dict[str, object], message: str) ->
     body = dataclasses.asdict(plan_of())
     body.update(change)
     with pytest.raises(RecordError, match=message):
-        PlanRecord.parse(sign_record(A, plan_mod.KIND, body), run_id=RUN, now=T0)
+        PlanRecord.parse(signed_bundle(A, body), run_id=RUN, now=T0)
+
+
+def signed_bundle(who: Identity, body: dict[str, object]) -> bytes:
+    """A plan bundle of any body, as a hostile coordinator could sign it (``PlanRecord.sign``
+    only signs well-formed plans)."""
+    head = {k: body.pop(k) for k in ("run_id", "peer_id", "issued_at", "expires_at")}
+    version, devices = body.pop("version"), body.pop("devices")
+    found, parts = plan_parts.encode(RUN, devices, body)  # type: ignore[arg-type]
+    manifest = plan_parts.PlanManifest(**head, version=version, **found)  # type: ignore[arg-type]
+    return plan_parts.pack_bundle(manifest.sign(who), parts)
+
+
+def test_a_plan_signed_as_a_bare_record_is_refused() -> None:
+    """The old wire form (the whole plan in one signed record) is no plan bundle."""
+    with pytest.raises(RecordError, match="plan bundle"):
+        PlanRecord.parse(sign_record(A, plan_mod.KIND, dataclasses.asdict(plan_of())), run_id=RUN, now=T0)
 
 
 def test_the_snapshot_fills_unmeasured_links_and_counts_them() -> None:
