@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 from swarmd.config import Config
 from swarmd.errors import SwarmdError
-from swarmd.node.request_gate import RunAdmission
 from swarmd.node.control_api import ControlApi
 from swarmd.node.coordination import Coordination
 from swarmd.node.dht_watch import DhtWatch
@@ -31,6 +30,7 @@ from swarmd.node.lan_service import LAN_RESTART_INTERVAL_S, LanService
 from swarmd.node.measurements import Measurements
 from swarmd.node.presence import MEMBERSHIP_SCAN_S, Presence
 from swarmd.node.relay import RelayService, Router
+from swarmd.node.request_gate import RunAdmission
 from swarmd.node.services import Services, dht_call
 from swarmd.peers.dht.swarm_dht import SPEC_TTL_S, SwarmDHT
 from swarmd.peers.membership.election import ElectionConfig, coordination_round_s

@@ -2,9 +2,9 @@
 
 Stored under ``swarmd/<run>/plan`` with the coordinator's peer ID as subkey. Readers take the
 record of the coordinator they elected (``swarmd.peers.membership.election``) and, across coordinator
-changes, the highest ``version``: a new coordinator continues from the highest it has seen,
-so versions only grow. Devices are named once (``devices``) and the grid refers to them by
-index.
+changes, the highest ``version``: a new coordinator continues from the highest it has seen
+within reach of the plan in force (``swarmd.node.plan_choice.within_reach``), so versions
+only grow. Devices are named once (``devices``) and the grid refers to them by index.
 
 On the wire a plan is a signed manifest and compressed, content-addressed parts
 (``swarmd.peers.records.plan_parts``), so that no value it stores exceeds 16 KiB even for

@@ -52,7 +52,10 @@ def beat(who, token=""):
 plain, forger = Identity.generate(), Identity.generate()
 own_run = derive_run_id(run_id.split(".")[0], forger.public_key)
 forged = sign_join_token(forger, own_run, forger.peer_id, now=now, days=1).text
-stored = {name: dht.store(members_key(run_id, member_bucket(who.peer_id)), beat(who, token), now + 120, subkey=who.peer_id)
+def store(who, token):
+    key = members_key(run_id, member_bucket(who.peer_id))
+    return dht.store(key, beat(who, token), now + 120, subkey=who.peer_id)
+stored = {name: store(who, token)
           for name, who, token in (("plain", plain, ""), ("forged", forger, forged))}
 print(json.dumps({"peers": [plain.peer_id, forger.peer_id], "stored": stored}), flush=True)
 dht.shutdown()
