@@ -6,6 +6,7 @@ print the same view.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 
@@ -30,9 +31,36 @@ def format_status(result: dict[str, Any]) -> str:
         lines += fmt_training(result["training"])
     if result.get("swarm"):
         lines += fmt_swarm(result["swarm"], result["peer_id"])
+    refused = fmt_refused(result)
+    if refused:
+        lines.append(refused)
     if result["peers"]:
         lines += fmt_peers(result["peers"])
     return "\n".join(lines)
+
+
+def fmt_refused(result: dict[str, Any]) -> str:
+    """One line of what this peer refused from others, by kind and reason (empty: nothing):
+    an operator sees an attack, or a misconfigured peer, without reading the JSON."""
+
+    def counts(what: str, by: dict[str, int] | None) -> str | None:
+        by = {k: v for k, v in (by or {}).items() if v}
+        return f"{what} {', '.join(f'{k} {v}' for k, v in sorted(by.items()))}" if by else None
+
+    rpc = result.get("rpc") or {}
+    banned = sum(until > time.time() for until in (rpc.get("banned") or {}).values())
+    swarm = result.get("swarm") or {}
+    parts = [
+        counts("requests:", rpc.get("refused")),
+        counts("members:", result.get("refused_members")),
+        counts("plans:", swarm.get("plans_refused")),
+        f"{banned} peer(s) banned now"
+        if (banned := sum(t > time.time() for t in rpc.get("banned", {}).values()))
+        else None,
+        f"DHT restarted {result['dht_restarts']}x" if result.get("dht_restarts") else None,
+    ]
+    shown = [p for p in parts if p]
+    return f"refused   {'; '.join(shown)}" if shown else ""
 
 
 def fmt_duration(seconds: float) -> str:

@@ -73,3 +73,21 @@ def test_the_holder_of_shard_0_0_shows_the_ledger_and_the_swarms_tokens() -> Non
     assert "data cursor 96 (all below 80 trained), 2 share(s) open, 1 to train again" in text
     provisional = "\n".join(fmt_training(training(assignment={**training()["assignment"], "provisional": True})))
     assert "following the provisional assignment" in provisional
+
+
+def test_what_was_refused_shows_in_one_line_and_nothing_when_nothing_was() -> None:
+    from swarmd.cli.status_view import fmt_refused
+
+    assert fmt_refused({"rpc": {"refused": {}, "banned": {}}, "swarm": {"plans_refused": {}}}) == ""
+    line = fmt_refused(
+        {
+            "rpc": {"refused": {"QUOTA": 3, "NOT_MEMBER": 12}, "banned": {"a": 4e12, "b": 1.0}},
+            "refused_members": {"no-token": 1},
+            "swarm": {"plans_refused": {"version_jump": 2}},
+            "dht_restarts": 1,
+        }
+    )
+    assert line == (
+        "refused   requests: NOT_MEMBER 12, QUOTA 3; members: no-token 1; plans: version_jump 2; "
+        "1 peer(s) banned now; DHT restarted 1x"
+    )
