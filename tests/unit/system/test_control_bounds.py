@@ -111,8 +111,9 @@ def test_busy_answer_is_retried_until_a_slot_frees(short_dir: Path) -> None:
         try:
             holding = asyncio.create_task(asyncio.to_thread(call, srv.path, "hold"))
             await asyncio.wait_for(entered.wait(), 10)
-            # The one slot is being answered: a short call gives up, naming its attempts.
-            with pytest.raises(ControlError, match=r"stayed busy for 0.3 s over \d+ attempts .*being answered"):
+            # The one slot is being answered: a short call gives up, naming its attempts (and the
+            # last one's reason, which depends on where in the exchange the deadline fell).
+            with pytest.raises(ControlError, match=r"stayed busy for 0.3 s over \d+ attempts \("):
                 await asyncio.to_thread(call, srv.path, "status", timeout=0.3)
             refused = srv.evicted
             waiting = asyncio.create_task(asyncio.to_thread(call, srv.path, "status", timeout=20))
