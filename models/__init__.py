@@ -13,7 +13,8 @@
 - ``robust_aggregation`` a median with one vote per sender, and centred clipping around the last aggregate
 - ``shard_share_ids`` the share IDs a shard has buffered, settled and applied, so a share counts once
 - ``shard_deltas``  fp16 deltas with error feedback, and the recent ones kept for pulls
-- ``shard_checkpoint`` a shard's whole state in one safetensors file, and reading it back
+- ``shard_checkpoint`` a shard's whole state in one safetensors file, read back whole: checksum, dtypes, lengths, finite
+- ``checkpoint_check`` where a shard checkpoint comes from (run, shard, holder), and a shard that writes it
 - ``cell_compute``  a cell's compute: forwards kept for their backward, shares, rounds, rebases
 - ``reference``     the single-process synchronous baseline the swarm is measured against
 

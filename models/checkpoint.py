@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
+import json
 import logging
 import os
 import shutil
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from safetensors import SafetensorError, safe_open
+from safetensors.torch import load as load_tensors_from_bytes
 from safetensors.torch import save_file
 
 from swarmd.errors import SwarmdError
@@ -93,6 +96,44 @@ def load_safetensors(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[st
             f"checkpoint {path} ({size} bytes) is corrupt or truncated: {e}; restore it from another copy or delete it"
         ) from e
     return tensors, metadata
+
+
+def load_safetensors_bytes(data: bytes) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors and metadata of a safetensors file held in memory (one received from a peer).
+
+    Raises CheckpointError when the bytes are not a whole safetensors file.
+    """
+    # The header is 8 bytes of little-endian length, then that much JSON; safetensors checks
+    # that the tensors' offsets cover the rest exactly.
+    if len(data) < 8:
+        raise CheckpointError(f"a {len(data)}-byte checkpoint is too short for a safetensors header (8 bytes)")
+    length = int.from_bytes(data[:8], "little")
+    if length > len(data) - 8:
+        raise CheckpointError(f"checkpoint header claims {length} bytes; only {len(data) - 8} follow: truncated")
+    try:
+        header = json.loads(data[8 : 8 + length])
+        tensors = load_tensors_from_bytes(data)
+    except (SafetensorError, ValueError, RuntimeError) as e:  # JSONDecodeError is a ValueError
+        raise CheckpointError(f"a {len(data)}-byte checkpoint is corrupt or truncated: {e}") from e
+    raw = header.get("__metadata__") if isinstance(header, dict) else None
+    if raw is not None and not (isinstance(raw, dict) and all(isinstance(v, str) for v in raw.values())):
+        raise CheckpointError("checkpoint metadata is not a map of strings")
+    return tensors, dict(raw or {})
+
+
+def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """SHA-256 over every tensor's name, dtype, shape and bytes, in name order (hex).
+
+    Covers what a reader uses, so the same tensors always give the same digest whatever the
+    file's layout; the metadata is not covered (a writer stores the digest there).
+    """
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().to("cpu").contiguous()
+        h.update(json.dumps([name, str(t.dtype), list(t.shape)]).encode())
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy().data)
+    return h.hexdigest()
 
 
 def export_pretrained(

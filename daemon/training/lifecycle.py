@@ -60,6 +60,7 @@ class Lifecycle:
             _log_follow(action.assignment)
         elif isinstance(action, NoteVersions):
             trainer.seen.note(action.leases)
+            trainer.opener.note_holders(action.leases)  # whose states a take-over may bring
         elif isinstance(action, StandbyChanged):
             for server in trainer.servers.values():
                 server.standby_changed()

@@ -10,14 +10,30 @@ rightful holders' signed leases have shown (``SeenVersions``): one far past it i
 refused. When no believable state can be had for ``OPEN_GRACE_S``, the shard opens from the
 best it has (this peer's last checkpoint, else the seed) and the versions lost are counted
 and logged: a swarm must go on.
+
+Every state is also checked whole before it is believed (``swarmd.models.checkpoint_check``):
+it loads, its digest matches, its tensors are finite and of the slice's dtype and length, and
+its provenance names this run, this shard and a holder it may come from: this peer for its own
+file, the replica's holder for a replica, for a fetched state one of the shard's rightful
+holders this peer has seen (``note_holders``: the last ``PAST_HOLDERS``, since a standby
+hands over the state of a holder that is gone).
+A fetched state that fails is refused and counted (``refused_states``). This peer's own file
+that fails (truncated, NaN, another run's or shard's, written by someone else, or of the
+first format, which carried no checksum) is renamed ``<name>.bad-<unix time>``, kept for its
+operator, counted (``set_aside``) and logged; the shard is then taken from the sources above
+like any other, so it is never left unhosted. The servers opened here write their provenance
+(this run, the shard, this peer) into every checkpoint (``TracedShard``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,8 +41,8 @@ import torch
 
 from swarmd.errors import SwarmdError
 from swarmd.models.cell_compute import CellCompute, flatten_parameters
+from swarmd.models.checkpoint_check import Provenance, ShardLayout, TracedShard, check_checkpoint, open_traced
 from swarmd.models.corpus import Dataset
-from swarmd.models.parameter_shard import ParameterShard
 from swarmd.models.shard_config import ShardConfig, ShardError
 from swarmd.models.stages import StageModule, split_layers
 from swarmd.peers.records.run_spec import run_seed
@@ -53,6 +69,8 @@ CHECKPOINT_EVERY = 10
 OPEN_GRACE_S = 60.0
 FETCH_TIMEOUT_S = 60.0
 LOG_TIMEOUT_S = 10.0
+PAST_HOLDERS = 16
+"""Rightful holders remembered per shard: whose states a fetch may bring."""
 
 
 def shard_file(checkpoint_dir: Path, key: Shard, shards: int) -> Path:
@@ -64,7 +82,13 @@ class ShardOpener:
         self.trainer = trainer
         self._initial: dict[int, torch.Tensor] = {}
         self._waiting_since: dict[Shard, float] = {}
+        self._past_holders: dict[Shard, dict[str, None]] = {}
         self.versions_lost = 0
+        self.refused_states = 0
+        """States fetched from a peer and refused for what they hold (module doc)."""
+        self.set_aside = 0
+        """This peer's own checkpoint files found unusable and renamed aside."""
+        trainer.replicas.rules = self  # what the standby's replicas are checked against
 
     # --- stage geometry -----------------------------------------------------------------------
 
@@ -73,6 +97,22 @@ class ShardOpener:
         if stage not in self._initial:
             self._initial[stage] = flatten_parameters(stage_module(self.trainer, stage))
         return self._initial[stage]
+
+    def layout(self, key: Shard) -> ShardLayout | None:
+        """What a checkpoint of ``key`` must be under the assignment in force (None: no
+        assignment yet, or none that has this shard)."""
+        assignment = self.trainer.assignment
+        if assignment is None:
+            return None
+        counts = assignment.shard_counts()
+        stage, index = key
+        if not (0 <= stage < len(counts) and 0 <= index < counts[stage]):
+            return None
+        span = shard_range(self.initial_vector(stage).numel(), counts[stage], index)
+        return ShardLayout(self.trainer.spec.run_id, stage, index, counts[stage], span, self.trainer.mode)
+
+    def admits(self, key: Shard, version: int) -> bool:
+        return self.trainer.seen.admits(key, version)
 
     def config(self) -> ShardConfig:
         s = self.trainer.spec.spec
@@ -88,15 +128,18 @@ class ShardOpener:
 
     async def open(self, key: Shard, assignment: Assignment) -> ShardServer | None:
         trainer = self.trainer
-        shards = assignment.shard_counts()[key[0]]
+        layout = self.layout(key)
+        if layout is None:
+            raise ShardError(f"the assignment in force has no shard {key}; it cannot be opened")
+        shards, (lo, hi) = layout.shards, layout.span
         size = self.initial_vector(key[0]).numel()
-        lo, hi = shard_range(size, shards, key[1])
         path = shard_file(trainer.checkpoint_dir, key, shards)
         step = step_micro_batches(trainer.exchange_settings())
-        shard = await self._believable_state(key, (lo, hi), path, step)
+        shard = await self._believable_state(key, layout, path, step)
         if shard is None:
             return None
         shard.step_micro_batches = step
+        shard.provenance = Provenance.of(layout, trainer.own)  # this server's checkpoints are its own
         lineage = f"{trainer.own[:16]}@{trainer.books.shard_claims.get(key, time.time()):.3f}"
         server = ShardServer(
             key,
@@ -129,23 +172,21 @@ class ShardOpener:
         )
         return server
 
-    async def _believable_state(
-        self, key: Shard, span: tuple[int, int], path: Path, step: int
-    ) -> ParameterShard | None:
+    async def _believable_state(self, key: Shard, layout: ShardLayout, path: Path, step: int) -> TracedShard | None:
         """The newest state this peer may believe (module doc); None: wait for a better one."""
-        trainer = self.trainer
-        found: list[ParameterShard] = []
+        trainer, span = self.trainer, layout.span
+        found: list[TracedShard] = []
         replica = trainer.replicas.newest(key)
         if replica is not None and trainer.seen.admits(key, replica.version):
             try:
-                found.append(await asyncio.to_thread(replay, replica, self.config(), step, span))
+                found.append(await asyncio.to_thread(replay, replica, self.config(), step, span, layout))
             except (SwarmdError, KeyError, ValueError) as e:
                 logger.warning("shard %s: our replica is unusable (%s)", key, e)
         for peer in self._sources(key):
-            fetched = await self._fetch(key, peer, span, step)
+            fetched = await self._fetch(key, peer, layout, step)
             if fetched is not None:
                 found.append(fetched)
-        own = await asyncio.to_thread(self._own_checkpoint, path, span, step)
+        own = await asyncio.to_thread(self._own_checkpoint, path, layout, step)
         if own is not None and trainer.seen.admits(key, own.version):
             found.append(own)
         seen = trainer.seen.of(key)
@@ -153,9 +194,7 @@ class ShardOpener:
         if best is not None and best.version >= seen:
             return best
         if best is None and seen == 0:  # nobody ever trained it: the run's seed weights
-            return ParameterShard(
-                *span, self.initial_vector(key[0])[span[0] : span[1]], self.config(), step_micro_batches=step
-            )
+            return self._seed(key, span, step)
         since = self._waiting_since.setdefault(key, time.monotonic())
         if time.monotonic() - since < OPEN_GRACE_S:
             logger.info(
@@ -165,9 +204,7 @@ class ShardOpener:
                 seen,
             )
             return None
-        shard = best or ParameterShard(
-            *span, self.initial_vector(key[0])[span[0] : span[1]], self.config(), step_micro_batches=step
-        )
+        shard = best or self._seed(key, span, step)
         lost = max(0, seen - shard.version)
         self.versions_lost += lost
         logger.warning(
@@ -181,6 +218,26 @@ class ShardOpener:
         )
         return shard
 
+    def _seed(self, key: Shard, span: tuple[int, int], step: int) -> TracedShard:
+        initial = self.initial_vector(key[0])[span[0] : span[1]]
+        return TracedShard(*span, initial, self.config(), step_micro_batches=step)
+
+    def note_holders(self, leases: Mapping[Shard, ShardLease]) -> None:
+        """Remember the shards' holders as the pool resolves them (a round's ``NoteVersions``)."""
+        for key, lease in leases.items():
+            past = self._past_holders.setdefault(key, {})
+            past.pop(lease.peer_id, None)
+            past[lease.peer_id] = None  # newest last
+            while len(past) > PAST_HOLDERS:
+                del past[next(iter(past))]
+
+    def _holders(self, key: Shard) -> set[str]:
+        """The peers whose leases of ``key`` this peer has read: whose states it may take."""
+        known = self.trainer.rightful.get(key)
+        leases = [known[0]] if known is not None else []
+        current = {lease.peer_id for lease in [*leases, *self.trainer.lease_holders.get(key, ())]}
+        return current | set(self._past_holders.get(key, ()))
+
     def _sources(self, key: Shard) -> list[str]:
         """Whom a state is taken from: the last rightful holder and the standby it named, and the
         live members that still hold a lease of the shard (a holder the assignment has just moved
@@ -191,7 +248,7 @@ class ShardOpener:
         peers = [p for lease in leases for p in (lease.peer_id, lease.standby)]
         return [p for p in dict.fromkeys(peers) if p and p != trainer.own and p in trainer.live]
 
-    async def _fetch(self, key: Shard, peer: str, span: tuple[int, int], step: int) -> ParameterShard | None:
+    async def _fetch(self, key: Shard, peer: str, layout: ShardLayout, step: int) -> TracedShard | None:
         trainer = self.trainer
         request = ReplicaFetch(run_id=trainer.spec.run_id, stage=key[0], shard=key[1], after_version=-1)
         try:
@@ -202,6 +259,7 @@ class ShardOpener:
         if answer.kind != "checkpoint" or not blobs:
             return None
         if not trainer.seen.admits(key, answer.version):
+            self.refused_states += 1
             logger.warning(
                 "shard %s: %s offers version %d, far past the %d the swarm has seen; refused",
                 key,
@@ -210,26 +268,50 @@ class ShardOpener:
                 trainer.seen.of(key),
             )
             return None
+        where = f"the state {peer[:16]} sent"
         try:
-            shard = await asyncio.to_thread(open_checkpoint_bytes, blobs[0], self.config(), step, span)
-        except (SwarmdError, KeyError, ValueError) as e:
-            logger.warning("shard %s: the state %s sent is unusable (%s)", key, peer, e)
-            return None
-        if shard.version != answer.version:
-            logger.warning(
-                "shard %s: %s said version %d but sent %d; refused", key, peer, answer.version, shard.version
+            shard = await asyncio.to_thread(open_checkpoint_bytes, blobs[0], self.config(), step, layout.span)
+            check_checkpoint(
+                shard.metadata, (shard.lo, shard.hi), shard.version, layout, self._holders(key), where, answer.version
             )
+        except (SwarmdError, KeyError, ValueError) as e:
+            self.refused_states += 1
+            logger.warning("shard %s: %s is refused (%s); asking its other holders", key, where, e)
             return None
         return shard
 
-    def _own_checkpoint(self, path: Path, span: tuple[int, int], step: int) -> ParameterShard | None:
+    def _own_checkpoint(self, path: Path, layout: ShardLayout, step: int) -> TracedShard | None:
+        """This peer's own last checkpoint of the shard, if it can be traced to this peer's
+        server of this run and shard; a file that cannot is set aside (module doc)."""
         if not path.is_file():
             return None
         try:
-            return ParameterShard.from_checkpoint(path, self.config(), step_micro_batches=step, expected_range=span)
+            shard = open_traced(path, self.config(), step, layout.span)
+            check_checkpoint(shard.metadata, (shard.lo, shard.hi), shard.version, layout, {self.trainer.own}, str(path))
         except (SwarmdError, KeyError, ValueError) as e:
-            logger.warning("%s is unusable (%s); not resuming from it", path, e)
+            self._set_aside(path, (layout.stage, layout.shard), e)
             return None
+        return shard
+
+    def _set_aside(self, path: Path, key: Shard, why: Exception) -> None:
+        self.set_aside += 1
+        aside = path.with_name(f"{path.name}.bad-{int(time.time())}")
+        n = 1
+        while aside.exists():  # two in one second: keep both
+            aside, n = path.with_name(f"{path.name}.bad-{int(time.time())}-{n}"), n + 1
+        try:
+            os.replace(path, aside)
+        except OSError as e:
+            logger.warning("%s is unusable (%s) and could not be moved aside (%s); not resuming from it", path, why, e)
+            return
+        logger.warning(
+            "%s is unusable (%s); moved aside to %s. Shard %s is taken from its standby or its last "
+            "holder (the run's seed weights only if the swarm never trained it)",
+            path,
+            why,
+            aside.name,
+            key,
+        )
 
     # --- a server's replication -------------------------------------------------------------------
 
@@ -261,10 +343,20 @@ class ShardOpener:
         return True
 
 
-def replay(replica: Replica, config: ShardConfig, step: int, span: tuple[int, int]) -> ParameterShard:
-    """The shard a replica rebuilds: its checkpoint, then every logged step in order."""
+def replay(
+    replica: Replica, config: ShardConfig, step: int, span: tuple[int, int], layout: ShardLayout | None = None
+) -> TracedShard:
+    """The shard a replica rebuilds: its checkpoint, then every logged step in order. With
+    ``layout``, the checkpoint is traced to it and to the replica's holder again (the store did
+    when it took it; a replica is believed as a whole only by whom it was checked for)."""
     assert replica.checkpoint is not None
     shard = open_checkpoint_bytes(replica.checkpoint, config, step, span)
+    if layout is not None:
+        where = f"the replica of shard {layout.stage, layout.shard} from {replica.holder[:16]}"
+        shard.provenance = check_checkpoint(shard.metadata, span, shard.version, layout, {replica.holder}, where)
+    else:  # traced when it was stored; a store without rules (outside a trainer) keeps untraced ones
+        with contextlib.suppress(ShardError):
+            shard.provenance = Provenance.read(shard.metadata, "a replica's checkpoint")
     for entry in replica.log:
         delta = decode_vector(entry.delta, span[1] - span[0], "fp16").to(torch.float16)  # exact: sent as fp16
         shard.apply_logged(entry.version, delta, entry.share_ids)
@@ -273,12 +365,13 @@ def replay(replica: Replica, config: ShardConfig, step: int, span: tuple[int, in
     return shard
 
 
-def open_checkpoint_bytes(data: bytes, config: ShardConfig, step: int, span: tuple[int, int]) -> ParameterShard:
+def open_checkpoint_bytes(data: bytes, config: ShardConfig, step: int, span: tuple[int, int]) -> TracedShard:
+    """The shard a checkpoint received holds, its form checked; its provenance is the caller's to check."""
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "shard.safetensors"
         path.write_bytes(data)
         try:
-            return ParameterShard.from_checkpoint(path, config, step_micro_batches=step, expected_range=span)
+            return open_traced(path, config, step, span)
         except ShardError:
             raise
         except Exception as e:  # safetensors raises its own types on a corrupt file

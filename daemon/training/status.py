@@ -4,21 +4,33 @@ trained, and at what rate.
 Progress is read off shard (0, 0)'s version, the count of updates its server applied: it
 survives hand-overs (a new holder goes on from the version it took over), so the figures stay
 right while that shard moves. Only the peer that serves it reports tokens and a rate.
+
+The state is the trainer's, except that "training" becomes "stalled" (with the reasons in
+``stalled``) while no step can be made: a served shard's weights hold NaN or Inf (every
+contribution computed on them is refused), or the last stage's recent losses are all NaN or
+Inf. ``checkpoints`` counts the states refused for what they held: fetched ones, this peer's
+own files set aside, and replicas refused at this standby.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from swarmd.peers.taskpool.exchange import step_micro_batches
+from swarmd.peers.taskpool.servers import Shard
 
 if TYPE_CHECKING:
     from swarmd.training.trainer import Trainer
 
 SAMPLES = 30
 """Rounds over which the rate is measured (a round is the trainer's tick)."""
+RECENT_LOSSES = 8
+"""The last stage's losses that, all non-finite, say that training is stalled."""
 
 
 class Progress:
@@ -26,6 +38,8 @@ class Progress:
 
     def __init__(self) -> None:
         self._samples: deque[tuple[float, int]] = deque(maxlen=SAMPLES)  # (monotonic time, version)
+        self._finite: dict[Shard, tuple[int, bool]] = {}
+        """Per served shard, whether its weights were finite at the version last checked."""
 
     def note(self, version: int) -> None:
         self._samples.append((time.monotonic(), version))
@@ -36,6 +50,29 @@ class Progress:
             return None
         (t0, n0), (t1, n1) = self._samples[0], self._samples[-1]
         return round((n1 - n0) * per_update / (t1 - t0), 1)
+
+    def stalled(self, trainer: Trainer) -> list[str]:
+        """Why no step can be made here now (module doc); [] when nothing says so."""
+        why = []
+        for key, server in sorted(trainer.servers.items()):
+            known = self._finite.get(key)
+            if known is None or known[0] != server.version:  # checked once a version: a pass over the slice
+                weights = server.weights()
+                if weights is None:  # a step awaits its log: judged at the next call
+                    continue
+                known = self._finite[key] = (server.version, bool(torch.isfinite(weights).all()))
+            if not known[1]:
+                why.append(
+                    f"shard {key}'s weights hold NaN or Inf at version {known[0]}: no contribution can be applied"
+                )
+        for key in set(self._finite) - set(trainer.servers):
+            del self._finite[key]
+        last = [w for (_, s), w in sorted(trainer.cells.items()) if s == trainer.stages - 1]
+        for worker in last:
+            recent = [loss for _, loss in list(worker.losses)[-RECENT_LOSSES:]]
+            if len(recent) == RECENT_LOSSES and not any(math.isfinite(loss) for loss in recent):
+                why.append(f"cell {worker.cell}'s last {RECENT_LOSSES} losses are NaN or Inf")
+        return why
 
 
 def training_status(trainer: Trainer) -> dict[str, Any]:
@@ -59,8 +96,10 @@ def training_status(trainer: Trainer) -> dict[str, Any]:
         * (step_micro_batches(trainer.exchange_settings()) if a is not None else 0)
     )
     first = trainer.servers.get((0, 0))
+    stalled = trainer.progress.stalled(trainer)
     return {
-        "state": trainer.state,
+        "state": "stalled" if stalled and trainer.state == "training" else trainer.state,
+        "stalled": stalled,
         "error": trainer.error,
         "stages": trainer.stages,
         "mode": trainer.mode,
@@ -79,6 +118,11 @@ def training_status(trainer: Trainer) -> dict[str, Any]:
         "ledger": None if ledger is None else ledger.info(),
         "reducer": trainer.reducer.info(),
         "replicas": trainer.replicas.status(),
+        "checkpoints": {
+            "refused_states": trainer.opener.refused_states,
+            "set_aside": trainer.opener.set_aside,
+            "refused_replicas": trainer.replicas.invalid,
+        },
         "standby": trainer.books.standby,
         "updates": max(versions, default=0),
         "loss": round(sum(recent) / len(recent), 4) if recent else None,
