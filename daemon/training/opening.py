@@ -122,6 +122,7 @@ class ShardOpener:
             weight_decay=s.weight_decay,
             outer_lr=s.outer_lr,
             outer_momentum=s.outer_momentum,
+            aggregation=s.aggregation,
         )
 
     # --- opening a shard ------------------------------------------------------------------------
