@@ -26,8 +26,9 @@ from typing import Any
 from swarmd.node.measurements import Measurements
 from swarmd.node.plan_choice import PlanRefusal, elect, plan_to_follow, screen, within_reach
 from swarmd.node.plan_publisher import PlanPublisher
-from swarmd.node.swarm_view import SwarmView, read_view
+from swarmd.node.swarm_view import SwarmView, narrowed, read_view
 from swarmd.peers.membership.election import ElectionConfig, elect_standby
+from swarmd.peers.membership.probation import Plannable, plannable
 from swarmd.peers.membership.reliability import KIND as OBSERVATIONS_KIND
 from swarmd.peers.membership.reliability import Observations
 from swarmd.peers.planning.snapshot import Member
@@ -56,9 +57,14 @@ class Coordination:
         measurements: Measurements,
         thresholds: ElectionConfig,
         own_device: Callable[[], tuple[float, float]],
+        probation_s: float,
     ) -> None:
         """``measurements``: this peer's own, and who was live at the last scan;
-        ``own_device()``: this peer's (compute TFLOPS, memory GiB) as measured at start."""
+        ``own_device()``: this peer's (compute TFLOPS, memory GiB) as measured at start;
+        ``probation_s``: how long a newcomer waits before the coordinator plans it."""
+        self.probation_s = probation_s
+        self.plannable: Plannable | None = None
+        """Whom this peer, as coordinator, planned from at its last round."""
         self.spec, self.dht, self.measurements = spec, dht, measurements
         self.own, self.thresholds, self.own_device = identity.peer_id, thresholds, own_device
         self.publisher = PlanPublisher(spec, identity, dht, thresholds)
@@ -89,7 +95,12 @@ class Coordination:
         )
         self.publisher.note(within_reach(admitted, in_force))
         if self.coordinator == self.own:
-            await self.publisher.round(self.view, self.plan, now)
+            # Heartbeats alone do not put a peer in the plan (``swarmd.peers.membership.probation``).
+            planned = self.plan.devices if self.plan is not None else ()
+            self.plannable = chosen = plannable(members, planned, set(links_records), self.own, self.probation_s)
+            own = Member(self.own, memory_gib, tflops)
+            view = narrowed(self.view, self.spec, own, members, links_records, chosen.peers)
+            await self.publisher.round(view, self.plan, now)
             in_force, passed_over = plan_to_follow(
                 admitted, self.coordinator, self.own, self.publisher.published, self.plan
             )
@@ -173,6 +184,9 @@ class Coordination:
                 "relays": self.relays(),
             },
             "plan_error": self.publisher.plan_error,
+            "newcomers": None
+            if self.plannable is None
+            else {"waiting": self.plannable.waiting, "no_node": self.plannable.no_node},
             "plans_refused": dict(sorted(self.plans_refused.items())),
             "reliability": {p: round(r.score, 3) for p, r in sorted(self.view.reliability.items())},
             "links": self.measurements.status(snap.measured if snap else 0, snap.filled if snap else 0),

@@ -35,6 +35,7 @@ from swarmd.node.services import Services, dht_call
 from swarmd.peers.dht.swarm_dht import SPEC_TTL_S, SwarmDHT
 from swarmd.peers.membership.election import ElectionConfig, coordination_round_s
 from swarmd.peers.membership.members import Membership
+from swarmd.peers.membership.probation import probation_s
 from swarmd.peers.records.identity import Identity, load_or_create_identity, write_p2pd_identity
 from swarmd.peers.records.links import ProbeBudget
 from swarmd.peers.records.run_spec import SignedRunSpec, check_run_id
@@ -193,7 +194,8 @@ class Node:
         scan_s = min(self.config.heartbeat.interval_s, MEMBERSHIP_SCAN_S)
         offer = self.presence.offer
         measurements = Measurements(self.run_id, self.identity, self.dht, self.state_dir, budget, offer, scan_s)
-        return measurements, Coordination(spec, self.identity, self.dht, measurements, thresholds, offer)
+        probation = probation_s(self.config.heartbeat.interval_s)
+        return measurements, Coordination(spec, self.identity, self.dht, measurements, thresholds, offer, probation)
 
     async def _start_rpc(self, measurements: Measurements, coordination: Coordination) -> None:
         """The data path's request server on the DHT's libp2p host (the trainer adds its own)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from swarmd.peers.membership.election import RoleCandidate
@@ -78,6 +78,21 @@ def read_view(
     reliability = swarm_reliability(observations, sorted({*members, own.peer_id}))
     snapshot = _snapshot(spec, own, members, links, reliability)
     return SwarmView(reliability, snapshot, matrix_of(snapshot), connectivity_of(snapshot))
+
+
+def narrowed(
+    view: SwarmView,
+    spec: SignedRunSpec,
+    own: Member,
+    members: dict[str, dict[str, Any]],
+    links: dict[str, LinksRecord],
+    peers: frozenset[str],
+) -> SwarmView:
+    """``view`` with its scenario cut to ``peers`` (``swarmd.peers.membership.probation``): what
+    the coordinator plans from. Elections keep the whole view: every peer must see the same."""
+    kept = {p: m for p, m in members.items() if p in peers}
+    snapshot = _snapshot(spec, own, kept, {p: r for p, r in links.items() if p in peers}, view.reliability)
+    return replace(view, snapshot=snapshot, matrix=matrix_of(snapshot), connectivity=connectivity_of(snapshot))
 
 
 def _snapshot(

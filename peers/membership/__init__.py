@@ -3,5 +3,6 @@
 - ``members``      the swarm as this peer sees it: live heartbeats and round-trip times
 - ``admission``    who the run's spec lets in (open, allowlist, join tokens), before any work
 - ``reliability``  reliability from others' observations, never a peer's word on itself
+- ``probation``    who the coordinator plans: members with a node behind them, a few a round
 - ``election``     elected roles: coordinator, shard server and its standby, relay
 """

@@ -76,7 +76,7 @@ def test_a_strangers_plan_and_a_sybil_burst_take_no_role(tmp_path: Path) -> None
     dht = RecordsDHT()
     measurements = Measurements(SPEC.run_id, ME, dht, tmp_path, ProbeBudget(), lambda: (10.0, 16.0), 5.0)
     thresholds = ElectionConfig()
-    coordination = Coordination(SPEC, ME, dht, measurements, thresholds, lambda: (10.0, 16.0))
+    coordination = Coordination(SPEC, ME, dht, measurements, thresholds, lambda: (10.0, 16.0), probation_s=4.0)
     member, stranger = "m-coordinator", "0-stranger"
     sybils = [f"0-sybil-{i:03d}" for i in range(100)]
     measurements.observe([heartbeat(p) for p in [member, stranger, *sybils]])

@@ -1,0 +1,44 @@
+"""peers/membership/probation.py: a member is planned once it stayed and a node answered; a few a round."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from swarmd.peers.membership.probation import MIN_NEWCOMERS, plannable, probation_s
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def view(seen_for_s: float, rtt_ms: float | None = 5.0) -> dict[str, Any]:
+    return {"seen_for_s": seen_for_s, "rtt_ms": rtt_ms}
+
+
+def test_probation_is_a_few_heartbeats_within_bounds() -> None:
+    assert probation_s(1.0) == 4.0
+    assert probation_s(15.0) == 60.0
+    assert probation_s(0.2) == 4.0
+
+
+def test_a_newcomer_waits_out_its_probation_and_needs_a_node_behind_it() -> None:
+    members = {"young": view(2.0), "ghost": view(30.0, rtt_ms=None), "linked": view(30.0, None), "real": view(30.0)}
+    out = plannable(members, planned=(), published_links={"linked"}, own="me", probation=10.0)
+    assert out.peers == {"me", "linked", "real"}
+    assert (out.waiting, out.no_node) == (1, 1)
+
+
+def test_planned_members_stay_and_a_flood_joins_a_quarter_a_round_longest_seen_first() -> None:
+    planned = [f"p{i:02d}" for i in range(12)]
+    members = {p: view(5.0, None) for p in planned}  # kept whatever their figures
+    members |= {f"s{i:03d}": view(20.0 + i) for i in range(500)}
+    out = plannable(members, planned, published_links=(), own="me", probation=10.0)
+    newcomers = out.peers - set(planned) - {"me"}
+    assert newcomers == {"s499", "s498", "s497"}  # 25% of 12, the longest seen
+    assert out.waiting == 497
+
+
+def test_a_swarm_being_born_plans_a_few_at_once() -> None:
+    members = {f"n{i}": view(10.0 + i) for i in range(4)}
+    out = plannable(members, planned=(), published_links=(), own="me", probation=4.0)
+    assert len(out.peers) == 1 + MIN_NEWCOMERS and out.waiting == 4 - MIN_NEWCOMERS
