@@ -21,6 +21,12 @@ its own: two shards stepping side by side equal one optimizer over the whole vec
 - **Confirmation.** An applied step is *committed* once the caller has logged it at the
   standby and says so (:meth:`ParameterShard.confirm`); pulls see committed versions only,
   so no cell ever holds weights that a failover could lose.
+- **A non-finite step is undone.** Checked contributions can still make a step that is not
+  finite (an optimizer overflow, an lr blow-up, a bug). Such a step is never returned, so it is
+  never logged, served or replicated: the weights, the optimizer state, the fp16 residual and
+  the centre are put back as they were (``_StepUndo``), the version stays, and the round's
+  buffered shares are forgotten (neither buffered nor done), so a pull reports them
+  ``unknown`` and their cells send them again: no share is lost, and none counted done.
 
 Pure torch, no network, not thread-safe: the daemon calls one shard from one thread at a time.
 """
@@ -32,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -65,6 +72,8 @@ class ShardCounters:
     """Optimizer steps taken here (replayed log entries not included)."""
     replayed: int = 0
     """Logged steps applied by apply_logged (a standby's replica)."""
+    dropped_steps: int = 0
+    """Steps that came out non-finite and were undone: their shares are sent again."""
 
 
 class Outcome(StrEnum):
@@ -94,6 +103,76 @@ class ContributeResult:
     """The shard's version after this contribution (a new one when it completed a step)."""
     step: ShardStep | None = None
     """The step this contribution completed, if it did."""
+
+
+def _all_finite(x: torch.Tensor) -> bool:
+    # A sum is NaN or infinite whenever an element is, so a finite sum settles it in one cheap
+    # pass; only a sum that overflowed from finite elements needs the elementwise check.
+    return bool(torch.isfinite(x.sum())) or bool(torch.isfinite(x).all())
+
+
+class _RoundShareIds(ShardShareIds):
+    """ShardShareIds that can also give a dropped step's buffered shares back."""
+
+    def forget_buffered(self) -> int:
+        """Forget the buffered IDs (neither buffered nor done now: sent again, they are taken
+        afresh); those settled since the last step stay settled. Returns how many."""
+        forgotten = len(self._buffered)
+        self._buffered.clear()
+        return forgotten
+
+
+@dataclass
+class _StepUndo:
+    """What a step changes, as it was before it: enough to put a non-finite step back exactly.
+    The weights copy is the one the delta is taken against anyway; the optimizer state's tensors
+    (AdamW's moments and step count, or the outer step's momentum) and the residual are copied,
+    the centre only referenced (``recentre`` replaces it rather than writing into it)."""
+
+    weights: torch.Tensor
+    optimizer_state: dict[str, Any]
+    residual: torch.Tensor
+    centre: torch.Tensor | None
+
+    @classmethod
+    def take(
+        cls, param: torch.nn.Parameter, optimizer: torch.optim.Optimizer, deltas: DeltaLog, centred: CentredClip | None
+    ) -> _StepUndo:
+        state = optimizer.state.get(param, {})
+        return cls(
+            weights=param.detach().clone(),
+            optimizer_state={k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()},
+            residual=deltas.residual,  # already a copy
+            centre=None if centred is None else centred.centre,
+        )
+
+    def restore(
+        self, param: torch.nn.Parameter, optimizer: torch.optim.Optimizer, deltas: DeltaLog, centred: CentredClip | None
+    ) -> None:
+        with torch.no_grad():
+            param.copy_(self.weights)
+        if self.optimizer_state:
+            optimizer.state[param] = self.optimizer_state
+        else:  # the first step: the optimizer initialises its state afresh next time
+            optimizer.state.pop(param, None)
+        deltas.restore_residual(self.residual)
+        if centred is not None and self.centre is not None:
+            centred.centre = self.centre
+
+
+def _warn_dropped(shard: ParameterShard, counted: int, forgotten: int) -> None:
+    logger.warning(
+        "shard [%d, %d): the step to version %d over %d micro-batches came out NaN or Inf; undone "
+        "(weights and optimizer state as at version %d, nothing logged or served) and its %d share(s) "
+        "given back for their cells to send again (%d such step(s) so far)",
+        shard.lo,
+        shard.hi,
+        shard.version + 1,
+        counted,
+        shard.version,
+        forgotten,
+        shard.counters.dropped_steps,
+    )
 
 
 class ParameterShard:
@@ -135,7 +214,7 @@ class ParameterShard:
         self._deltas = DeltaLog(self._param.data, config.keep_versions)
         self._sum = torch.zeros_like(self._param.data)
         self._count = 0
-        self._share_ids = ShardShareIds(config.recent_share_ids)
+        self._share_ids = _RoundShareIds(config.recent_share_ids)
         self._norms = NormBound(config)
         self._centred = (
             CentredClip(hi - lo, config.clip_radius_factor, config.norm_window, config.norm_warmup)
@@ -239,23 +318,40 @@ class ParameterShard:
     # --- steps -----------------------------------------------------------------------------
 
     def flush(self) -> ShardStep | None:
-        """Step on a partial buffer (before a checkpoint on stop); None when nothing is buffered."""
+        """Step on a partial buffer (before a checkpoint on stop); None when nothing is buffered
+        or the step came out non-finite (undone, ``counters.dropped_steps``)."""
         return self._step() if self._count > 0 else None
 
-    def _step(self) -> ShardStep:
+    def unknown(self, share_ids: Sequence[int]) -> list[int]:
+        """Those of ``share_ids`` this shard neither buffers nor is done with: never seen here,
+        or given back by a dropped step. Their cells send them again."""
+        return self._share_ids.fresh(share_ids)
+
+    def _step(self) -> ShardStep | None:
+        """Step on the buffer; None (everything as before the step, the buffer's shares
+        forgotten) when the result is not finite."""
         counted = self._count
-        old = self._param.detach().clone()
+        undo = _StepUndo.take(self._param, self._optimizer, self._deltas, self._centred)
         self._param.grad = self._sum.div_(counted)
         if self._centred is not None:
             self._centred.recentre(self._param.grad)
         self._optimizer.step()
         self._param.grad = None
         with torch.no_grad():
-            delta = self._deltas.encode(self._param.detach() - old)
-            # old + the delta, exactly the sum a cell computes when it adds the delta.
-            self._param.copy_(old.add_(delta.to(torch.float32)))
+            finite = _all_finite(self._param)
+            if finite:
+                delta = self._deltas.encode(self._param.detach() - undo.weights)
+                # old + the delta, exactly the sum a cell computes when it adds the delta.
+                self._param.copy_(undo.weights).add_(delta.to(torch.float32))
+                # The residual overflows where the change is finite but near fp32's range.
+                finite = _all_finite(self._param) and _all_finite(self._deltas.residual)
         self._sum.zero_()
         self._count = 0
+        if not finite:
+            undo.restore(self._param, self._optimizer, self._deltas, self._centred)
+            self.counters.dropped_steps += 1
+            _warn_dropped(self, counted, self._share_ids.forget_buffered())
+            return None
         self.version += 1
         self.counters.steps += 1
         share_ids = self._share_ids.close_step(self.version)

@@ -5,6 +5,8 @@ the stage's shard slices, each encoded in the codec its server's link calls for 
 error feedback on a slow link) and sent (``Contribute``). A slice is kept until its shard
 reports the round's share IDs committed (the cell's pulls ask, ``Puller``); if the shard's
 holder changes first, the slice goes again to the new holder, which takes it once (share IDs).
+A slice its holder reports ``unknown`` after taking it (a step it dropped as non-finite gave
+the shares back) goes again to that holder too.
 Once every shard of stage 0 has committed a round, its stage-0 cell tells the ledger the
 shares are complete.
 
@@ -86,6 +88,12 @@ class ContributionStats:
     """Slices sent to the server after their reduction head failed them."""
 
 
+def _cancel_requested() -> bool:
+    """Whether this task was asked to stop, even if the cancel itself was swallowed."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 class Contributions:
     def __init__(self, cell: CellWorker) -> None:
         self.cell = cell
@@ -150,6 +158,15 @@ class Contributions:
                 r.committed[k] = True
         self._settle()
 
+    def unknown(self, k: int, share_ids: set[int], server: str) -> None:
+        """Shard ``k``'s holder ``server`` does not hold these share IDs: rounds delivered there
+        with any of them go again (a resend it has after all is refused ``AlreadyApplied`` and
+        counts as delivered, so a pull answered before a delivery landed costs one send)."""
+        for r in self.rounds:
+            if not r.committed[k] and r.delivered_to[k] == server and not share_ids.isdisjoint(r.share_ids):
+                r.delivered_to[k] = None
+                self._wake.set()
+
     def servers_changed(self) -> None:
         """The shard holders may have changed: slices delivered to a former holder go again."""
         self._changed.set()
@@ -157,14 +174,18 @@ class Contributions:
 
     async def drain(self) -> None:
         """Wait until every round is delivered (on stop)."""
-        while any(not r.delivered for r in self.rounds):
+        while self._undelivered():
             await asyncio.sleep(0.1)
 
     # --- delivery -----------------------------------------------------------------------------
 
     async def _deliver_loop(self) -> None:
+        # Ends once the cell stops and its stop's drain is over (nothing left to deliver, or the
+        # cell cancelled this task), not by cancel alone: on Python 3.11 ``asyncio.wait_for``
+        # swallows a cancel that arrives as the awaited event is set (gh-86296), and a loop that
+        # ended only by cancel then ran on and the cell's stop waited for it for ever.
         delay = RETRY_S[0]
-        while True:
+        while not self.cell.stopped or (self._undelivered() and not _cancel_requested()):
             self._wake.clear()
             failed = False
             for r in list(self.rounds):
@@ -176,6 +197,9 @@ class Contributions:
             delay = RETRY_S[0]
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), 1.0)
+
+    def _undelivered(self) -> bool:
+        return any(not r.delivered for r in self.rounds)
 
     async def _deliver(self, r: _Round) -> bool:
         """Send every slice not yet at its shard's current holder; False if one failed."""

@@ -15,7 +15,10 @@ what the network sees of it (``docs/data-path.md``):
   that completes a step logs the step at the standby before anything else happens (then it
   is **committed**), and only then do pulls see it.
 - ``pull``: a long poll for a version newer than the cell's; the answer carries the deltas
-  since then (or the whole slice in fp32) and which of the cell's pending share IDs are done.
+  since then (or the whole slice in fp32), which of the cell's pending share IDs are done, and
+  which this server does not hold (``unknown``: never seen here, or given back by a step that
+  came out non-finite and was undone): the cell sends those again. A dropped step wakes the
+  long polls so that the resend is prompt.
 - every ``checkpoint_every`` steps a checkpoint goes to this peer's disk and to the standby
   (the log after it is all a take-over needs); a new standby gets one first.
 
@@ -222,6 +225,7 @@ class ShardServer:
                     f"server's {self.shard.version}; pull the whole slice"
                 )
             weight = staleness_weight(staleness, self.settings)
+            drops = self.shard.counters.dropped_steps
             try:
                 result = await asyncio.to_thread(
                     self.shard.contribute,
@@ -250,6 +254,8 @@ class ShardServer:
                 self.stats.dropped_stale += 1
             if result.step is not None:
                 await self._commit(result.step)
+            elif self.shard.counters.dropped_steps != drops:
+                await self._dropped()
             committed = set(request.share_ids) <= self.shard.committed(request.share_ids)
         return Contributed(
             version=self.version,
@@ -265,29 +271,37 @@ class ShardServer:
         self.stats.pulls += 1
         # A long poll waits for news: a newer version, unless some of the cell's pending shares
         # are committed already (it learns that at once, and its next round may start).
+        # Unknown IDs alone do not end the wait: a contribution still on its way is unknown too,
+        # and answering at once would spin the cell's polls until it lands; a dropped step does.
         news = bool(self.shard.committed(request.pending_share_ids))
+        drops = self.shard.counters.dropped_steps
         if request.have_version == self.version and request.wait_s > 0 and not news:
             async with self._new_version:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(
-                        self._new_version.wait_for(lambda: self.version != request.have_version or self.closed),
+                        self._new_version.wait_for(
+                            lambda: (
+                                self.version != request.have_version
+                                or self.closed
+                                or self.shard.counters.dropped_steps != drops
+                            )
+                        ),
                         min(request.wait_s, MAX_WAIT_S),
                     )
         async with self.lock:  # a consistent version, deltas and committed IDs
-            committed = sorted(self.shard.committed(request.pending_share_ids))
+            pending = request.pending_share_ids
+            ids = dict(committed=sorted(self.shard.committed(pending)), unknown=sorted(self.shard.unknown(pending)))
             deltas = None if request.have_version < 0 else self.shard.deltas_since(request.have_version)
             if deltas == []:
-                return Pulled(version=self.version, kind="none", versions=[], committed=committed), []
+                return Pulled(version=self.version, kind="none", versions=[], **ids), []
             if deltas is not None:
                 blobs = await asyncio.to_thread(lambda: [encode_vector(d, "fp16") for _, d in deltas])
-                return Pulled(
-                    version=self.version, kind="deltas", versions=[v for v, _ in deltas], committed=committed
-                ), blobs
+                return Pulled(version=self.version, kind="deltas", versions=[v for v, _ in deltas], **ids), blobs
             found = self.shard.weights()
             assert found is not None, "no step is pending confirmation outside the lock"
             version, weights = found
             blob = await asyncio.to_thread(encode_vector, weights, "fp32")
-            return Pulled(version=version, kind="full", versions=[version], committed=committed), [blob]
+            return Pulled(version=version, kind="full", versions=[version], **ids), [blob]
 
     def _check_shape(self, stage: int, shard: int, shards: int) -> None:
         if (stage, shard) != self.key or shards != self.shards:
@@ -326,6 +340,12 @@ class ShardServer:
                 self._copying = asyncio.create_task(self._copy_in_background(version, data, self._standby_generation))
             else:
                 await self._send_copy(version, data)
+        async with self._new_version:
+            self._new_version.notify_all()
+
+    async def _dropped(self) -> None:
+        """A step came out non-finite and was undone (``ParameterShard`` warned): nothing to log,
+        serve or copy; the long polls wake to tell the cells to send its shares again."""
         async with self._new_version:
             self._new_version.notify_all()
 
@@ -379,6 +399,7 @@ class ShardServer:
                 await asyncio.shield(self._copying)
         async with self.lock:
             self.closed = True
+            # A flush that comes out non-finite is undone: its shares go again to the next holder.
             step = await asyncio.to_thread(self.shard.flush)
             if step is not None:
                 await self._commit(step)
@@ -401,6 +422,7 @@ class ShardServer:
             "version": self.version,
             "buffered_micro_batches": self.shard.buffered_micro_batches,
             "steps": s.steps,
+            "dropped_steps": self.shard.counters.dropped_steps,
             "contributions": s.contributions,
             "duplicates": s.duplicates,
             "dropped_stale": s.dropped_stale,

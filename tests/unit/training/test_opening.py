@@ -50,22 +50,6 @@ async def restart(swarm: Swarm, peer: str) -> Member:
     return member
 
 
-async def stop(swarm: Swarm) -> None:
-    """``swarm.stop()``, cancelling again the tasks of a stopped cell that outlive their cancel:
-    a cell's contribution loop runs ``while True`` around ``asyncio.wait_for``, which on Python
-    3.11 swallows a cancel that arrives as the event it waits on is set (gh-86296); the cell's
-    stop then waits for it for ever. (The loop should end when its cell stops: see the report
-    on issue 16 for ``daemon/training/contributions.py``.)"""
-    cells = [cell for member in swarm.members.values() for cell in member.trainer.cells.values()]
-    stopping = asyncio.create_task(swarm.stop())
-    while not stopping.done():
-        await asyncio.wait([stopping], timeout=1.0)
-        for cell in cells:
-            for task in cell._tasks if cell.stopped else ():
-                task.cancel()
-    await stopping
-
-
 def served(swarm: Swarm) -> list[int]:
     """The versions shard KEY is served at (by every live peer that serves it)."""
     return [m.trainer.servers[KEY].version for m in swarm.members.values() if m.alive and KEY in m.trainer.servers]
@@ -96,7 +80,7 @@ def test_a_bad_own_checkpoint_is_set_aside_and_the_shard_fetched_from_its_standb
         try:
             return await scenario(swarm)
         finally:
-            await stop(swarm)
+            await swarm.stop()
 
     committed, resumed, member, path = asyncio.run(main())
     assert resumed >= committed  # fetched from the peer that kept it, not the seed

@@ -20,7 +20,7 @@ from swarmd.peers.taskpool.assignment import Assignment
 from swarmd.peers.taskpool.exchange import ExchangeConfig
 from swarmd.peers.wire.codecs import encode_vector
 from swarmd.peers.wire.errors import AlreadyApplied, BadRequest, NotHolder, Unavailable
-from swarmd.peers.wire.messages import Contribute
+from swarmd.peers.wire.messages import Contribute, Pull
 from swarmd.training.opening import replay
 from swarmd.training.replicas import LogEntry, ReplicaStore
 from swarmd.training.shard_server import ShardServer
@@ -223,5 +223,40 @@ def test_a_replayed_contribution_is_refused_as_already_applied_and_counted(tmp_p
             await srv.contribute(contribution([6], base=1), nan, sender="cell-0")
         assert srv.stats.refused_by == {"codec": 1}  # fp32 frames are checked finite as they are decoded
         await srv.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_non_finite_step_is_not_logged_or_served_and_a_waiting_pull_learns_its_shares_are_unknown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def scenario() -> None:
+        standby = Standby()
+        srv = server(tmp_path, standby, every=100)
+        await step(srv, 1)
+        logged = standby.store.newest(KEY)
+        assert logged is not None and srv.version == 1
+        honest_step = srv.shard._optimizer.step
+
+        def nan_step() -> None:
+            honest_step()
+            srv.shard._param.data[0] = float("nan")
+
+        monkeypatch.setattr(srv.shard._optimizer, "step", nan_step)
+        pull = Pull(run_id=RUN_ID, stage=0, shard=0, shards=1, have_version=1, pending_share_ids=[2], wait_s=30.0)
+        waiting = asyncio.create_task(srv.pull(pull))
+        while not srv._new_version._waiters:  # type: ignore[attr-defined]  # the poll waits before the drop
+            await asyncio.sleep(0.01)
+        await step(srv, 2)
+        answer, blobs = await asyncio.wait_for(waiting, 10.0)  # woken by the drop, not by its 30 s
+        assert (answer.version, answer.kind, answer.committed, answer.unknown, blobs) == (1, "none", [], [2], [])
+        assert srv.info()["dropped_steps"] == 1 and srv.info()["steps"] == 1 and srv.version == 1
+        replica = standby.store.newest(KEY)
+        assert replica is not None and replica.version == 1  # nothing logged at the standby
+        weights = srv.weights()
+        assert weights is not None and bool(torch.isfinite(weights).all())
+        monkeypatch.setattr(srv.shard._optimizer, "step", honest_step)
+        await step(srv, 2)  # the cell's resend is taken afresh
+        assert srv.version == 2 and srv.shard.committed([2]) == {2}
 
     asyncio.run(scenario())
