@@ -91,6 +91,22 @@ class TiedDHT(hivemind.DHT):
         self.__dict__["_inner_pipe"] = _WholeMessages(self.__dict__["_inner_pipe"])
         super().run()
 
+    async def _run_coroutine(self, coro: Callable[..., Any], future: Any) -> None:
+        # hivemind's version sets the result on a future the caller may have cancelled already
+        # (our deadline on a ping ran out), which raises InvalidStateError and logs a traceback
+        # in the DHT process for a routine timeout; its get and store check first, as here.
+        try:
+            result = await coro(self, self._node)
+        except BaseException as e:
+            if not future.done():
+                future.set_exception(e)
+            if not isinstance(e, Exception):
+                raise
+            logger.debug("a DHT coroutine failed: %r", e)
+            return
+        if not future.done():
+            future.set_result(result)
+
     def run_in_background(self, await_ready: bool = True, timeout: float | None = None) -> None:
         super().run_in_background(await_ready=await_ready, timeout=timeout)
         # Ours was a copy: with the child the only reader, a write to a dead child fails at
