@@ -32,6 +32,10 @@ logger = logging.getLogger(__name__)
 LEAVE_ANNOUNCE_TIMEOUT_S = 3.0
 LEAVING_RECORD_TTL_S = 30.0
 RTT_PROBE_TIMEOUT_S = 2.0
+MAX_PROBES_PER_ROUND = 32
+"""Members pinged per round, those pinged longest ago first: each ping costs the DHT process
+a dial (a key with no node behind it, a timeout), so 500 heartbeat-only keys must not cost 500
+pings a round; a swarm of a few dozen members is still timed every round."""
 MEMBERSHIP_SCAN_S = 5.0
 
 
@@ -57,6 +61,7 @@ class Presence:
         self.addrs: list[str] = []  # the DHT's visible multiaddrs, refreshed with each heartbeat
         self.rejected_records = 0
         self._last_expires_at = 0.0  # of the last heartbeat published: a later one must outlive it
+        self._probed_at: dict[str, float] = {}  # member -> when it was last pinged
 
     async def measure_device(self, compute: ComputeConfig) -> None:
         """What this machine offers, announced from then on (torch work, so in a worker thread)."""
@@ -136,7 +141,11 @@ class Presence:
             with contextlib.suppress(Exception):
                 membership.record_rtt(peer_id, await asyncio.wait_for(dht.ping(peer_id), RTT_PROBE_TIMEOUT_S))
 
-        await asyncio.gather(*(probe(p) for p in list(membership.peers)))
+        chosen = probe_batch(list(membership.peers), self._probed_at, MAX_PROBES_PER_ROUND)
+        now = time.monotonic()
+        self._probed_at = {p: self._probed_at[p] for p in membership.peers if p in self._probed_at}
+        self._probed_at.update(dict.fromkeys(chosen, now))
+        await asyncio.gather(*(probe(p) for p in chosen))
 
     def status(self, now: float) -> dict[str, Any]:
         """The control API's view of this peer and of the members it sees."""
@@ -152,3 +161,9 @@ class Presence:
             "dht_restarts": self.dht.restarts,
             "peers": self.membership.snapshot(now),
         }
+
+
+def probe_batch(members: list[str], probed_at: dict[str, float], limit: int) -> list[str]:
+    """The ``limit`` members to ping this round: never pinged first, then those pinged longest
+    ago (ties by ID, so that every member's turn comes)."""
+    return sorted(members, key=lambda p: (p in probed_at, probed_at.get(p, 0.0), p))[:limit]
