@@ -59,7 +59,7 @@ class Lifecycle:
         if isinstance(action, Follow):
             _log_follow(action.assignment)
         elif isinstance(action, NoteVersions):
-            trainer.seen.note(action.leases)
+            trainer.seen.note(action.leases, now)
             trainer.opener.note_holders(action.leases)  # whose states a take-over may bring
         elif isinstance(action, StandbyChanged):
             for server in trainer.servers.values():

@@ -37,6 +37,9 @@ MAX_STAGES = 1024
 MAX_SHARDS = 4096
 MAX_VERSION = 2**40
 MAX_UNSEEN_STEPS = 1000
+MAX_STEPS_PER_S = 50.0
+"""The fastest a shard's version can honestly rise (a small model on a GPU makes a few updates
+a second): ``SeenVersions`` believes no faster rise between two readings."""
 PROOF_MAX_AGE_S = 900.0
 """A take-over's proof must have been issued at most this long before the claim."""
 
@@ -136,14 +139,23 @@ class SeenVersions:
     the bound on any checkpoint or replica a new holder may take (``MAX_UNSEEN_STEPS`` past it)."""
 
     def __init__(self) -> None:
-        self._seen: dict[Shard, int] = {}
+        self._seen: dict[Shard, tuple[int, float]] = {}  # shard -> (version, when noted)
 
-    def note(self, holders: Mapping[Shard, ShardLease]) -> None:
+    def note(self, holders: Mapping[Shard, ShardLease], now: float) -> None:
+        """The first lease read of a shard is taken at its word (a peer that just joined knows
+        nothing older); after it, the bound grows by at most ``MAX_STEPS_PER_S`` a second: a
+        holder's lease at version 10^6 moves it by a few steps, so that a take-over does not
+        wait for a state nobody has."""
         for key, lease in holders.items():
-            self._seen[key] = max(self._seen.get(key, 0), lease.version)
+            known = self._seen.get(key)
+            if known is None:
+                self._seen[key] = (lease.version, now)
+            elif lease.version > known[0]:
+                most = known[0] + max(1, int(MAX_STEPS_PER_S * max(0.0, now - known[1])))
+                self._seen[key] = (min(lease.version, most), now)
 
     def of(self, key: Shard) -> int:
-        return self._seen.get(key, 0)
+        return self._seen.get(key, (0, 0.0))[0]
 
     def admits(self, key: Shard, version: int) -> bool:
         """Whether a checkpoint or replica at ``version`` may be believed."""

@@ -14,7 +14,14 @@ from swarmd.peers.records.run_spec import derive_run_id
 from swarmd.peers.taskpool.assignment import PROVISIONAL, provisional
 from swarmd.peers.taskpool.cells import CellLease, open_cells, pipeline_epoch, resolve_cells, spare_for, spares
 from swarmd.peers.taskpool.servers import KIND as SHARD_KIND
-from swarmd.peers.taskpool.servers import MAX_UNSEEN_STEPS, SeenVersions, ShardLease, encode_proof, resolve_shards
+from swarmd.peers.taskpool.servers import (
+    MAX_STEPS_PER_S,
+    MAX_UNSEEN_STEPS,
+    SeenVersions,
+    ShardLease,
+    encode_proof,
+    resolve_shards,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -116,9 +123,21 @@ def test_a_proof_must_be_fresh_and_for_this_shard() -> None:
 
 def test_a_replica_far_past_what_rightful_holders_showed_is_not_believed() -> None:
     seen = SeenVersions()
-    seen.note({(0, 0): shard(A, version=40)})
+    seen.note({(0, 0): shard(A, version=40)}, T0)
     assert seen.admits((0, 0), 40 + MAX_UNSEEN_STEPS) and not seen.admits((0, 0), 10**6)
     assert not seen.admits((1, 0), MAX_UNSEEN_STEPS + 1)
+
+
+def test_a_holder_cannot_raise_the_seen_version_faster_than_training_could() -> None:
+    seen = SeenVersions()
+    seen.note({(0, 0): shard(A, version=40)}, T0)
+    seen.note({(0, 0): shard(A, version=10**6)}, T0 + 2.0)  # two seconds later: at most 2 s of steps
+    assert 40 < seen.of((0, 0)) <= 40 + 2 * MAX_STEPS_PER_S
+    seen.note({(0, 0): shard(A, version=45)}, T0 + 3.0)  # an honest holder behind the bound lowers nothing
+    assert seen.of((0, 0)) > 45 and not seen.admits((0, 0), 10**6)
+    rise = seen.of((0, 0)) + 3
+    seen.note({(0, 0): shard(B, version=rise)}, T0 + 4.0)  # a believable rise is taken whole
+    assert seen.of((0, 0)) == rise
 
 
 def test_provisional_assignment_spreads_members_and_one_holds_everything_alone() -> None:
