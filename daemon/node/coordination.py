@@ -127,12 +127,19 @@ class Coordination:
     def standby_for(self, own: str) -> str | None:
         """The peer this one should log its shards' steps at: the live member likeliest to
         stay, on the best link from here among the equally reliable (``elect_standby``). Uptime
-        is as others observed it: a heartbeat's own ``uptime_s`` is the peer's word on itself."""
+        is as others observed it: a heartbeat's own ``uptime_s`` is the peer's word on itself.
+
+        Only a member this peer has seen for a newcomer's probation, and one the plan in force
+        names (when there is one), may stand by: the standby receives every checkpoint and takes
+        the shard over, which a key that published heartbeats for a minute must not win."""
+        planned = set(self.plan.devices) if self.plan is not None else None
         return elect_standby(
             (
                 (peer, self.view.score_of(peer), self.view.observed_up_s(peer), self.view.link_Bps(own, peer))
-                for peer in self.measurements.members
+                for peer, view in self.measurements.members.items()
                 if peer != own
+                and float(view.get("seen_for_s") or 0.0) >= self.probation_s
+                and (planned is None or peer in planned)
             ),
             self.thresholds.min_reliability,
         )

@@ -66,9 +66,10 @@ def observed(observer: str, up_s: dict[str, float], now: float) -> Observations:
     return Observations(run_id=SPEC.run_id, peer_id=observer, issued_at=now, expires_at=now + 300, peers=peers)
 
 
-def heartbeat(peer: str) -> dict[str, Any]:
+def heartbeat(peer: str, seen_for_s: float = 0.0) -> dict[str, Any]:
     # a fresh key may claim any uptime it likes in its own heartbeat: nothing reads it for a role
-    return {"peer_id": peer, "uptime_s": 1e9, "throughput_gflops": 1000.0, "device": {"memory_bytes": 16 << 30}}
+    device = {"memory_bytes": 16 << 30}
+    return {"peer_id": peer, "uptime_s": 1e9, "throughput_gflops": 1000.0, "device": device, "seen_for_s": seen_for_s}
 
 
 def test_a_strangers_plan_and_a_sybil_burst_take_no_role(tmp_path: Path) -> None:
@@ -79,7 +80,8 @@ def test_a_strangers_plan_and_a_sybil_burst_take_no_role(tmp_path: Path) -> None
     coordination = Coordination(SPEC, ME, dht, measurements, thresholds, lambda: (10.0, 16.0), probation_s=4.0)
     member, stranger = "m-coordinator", "0-stranger"
     sybils = [f"0-sybil-{i:03d}" for i in range(100)]
-    measurements.observe([heartbeat(p) for p in [member, stranger, *sybils]])
+    # this peer has seen the member's and the stranger's heartbeats for a minute, the Sybils' for nothing
+    measurements.observe([heartbeat(member, 60.0), heartbeat(stranger, 60.0), *map(heartbeat, sybils)])
     ours = plan(member, 5, [ME.peer_id, member, stranger], now)
     theirs = plan(stranger, HUGE, [stranger, ME.peer_id, member], now)
     dht.records[PLAN_KIND] = [ours, theirs]
@@ -96,6 +98,10 @@ def test_a_strangers_plan_and_a_sybil_burst_take_no_role(tmp_path: Path) -> None
         assert coordination.is_relay(member) and not coordination.is_relay(stranger)
     assert coordination.status()["plans_refused"] == {"not_coordinator": 1}
     assert coordination.standby_for(ME.peer_id) == member  # not the fresh key claiming 1e9 s of uptime
+    # a member the plan does not name, or one seen for less than a probation, never stands by
+    measurements.observe([heartbeat(member, 60.0), heartbeat(stranger, 60.0), heartbeat(sybils[0], 3.0)])
+    coordination.plan = plan(ME.peer_id, 6, [ME.peer_id, sybils[0]], now)
+    assert coordination.standby_for(ME.peer_id) is None
     assert dht.published == []  # nor did this peer think itself the coordinator
     # the relay leaves: named in the plan still, but no longer believed
     measurements.observe([heartbeat(p) for p in [stranger, *sybils]])
