@@ -1,0 +1,228 @@
+"""What the hostile-peer test and benchmark share, without hivemind: a training swarm of local
+daemons, its description for Mallory, Mallory run as a subprocess, and the checks that the
+daemons held (progress, logs, checkpoints, memory)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import load_file
+
+from swarmd.models.presets import DEFAULT_RUN
+from swarmd.models.shard_checkpoint import ShardCheckpoint
+from swarmd.system.local_swarm import LocalDaemon, wait_for
+from tests.integration.procfs import TICK_S, descendants
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def status(daemon: LocalDaemon) -> dict[str, Any]:
+    return daemon.status() or {}
+
+
+def updates(daemons: list[LocalDaemon]) -> int:
+    """The swarm's applied updates: shard (0, 0)'s version, as its server reports it."""
+    return max(((status(d).get("training") or {}).get("updates") or 0 for d in daemons), default=0)
+
+
+def wait_updates(daemons: list[LocalDaemon], above: int, timeout: float, what: str) -> int:
+    return wait_for(lambda: (n := updates(daemons)) > above and n, timeout, f"{what}: updates above {above}", 0.5)
+
+
+def describe(daemons: list[LocalDaemon], run_id: str) -> dict[str, Any]:
+    """The swarm as Mallory needs it (``tests.integration.hostile.mallory``'s doc)."""
+    peers = []
+    for daemon in daemons:
+        s = status(daemon)
+        t = s.get("training") or {}
+        peers.append(
+            {
+                "peer_id": s["peer_id"],
+                "addrs": s["addrs"],
+                "cells": [{k: c[k] for k in ("pipeline", "stage", "epoch", "share")} for c in t.get("cells") or []],
+                "shards": [{k: x[k] for k in ("stage", "shard", "shards", "version")} for x in t.get("shards") or []],
+                "ledger": t.get("ledger") is not None,
+                "replicas": list((t.get("replicas") or {}).get("shards") or {}),
+            }
+        )
+    model = DEFAULT_RUN["model"]
+    return {
+        "run_id": run_id,
+        "bootstrap": peers[0]["addrs"],
+        "stages": DEFAULT_RUN["stages"],
+        "layers": model["layers"],
+        "micro_batch": DEFAULT_RUN["batch"]["micro_batch"],
+        "batch_micro_batches": DEFAULT_RUN["batch"]["sequences"] // DEFAULT_RUN["batch"]["micro_batch"],
+        "seq_len": model["seq_len"],
+        "hidden": model["hidden"],
+        "peers": peers,
+    }
+
+
+def placed(daemons: list[LocalDaemon]) -> bool:
+    """Every cell and every shard of the plan held by some daemon (Mallory has targets)."""
+    swarm = describe(daemons, "")
+    stages = {c["stage"] for p in swarm["peers"] for c in p["cells"]}
+    shards = {s["stage"] for p in swarm["peers"] for s in p["shards"]}
+    return stages == shards == set(range(DEFAULT_RUN["stages"])) and any(p["ledger"] for p in swarm["peers"])
+
+
+def planned(daemons: list[LocalDaemon]) -> bool:
+    """Every daemon follows a plan one of them signed (the coordinator's, not the provisional
+    assignment a swarm runs before its first plan)."""
+    honest = {status(d).get("peer_id") for d in daemons}
+    plans = [(status(d).get("swarm") or {}).get("plan") or {} for d in daemons]
+    return all(plan.get("by") in honest for plan in plans)
+
+
+def mallory(
+    workdir: Path, swarm: dict[str, Any], attacks: list[str], *extra: str, timeout: float = 240
+) -> dict[str, Any]:
+    """Run Mallory (its own interpreter) and return its report; raises with its errors if it failed."""
+    path = workdir / "swarm.json"
+    path.write_text(json.dumps(swarm))
+    command = [sys.executable, "-m", "tests.integration.hostile.mallory", *attacks, "--swarm", str(path), *extra]
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        # SIGTERM first: Mallory then closes its DHT process and p2pd (a group of their own,
+        # which a SIGKILL to Mallory alone would leave running as a node of the swarm).
+        proc.terminate()
+        try:
+            out, err = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        raise AssertionError(f"mallory {attacks} ran past {timeout} s: {err[-3000:]}") from None
+    if proc.returncode != 0 or not out.strip():
+        raise AssertionError(f"mallory {attacks} exited with {proc.returncode}: {err[-3000:]}")
+    report: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return report
+
+
+def tracebacks(daemons: list[LocalDaemon]) -> list[str]:
+    """The first Traceback in each daemon's log (its DHT process's stderr included)."""
+    found = []
+    for daemon in daemons:
+        text = daemon.log_path.read_text(errors="replace") if daemon.log_path.exists() else ""
+        found += [f"{daemon.log_path.name}: {block[:1500]}" for block in _traceback_blocks(text)[:1]]
+    return found
+
+
+def _traceback_blocks(text: str) -> list[str]:
+    """Each traceback with its chained ones: from "Traceback" to the first line after it that is
+    neither indented nor part of the chain, that line (the exception) included."""
+    blocks, lines, i = [], text.splitlines(), 0
+    while i < len(lines):
+        if not lines[i].startswith("Traceback (most recent call last)"):
+            i += 1
+            continue
+        start = i
+        i += 1
+        while i < len(lines):
+            line = lines[i]
+            chained = line.startswith(("Traceback (most recent call last)", "During handling", "The above exception"))
+            if line.startswith(" ") or not line or chained:
+                i += 1
+                continue
+            # the exception's line; a chain may follow it after a blank line
+            i += 1
+            if i + 1 < len(lines) and not lines[i] and lines[i + 1].startswith(("During handling", "The above")):
+                continue
+            break
+        blocks.append("\n".join(lines[start:i]))
+    return blocks
+
+
+def bad_checkpoints(daemons: list[LocalDaemon]) -> list[str]:
+    """Every shard checkpoint under the daemons' state that its own reader refuses (format,
+    digest, shapes, finiteness: ``ShardCheckpoint.read``), every other safetensors file that
+    does not load or holds a non-finite value, and every file a daemon set aside as bad."""
+    bad = []
+    for daemon in daemons:
+        bad += [f"{path}: set aside by the daemon" for path in sorted(daemon.state_dir.rglob("*.bad-*"))]
+        for path in sorted(daemon.state_dir.rglob("*.safetensors")):
+            try:
+                if path.name.startswith("shard-"):
+                    ShardCheckpoint.read(path, None, None)
+                    continue
+                tensors = load_file(str(path))
+            except FileNotFoundError:
+                continue  # replaced meanwhile (written atomically under a new name)
+            except Exception as e:
+                bad.append(f"{path}: refused ({type(e).__name__}: {e})")
+                continue
+            for name, tensor in tensors.items():
+                if tensor.is_floating_point() and not bool(tensor.isfinite().all()):
+                    bad.append(f"{path}: {name} holds a non-finite value")
+    return bad
+
+
+def rss_bytes(pid: int, with_children: bool = True) -> int:
+    """Resident memory of ``pid`` (and its descendants: the DHT process, p2pd), from /proc."""
+    total = 0
+    for p in [pid, *(descendants(pid) if with_children else ())]:
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            continue
+    return total
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user and system) so far of ``pid`` and its live descendants, from /proc."""
+    total = 0.0
+    for p in [pid, *descendants(pid)]:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text()
+        except OSError:
+            continue
+        after = fields[fields.rfind(")") + 2 :].split()
+        total += (int(after[11]) + int(after[12])) * TICK_S
+    return total
+
+
+class RssPeak:
+    """Samples a process's resident memory every 0.1 s while in use; ``peak`` and ``before``."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.before, self.peak = pid, rss_bytes(pid), 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> RssPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            self.peak = max(self.peak, rss_bytes(self.pid))
+
+
+def refused(daemons: list[LocalDaemon]) -> dict[str, int]:
+    """The daemons' RPC refusals by code, summed."""
+    out: dict[str, int] = {}
+    for daemon in daemons:
+        for code, n in ((status(daemon).get("rpc") or {}).get("refused") or {}).items():
+            out[code] = out.get(code, 0) + n
+    return out
+
+
+def rate_per_min(daemons: list[LocalDaemon], seconds: float) -> float:
+    """Updates per minute over the next ``seconds`` (for the benchmark)."""
+    start, t0 = updates(daemons), time.monotonic()
+    time.sleep(seconds)  # a measurement window, not a synchronisation
+    return (updates(daemons) - start) * 60.0 / (time.monotonic() - t0)
