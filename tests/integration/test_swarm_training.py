@@ -61,7 +61,8 @@ class VersionWatch:
     everything (``via_relay``), not the relay itself, holding a cell whose neighbour cell, or a
     shard of whose stage (or the ledger's shard, for stage 0), is held by a third daemon, and
     working there (its micro-batches counted on between two samples: a cell held for a moment
-    under the provisional assignment, before the plan moved it, may have sent nothing). (A plan
+    under the provisional assignment, before the plan moved it, may have sent nothing; and only
+    once that daemon's own plan names a relay: before it, every path is direct). (A plan
     may put the relay and the other such daemon in the one pipeline, holding every shard: then
     nothing of theirs crosses a relay.)"""
 
@@ -114,6 +115,8 @@ class VersionWatch:
             for (p, s), i in cells.items():
                 if i not in self.via_relay or i in relay or (p, s) not in working:
                     continue
+                if not ((statuses[i].get("routes") or {}).get("relays")):
+                    continue  # it has no plan naming a relay yet (the provisional assignment): it goes direct
                 peers = {cells.get((p, s - 1)), cells.get((p, s + 1))}
                 peers |= {j for (stage, _), j in shards.items() if stage == s}
                 peers.add(shards.get((0, 0)) if s == 0 else None)
