@@ -13,12 +13,16 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from swarmd.system.tasks import cancel_all
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 DHT_CALL_TIMEOUT_S = 10.0
 MAX_ROUND_DELAY_S = 60.0
+SERVICES_CANCEL_S = 10.0
+"""How long the services may take to end once cancelled (the daemon's shutdown waits no longer)."""
 
 
 async def dht_call(call: Awaitable[T]) -> T:
@@ -77,6 +81,4 @@ class Services:
 
     async def cancel(self) -> None:
         """End every service now, mid-round if need be, and wait until all have."""
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_all(list(self._tasks), SERVICES_CANCEL_S, "services")

@@ -51,6 +51,7 @@ from swarmd.peers.wire.codecs import FrameSpec, decode_tensor
 from swarmd.peers.wire.errors import BadRequest, FrameError, RpcError, Unavailable, WrongEpoch
 from swarmd.peers.wire.messages import CellBackward, CellForward
 from swarmd.peers.wire.protocol import Request
+from swarmd.system.tasks import cancel_all
 from swarmd.training.cell_stats import CellStats, cell_info
 from swarmd.training.contributions import Contributions
 from swarmd.training.feeder import Feeder
@@ -177,9 +178,7 @@ class CellWorker:
         self._stop.set()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.contributions.drain(), timeout_s / 2)
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_all(self._tasks, timeout_s / 2, f"cell {self.cell}")
         self._exec.shutdown(wait=False, cancel_futures=True)
 
     def round_seconds(self) -> float:

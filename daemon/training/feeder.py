@@ -45,6 +45,8 @@ class Feeder:
                 await self._idle()
                 continue
             issued = await self._issue()
+            if cell.stopped:  # stopped while the ledger answered (its share is issued again on expiry)
+                break
             if issued is None:
                 await cell.sleep(ISSUE_RETRY_S)
                 continue
