@@ -186,8 +186,9 @@ class Puller:
             delay = RETRY_S[0]
             self._arrived.set()
             self.cell.contributions.committed(k, set(answer.committed))
-            if answer.unknown and head is None and holder is not None:  # a step it dropped: send again
-                self.cell.contributions.unknown(k, set(answer.unknown), holder)
+            if answer.unknown:  # a step it dropped: what went to the server, or to the head, goes again
+                for recipient in {holder, head} - {None}:
+                    self.cell.contributions.unknown(k, set(answer.unknown), recipient)  # type: ignore[arg-type]
 
     def _heads(self, k: int) -> bool:
         """Whether this cell heads shard ``k`` for a group of two or more."""

@@ -110,6 +110,9 @@ class _Relay:
     committed: OrderedDict[int, None] = field(default_factory=OrderedDict)
     asked: OrderedDict[int, None] = field(default_factory=OrderedDict)
     """Members' share IDs not known committed yet: the head's pulls ask the server about them."""
+    unknown: frozenset[int] = frozenset()
+    """The share IDs the server did not hold at the head's last pull (a step it dropped gave
+    them back): a member that asks about one is told, and sends its slice again."""
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 
 
@@ -349,6 +352,7 @@ class Reducer:
         """What the head's cell pulled of a shard it heads: kept for the members' pulls."""
         relay = self._relay(stage, shard)
         _remember(relay.committed, answer.committed)
+        relay.unknown = frozenset(answer.unknown)
         for i in answer.committed:
             relay.asked.pop(i, None)
         if answer.kind == "full":
@@ -395,9 +399,10 @@ class Reducer:
                 f"behind the cell's {have}; pull from the shard's server"
             )
         committed = [i for i in pending if i in relay.committed]
+        unknown = [i for i in pending if i in relay.unknown]
         if relay.version == have:
             self.stats.pulls += 1
-            return Pulled(version=have, kind="none", versions=[], committed=committed), []
+            return Pulled(version=have, kind="none", versions=[], committed=committed, unknown=unknown), []
         newer = [(v, blob) for v, blob in relay.deltas if v > have]
         if relay.version < have or not newer or newer[0][0] != have + 1:
             self.stats.pulls_refused += 1
@@ -407,9 +412,9 @@ class Reducer:
                 "shard's server"
             )
         self.stats.pulls += 1
-        return Pulled(version=relay.version, kind="deltas", versions=[v for v, _ in newer], committed=committed), [
-            blob for _, blob in newer
-        ]
+        versions = [v for v, _ in newer]
+        answer = Pulled(version=relay.version, kind="deltas", versions=versions, committed=committed, unknown=unknown)
+        return answer, [blob for _, blob in newer]
 
     def _server(self, stage: int, shard: int) -> str:
         holder = self.trainer.shard_holder((stage, shard))

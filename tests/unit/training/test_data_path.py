@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import pytest
 import torch
 
+from swarmd.models import parameter_shard
 from swarmd.models.cell_compute import CellCompute
 from swarmd.peers.records.plan_record import PlanRecord
 from tests.unit.training.swarm_in_process import Swarm
@@ -295,3 +296,39 @@ def test_a_round_that_comes_out_non_finite_is_dropped_and_its_shares_trained_aga
     ledger = status["ledger"]
     assert ledger["abandoned"] >= 1 and ledger["reissued"] >= 1
     assert ledger["done_below"] >= 6 * 4  # the dropped shares (the first) were trained again: no gap
+
+
+def test_a_step_dropped_at_the_server_is_sent_again_through_the_groups_head(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A server's step that comes out non-finite is undone and its shares forgotten; the cells
+    # that sent them must send them again. A member of a reduction group pulls through its head,
+    # so the head must pass the server's "unknown" on: else the member's round stays undelivered,
+    # the server waits for its share of the batch, and training stops.
+    real = parameter_shard._all_finite
+    calls: list[int] = []
+
+    def once_not_finite(x: torch.Tensor) -> bool:
+        calls.append(1)
+        return False if len(calls) == 40 else real(x)
+
+    monkeypatch.setattr(parameter_shard, "_all_finite", once_not_finite)
+
+    async def scenario(swarm: Swarm) -> list[dict[str, Any]]:
+        peers = sorted(swarm.members)
+        record = grouped_plan(swarm, peers, [[0, 1], [2, 3]], [0, 1])
+        for member in swarm.members.values():
+            member.trainer.roles.plan = record
+
+        def dropped() -> int:
+            return sum(s["dropped_steps"] for m in swarm.members.values() for s in m.trainer.status()["shards"])
+
+        await swarm.wait_for("a step dropped", lambda: dropped() >= 1, 150)
+        at = swarm.updates()
+        await swarm.wait_for("6 updates after the dropped step", lambda: swarm.updates() >= at + 6, 60)
+        return [m.trainer.status() for m in swarm.members.values()]
+
+    statuses = run(tmp_path, 4, scenario)
+    cells = [c for s in statuses for c in s["cells"]]
+    assert all(c["contributions"]["lost"] == 0 for c in cells), cells
+    assert sum(r["reducer"]["pulls"] for r in statuses) >= 4  # the members did pull through their heads
