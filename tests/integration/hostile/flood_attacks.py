@@ -175,6 +175,14 @@ async def oversized(mallory: Mallory, swarm: dict[str, Any], args: argparse.Name
     return steps
 
 
+async def lurk(mallory: Mallory, swarm: dict[str, Any], args: argparse.Namespace) -> dict[str, Outcome]:
+    """Be a node of the run's DHT for ``--duration`` seconds and nothing else: how much a slow
+    or frozen DHT node costs the swarm is measured by holding this process back (a cgroup, or
+    SIGSTOP) while it lurks."""
+    await asyncio.sleep(args.duration or 20.0)
+    return {"lurk": {"ok": True}}
+
+
 async def slowloris(mallory: Mallory, swarm: dict[str, Any], args: argparse.Namespace) -> dict[str, Outcome]:
     """``--count`` streams (40 by default) to every peer, each sending 3 bytes then nothing,
     held ``--duration`` seconds (20); meanwhile a small pull each second says whether the

@@ -154,6 +154,7 @@ ATTACKS: dict[str, Attack] = {
     "sybil": flood_attacks.sybil,
     "oversized": flood_attacks.oversized,
     "slowloris": flood_attacks.slowloris,
+    "lurk": flood_attacks.lurk,
     "big_requests": flood_attacks.big_requests,
     "poison": wire_attacks.poison,
 }
