@@ -6,7 +6,8 @@ Starts a training swarm of local daemons (the default run) and waits until it fo
 coordinator's plan, lets it warm up for a minute, measures its updates per minute over
 ``--window`` seconds unattacked, then during each attack of ``tests.integration.hostile.mallory``
 (a claim flood; the same flood with Mallory at ``nice -n 19``, and held to a quarter core by a
-cgroup, ``QUARTER_CORE``; a DHT node that idles on a quarter core, or is frozen by SIGSTOP;
+cgroup, ``QUARTER_CORE``, beside the same quarter core burnt sending nothing (the control: what
+the machine's share costs alone); a DHT node that idles on a quarter core, or is frozen by SIGSTOP;
 slow-loris streams; a member's poisoned contributions; a Sybil flood of 500 keys), each followed
 by a window unattacked again, and prints each attack's rate against the mean of the unattacked
 windows on either side of it (a swarm's rate drifts by tens of per cent over minutes, so one
@@ -56,6 +57,7 @@ ATTACKS = {  # name: (prefix, attacks, arguments); the Sybil flood last: its hea
     "claim flood": ([], ["claim_flood"], ["--duration", "{window}"]),
     "claim flood, Mallory at nice 19": (NICE, ["claim_flood"], ["--duration", "{window}"]),
     "claim flood, Mallory on 1/4 core": (CGROUP, ["claim_flood"], ["--duration", "{window}"]),
+    "no attack, 1/4 core of CPU burnt": (CGROUP, ["spin"], ["--duration", "{window}"]),
     "an idle DHT node on 1/4 core": (CGROUP, ["lurk"], ["--duration", "{window}"]),
     "a frozen DHT node (SIGSTOP)": (FREEZE, ["lurk"], ["--duration", "{window}"]),
     "slow-loris (40 streams a peer)": ([], ["slowloris"], ["--duration", "{window}"]),
@@ -146,7 +148,7 @@ def attacked(
         if prefix is FREEZE:
             _signal([proc.pid, *children], signal.SIGCONT)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(JOIN_S + 5)  # a flood ends by itself, its report printed (it began after its join)
+            proc.wait(30)  # a flood ends by itself, its report printed (it began after its join)
         if proc.poll() is None:
             proc.terminate()  # Mallory closes its DHT on SIGTERM
         try:

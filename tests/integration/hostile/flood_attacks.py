@@ -183,6 +183,16 @@ async def lurk(mallory: Mallory, swarm: dict[str, Any], args: argparse.Namespace
     return {"lurk": {"ok": True}}
 
 
+async def spin(mallory: Mallory, swarm: dict[str, Any], args: argparse.Namespace) -> dict[str, Outcome]:
+    """Burn CPU for ``--duration`` seconds and send nothing: the control for a flood on a shared
+    machine (what taking Mallory's CPU share from the daemons costs alone)."""
+    deadline = time.monotonic() + (args.duration or 20.0)
+    while time.monotonic() < deadline:
+        sum(range(10_000))
+        await asyncio.sleep(0)
+    return {"spin": {"ok": True}}
+
+
 async def slowloris(mallory: Mallory, swarm: dict[str, Any], args: argparse.Namespace) -> dict[str, Outcome]:
     """``--count`` streams (40 by default) to every peer, each sending 3 bytes then nothing,
     held ``--duration`` seconds (20); meanwhile a small pull each second says whether the

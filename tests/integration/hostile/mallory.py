@@ -155,6 +155,7 @@ ATTACKS: dict[str, Attack] = {
     "oversized": flood_attacks.oversized,
     "slowloris": flood_attacks.slowloris,
     "lurk": flood_attacks.lurk,
+    "spin": flood_attacks.spin,
     "big_requests": flood_attacks.big_requests,
     "poison": wire_attacks.poison,
 }
