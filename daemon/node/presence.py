@@ -22,6 +22,7 @@ from swarmd.node.lan_service import LanService
 from swarmd.node.services import dht_call
 from swarmd.peers.dht.swarm_dht import SwarmDHT
 from swarmd.peers.membership.members import Membership
+from swarmd.peers.membership.probes import MAX_PROBES_PER_ROUND, probe_batch
 from swarmd.peers.records.heartbeat import MAX_ADDRS, DeviceInfo, Heartbeat
 from swarmd.peers.records.identity import Identity
 from swarmd.system import systemd
@@ -32,10 +33,6 @@ logger = logging.getLogger(__name__)
 LEAVE_ANNOUNCE_TIMEOUT_S = 3.0
 LEAVING_RECORD_TTL_S = 30.0
 RTT_PROBE_TIMEOUT_S = 2.0
-MAX_PROBES_PER_ROUND = 32
-"""Members pinged per round, those pinged longest ago first: each ping costs the DHT process
-a dial (a key with no node behind it, a timeout), so 500 heartbeat-only keys must not cost 500
-pings a round; a swarm of a few dozen members is still timed every round."""
 MEMBERSHIP_SCAN_S = 5.0
 
 
@@ -161,9 +158,3 @@ class Presence:
             "dht_restarts": self.dht.restarts,
             "peers": self.membership.snapshot(now),
         }
-
-
-def probe_batch(members: list[str], probed_at: dict[str, float], limit: int) -> list[str]:
-    """The ``limit`` members to ping this round: never pinged first, then those pinged longest
-    ago (ties by ID, so that every member's turn comes)."""
-    return sorted(members, key=lambda p: (p in probed_at, probed_at.get(p, 0.0), p))[:limit]

@@ -4,5 +4,6 @@
 - ``control``      the local control API: a Unix socket (mode 0600) in the state directory
 - ``state_dir``    what a daemon keeps on disk, and the lock that makes it one daemon's
 - ``children``     ties child processes' lives to the daemon's
+- ``tasks``        asyncio tasks ended for sure (a cancel that was swallowed is sent again)
 - ``local_swarm``  daemons as subprocesses on this machine (``swarmd demo``, integration tests)
 """

@@ -116,6 +116,13 @@ class _Relay:
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 
 
+def _server(trainer: Trainer, stage: int, shard: int) -> str:
+    holder = trainer.shard_holder((stage, shard))
+    if holder is None:
+        raise Unavailable(f"no holder of shard ({stage}, {shard}) is known here yet")
+    return holder
+
+
 def _remember(ids: OrderedDict[int, None], new: list[int]) -> None:
     for i in new:
         ids[i] = None
@@ -292,7 +299,9 @@ class Reducer:
             codec=r.codec,
         )
         try:
-            answer, _ = await self.trainer.send(self._server(stage, shard), request, [part.blob], FORWARD_TIMEOUT_S)
+            answer, _ = await self.trainer.send(
+                _server(self.trainer, stage, shard), request, [part.blob], FORWARD_TIMEOUT_S
+            )
         except RpcError as e:
             _fail(part, e)
             return
@@ -301,7 +310,7 @@ class Reducer:
         _answer(part, answer)
 
     async def _send_sum(self, parts: list[_Part], stage: int, shard: int) -> Contributed:
-        server = self._server(stage, shard)
+        server = _server(self.trainer, stage, shard)
         first = parts[0].request
         factors = mean_factors([p.request.micro_batches for p in parts])
         total = torch.zeros_like(parts[0].vector)
@@ -398,13 +407,8 @@ class Reducer:
                 f"this head holds shard ({request.stage}, {request.shard}) at version {relay.version}, "
                 f"behind the cell's {have}; pull from the shard's server"
             )
-        committed = [i for i in pending if i in relay.committed]
-        unknown = [i for i in pending if i in relay.unknown]
-        if relay.version == have:
-            self.stats.pulls += 1
-            return Pulled(version=have, kind="none", versions=[], committed=committed, unknown=unknown), []
-        newer = [(v, blob) for v, blob in relay.deltas if v > have]
-        if relay.version < have or not newer or newer[0][0] != have + 1:
+        newer = [(v, blob) for v, blob in relay.deltas if v > have]  # none when the head is at the cell's
+        if relay.version > have and (not newer or newer[0][0] != have + 1):
             self.stats.pulls_refused += 1
             raise Unavailable(
                 f"shard ({request.stage}, {request.shard}) at version {have} is further behind than "
@@ -412,15 +416,14 @@ class Reducer:
                 "shard's server"
             )
         self.stats.pulls += 1
-        versions = [v for v, _ in newer]
-        answer = Pulled(version=relay.version, kind="deltas", versions=versions, committed=committed, unknown=unknown)
+        answer = Pulled(
+            version=relay.version,
+            kind="deltas" if newer else "none",
+            versions=[v for v, _ in newer],
+            committed=[i for i in pending if i in relay.committed],
+            unknown=[i for i in pending if i in relay.unknown],
+        )
         return answer, [blob for _, blob in newer]
-
-    def _server(self, stage: int, shard: int) -> str:
-        holder = self.trainer.shard_holder((stage, shard))
-        if holder is None:
-            raise Unavailable(f"no holder of shard ({stage}, {shard}) is known here yet")
-        return holder
 
     async def stop(self) -> None:
         """Send what is waiting now (members are owed an answer), then end."""

@@ -1,10 +1,10 @@
-"""daemon/node/presence.py: which members a round of RTT probes pings."""
+"""peers/membership/probes.py: which members a round of RTT probes pings."""
 
 from __future__ import annotations
 
 import pytest
 
-from swarmd.node.presence import probe_batch
+from swarmd.peers.membership.probes import probe_batch
 
 pytestmark = pytest.mark.timeout(10)
 
