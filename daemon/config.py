@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swarmd.errors import ConfigError
+from swarmd.errors import ConfigError, MalformedRunId
 from swarmd.peers.records.heartbeat import MAX_TTL_S
 from swarmd.peers.records.join_token import MAX_TOKEN_CHARS, is_token_text
-from swarmd.peers.wire.routing import MODES as RELAY_MODES
+from swarmd.peers.records.run_id import check_run_id
+from swarmd.peers.wire.relay_modes import MODES as RELAY_MODES
 
 DEFAULT_STATE_DIR = "~/.local/state/swarmd"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -75,6 +76,11 @@ class SwarmConfig:
     ``swarmd run token``; ``swarmd run --join-token`` overrides."""
 
     def __post_init__(self) -> None:
+        if self.run_id:
+            try:
+                check_run_id(self.run_id)
+            except MalformedRunId as e:
+                raise MalformedRunId(f"[swarm] run_id: {e}") from None
         _check_range("swarm", "join_timeout_s", self.join_timeout_s, 1, 3600)
         for name in ("initial_peers", "host_maddrs", "announce_maddrs"):
             for maddr in getattr(self, name):

@@ -27,6 +27,10 @@ class RunSpecError(SwarmdError):
     """A run spec is malformed, or its signature or run ID does not check out."""
 
 
+class MalformedRunId(ConfigError, RunSpecError):
+    """A run ID not of the form ``NAME.HASH``: the user's input (exit 2), or a peer's record."""
+
+
 class JoinError(SwarmdError):
     """The daemon could not join the run's swarm (peers unreachable, spec not served)."""
 

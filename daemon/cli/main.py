@@ -16,20 +16,18 @@ User errors print one line and exit non-zero; ``--debug`` adds the traceback.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import json
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 from swarmd import __version__
 from swarmd.cli.status_view import fmt_peers, format_status
-from swarmd.errors import SwarmdError
-from swarmd.peers.wire.routing import MODES as RELAY_MODES
+from swarmd.errors import ConfigError, SwarmdError
+from swarmd.peers.wire.relay_modes import MODES as RELAY_MODES
 
 logger = logging.getLogger("swarmd")
 
@@ -135,6 +133,14 @@ def _configure_logging(level: str) -> None:
             logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def _check_run_id_arg(args: argparse.Namespace) -> None:
+    """A typed ``--run-id`` of the wrong form is refused before anything heavy is imported."""
+    if args.run_id:
+        from swarmd.peers.records.run_id import check_run_id
+
+        check_run_id(args.run_id)
+
+
 def _load(args: argparse.Namespace) -> Any:
     from swarmd.config import load_config
 
@@ -146,6 +152,7 @@ def _load(args: argparse.Namespace) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    _check_run_id_arg(args)
     from swarmd.config import ConfigError, HeartbeatConfig, SwarmConfig
 
     config = _load(args)
@@ -199,6 +206,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run_node(config: Any) -> int:
+    import asyncio
+    import signal
+
     from swarmd.node.node import Node
 
     node = Node(config, config.swarm.run_id)
@@ -290,6 +300,7 @@ def cmd_peers(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    _check_run_id_arg(args)
     from swarmd.cli.export import export_run
 
     config = _load(args)
@@ -372,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "debug", False):
             logger.exception("Failed")
         print(f"swarmd: error: {e}", file=sys.stderr)
-        return EXIT_USAGE if type(e).__name__ == "ConfigError" else EXIT_FAILURE
+        return EXIT_USAGE if isinstance(e, ConfigError) else EXIT_FAILURE
     except KeyboardInterrupt:
         return 130
     except Exception as e:

@@ -17,7 +17,7 @@ from pathlib import Path
 from swarmd.errors import ConfigError, JoinError, RecordError
 from swarmd.peers.records.identity import load_or_create_identity
 from swarmd.peers.records.join_token import DEFAULT_TOKEN_DAYS, MAX_TOKEN_DAYS, parse_join_token, sign_join_token
-from swarmd.peers.records.run_spec import check_run_id
+from swarmd.peers.records.run_id import check_run_id
 from swarmd.system.state_dir import load_cached_spec, prepare_state_dir
 
 

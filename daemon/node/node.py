@@ -38,7 +38,8 @@ from swarmd.peers.membership.members import Membership
 from swarmd.peers.membership.probation import probation_s
 from swarmd.peers.records.identity import Identity, load_or_create_identity, write_p2pd_identity
 from swarmd.peers.records.links import ProbeBudget
-from swarmd.peers.records.run_spec import SignedRunSpec, check_run_id
+from swarmd.peers.records.run_id import check_run_id
+from swarmd.peers.records.run_spec import SignedRunSpec
 from swarmd.peers.wire.messages import Forward, Probe
 from swarmd.peers.wire.rpc import RpcServer
 from swarmd.system import systemd

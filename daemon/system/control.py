@@ -353,7 +353,11 @@ def call(path: Path, command: str, timeout: float = 5.0, **args: Any) -> Any:
     ``timeout`` bounds the whole call, retries included: a connect refused for a full listen
     backlog, and a ``busy`` answer, are retried with jittered exponential backoff until then.
     """
-    if not path.exists():
+    try:
+        present = path.exists()  # raises where a folder on the way is closed to this user
+    except PermissionError:
+        raise ControlError(_no_permission(path)) from None
+    if not present:
         raise ControlError(f"no daemon is running with control socket {path}; start one with 'swarmd run'")
     request = json.dumps({"command": command, **args}).encode() + b"\n"
     deadline = time.monotonic() + timeout
@@ -378,6 +382,10 @@ def call(path: Path, command: str, timeout: float = 5.0, **args: Any) -> Any:
     return response.get("result")
 
 
+def _no_permission(path: Path) -> str:
+    return f"permission denied on {path}; run as the daemon's user (e.g. sudo -u swarmd swarmd status)"
+
+
 def _exchange(path: Path, request: bytes, deadline: float, timeout: float) -> dict[str, Any]:
     """One connection: send ``request``, return the answer line as a dict."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
@@ -390,7 +398,7 @@ def _exchange(path: Path, request: bytes, deadline: float, timeout: float) -> di
             sock.sendall(request)
             data = _read_answer(sock, deadline)
         except PermissionError:
-            raise ControlError(f"permission denied on {path}; run as the daemon's user (e.g. sudo -u swarmd)") from None
+            raise ControlError(_no_permission(path)) from None
         except (ConnectionRefusedError, FileNotFoundError):
             raise ControlError(f"no daemon answers on {path}; it may have stopped (stale socket)") from None
         except (BrokenPipeError, ConnectionResetError):

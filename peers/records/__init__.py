@@ -2,6 +2,7 @@
 
 - ``envelope``     the signed envelope every record travels in, and the checks on untrusted fields
 - ``identity``     this peer's Ed25519 key and the libp2p peer ID it gives
+- ``run_id``       the form of a run ID (standard library only: the CLI checks one at once)
 - ``run_spec``     run specs and self-certifying run IDs
 - ``signed``       the base of every record a peer signs about itself: subject, run and time checks
 - ``heartbeat``    the signed, expiring membership record

@@ -25,7 +25,7 @@ import base58
 from swarmd.errors import RecordError
 from swarmd.peers.records.envelope import Fields, open_record, sign_record
 from swarmd.peers.records.identity import Identity
-from swarmd.peers.records.run_spec import check_run_id, derive_run_id
+from swarmd.peers.records.run_id import check_run_id, derive_run_id
 from swarmd.peers.records.signed import CLOCK_SKEW_S
 
 KIND = "join-token"

@@ -39,7 +39,7 @@ from typing import Any, ClassVar
 
 from swarmd.errors import RecordError, RunSpecError
 from swarmd.peers.records.envelope import Fields, canonical_json
-from swarmd.peers.records.run_spec import check_run_id
+from swarmd.peers.records.run_id import check_run_id
 from swarmd.peers.records.signed import Head, SignedRecord
 
 KIND = "plan"

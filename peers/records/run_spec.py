@@ -9,10 +9,8 @@ passes both, so nobody else can replace it.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
-import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,12 +20,11 @@ from swarmd.errors import RecordError, RunSpecError
 from swarmd.models.shape import FAMILIES, ModelError, ModelShape
 from swarmd.peers.records.envelope import Fields, OpenedRecord, open_record, sign_record
 from swarmd.peers.records.identity import Identity
+from swarmd.peers.records.run_id import NAME, derive_run_id
 
 KIND = "run-spec"
 MAX_SPEC_BYTES = 32 * 1024
 MAX_SPEC_FILE_BYTES = 256 * 1024
-_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
-_RUN_ID = re.compile(r"([a-z0-9][a-z0-9-]{0,39})\.([a-z2-7]{24})")
 MODEL_FAMILIES = FAMILIES
 OPTIMIZERS = ("adamw", "sgd")
 MEMBERSHIP = ("open", "allowlist", "token")
@@ -42,23 +39,6 @@ cannot drag the step, ``swarmd.models.robust_aggregation``)."""
 MAX_ALLOWLIST = 400
 """Enough for a lab or a team, and small enough for the spec to stay one small DHT value; a larger
 private run admits by join token."""
-
-
-def derive_run_id(name: str, creator_public_key: bytes) -> str:
-    """``<name>.<24 base32 chars of sha256(name, creator key)>`` (120 bits of the hash)."""
-    digest = hashlib.sha256(b"swarmd-run-id-v1\x00" + name.encode() + b"\x00" + creator_public_key).digest()
-    return f"{name}.{base64.b32encode(digest).decode()[:24].lower()}"
-
-
-def check_run_id(run_id: str) -> str:
-    """Validate the form of a run ID typed by a user or received from a peer."""
-    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
-        shown = run_id[:80] if isinstance(run_id, str) else type(run_id).__name__
-        raise RunSpecError(
-            f"run ID {shown!r} is malformed: expected NAME.HASH as printed by 'swarmd run create' "
-            "(NAME of a-z, 0-9 and '-', HASH of 24 base32 characters)"
-        )
-    return run_id
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,7 +120,7 @@ def parse_spec_body(body: dict[str, Any]) -> RunSpec:
     f = Fields(body, "run spec")
     f.only({"name", "model", "data", "batch", "optimizer", "stages", "exchange", "access"})
     name = f.string("name", 40)
-    if not _NAME.fullmatch(name):
+    if not NAME.fullmatch(name):
         raise RecordError(f"run spec: name {name!r} must be 1-40 characters of a-z, 0-9 and '-'")
     m = f.object("model")
     m.only({"family", "layers", "hidden", "heads", "vocab", "seq_len"})

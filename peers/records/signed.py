@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Self
 from swarmd.errors import RecordError, RunSpecError
 from swarmd.peers.records.envelope import MAX_RECORD_BYTES, Fields, open_record, sign_record
 from swarmd.peers.records.identity import Identity
-from swarmd.peers.records.run_spec import check_run_id
+from swarmd.peers.records.run_id import check_run_id
 
 CLOCK_SKEW_S = 30.0
 """Peers' clocks disagree; a record issued this far in our future is still believed."""

@@ -9,5 +9,6 @@
 - ``sizes``          the bytes of every message, as the planner and the simulator charge them
 - ``codecs``         tensor frames in fp32, fp16, bf16 or int8, checked before use; error feedback
 - ``routing``        which way a request goes: direct, or through an elected relay
+- ``relay_modes``    the operator's choice of relaying (auto, always, never), without numpy
 - ``emulated_delay`` a test-only latency shim for the calibration harness (this kernel has no netem)
 """

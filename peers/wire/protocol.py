@@ -31,7 +31,7 @@ from dataclasses import MISSING, dataclass
 from typing import Any, ClassVar, Generic, Self, TypeVar
 
 from swarmd.errors import SwarmdError
-from swarmd.peers.records.run_spec import check_run_id
+from swarmd.peers.records.run_id import check_run_id
 from swarmd.peers.wire.errors import SchemaError
 
 MAX_BLOBS = 64

@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from swarmd.peers.wire.relay_modes import MODES
+
 RELAY_GAIN = 0.8
 """A relay path is taken for speed only when it takes at most this fraction of the direct
 path's time: measurements are noisy and a hop costs a relay's bandwidth."""
-MODES = ("auto", "always", "never")
 BLOCKED_FIRST_S = 15.0
 BLOCKED_MAX_S = 300.0
 

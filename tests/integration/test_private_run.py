@@ -39,7 +39,7 @@ from swarmd.peers.dht.swarm_dht import member_bucket, members_key
 from swarmd.peers.records.heartbeat import DeviceInfo, Heartbeat
 from swarmd.peers.records.identity import Identity
 from swarmd.peers.records.join_token import sign_join_token
-from swarmd.peers.records.run_spec import derive_run_id
+from swarmd.peers.records.run_id import derive_run_id
 
 run_id, bootstrap = sys.argv[1], sys.argv[2:]
 dht = hivemind.DHT(initial_peers=bootstrap, start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"],

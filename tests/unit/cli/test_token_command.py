@@ -92,7 +92,8 @@ def test_token_needs_a_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
 
 def test_peer_flag_outside_token_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["run", "--run-id", "x.y", "--peer", "p", "--state-dir", str(tmp_path / "s")]) == 2
+    run_id = "tiny-bytes." + "a" * 24
+    assert main(["run", "--run-id", run_id, "--peer", "p", "--state-dir", str(tmp_path / "s")]) == 2
     assert "--peer and --days go with 'swarmd run token'" in capsys.readouterr().err
 
 

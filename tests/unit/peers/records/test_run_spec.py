@@ -15,12 +15,11 @@ from swarmd.errors import RecordError, RunSpecError
 from swarmd.models.presets import DEFAULT_RUN
 from swarmd.peers.records.envelope import sign_record
 from swarmd.peers.records.identity import Identity
+from swarmd.peers.records.run_id import check_run_id, derive_run_id
 from swarmd.peers.records.run_spec import (
     KIND,
     MAX_SPEC_FILE_BYTES,
     RunSpec,
-    check_run_id,
-    derive_run_id,
     load_spec_file,
     parse_spec_body,
     sign_run_spec,
