@@ -17,6 +17,7 @@ from swarmd.peers.records.heartbeat import MAX_TTL_S
 from swarmd.peers.records.join_token import MAX_TOKEN_CHARS, is_token_text
 from swarmd.peers.records.run_id import check_run_id
 from swarmd.peers.wire.relay_modes import MODES as RELAY_MODES
+from swarmd.system.log_format import FORMATS as LOG_FORMATS
 
 DEFAULT_STATE_DIR = "~/.local/state/swarmd"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -33,12 +34,16 @@ class NodeConfig:
     """Identity key, control socket and cached run specs live here (mode 0700)."""
     log_level: str = "info"
     """debug, info, warning or error."""
+    log_format: str = "text"
+    """text (with syslog priorities when systemd's journal reads it) or json (one object a line)."""
     stop_timeout_s: float = 30.0
     """How long a SIGTERM may take before the daemon exits anyway."""
 
     def __post_init__(self) -> None:
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(f"[node] log_level = {self.log_level!r} is not one of {', '.join(LOG_LEVELS)}")
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"[node] log_format = {self.log_format!r} is not one of {', '.join(LOG_FORMATS)}")
         _check_range("node", "stop_timeout_s", self.stop_timeout_s, 1, 600)
 
     @property

@@ -120,17 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
-    if level != "debug":
-        # hivemind logs every bootstrap hiccup at WARNING; our own messages say what matters.
-        logging.getLogger("hivemind").setLevel(logging.ERROR)
-        for noisy in ("libp2p", "zeroconf", "multiaddr"):
-            logging.getLogger(noisy).setLevel(logging.WARNING)
+def _configure_logging(level: str, log_format: str = "text") -> None:
+    from swarmd.system.log_format import configure_logging
+
+    configure_logging(level, log_format)
 
 
 def _check_run_id_arg(args: argparse.Namespace) -> None:
@@ -156,7 +149,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from swarmd.config import ConfigError, HeartbeatConfig, SwarmConfig
 
     config = _load(args)
-    _configure_logging("debug" if args.debug else config.node.log_level)
+    _configure_logging("debug" if args.debug else config.node.log_level, config.node.log_format)
     if args.action == "create":
         return cmd_run_create(args, config)
     if args.action == "token":
@@ -304,7 +297,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from swarmd.cli.export import export_run
 
     config = _load(args)
-    _configure_logging("debug" if args.debug else config.node.log_level)
+    _configure_logging("debug" if args.debug else config.node.log_level, config.node.log_format)
     _gather_from_running_daemon(config.node.state_path, args.run_id)
     out_dir, versions = export_run(config.node.state_path, args.run_id, args.out_dir, overwrite=args.overwrite)
     print(f"exported run {args.run_id} (stage weight versions {versions}) to {out_dir}")

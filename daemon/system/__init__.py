@@ -5,5 +5,6 @@
 - ``state_dir``    what a daemon keeps on disk, and the lock that makes it one daemon's
 - ``children``     ties child processes' lives to the daemon's
 - ``tasks``        asyncio tasks ended for sure (a cancel that was swallowed is sent again)
+- ``log_format``   log lines as text, with journald's priorities under systemd, or JSON
 - ``local_swarm``  daemons as subprocesses on this machine (``swarmd demo``, integration tests)
 """
