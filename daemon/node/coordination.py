@@ -74,6 +74,7 @@ class Coordination:
         self.plans_refused: Counter[str] = Counter()
         """Plans passed over, by reason (``swarmd.node.plan_choice``)."""
         self._refusals_counted: set[tuple[str, int]] = set()
+        self._roles: set[str] = set()  # the elected roles this peer held at the last round
 
     async def coordinate(self) -> None:
         now = time.time()
@@ -106,6 +107,17 @@ class Coordination:
             )
         self.plan = in_force
         self._count(refused + passed_over)
+        self._log_roles()
+
+    def _log_roles(self) -> None:
+        """One line when this peer wins or loses an elected role (the trainer logs its cells and shards)."""
+        roles = {"coordinator"} if self.coordinator == self.own else set()
+        roles |= {"relay"} if self.own in self.relays() else set()
+        for role in sorted(roles - self._roles):
+            logger.info("Role won: %s", role)
+        for role in sorted(self._roles - roles):
+            logger.info("Role lost: %s", role)
+        self._roles = roles
 
     def _count(self, refusals: list[PlanRefusal]) -> None:
         for refusal in refusals:

@@ -106,3 +106,19 @@ def test_a_strangers_plan_and_a_sybil_burst_take_no_role(tmp_path: Path) -> None
     # the relay leaves: named in the plan still, but no longer believed
     measurements.observe([heartbeat(p) for p in [stranger, *sybils]])
     assert not coordination.is_relay(member)
+
+
+def test_winning_and_losing_the_coordinator_role_is_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    dht = RecordsDHT()
+    measurements = Measurements(SPEC.run_id, ME, dht, tmp_path, ProbeBudget(), lambda: (10.0, 16.0), 5.0)
+    coordination = Coordination(SPEC, ME, dht, measurements, ElectionConfig(), lambda: (10.0, 16.0), probation_s=4.0)
+    with caplog.at_level("INFO", logger="swarmd.node.coordination"):
+        for _ in range(2):  # alone: this peer coordinates, and says so once
+            asyncio.run(coordination.coordinate())
+        coordination.coordinator, coordination.plan = "someone-else", None
+        coordination._log_roles()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Role")]
+    assert lines[0] == "Role won: coordinator" and lines.count("Role won: coordinator") == 1, lines
+    assert "Role lost: coordinator" in lines[1:], lines
