@@ -12,17 +12,17 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import time
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from swarmd.cli.progress import Progress
 from swarmd.errors import SwarmdError
 from swarmd.peers.planning.planner import PlannerConfig, plan
 from swarmd.peers.planning.scenario import Scenario, ScenarioError, load_scenario
 from swarmd.peers.sim.churn import churn_schedule
 from swarmd.peers.sim.results import SimResult, single_device
-from swarmd.peers.sim.simulator import SimConfig, simulate
+from swarmd.peers.sim.simulator import SimConfig, Simulation, simulate
 from swarmd.peers.sim.strategies import NAMES, make_strategies
 
 FAILURE_FREE_HOURS = 2.0
@@ -219,6 +219,17 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
+PROGRESS_STEPS = 100
+"""A simulation is advanced in this many slices of its horizon, its progress shown between them."""
+
+
+def _simulated(sim: Simulation, progress: Progress) -> SimResult:
+    for k in range(1, PROGRESS_STEPS + 1):
+        sim.advance(sim.horizon * k / PROGRESS_STEPS)
+        progress.update(k / PROGRESS_STEPS)
+    return sim.run()
+
+
 def run_simulate(
     scenario_path: Path,
     *,
@@ -246,17 +257,17 @@ def run_simulate(
     )
     results, rows = [], []
     skipped: list[str] = []
-    for strategy in make_strategies(strategies, shape, time_budget_s, seed):
-        started = time.perf_counter()
-        print(f"  {strategy.name}: simulating ...", end="", file=sys.stderr, flush=True)
+    chosen = make_strategies(strategies, shape, time_budget_s, seed)
+    for i, strategy in enumerate(chosen, 1):
+        progress = Progress(f"  {strategy.name} ({i} of {len(chosen)}), {hours:g} h simulated")
         try:
-            result = simulate(scenario, strategy, settings)
+            result = _simulated(Simulation(scenario, strategy, settings), progress)
         except ScenarioError as e:  # the strategy cannot place this swarm at all (DiLoCo, no device holds it)
-            print(f" cannot run: {e}", file=sys.stderr)
+            print(f"  {strategy.name} cannot run: {e}", file=sys.stderr)
             skipped.append(f"{strategy.name}: cannot run ({e})")
             continue
         free = simulate(scenario, strategy, replace(settings, hours=min(hours, FAILURE_FREE_HOURS), churn=False))
-        print(f" {time.perf_counter() - started:.1f} s", file=sys.stderr)
+        progress.done("and its failure-free run")
         results.append(result)
         rows.append(summary(result, free))
     out.mkdir(parents=True, exist_ok=True)
