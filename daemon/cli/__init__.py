@@ -7,6 +7,7 @@
 - ``token_command``     ``swarmd run token``: a private run's creator admits a peer; the joiner's check
 - ``plan_command``      ``swarmd plan``: a scenario file in, a plan out
 - ``simulate_command``  ``swarmd simulate``: a scenario played out over hours, strategy against strategy
+- ``progress``          a long command's progress on stderr, with an estimate of the time left
 
 Commands import what they need when they run, so ``swarmd --help`` stays quick.
 """
