@@ -26,7 +26,7 @@ def duration(seconds: float) -> str:
     return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
-class Progress:
+class ProgressLine:
     def __init__(self, label: str, stream: TextIO | None = None) -> None:
         self.label = label
         self.stream = stream if stream is not None else sys.stderr

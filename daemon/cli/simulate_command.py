@@ -16,7 +16,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from swarmd.cli.progress import Progress
+from swarmd.cli.progress import ProgressLine
 from swarmd.errors import SwarmdError
 from swarmd.peers.planning.planner import PlannerConfig, plan
 from swarmd.peers.planning.scenario import Scenario, ScenarioError, load_scenario
@@ -223,7 +223,7 @@ PROGRESS_STEPS = 100
 """A simulation is advanced in this many slices of its horizon, its progress shown between them."""
 
 
-def _simulated(sim: Simulation, progress: Progress) -> SimResult:
+def _simulated(sim: Simulation, progress: ProgressLine) -> SimResult:
     for k in range(1, PROGRESS_STEPS + 1):
         sim.advance(sim.horizon * k / PROGRESS_STEPS)
         progress.update(k / PROGRESS_STEPS)
@@ -259,7 +259,7 @@ def run_simulate(
     skipped: list[str] = []
     chosen = make_strategies(strategies, shape, time_budget_s, seed)
     for i, strategy in enumerate(chosen, 1):
-        progress = Progress(f"  {strategy.name} ({i} of {len(chosen)}), {hours:g} h simulated")
+        progress = ProgressLine(f"  {strategy.name} ({i} of {len(chosen)}), {hours:g} h simulated")
         try:
             result = _simulated(Simulation(scenario, strategy, settings), progress)
         except ScenarioError as e:  # the strategy cannot place this swarm at all (DiLoCo, no device holds it)
