@@ -14,10 +14,14 @@ PYTHON="${PYTHON:-}"
 ROOT=""
 DRY_RUN=0
 NO_VENV=0
+TORCH="auto"
+# The PyTorch wheel indexes for a CPU-only and a ROCm build; a CUDA build is PyPI's own on Linux x86_64.
+readonly TORCH_CPU_INDEX="https://download.pytorch.org/whl/cpu"
+readonly TORCH_ROCM_INDEX="https://download.pytorch.org/whl/rocm6.2"
 
 usage() {
     cat <<EOF
-Usage: $(basename "$0") [--dry-run] [--root DIR] [--no-venv] [--prefix DIR]
+Usage: $(basename "$0") [--dry-run] [--root DIR] [--no-venv] [--prefix DIR] [--torch cpu|cuda|rocm]
 
 Installs swarmd as a systemd service (run as root):
   - system user and group 'swarmd' (home /var/lib/swarmd, no login shell)
@@ -31,6 +35,9 @@ Options:
                 and groups and running systemctl
   --no-venv     do not create the virtualenv or pip-install swarmd
   --prefix DIR  install prefix (default: \$PREFIX or $DEFAULT_PREFIX)
+  --torch KIND  which PyTorch build: cpu (small, no GPU), cuda (NVIDIA, several GB) or
+                rocm (AMD); default: what this machine has (nvidia-smi or /dev/nvidia0: cuda;
+                /dev/kfd: rocm; else cpu)
   -h, --help    show this help
 
 Environment:
@@ -39,6 +46,7 @@ Environment:
                   of python3, python3.13, python3.12, python3.11 that is new enough)
   SWARMD_PACKAGE  what to pip-install instead of this source tree (a wheel, sdist or
                   requirement such as 'swarmd==0.1.0')
+  TORCH_INDEX_URL the wheel index to take torch from, instead of --torch's (a mirror)
 EOF
 }
 
@@ -79,6 +87,12 @@ parse_args() {
                 shift
                 ;;
             --prefix=*) PREFIX="${1#--prefix=}" ;;
+            --torch)
+                (($# >= 2)) || die "--torch needs cpu, cuda or rocm"
+                TORCH="$2"
+                shift
+                ;;
+            --torch=*) TORCH="${1#--torch=}" ;;
             -h | --help)
                 usage
                 exit 0
@@ -87,6 +101,10 @@ parse_args() {
         esac
         shift
     done
+    case "$TORCH" in
+        auto | cpu | cuda | rocm) ;;
+        *) die "--torch '$TORCH' is not one of cpu, cuda, rocm" ;;
+    esac
     # The prefix ends up unquoted in the unit's ExecStart= line and in a sed expression.
     [[ "$PREFIX" =~ ^/[A-Za-z0-9._/+-]*$ ]] ||
         die "PREFIX '$PREFIX' must be an absolute path of letters, digits and ._/+- only"
@@ -171,12 +189,45 @@ install_venv() {
         run mkdir -p "$(dirname "$venv")"
         run "$PYTHON" -m venv "$venv"
     fi
+    install_torch "$venv"
     log "installing swarmd from $package"
     # --upgrade so that rerunning the script upgrades an installed swarmd.
     run "$venv/bin/pip" install --disable-pip-version-check --upgrade "$package"
     # The command on PATH, so that 'swarmd status' works for the admin as the next steps say.
     run mkdir -p "$ROOT/usr/local/bin"
     run ln -sf "$PREFIX/venv/bin/swarmd" "$ROOT/usr/local/bin/swarmd"
+}
+
+# What this machine can run: an NVIDIA GPU (driver present), an AMD GPU (the ROCm kernel
+# driver's device), else the CPU.
+detect_torch() {
+    if command -v nvidia-smi >/dev/null 2>&1 || [[ -e /dev/nvidia0 ]]; then
+        echo cuda
+    elif [[ -e /dev/kfd ]]; then
+        echo rocm
+    else
+        echo cpu
+    fi
+}
+
+# torch first, from the build's index, so that installing swarmd finds it satisfied instead of
+# pulling PyPI's default (a multi-GB CUDA build on x86_64, whatever the machine has).
+install_torch() {
+    local venv="$1" kind="$TORCH" index
+    [[ "$kind" != auto ]] || kind="$(detect_torch)"
+    case "$kind" in
+        cpu) index="$TORCH_CPU_INDEX" ;;
+        rocm) index="$TORCH_ROCM_INDEX" ;;
+        cuda) index="" ;;
+    esac
+    index="${TORCH_INDEX_URL:-$index}"
+    log "installing torch ($kind build${index:+, from $index})"
+    if [[ -n "$index" ]]; then
+        run "$venv/bin/pip" install --disable-pip-version-check --upgrade torch --index-url "$index" \
+            --extra-index-url https://pypi.org/simple
+    else
+        run "$venv/bin/pip" install --disable-pip-version-check --upgrade torch
+    fi
 }
 
 install_unit() {

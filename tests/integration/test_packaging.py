@@ -215,6 +215,22 @@ def test_install_dry_run_changes_nothing(tmp_path: Path) -> None:
     assert not any(root.iterdir())
 
 
+@needs_bash
+@pytest.mark.timeout(60)
+def test_install_takes_the_torch_build_asked_for_before_swarmd(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    for kind, index in (("cpu", "download.pytorch.org/whl/cpu"), ("rocm", "download.pytorch.org/whl/rocm")):
+        out = _install("--dry-run", "--root", str(root), "--torch", kind).stdout
+        torch = next(line for line in out.splitlines() if "pip install" in line and " torch " in line)
+        assert index in torch, out
+        assert out.index(torch) < out.index("installing swarmd from")  # satisfied before swarmd asks
+    out = _install("--dry-run", "--root", str(root), "--torch", "cuda").stdout
+    assert "installing torch (cuda build)" in out and "--index-url" not in out  # PyPI's own build
+    result = _install("--dry-run", "--root", str(root), "--torch", "gpu")
+    assert result.returncode != 0 and "--torch 'gpu' is not one of cpu, cuda, rocm" in result.stderr
+
+
 # --- the example config -----------------------------------------------------------------------
 
 
