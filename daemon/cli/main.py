@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from swarmd import __version__
-from swarmd.cli.status_view import fmt_peers, format_status
+from swarmd.cli.status_view import fmt_newer_version, fmt_peers, format_status
 from swarmd.errors import ConfigError, SwarmdError
 from swarmd.peers.wire.relay_modes import MODES as RELAY_MODES
 
@@ -287,6 +287,9 @@ def cmd_peers(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2))
     else:
         print(f"run {result['run_id']}: {len(result['peers'])} other peer(s)")
+        newer = fmt_newer_version(__version__, result["peers"])
+        if newer:
+            print(newer)
         if result["peers"]:
             print("\n".join(fmt_peers(result["peers"])))
     return 0

@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from swarmd.peers.membership.versions import newer_in_swarm
+
 
 def format_status(result: dict[str, Any]) -> str:
     """The whole status view: this peer, its training, the swarm it sees, and its peers."""
@@ -27,6 +29,9 @@ def format_status(result: dict[str, Any]) -> str:
         f"addresses {' '.join(result['addrs']) or '-'}",
         f"peers     {len(result['peers'])} seen",
     ]
+    newer = fmt_newer_version(result["version"], result["peers"])
+    if newer:
+        lines.insert(2, newer)
     if result.get("training"):
         lines += fmt_training(result["training"])
     if result.get("swarm"):
@@ -37,6 +42,12 @@ def format_status(result: dict[str, Any]) -> str:
     if result["peers"]:
         lines += fmt_peers(result["peers"])
     return "\n".join(lines)
+
+
+def fmt_newer_version(own: str, peers: list[dict[str, Any]]) -> str:
+    """A warning line when peers run a newer swarmd (empty: none does)."""
+    newer = newer_in_swarm(own, [str(p.get("version", "")) for p in peers])
+    return f"WARNING   {newer.warning(own)}" if newer else ""
 
 
 def fmt_refused(result: dict[str, Any]) -> str:

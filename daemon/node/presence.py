@@ -23,6 +23,7 @@ from swarmd.node.services import dht_call
 from swarmd.peers.dht.swarm_dht import SwarmDHT
 from swarmd.peers.membership.members import Membership
 from swarmd.peers.membership.probes import MAX_PROBES_PER_ROUND, probe_batch
+from swarmd.peers.membership.versions import newer_in_swarm
 from swarmd.peers.records.heartbeat import MAX_ADDRS, DeviceInfo, Heartbeat
 from swarmd.peers.records.identity import Identity
 from swarmd.system import systemd
@@ -129,7 +130,9 @@ class Presence:
         joined, left = self.membership.update(scan.live, scan.leaving, time.time())
         observe(self.membership.snapshot(time.time()))
         if joined or left:  # what `systemctl status swarmd` shows
-            systemd.notify_status(f"member of {self.run_id}; {len(self.membership.peers)} other peer(s) seen")
+            newer = newer_in_swarm(__version__, [view.heartbeat.version for view in self.membership.peers.values()])
+            status = f"member of {self.run_id}; {len(self.membership.peers)} other peer(s) seen"
+            systemd.notify_status(status + (f"; {newer.warning(__version__)}" if newer else ""))
 
     async def probe_rtts(self) -> None:
         dht, membership = self.dht, self.membership
