@@ -7,7 +7,9 @@ and the limit. The example file ``packaging/config.example.toml`` documents ever
 from __future__ import annotations
 
 import dataclasses
+import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -244,16 +246,44 @@ def config_from_dict(data: dict[str, Any], source: str = "config") -> Config:
     return Config(**{name: _build_section(name, cls, data.get(name, {}), source) for name, cls in _SECTIONS.items()})
 
 
-def load_config(path: Path | None) -> Config:
-    """Read ``path`` (None: all defaults). Errors name the file, the key and the fix."""
-    if path is None:
-        return Config()
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist; copy packaging/config.example.toml there") from None
-    except OSError as e:
-        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
-    return config_from_dict(data, str(path))
+ENV_PREFIX = "SWARMD_"
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """``SWARMD_<SECTION>_<KEY>=value`` as config entries (a container is configured this way):
+    ``SWARMD_SWARM_RUN_ID=name.hash``, ``SWARMD_SWARM_INITIAL_PEERS='["/ip4/..."]'``. A value is
+    read as a TOML value (numbers, booleans, arrays, quoted strings), else taken as a string.
+    Variables whose first word is no section (``SWARMD_CONFIG``, the installer's) are not keys."""
+    found: dict[str, dict[str, Any]] = {}
+    for name, text in environ.items():
+        section, _, key = name[len(ENV_PREFIX) :].lower().partition("_")
+        if not name.startswith(ENV_PREFIX) or section not in _SECTIONS:
+            continue
+        try:
+            value: Any = tomllib.loads(f"v = {text}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = text
+        found.setdefault(section, {})[key] = value
+    return found
+
+
+def load_config(path: Path | None, environ: Mapping[str, str] | None = None) -> Config:
+    """Read ``path`` (None: all defaults), then the ``SWARMD_<SECTION>_<KEY>`` environment
+    variables over it. Errors name the file or variable, the key and the fix."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist; copy packaging/config.example.toml there") from None
+        except OSError as e:
+            raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+    overrides = env_overrides(os.environ if environ is None else environ)
+    for section, values in overrides.items():
+        if not isinstance(data.get(section, {}), dict):
+            raise ConfigError(f"config file {path}: [{section}] is not a table")
+        data[section] = {**data.get(section, {}), **values}
+    source = str(path) if path is not None else "config"
+    return config_from_dict(data, source + (" with SWARMD_* variables" if overrides else ""))

@@ -1,9 +1,10 @@
-"""The files in packaging/: the systemd unit, install.sh and the example config."""
+"""The files in packaging/: the systemd unit, install.sh, the example config and the Containerfile."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmd.config import _SECTIONS
+from swarmd.config import _SECTIONS, load_config
 
 PACKAGING = Path(__file__).resolve().parents[2] / "packaging"
 UNIT = PACKAGING / "swarmd.service"
@@ -253,3 +254,19 @@ def test_example_config_comments_every_key() -> None:
     for i, line in enumerate(lines):
         if "=" in line and not line.lstrip().startswith("#"):
             assert i > 0 and lines[i - 1].lstrip().startswith("#"), f"no comment above: {line}"
+
+
+# --- the container image ----------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_container_environment_sets_valid_config_keys() -> None:
+    text = (PACKAGING / "Containerfile").read_text()
+    block = text[text.index("ENV ") : text.index("EXPOSE")]
+    env = dict(re.findall(r"(SWARMD_[A-Z_]+)=(\S+)", block))
+    assert env, block
+    config = load_config(None, env)  # raises on a key or value the daemon would refuse
+    assert config.node.state_dir == "/var/lib/swarmd" and config.swarm.nat_port_map is False
+    assert 'ENTRYPOINT ["swarmd", "run"]' in text and "USER swarmd" in text
+    for kind in ("cpu", "cuda", "rocm"):
+        assert f"{kind})" in text  # every build install.sh offers

@@ -215,3 +215,30 @@ def test_join_token(tmp_path: Path) -> None:
             SwarmConfig(join_token=bad)
     with pytest.raises(ConfigError, match="join_token"):
         load_config(write(tmp_path, "[swarm]\njoin_token = 5\n"))
+
+
+PEER = "12D3KooWDpJ7As7BWAwRMfu1VU2WCqNjvq387JEYKDBj4kx6nXTN"
+
+
+def test_environment_variables_set_keys_over_the_file(tmp_path: Path) -> None:
+    run_id = "tiny-bytes." + "a" * 24
+    path = write(tmp_path, "[heartbeat]\ninterval_s = 2\nttl_s = 5\n[swarm]\nmdns = true\n")
+    env = {
+        "SWARMD_SWARM_RUN_ID": run_id,  # a bare string
+        "SWARMD_SWARM_MDNS": "false",  # TOML: a boolean
+        "SWARMD_HEARTBEAT_TTL_S": "9",  # a number
+        "SWARMD_SWARM_INITIAL_PEERS": f'["/ip4/10.0.0.1/tcp/31337/p2p/{PEER}"]',
+        "SWARMD_CONFIG": "/etc/swarmd/config.toml",  # not a key: no section 'config'
+        "SWARMD_TORCH": "torch==2.13.0",  # the dev installer's, not a key
+    }
+    cfg = load_config(path, env)
+    assert cfg.swarm.run_id == run_id and cfg.swarm.mdns is False
+    assert cfg.heartbeat.interval_s == 2.0 and cfg.heartbeat.ttl_s == 9.0
+    assert cfg.swarm.initial_peers[0].startswith("/ip4/10.0.0.1/")
+    assert load_config(None, {"SWARMD_NODE_LOG_LEVEL": "debug"}).node.log_level == "debug"
+
+
+def test_a_misspelt_environment_key_is_refused_naming_the_source(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"unknown key 'runid'.*") as info:
+        load_config(None, {"SWARMD_SWARM_RUNID": "x"})
+    assert "SWARMD_* variables" in str(info.value)
