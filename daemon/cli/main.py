@@ -9,6 +9,7 @@
     swarmd demo                                           a local swarm on 127.0.0.1
     swarmd plan --scenario FILE [--json]                  place a swarm described on paper
     swarmd simulate --scenario FILE --hours H --seed S    play a scenario out over time, strategy by strategy
+    swarmd completion bash | swarmd man                    shell completion and the man page, from this parser
 
 User errors print one line and exit non-zero; ``--debug`` adds the traceback.
 """
@@ -98,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
     for concern in ("network", "devices", "reliability"):
         plan.add_argument(f"--no-{concern}", action="store_true", help=f"plan blind to {concern} (ablation)")
     plan.add_argument("--debug", action="store_true")
+
+    completion = sub.add_parser("completion", help="print a shell completion script (bash)")
+    completion.add_argument("shell", choices=["bash"], help="the shell: source the output from its rc file")
+    sub.add_parser("man", help="print the man page (roff): swarmd man > /usr/local/share/man/man1/swarmd.1")
 
     sim = sub.add_parser("simulate", help="simulate a scenario over time with churn, comparing strategies")
     sim.add_argument("--scenario", type=Path, required=True, metavar="FILE", help="the scenario (JSON)")
@@ -362,6 +367,20 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_completion(args: argparse.Namespace) -> int:
+    from swarmd.cli.parser_docs import bash_completion
+
+    print(bash_completion(build_parser()), end="")
+    return 0
+
+
+def cmd_man(args: argparse.Namespace) -> int:
+    from swarmd.cli.parser_docs import man_page
+
+    print(man_page(build_parser()), end="")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handlers = {
@@ -372,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
         "demo": cmd_demo,
         "plan": cmd_plan,
         "simulate": cmd_simulate,
+        "completion": cmd_completion,
+        "man": cmd_man,
     }
     try:
         return handlers[args.command](args)
