@@ -95,7 +95,7 @@ def man_page(parser: argparse.ArgumentParser, today: datetime.date | None = None
             metavar = "" if action.nargs == 0 else f" {action.metavar or action.dest.upper()}"
             lines += [".TP", f"\\fB{_roff(flags)}\\fR{_roff(metavar)}", _roff(action.help or "")]
         for action in (a for a in sub._actions if not a.option_strings):
-            lines += [".TP", f"\\fI{_roff(action.metavar or action.dest)}\\fR", _roff(action.help or "")]
+            lines += [".TP", f"\\fI{_roff(str(action.metavar or action.dest))}\\fR", _roff(action.help or "")]
     lines += [
         ".SH EXIT STATUS",
         "0 on success; 2 for a usage or configuration error (a malformed run ID, config or flag);",
