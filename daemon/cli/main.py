@@ -5,6 +5,7 @@
     swarmd run token --run-id ID --peer PEER_ID           the creator admits a peer to a private run
     swarmd status [--json]                                this peer, its run and the peers it sees
     swarmd peers [--json]                                 the swarm, one line a peer
+    swarmd pause [--for D] | swarmd resume                hand this peer's work back, and take it again
     swarmd export --run-id ID DIR                         a folder transformers' from_pretrained loads
     swarmd demo                                           a local swarm on 127.0.0.1
     swarmd plan --scenario FILE [--json]                  place a swarm described on paper
@@ -80,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--json", action="store_true", help="machine-readable output")
         _add_common(p)
+
+    pause = sub.add_parser("pause", help="hand this peer's work back and take none until resumed (or --for D)")
+    pause.add_argument("--for", dest="for_", metavar="D", help="resume by itself after D (90s, 30m, 2h, 1d)")
+    _add_common(pause)
+    resume = sub.add_parser("resume", help="take work again after 'swarmd pause'")
+    _add_common(resume)
 
     export = sub.add_parser("export", help="write a run's weights as a folder transformers loads")
     export.add_argument("--run-id", required=True, help="the run to export")
@@ -300,6 +307,29 @@ def cmd_peers(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pause(args: argparse.Namespace) -> int:
+    from swarmd.node.pausing import parse_duration
+    from swarmd.system.control import call
+
+    try:
+        for_s = parse_duration(args.for_) if args.for_ is not None else None
+    except ValueError as e:
+        raise ConfigError(f"--for {e}") from None
+    # Handing shards back copies each to its standby: allow it the daemon's own stop budget.
+    result = call(_control_path(args), "pause", timeout=60, **({} if for_s is None else {"for_s": for_s}))
+    left = (result.get("paused") or {}).get("left_s")
+    print("paused: this peer's cells and shards are handed back" + (f"; resuming in {left:.0f} s" if left else ""))
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from swarmd.system.control import call
+
+    call(_control_path(args), "resume", timeout=30)
+    print("resumed: this peer offers work again")
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     _check_run_id_arg(args)
     from swarmd.cli.export import export_run
@@ -388,6 +418,8 @@ def main(argv: list[str] | None = None) -> int:
         "status": cmd_status,
         "peers": cmd_peers,
         "export": cmd_export,
+        "pause": cmd_pause,
+        "resume": cmd_resume,
         "demo": cmd_demo,
         "plan": cmd_plan,
         "simulate": cmd_simulate,

@@ -29,6 +29,10 @@ def format_status(result: dict[str, Any]) -> str:
         f"addresses {' '.join(result['addrs']) or '-'}",
         f"peers     {len(result['peers'])} seen",
     ]
+    paused = result.get("paused")
+    if paused:
+        left = "until 'swarmd resume'" if paused["left_s"] is None else f"{paused['left_s']:.0f} s left"
+        lines.insert(2, f"paused    {paused['since_s']:.0f} s ago ({paused['reason']}), {left}")
     newer = fmt_newer_version(result["version"], result["peers"])
     if newer:
         lines.insert(2, newer)

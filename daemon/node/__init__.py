@@ -7,7 +7,8 @@
 - ``presence``        this peer's heartbeats (and its leave), membership scans, round-trip probes
 - ``lan_service``     the LAN-discovery child while it runs, and the peers it introduces to the DHT
 - ``lan_process``     LAN discovery (py-libp2p mDNS) in a child process, and the node's handle on it
-- ``control_api``     what the control socket answers: status, peers, gather weights for export
+- ``control_api``     what the control socket answers: status, peers, gather weights for export, pause
+- ``pausing``         the owner's pause and resume: the work handed back, taken again, a timed end
 - ``measurements``    link probes, passive link samples, the observation book, and their signed records
 - ``swarm_view``      what a round makes of everyone's records: reliability, the live links, the scenario
 - ``plan_choice``     who coordinates and which plan every peer follows: rules all compute alike

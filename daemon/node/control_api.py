@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from swarmd import __version__
 from swarmd.errors import SwarmdError
 from swarmd.node.coordination import Coordination
+from swarmd.node.pausing import MAX_PAUSE_S, Pausing
 from swarmd.node.presence import Presence
 from swarmd.node.relay import RelayService, Router
 from swarmd.peers.records.identity import Identity
@@ -58,13 +59,36 @@ class NodeParts(Protocol):
     @property
     def rpc(self) -> RpcServer | None: ...
 
+    @property
+    def pausing(self) -> Pausing: ...
+
 
 class ControlApi:
     def __init__(self, node: NodeParts) -> None:
         self.node = node
 
     def handlers(self) -> dict[str, Handler]:
-        return {"status": self.status, "peers": self.peers, "gather_weights": self.gather_weights}
+        return {
+            "status": self.status,
+            "peers": self.peers,
+            "gather_weights": self.gather_weights,
+            "pause": self.pause,
+            "resume": self.resume,
+        }
+
+    ARGUMENTS = {"pause": {"for_s": float}}
+    """The commands' arguments and their types (the socket checks them before a handler runs)."""
+
+    async def pause(self, request: dict[str, Any]) -> dict[str, Any]:
+        """``swarmd pause [--for D]``: hand the work back, for ``for_s`` seconds or until resumed."""
+        for_s = request.get("for_s")
+        if for_s is not None and not 0 < for_s <= MAX_PAUSE_S:
+            raise SwarmdError(f"pause for {for_s} s: give more than 0 and at most {MAX_PAUSE_S:.0f} s")
+        return {"paused": await self.node.pausing.pause_work(for_s, "asked by the owner")}
+
+    async def resume(self, request: dict[str, Any]) -> dict[str, Any]:
+        await self.node.pausing.resume_work()
+        return {"paused": None}
 
     def status(self, request: dict[str, Any]) -> dict[str, Any]:
         node, now = self.node, time.time()
@@ -75,6 +99,7 @@ class ControlApi:
             "peer_id": node.identity.peer_id if node.identity else None,
             "version": __version__,
             "state": node.state,
+            "paused": node.pausing.status(),
             "pid": os.getpid(),
             "run_id": node.run_id,
             "run": None

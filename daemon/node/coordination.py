@@ -75,6 +75,8 @@ class Coordination:
         """Plans passed over, by reason (``swarmd.node.plan_choice``)."""
         self._refusals_counted: set[tuple[str, int]] = set()
         self._roles: set[str] = set()  # the elected roles this peer held at the last round
+        self.own_works: Callable[[], bool] = lambda: True
+        """Whether this peer offers work now (it trains and is not paused): set by the node."""
 
     async def coordinate(self) -> None:
         now = time.time()
@@ -98,7 +100,9 @@ class Coordination:
         if self.coordinator == self.own:
             # Heartbeats alone do not put a peer in the plan (``swarmd.peers.membership.probation``).
             planned = self.plan.devices if self.plan is not None else ()
-            self.plannable = chosen = plannable(members, planned, set(links_records), self.own, self.probation_s)
+            links = set(links_records)
+            chosen = plannable(members, planned, links, self.own, self.probation_s, self.own_works())
+            self.plannable = chosen
             own = Member(self.own, memory_gib, tflops)
             view = narrowed(self.view, self.spec, own, members, links_records, chosen.peers)
             await self.publisher.round(view, self.plan, now)

@@ -28,6 +28,7 @@ from swarmd.node.dht_watch import DhtWatch
 from swarmd.node.joining import Joining
 from swarmd.node.lan_service import LAN_RESTART_INTERVAL_S, LanService
 from swarmd.node.measurements import Measurements
+from swarmd.node.pausing import Pausing
 from swarmd.node.presence import MEMBERSHIP_SCAN_S, Presence
 from swarmd.node.relay import RelayService, Router
 from swarmd.node.request_gate import RunAdmission
@@ -56,6 +57,7 @@ TRAINER_STOP_TIMEOUT_S = 25.0
 TRAINER_TICK_S = 1.0
 PROBE_ROUND_S = 5.0
 PUBLISH_MEASUREMENTS_S = 15.0
+PAUSE_CHECK_S = 1.0
 
 
 def _paced(heartbeat_s: float, floor_s: float, ceiling_s: float) -> float:
@@ -85,12 +87,14 @@ class Node:
         self.measurements: Measurements | None = None
         self.coordination: Coordination | None = None
         self.roles = ["worker"] if config.compute.train else []
+        self.pausing = Pausing(self)
         self.state = "starting"
         self.started_at = time.time()
         self.services = Services()
         self._lock = StateDirLock(self.state_dir)
         self._liveness = LivenessPipe()
-        self._control = ControlServer(self.state_dir / SOCKET_FILENAME, ControlApi(self).handlers())
+        api = ControlApi(self)
+        self._control = ControlServer(self.state_dir / SOCKET_FILENAME, api.handlers(), api.ARGUMENTS)
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -164,6 +168,7 @@ class Node:
         # Every member keeps the run's spec alive in the DHT: the run outlives its creator.
         services.spawn("spec", lambda: SPEC_TTL_S / 4, lambda: joining.publish_spec(spec), run_first=False)
         services.spawn("watchdog", lambda: systemd.watchdog_interval_s() or 2.0, self._watchdog)
+        services.spawn("pause", lambda: PAUSE_CHECK_S, self.pausing.end_timed_pause, run_first=False)
         await self._start_rpc(measurements, coordination)
         # Paced by the heartbeat (a swarm tuned for quick membership also re-plans quickly), but
         # never faster than these floors: every round is DHT traffic that heartbeats and leases,
@@ -196,7 +201,9 @@ class Node:
         offer = self.presence.offer
         measurements = Measurements(self.run_id, self.identity, self.dht, self.state_dir, budget, offer, scan_s)
         probation = probation_s(self.config.heartbeat.interval_s)
-        return measurements, Coordination(spec, self.identity, self.dht, measurements, thresholds, offer, probation)
+        coordination = Coordination(spec, self.identity, self.dht, measurements, thresholds, offer, probation)
+        coordination.own_works = lambda: "worker" in self.roles
+        return measurements, coordination
 
     async def _start_rpc(self, measurements: Measurements, coordination: Coordination) -> None:
         """The data path's request server on the DHT's libp2p host (the trainer adds its own)."""

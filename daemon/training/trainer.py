@@ -125,6 +125,8 @@ class Trainer:
         self.handlers = TrainingHandlers(self)
         self.reducer = Reducer(self)
         self.lifecycle = Lifecycle(self)
+        self.paused = False
+        self._round = asyncio.Lock()  # a round and a pause never interleave
 
     # --- the books, as the helpers read them (``opening``, ``handlers``, ``reducer``) --------------
 
@@ -147,6 +149,25 @@ class Trainer:
     # --- the round ----------------------------------------------------------------------------
 
     async def tick(self) -> None:
+        async with self._round:
+            await self._tick()
+
+    async def pause(self) -> None:
+        """Hand every cell and shard back (as at shutdown) and take no work until ``resume``
+        (``swarmd.node.pausing``); between two rounds, never in the middle of one."""
+        async with self._round:
+            self.paused = True
+            await self.release()
+            self.state = "paused"
+
+    def resume(self) -> None:
+        """Take work again from the next round (the assignment says which, as for a newcomer)."""
+        self.paused = False
+        self.state = "starting"
+
+    async def _tick(self) -> None:
+        if self.paused:
+            return
         if self.error is not None:
             if self.cells or self.servers:
                 await self.release()

@@ -11,7 +11,9 @@ itself (first hand: nothing a peer says of itself or of others counts here)
 
 and at most ``max(MIN_NEWCOMERS, NEWCOMER_FRACTION x planned)`` newcomers join per round, the
 longest seen first: a flood of real nodes grows the plan by a quarter a round, not at once.
-Members already in the plan in force stay while they live. This is the coordinator's own
+Members already in the plan in force stay while they live and offer work. Only a member whose
+heartbeat offers work (the ``worker`` role) is planned at all: one that trains nothing, or
+whose owner paused it, is left out of the next plan, the coordinator itself included. This is the coordinator's own
 choice of whom to plan, not an election: no other peer needs to reach the same answer.
 """
 
@@ -50,13 +52,15 @@ def plannable(
     published_links: Collection[str],
     own: str,
     probation: float,
+    own_works: bool = True,
 ) -> Plannable:
-    """Which ``members`` (peer -> the membership view: ``seen_for_s``, ``rtt_ms``) the
+    """Which ``members`` (peer -> the membership view: ``roles``, ``seen_for_s``, ``rtt_ms``) the
     coordinator ``own`` may plan, by the module doc's rule; ``planned``: the devices of the
     plan in force; ``published_links``: peers whose links record is live."""
-    kept = {p for p in members if p in planned}
+    workers = {p: view for p, view in members.items() if "worker" in (view.get("roles") or ())}
+    kept = {p for p in workers if p in planned}
     ready, waiting, no_node = [], 0, 0
-    for peer, view in members.items():
+    for peer, view in workers.items():
         if peer in kept:
             continue
         seen = float(view.get("seen_for_s") or 0.0)
@@ -69,4 +73,4 @@ def plannable(
     room = max(MIN_NEWCOMERS, int(NEWCOMER_FRACTION * len(kept)))
     admitted = [peer for _, peer in sorted(ready)[:room]]
     waiting += max(0, len(ready) - room)
-    return Plannable(frozenset({own, *kept, *admitted}), waiting, no_node)
+    return Plannable(frozenset({*([own] if own_works else []), *kept, *admitted}), waiting, no_node)

@@ -121,7 +121,12 @@ class Swarm:
         return {p for p, m in self.members.items() if m.alive}
 
     def _members_of(self, own: str) -> list[dict[str, Any]]:
-        return [{"peer_id": p, "roles": ["worker"], "uptime_s": 1.0} for p in sorted(self.live) if p != own]
+        """Every other live peer's heartbeat summary: a paused one offers no work (no worker role)."""
+        return [
+            {"peer_id": p, "roles": [] if self.members[p].trainer.paused else ["worker"], "uptime_s": 1.0}
+            for p in sorted(self.live)
+            if p != own
+        ]
 
     async def send(self, sender: str, peer: str, request: Request[Any], blobs: list[bytes]) -> tuple[Any, list[bytes]]:
         member = self.members.get(peer)

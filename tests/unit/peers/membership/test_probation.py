@@ -11,8 +11,8 @@ from swarmd.peers.membership.probation import MIN_NEWCOMERS, plannable, probatio
 pytestmark = pytest.mark.timeout(30)
 
 
-def view(seen_for_s: float, rtt_ms: float | None = 5.0) -> dict[str, Any]:
-    return {"seen_for_s": seen_for_s, "rtt_ms": rtt_ms}
+def view(seen_for_s: float, rtt_ms: float | None = 5.0, roles: tuple[str, ...] = ("worker",)) -> dict[str, Any]:
+    return {"seen_for_s": seen_for_s, "rtt_ms": rtt_ms, "roles": list(roles)}
 
 
 def test_probation_is_a_few_heartbeats_within_bounds() -> None:
@@ -42,3 +42,13 @@ def test_a_swarm_being_born_plans_a_few_at_once() -> None:
     members = {f"n{i}": view(10.0 + i) for i in range(4)}
     out = plannable(members, planned=(), published_links=(), own="me", probation=4.0)
     assert len(out.peers) == 1 + MIN_NEWCOMERS and out.waiting == 4 - MIN_NEWCOMERS
+
+
+def test_only_members_that_offer_work_are_planned_the_coordinator_too() -> None:
+    planned = ["paused", "working"]
+    members = {"paused": view(30.0, roles=()), "working": view(30.0), "relay-only": view(30.0, roles=("relay",))}
+    out = plannable(members, planned, published_links=(), own="me", probation=4.0)
+    assert out.peers == {"me", "working"}  # a planned member that stopped offering work leaves the plan
+    assert plannable(members, planned, published_links=(), own="me", probation=4.0, own_works=False).peers == {
+        "working"
+    }

@@ -1,0 +1,32 @@
+"""daemon/node/pausing.py: durations as a person types them, and a pause's state over time."""
+
+from __future__ import annotations
+
+import pytest
+
+from swarmd.node.pausing import MAX_PAUSE_S, Pause, parse_duration
+
+pytestmark = pytest.mark.timeout(10)
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("90s", 90), ("30m", 1800), ("2h", 7200), ("1.5d", 129600)])
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "soon", "0", "-5m", "31d", "2 weeks"])
+def test_bad_durations_say_the_form(text: str) -> None:
+    with pytest.raises(ValueError, match="90s, 30m, 2h or 1d"):
+        parse_duration(text)
+
+
+def test_a_timed_pause_ends_by_itself_and_pausing_again_moves_the_end() -> None:
+    pause = Pause()
+    assert not pause.paused and pause.status(0.0) is None
+    pause.start(100.0, 60.0, "asked by the owner")
+    assert pause.status(130.0) == {"since_s": 30.0, "left_s": 30.0, "reason": "asked by the owner"}
+    assert not pause.over(159.0) and pause.over(160.0)
+    pause.start(150.0, None, "asked by the owner")  # until resumed: the start stays
+    assert pause.since == 100.0 and not pause.over(100.0 + MAX_PAUSE_S)
+    pause.stop()
+    assert not pause.paused
