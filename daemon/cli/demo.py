@@ -6,8 +6,10 @@ forms, then training: which cells and shards each daemon holds, and the swarm's 
 (from the last stage's cells) and trained tokens/s (as the server of shard (0, 0) applied
 them). The cores are split among the daemons. On Ctrl-C (or after ``--duration``) the first
 daemon gathers every stage's weights from the shards, so that the model can be exported from
-its state directory, and every daemon stops cleanly. Everything stays on
-loopback: no mDNS, no UPnP.
+its state directory, and every daemon stops cleanly, all within ``STOP_BUDGET_S`` whatever
+the swarm's size (a second Ctrl-C stops them at once). The daemons die with the demo however
+it ends (a kill, a closed terminal): each is tied to it (``LocalDaemon(tied=True)``).
+Everything stays on loopback: no mDNS, no UPnP.
 """
 
 from __future__ import annotations
@@ -24,11 +26,15 @@ from swarmd.cli.status_view import format_status
 from swarmd.errors import ControlError
 from swarmd.models.presets import DEFAULT_RUN
 from swarmd.system.control import call
-from swarmd.system.local_swarm import LocalDaemon, create_run, wait_for
+from swarmd.system.local_swarm import LocalDaemon, create_run, stop_all, wait_for
 
 logger = logging.getLogger(__name__)
 
 REFRESH_S = 3.0
+STOP_BUDGET_S = 15.0
+"""From Ctrl-C to every daemon gone: the gathering of the weights gets part of it, and each
+daemon's own shutdown (its leases released, its shards checkpointed) the rest, all at once."""
+GATHER_SHARE = 0.5
 
 
 def run_demo(peers: int, duration_s: float) -> int:
@@ -43,7 +49,7 @@ def run_demo(peers: int, duration_s: float) -> int:
     print(f"run {run_id}  (state and logs in {root})")
     threads = max(1, (os.cpu_count() or 1) // peers)
     fast = ["--heartbeat-interval", "2", "--heartbeat-ttl", "8", "--no-benchmark", "--threads", str(threads)]
-    daemons = [LocalDaemon(root / f"d{i}", run_id, fast) for i in range(peers)]
+    daemons = [LocalDaemon(root / f"d{i}", run_id, fast, tied=True) for i in range(peers)]
     trained = False
     try:
         first = daemons[0].start().wait_running()
@@ -74,21 +80,39 @@ def run_demo(peers: int, duration_s: float) -> int:
     except KeyboardInterrupt:
         print()
     finally:
-        if trained:
-            _gather(daemons[0])
-        codes = [d.stop() for d in daemons]  # each shard server checkpoints its shards on the way out
-        print(f"stopped {len(daemons)} daemons, exit codes {codes}")
+        trained = _stop(daemons, trained)
     if trained:
         print(f"export the model: swarmd export --run-id {run_id} DIR --state-dir {daemons[0].state_dir}")
     return 0
 
 
-def _gather(daemon: LocalDaemon) -> None:
+def _stop(daemons: list[LocalDaemon], trained: bool) -> bool:
+    """Gather the weights on d0 (if it trained) and stop every daemon, within ``STOP_BUDGET_S``;
+    a second Ctrl-C kills them at once. Returns whether the weights can be exported."""
+    deadline = time.monotonic() + STOP_BUDGET_S
     try:
-        result = call(daemon.socket, "gather_weights", timeout=150)
-        print(f"d0 gathered every stage's weights from the shards (versions {result['versions']})")
+        if trained:
+            print("stopping: d0 gathers every stage's weights from the shards (Ctrl-C again to stop at once)")
+            trained = _gather(daemons[0], GATHER_SHARE * STOP_BUDGET_S)
+        print(f"stopping {len(daemons)} daemon(s): each releases its work and checkpoints its shards")
+        codes = stop_all(daemons, max(1.0, deadline - time.monotonic()))
+    except KeyboardInterrupt:
+        print("\nstopping at once (SIGKILL): the shards keep their last checkpoints")
+        for daemon in daemons:
+            daemon.kill()
+        codes = [d.proc.returncode if d.proc is not None else None for d in daemons]
+    print(f"stopped {len(daemons)} daemons, exit codes {codes}")
+    return trained
+
+
+def _gather(daemon: LocalDaemon, timeout: float) -> bool:
+    try:
+        result = call(daemon.socket, "gather_weights", timeout=timeout)
     except ControlError as e:
-        print(f"could not gather the stages on d0 ({e}); export may miss some")
+        print(f"could not gather the stages on d0 ({e}); each shard keeps its own checkpoint")
+        return False
+    print(f"d0 gathered every stage's weights from the shards (versions {result['versions']})")
+    return True
 
 
 def _show_progress(daemons: list[LocalDaemon], started: float) -> bool:

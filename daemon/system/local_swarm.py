@@ -3,11 +3,15 @@
 Each daemon listens on 127.0.0.1 with port 0 (the OS picks), and its address is read back
 through its control socket, so nothing depends on fixed ports. Waits are on conditions with
 deadlines, never fixed sleeps. Every daemon is started in its own session so that a test's
-SIGKILL reaches it alone, and ``stop`` escalates SIGTERM to SIGKILL after a bound.
+SIGKILL reaches it alone (and a terminal's Ctrl-C reaches the demo, which stops them in order),
+and ``stop`` escalates SIGTERM to SIGKILL after a bound. A daemon started ``tied`` gets SIGTERM
+from the kernel when the process that started it dies, however it dies (Linux's
+PR_SET_PDEATHSIG): a demo killed or whose terminal closed leaves no daemon behind.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -61,7 +65,11 @@ class LocalDaemon:
         *,
         network_args: list[str] | None = None,
         command_prefix: list[str] | None = None,
+        tied: bool = False,
     ) -> None:
+        """``tied``: the daemon is sent SIGTERM when this process dies (the module doc); only
+        for a caller that starts it from its main thread and lives as long as it wants it."""
+        self.tied = tied
         self.state_dir = state_dir
         self.run_id = run_id
         self.extra_args = extra_args or []
@@ -82,8 +90,19 @@ class LocalDaemon:
             args += ["--initial-peers", *initial_peers]
         self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(
+                args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=functools.partial(_terminated_with_parent, os.getpid()) if self.tied else None,
+            )
         return self
+
+    def terminate(self) -> None:
+        """SIGTERM, without waiting: ``stop_all`` stops many at once."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
 
     @property
     def pid(self) -> int:
@@ -143,6 +162,33 @@ class LocalDaemon:
         if result.returncode != 0:
             raise SwarmdError(f"swarmd export exited with {result.returncode}: {result.stderr[-2000:]}")
         return result.stdout
+
+
+def stop_all(daemons: list[LocalDaemon], timeout: float) -> list[int | None]:
+    """SIGTERM every daemon at once, wait up to ``timeout`` for all of them together, then
+    SIGKILL those still running. Returns the exit codes."""
+    for daemon in daemons:
+        daemon.terminate()
+    deadline = time.monotonic() + timeout
+    for daemon in daemons:
+        if daemon.proc is not None:
+            try:
+                daemon.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+    return [None if d.proc is None else d.proc.returncode for d in daemons]
+
+
+def _terminated_with_parent(parent: int) -> None:
+    """In the forked child, before exec: ask the kernel for SIGTERM when ``parent`` dies (and
+    end now if it died before we asked)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
 
 
 def start_swarm(daemons: list[LocalDaemon]) -> None:
