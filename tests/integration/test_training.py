@@ -2,7 +2,8 @@
 
 - a daemon alone holds every cell and every shard and trains the whole model; a second one
   joins and the pool spreads cells and shards over both, each shard resumed from its previous
-  holder's state (versions only grow);
+  holder's state (versions only grow); paused by its owner (``swarmd pause``) it hands them
+  back to the first at no lower version, and resumed it takes work again;
 - SIGKILL of a shard's server: its standby takes the shard over from its replica, at the last
   committed version or later (no committed update lost);
 - a key that never joined (no heartbeat) signs a shard lease claiming version 10**6 and offers
@@ -82,7 +83,7 @@ def cells(daemon: LocalDaemon) -> list[tuple[int, int]]:
     return [(c["pipeline"], c["stage"]) for c in training(daemon).get("cells") or []]
 
 
-def test_a_daemon_alone_trains_everything_and_a_second_takes_its_share(
+def test_a_daemon_alone_trains_everything_a_second_takes_its_share_and_hands_it_back_paused(
     workdir: Path, make_run: Callable[..., str]
 ) -> None:
     run_id = make_run(workdir / "d0")
@@ -113,9 +114,34 @@ def test_a_daemon_alone_trains_everything_and_a_second_takes_its_share(
             return len(s0) == 1 and len(s1) == 1 and min(*s0.values(), *s1.values()) >= spread + 3
 
         wait_for(trained_on_both, 90, "training to go on over two daemons")
+        # Its owner pauses d1: it hands its cell and shard back, d0 takes them at no lower
+        # version and trains on alone; resumed, d1 takes work again.
+        before = {**served(d0), **served(d1)}
+        paused = owner(d1, "pause")
+        assert "paused: this peer's cells and shards are handed back" in paused, paused
+        wait_for(lambda: not cells(d1) and not served(d1), 60, "d1 to hand its work back")
+        assert (d1.status() or {}).get("paused", {}).get("reason") == "asked by the owner"
+        wait_for(lambda: sorted(served(d0)) == [0, 1] and len(cells(d0)) == 2, 120, "d0 to take everything")
+        assert all(served(d0)[stage] >= version for stage, version in before.items())  # no update lost
+        after = min(served(d0).values())
+        wait_for(lambda: min(served(d0).values()) >= after + 3, 90, "d0 to train on alone")
+        assert "resumed" in owner(d1, "resume")
+        wait_for(lambda: len(cells(d1)) == 1, 120, "d1 to take a cell again")
     finally:
         for d in (d0, d1):
             d.stop(timeout=60)
+
+
+def owner(daemon: LocalDaemon, *command: str) -> str:
+    """``swarmd COMMAND --state-dir`` as the daemon's owner types it; what it printed."""
+    out = subprocess.run(
+        [sys.executable, "-m", "swarmd", *command, "--state-dir", str(daemon.state_dir)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout
 
 
 def start_pair(workdir: Path) -> tuple[str, LocalDaemon, LocalDaemon]:
