@@ -125,6 +125,10 @@ def test_unit_settings() -> None:
         "SupplementaryGroups": "video render",
         "RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6 AF_NETLINK",
         "WantedBy": "multi-user.target",
+        "Nice": "10",  # compute yields to the owner's programs
+        "CPUWeight": "20",
+        "IOSchedulingClass": "best-effort",
+        "IOSchedulingPriority": "7",
     }
     for key, value in expected.items():
         assert settings.get(key) == [value], key
