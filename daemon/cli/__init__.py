@@ -2,6 +2,7 @@
 
 - ``main``              the parser, the commands' entry points, logging, and the exit codes
 - ``status_view``       the text of ``swarmd status`` and ``swarmd peers`` from a daemon's answer
+- ``status_watch``      ``swarmd status --watch``: that view refreshed in place (rich)
 - ``demo``              ``swarmd demo``: a local swarm on 127.0.0.1 that trains the default run
 - ``export``            ``swarmd export``: a run's stage weights as a ``from_pretrained`` folder
 - ``token_command``     ``swarmd run token``: a private run's creator admits a peer; the joiner's check

@@ -3,7 +3,7 @@
     swarmd run --run-id ID [--initial-peers MADDR ...]   join a run and stay in it
     swarmd run create --spec FILE                         sign a run spec, print its run ID
     swarmd run token --run-id ID --peer PEER_ID           the creator admits a peer to a private run
-    swarmd status [--json]                                this peer, its run and the peers it sees
+    swarmd status [--json | --watch]                      this peer, its run and the peers it sees
     swarmd peers [--json]                                 the swarm, one line a peer
     swarmd pause [--for D] | swarmd resume                hand this peer's work back, and take it again
     swarmd export --run-id ID DIR                         a folder transformers' from_pretrained loads
@@ -80,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "status":
+            p.add_argument("--watch", action="store_true", help="a live view, refreshed in place (Ctrl-C to leave)")
+            p.add_argument("--interval", type=float, default=2.0, metavar="S", help="with --watch: refresh every S s")
+            p.add_argument("--count", type=int, default=0, metavar="N", help="with --watch: stop after N views")
         _add_common(p)
 
     pause = sub.add_parser("pause", help="hand this peer's work back and take none until resumed (or --for D)")
@@ -283,6 +287,12 @@ def _control_path(args: argparse.Namespace) -> Path:
 def cmd_status(args: argparse.Namespace) -> int:
     from swarmd.system.control import call
 
+    if args.watch:
+        from swarmd.cli.status_watch import watch_status
+
+        if not 0.2 <= args.interval <= 3600 or args.count < 0:
+            raise ConfigError(f"--interval {args.interval:g} must be 0.2 to 3600 s, --count {args.count} at least 0")
+        return watch_status(_control_path(args), args.interval, args.count)
     result = call(_control_path(args), "status")
     if args.json:
         print(json.dumps(result, indent=2))
