@@ -9,6 +9,7 @@
 - ``plan_command``      ``swarmd plan``: a scenario file in, a plan out
 - ``simulate_command``  ``swarmd simulate``: a scenario played out over hours, strategy against strategy
 - ``progress``          a long command's progress on stderr, with an estimate of the time left
+- ``doctor``            ``swarmd doctor``: can this machine join its run, each check with its fix
 - ``parser_docs``       shell completion and the man page, generated from the parser
 
 Commands import what they need when they run, so ``swarmd --help`` stays quick.

@@ -6,6 +6,7 @@
     swarmd status [--json | --watch]                      this peer, its run and the peers it sees
     swarmd peers [--json]                                 the swarm, one line a peer
     swarmd pause [--for D] | swarmd resume                hand this peer's work back, and take it again
+    swarmd doctor [--run-id ID]                           can this machine join its run; what to fix
     swarmd export --run-id ID DIR                         a folder transformers' from_pretrained loads
     swarmd demo                                           a local swarm on 127.0.0.1
     swarmd plan --scenario FILE [--json]                  place a swarm described on paper
@@ -85,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--interval", type=float, default=2.0, metavar="S", help="with --watch: refresh every S s")
             p.add_argument("--count", type=int, default=0, metavar="N", help="with --watch: stop after N views")
         _add_common(p)
+
+    doctor = sub.add_parser("doctor", help="check that this machine can join its run, and say what to fix")
+    doctor.add_argument("--run-id", help="the run to check for (overrides [swarm] run_id)")
+    _add_common(doctor)
 
     pause = sub.add_parser("pause", help="hand this peer's work back and take none until resumed (or --for D)")
     pause.add_argument("--for", dest="for_", metavar="D", help="resume by itself after D (90s, 30m, 2h, 1d)")
@@ -317,6 +322,17 @@ def cmd_peers(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from swarmd.cli.doctor import run_doctor
+    from swarmd.system.control import call
+
+    def status() -> dict[str, Any]:
+        result: dict[str, Any] = call(_control_path(args), "status")
+        return result
+
+    return run_doctor(lambda: _load(args), args.run_id, status)
+
+
 def cmd_pause(args: argparse.Namespace) -> int:
     from swarmd.node.pausing import parse_duration
     from swarmd.system.control import call
@@ -428,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
         "status": cmd_status,
         "peers": cmd_peers,
         "export": cmd_export,
+        "doctor": cmd_doctor,
         "pause": cmd_pause,
         "resume": cmd_resume,
         "demo": cmd_demo,

@@ -33,6 +33,7 @@ class PeerView:
         return {
             "peer_id": hb.peer_id,
             "age_s": round(max(0.0, now - hb.issued_at), 3),
+            "clock_offset_s": round(now - hb.issued_at, 3),  # negative: its clock is ahead of ours
             "rtt_ms": None if self.rtt_s is None else round(self.rtt_s * 1000, 2),
             "seen_for_s": round(now - self.first_seen, 1),
             "addrs": hb.addrs,

@@ -1,0 +1,282 @@
+"""``swarmd doctor``: can this machine join its run, and what to fix if not.
+
+Each check prints ``pass``, ``warn`` or ``fail`` with what it found and, when it is not a pass,
+the fix. The exit code is 0 when the daemon can join (warnings allowed), 1 when a check
+failed. Checks: the config and run ID, the state directory and identity key, torch and the
+device it will use, a dry run of one cell of the run (the heaviest stage's forward and
+backward on one micro-batch, its peak memory against the device's), and, when a daemon runs,
+the swarm as it sees it: clock skew against the peers' heartbeats, whether peers reach this
+daemon directly or through a relay, and whether peers run a newer swarmd.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from swarmd.errors import SwarmdError
+
+MAX_CLOCK_SKEW_S = 5.0
+"""Heartbeats and leases are judged by their signer's clock: a few seconds of skew make a peer's
+records look stale or from the future; NTP keeps clocks within milliseconds."""
+MARK = {"pass": "pass", "warn": "WARN", "fail": "FAIL"}
+
+
+@dataclass
+class Check:
+    name: str
+    outcome: str  # pass, warn or fail
+    found: str
+    fix: str = ""
+
+    def line(self) -> str:
+        text = f"{MARK[self.outcome]:<5} {self.name:<14} {self.found}"
+        return text + (f"\n      {'':<14} fix: {self.fix}" if self.fix and self.outcome != "pass" else "")
+
+
+@dataclass
+class Context:
+    """What the checks found so far, for the ones after them."""
+
+    config: Any = None
+    run_id: str = ""
+    device: str = "cpu"
+    memory_bytes: int = 0
+    status: dict[str, Any] | None = None
+
+
+def check_config(ctx: Context, load: Callable[[], Any], run_id: str | None) -> list[Check]:
+    from swarmd.peers.records.run_id import check_run_id
+
+    try:
+        ctx.config = load()
+    except SwarmdError as e:
+        return [
+            Check("config", "fail", str(e), "correct the file or variable named; see packaging/config.example.toml")
+        ]
+    checks = [Check("config", "pass", "the config and SWARMD_* variables load")]
+    ctx.run_id = run_id or ctx.config.swarm.run_id
+    if not ctx.run_id:
+        checks.append(Check("run ID", "fail", "no run to join", "pass --run-id NAME.HASH or set [swarm] run_id"))
+        return checks
+    try:
+        check_run_id(ctx.run_id)
+        checks.append(Check("run ID", "pass", ctx.run_id))
+    except SwarmdError as e:
+        checks.append(Check("run ID", "fail", str(e), "copy the run ID exactly as 'swarmd run create' printed it"))
+    return checks
+
+
+def check_state_dir(ctx: Context) -> list[Check]:
+    from swarmd.peers.records.identity import KEY_FILENAME, load_or_create_identity
+
+    path = ctx.config.node.state_path
+    if not path.exists():
+        return [Check("state dir", "warn", f"{path} does not exist yet", "the daemon creates it (mode 0700) on start")]
+    st = path.stat()
+    checks = []
+    if st.st_uid != os.geteuid():
+        checks.append(
+            Check(
+                "state dir",
+                "fail",
+                f"{path} belongs to uid {st.st_uid}, not this user ({os.geteuid()})",
+                "run as its owner (sudo -u swarmd swarmd doctor) or chown it",
+            )
+        )
+    elif st.st_mode & 0o077:
+        checks.append(Check("state dir", "fail", f"{path} has mode {st.st_mode & 0o777:04o}", f"chmod 700 {path}"))
+    else:
+        checks.append(Check("state dir", "pass", f"{path} (0700, ours)"))
+    key = path / KEY_FILENAME
+    if not key.exists():
+        checks.append(Check("identity", "warn", "no identity key yet", "the daemon makes one on its first start"))
+        return checks
+    try:
+        identity = load_or_create_identity(path)
+        checks.append(Check("identity", "pass", f"{identity.peer_id} ({key}, 0600)"))
+    except SwarmdError as e:
+        checks.append(Check("identity", "fail", str(e)))
+    return checks
+
+
+def check_torch(ctx: Context) -> list[Check]:
+    try:
+        import torch
+    except ImportError as e:
+        return [
+            Check(
+                "torch", "fail", f"cannot import torch ({e})", "reinstall: packaging/install.sh --torch cpu|cuda|rocm"
+            )
+        ]
+    from swarmd.node.device import describe_device, resolve_device
+
+    try:
+        ctx.device = resolve_device(ctx.config.compute.device)
+    except SwarmdError as e:
+        return [Check("torch", "fail", str(e), 'set [compute] device = "auto" or "cpu"')]
+    info = describe_device(ctx.device)
+    ctx.memory_bytes = info.memory_bytes
+    found = f"torch {torch.__version__} on {ctx.device}: {info.name}, {info.memory_bytes / 2**30:.1f} GiB"
+    if ctx.device == "cpu" and _has_gpu_device_node():
+        return [
+            Check(
+                "torch",
+                "warn",
+                found + "; this machine has a GPU torch does not use",
+                "install a GPU build: packaging/install.sh --torch cuda (or rocm)",
+            )
+        ]
+    return [Check("torch", "pass", found)]
+
+
+def _has_gpu_device_node() -> bool:
+    return Path("/dev/nvidia0").exists() or Path("/dev/kfd").exists()
+
+
+def check_cell_memory(ctx: Context) -> list[Check]:
+    """One cell of the run, tried: the heaviest stage's forward and backward on one micro-batch."""
+    from swarmd.system.state_dir import load_cached_spec
+
+    spec = load_cached_spec(ctx.config.node.state_path, ctx.run_id) if ctx.run_id else None
+    if spec is None:
+        return [
+            Check(
+                "cell memory",
+                "warn",
+                "the run's spec is not here yet, so its cells are not known",
+                "start the daemon once (it fetches the spec), then run doctor again",
+            )
+        ]
+    peak, stage = _dry_run(spec.spec, ctx.device)
+    found = (
+        f"stage {stage} of {spec.spec.stages}: one micro-batch forward and backward peaked at {peak / 2**20:.0f} MiB"
+    )
+    if ctx.memory_bytes and peak > 0.9 * ctx.memory_bytes:
+        return [
+            Check(
+                "cell memory",
+                "fail",
+                found + f" of {ctx.memory_bytes / 2**30:.1f} GiB",
+                "free memory on the device, or join a run with smaller stages",
+            )
+        ]
+    return [
+        Check("cell memory", "pass", found + (f" of {ctx.memory_bytes / 2**30:.1f} GiB" if ctx.memory_bytes else ""))
+    ]
+
+
+def _dry_run(spec: Any, device: str) -> tuple[int, int]:
+    import torch
+
+    from swarmd.models.stages import StageModule, split_layers
+
+    shape, stages = spec.model, spec.stages
+    ranges = split_layers(shape.layers, stages)
+    stage = 0 if stages == 1 else (stages - 1 if shape.vocab >= shape.hidden else 0)  # the head's stage
+    module = StageModule.from_shape(shape, 0, ranges, stage).to(device)
+    ids = torch.randint(0, shape.vocab, (spec.micro_batch, shape.seq_len), device=device)
+    x = ids if stage == 0 else torch.randn(spec.micro_batch, shape.seq_len, shape.hidden, device=device)
+    before = _peak_bytes(device)
+    out = module(x, labels=ids) if module.is_last else module(x)
+    (out if out.dim() == 0 else out.float().pow(2).mean()).backward()
+    return max(0, _peak_bytes(device) - before), stage
+
+
+def _peak_bytes(device: str) -> int:
+    if device.startswith("cuda"):
+        import torch
+
+        return int(torch.cuda.max_memory_allocated(torch.device(device)))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+def check_swarm(ctx: Context, status: Callable[[], dict[str, Any]]) -> list[Check]:
+    """What a running daemon sees: clock skew, reachability, newer versions."""
+    from swarmd import __version__
+    from swarmd.peers.membership.versions import newer_in_swarm
+
+    try:
+        ctx.status = result = status()
+    except SwarmdError as e:
+        return [
+            Check(
+                "daemon",
+                "warn",
+                f"no daemon answers ({e})",
+                "start it (systemctl start swarmd, or swarmd run) to check clock, reachability and versions",
+            )
+        ]
+    peers = result.get("peers") or []
+    checks = [Check("daemon", "pass", f"{result.get('state')}, {len(peers)} peer(s) seen")]
+    offsets = [p["clock_offset_s"] for p in peers if p.get("clock_offset_s") is not None]
+    if offsets:
+        # A heartbeat is read up to a heartbeat interval after it was signed, so a positive
+        # offset is mostly its age; a negative one is the peers' clock ahead of ours. (Ours far
+        # ahead would show no peers at all: their heartbeats would look expired.)
+        offset = statistics.median(offsets)
+        outcome = "fail" if offset < -MAX_CLOCK_SKEW_S else "pass"
+        found = f"the peers' heartbeats were signed {offset:+.1f} s before we read them (median of {len(offsets)})"
+        checks.append(Check("clock", outcome, found, "this clock is behind: enable NTP (timedatectl set-ntp true)"))
+    rpc = result.get("rpc") or {}
+    routes = result.get("routes") or {}
+    if rpc.get("answered"):
+        checks.append(
+            Check("reachability", "pass", f"peers reach this daemon directly ({rpc['answered']} requests answered)")
+        )
+    elif peers:
+        relays = routes.get("relays") or []
+        checks.append(
+            Check(
+                "reachability",
+                "warn",
+                "no peer has reached this daemon yet" + (f"; relays in the plan: {len(relays)}" if relays else ""),
+                "open the DHT port (TCP 31337 by default, [swarm] host_maddrs) in the firewall or router; "
+                "until then peers reach it through a relay",
+            )
+        )
+    newer = newer_in_swarm(__version__, [str(p.get("version", "")) for p in peers])
+    checks.append(
+        Check("version", "warn", newer.warning(__version__), "upgrade: packaging/install.sh (or pip install -U swarmd)")
+        if newer
+        else Check("version", "pass", f"swarmd {__version__}, none newer among the peers")
+    )
+    return checks
+
+
+def run_doctor(load: Callable[[], Any], run_id: str | None, status: Callable[[], dict[str, Any]]) -> int:
+    ctx = Context()
+    started = time.monotonic()
+    checks = check_config(ctx, load, run_id)
+    _print(checks)
+    if ctx.config is not None:
+        for step in (check_state_dir, check_torch, check_cell_memory):
+            found = step(ctx)
+            _print(found)
+            checks += found
+        found = check_swarm(ctx, status)
+        _print(found)
+        checks += found
+    failed = [c.name for c in checks if c.outcome == "fail"]
+    print(
+        f"\n{len(checks)} checks in {time.monotonic() - started:.1f} s: "
+        + (
+            f"{len(failed)} failed ({', '.join(failed)}): fix them before joining"
+            if failed
+            else "this machine can join"
+        )
+    )
+    return 1 if failed else 0
+
+
+def _print(checks: list[Check]) -> None:
+    for check in checks:
+        print(check.line(), flush=True)
+    sys.stdout.flush()
