@@ -144,6 +144,7 @@ def test_snapshot_fields() -> None:
     assert a == {
         "peer_id": A,
         "age_s": 11.0,
+        "clock_offset_s": 11.0,
         "rtt_ms": 12.35,
         "seen_for_s": 10.0,
         "addrs": [f"/ip4/10.0.0.1/tcp/31337/p2p/{A}"],
@@ -164,10 +165,10 @@ def test_peers_keep_their_order_by_uptime_whenever_each_last_sent_a_heartbeat() 
     assert a[A] > a[B]
 
 
-def test_snapshot_age_never_negative() -> None:
+def test_snapshot_age_never_negative_and_the_clock_offset_shows_the_skew() -> None:
     m = members()
     m.update([hb(A, T0 + 20)], [], T0)  # issued in our future (clock skew)
-    assert m.snapshot(T0)[0]["age_s"] == 0.0
+    assert m.snapshot(T0)[0]["age_s"] == 0.0 and m.snapshot(T0)[0]["clock_offset_s"] == -20.0
 
 
 def test_no_scan_before_the_spec_is_known() -> None:
