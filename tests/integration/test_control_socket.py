@@ -25,12 +25,16 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 IDLE = 1000
 COMMON_SOFT_LIMIT = 1024  # the usual default soft RLIMIT_NOFILE
 
+KNOWN = ["gather_weights", "pause", "peers", "resume", "status"]
 MALFORMED = [
     (b"this is not json\n", "request is not JSON"),
     (b"[" * 2000 + b"]" * 2000 + b"\n", f"nests 2000 levels deep, over the limit of {MAX_REQUEST_DEPTH}"),
     (b"x" * (2 * MAX_REQUEST_BYTES) + b"\n", f"over {MAX_REQUEST_BYTES} bytes without its newline"),
     (b"[1, 2, 3]\n", "request is a JSON array, not an object"),
-    (b'{"command": "reboot"}\n', "unknown command 'reboot'; known: ['gather_weights', 'pause', 'peers', 'resume', 'status']"),
+    (
+        b'{"command": "reboot"}\n',
+        "unknown command 'reboot'; known: ['gather_weights', 'pause', 'peers', 'resume', 'status']",
+    ),
     (b'{"command": ["status"]}\n', "'command' is a JSON array, not a string"),
     (b'{"command": "status", "verbose": true}\n', "status takes no argument 'verbose'; its arguments: none"),
     (b'{"command": "status"}', "incomplete request: the connection closed after 21 bytes"),
