@@ -181,6 +181,34 @@ class RolesConfig:
         _check_range("roles", "hysteresis", self.hysteresis, 0, 0.5)
 
 
+MAX_LIST = 64
+
+
+@dataclass(kw_only=True)
+class LimitsConfig:
+    windows: list[str] = field(default_factory=list)
+    """Times of day, local time, this peer may train in: "HH:MM-HH:MM" each (one that ends before
+    it starts spans midnight, e.g. "22:00-07:00"); outside them it pauses. Empty: any time."""
+    pause_on_battery: bool = True
+    """Pause while the machine runs on battery (a battery present, no mains power)."""
+    pause_while: list[str] = field(default_factory=list)
+    """Program names, as the process list shows them (e.g. "steam", "blender"): pause while one runs."""
+
+    def __post_init__(self) -> None:
+        from swarmd.node.auto_pause import parse_window
+
+        if len(self.windows) > MAX_LIST or len(self.pause_while) > MAX_LIST:
+            raise ConfigError(f"[limits] windows and pause_while take at most {MAX_LIST} entries each")
+        for text in self.windows:
+            try:
+                parse_window(str(text))
+            except ValueError as e:
+                raise ConfigError(f"[limits] windows: {e}") from None
+        for name in self.pause_while:
+            if not isinstance(name, str) or not 0 < len(name) <= 64:
+                raise ConfigError(f"[limits] pause_while: {name!r} is not a program name of 1 to 64 characters")
+
+
 @dataclass(kw_only=True)
 class Config:
     node: NodeConfig = field(default_factory=NodeConfig)
@@ -189,6 +217,7 @@ class Config:
     compute: ComputeConfig = field(default_factory=ComputeConfig)
     probes: ProbesConfig = field(default_factory=ProbesConfig)
     roles: RolesConfig = field(default_factory=RolesConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
 
 
 def _check_maddr(where: str, maddr: object) -> None:
@@ -211,6 +240,7 @@ _SECTIONS: dict[str, type] = {
     "compute": ComputeConfig,
     "probes": ProbesConfig,
     "roles": RolesConfig,
+    "limits": LimitsConfig,
 }
 
 

@@ -9,6 +9,7 @@
 - ``lan_process``     LAN discovery (py-libp2p mDNS) in a child process, and the node's handle on it
 - ``control_api``     what the control socket answers: status, peers, gather weights for export, pause
 - ``pausing``         the owner's pause and resume: the work handed back, taken again, a timed end
+- ``auto_pause``      pausing by itself as [limits] says: time windows, battery, listed programs
 - ``measurements``    link probes, passive link samples, the observation book, and their signed records
 - ``swarm_view``      what a round makes of everyone's records: reliability, the live links, the scenario
 - ``plan_choice``     who coordinates and which plan every peer follows: rules all compute alike

@@ -84,7 +84,7 @@ class ControlApi:
         for_s = request.get("for_s")
         if for_s is not None and not 0 < for_s <= MAX_PAUSE_S:
             raise SwarmdError(f"pause for {for_s} s: give more than 0 and at most {MAX_PAUSE_S:.0f} s")
-        return {"paused": await self.node.pausing.pause_work(for_s, "asked by the owner")}
+        return {"paused": await self.node.pausing.owner_pauses(for_s)}
 
     async def resume(self, request: dict[str, Any]) -> dict[str, Any]:
         await self.node.pausing.resume_work()

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from swarmd.config import Config
 from swarmd.errors import SwarmdError
+from swarmd.node.auto_pause import limits_reason
 from swarmd.node.control_api import ControlApi
 from swarmd.node.coordination import Coordination
 from swarmd.node.dht_watch import DhtWatch
@@ -58,6 +59,7 @@ TRAINER_TICK_S = 1.0
 PROBE_ROUND_S = 5.0
 PUBLISH_MEASUREMENTS_S = 15.0
 PAUSE_CHECK_S = 1.0
+LIMITS_CHECK_S = 10.0
 
 
 def _paced(heartbeat_s: float, floor_s: float, ceiling_s: float) -> float:
@@ -169,6 +171,7 @@ class Node:
         services.spawn("spec", lambda: SPEC_TTL_S / 4, lambda: joining.publish_spec(spec), run_first=False)
         services.spawn("watchdog", lambda: systemd.watchdog_interval_s() or 2.0, self._watchdog)
         services.spawn("pause", lambda: PAUSE_CHECK_S, self.pausing.end_timed_pause, run_first=False)
+        services.spawn("limits", lambda: LIMITS_CHECK_S, self._check_limits)
         await self._start_rpc(measurements, coordination)
         # Paced by the heartbeat (a swarm tuned for quick membership also re-plans quickly), but
         # never faster than these floors: every round is DHT traffic that heartbeats and leases,
@@ -332,6 +335,11 @@ class Node:
     def identity_peer_id(self) -> str:
         assert self.identity is not None
         return self.identity.peer_id
+
+    async def _check_limits(self) -> None:
+        """Pause while ``[limits]`` says so (``swarmd.node.auto_pause``), resume when it no longer does."""
+        if self.config.compute.train:
+            await self.pausing.follow_limits(await asyncio.to_thread(limits_reason, self.config.limits))
 
     def current_roles(self) -> list[str]:
         """What this peer does now: it works if it trains, and serves parameters while it holds shards."""

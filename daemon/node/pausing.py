@@ -92,6 +92,8 @@ class Pausing:
     def __init__(self, node: PausableNode) -> None:
         self.node = node
         self.pause = Pause()
+        self.automatic = False
+        """The pause in force is ``[limits]``'s (``swarmd.node.auto_pause``), not the owner's."""
 
     async def pause_work(self, for_s: float | None, reason: str) -> dict[str, Any] | None:
         """Offer no work (for ``for_s`` seconds, None: until resumed): the heartbeat says so
@@ -110,7 +112,22 @@ class Pausing:
                 await node.trainer.pause()
         return self.pause.status(time.time())
 
+    async def owner_pauses(self, for_s: float | None) -> dict[str, Any] | None:
+        self.automatic = False  # the owner's now: [limits] does not end it
+        return await self.pause_work(for_s, "asked by the owner")
+
+    async def follow_limits(self, reason: str | None) -> None:
+        """``[limits]``'s reason to pause now (None: none): pause for it, or end a pause it began."""
+        if reason is not None and not self.pause.paused:
+            self.automatic = True
+            await self.pause_work(None, reason)
+        elif reason is not None and self.automatic:
+            self.pause.reason = reason
+        elif reason is None and self.automatic:
+            await self.resume_work()
+
     async def resume_work(self) -> None:
+        self.automatic = False
         if not self.pause.paused:
             return
         node = self.node

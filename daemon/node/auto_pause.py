@@ -1,0 +1,116 @@
+"""When this peer pauses by itself, as the owner set it in ``[limits]``: outside the time
+windows it may train in, on battery, or while one of the listed programs runs.
+
+Each round reads the local clock, the power supplies (``/sys/class/power_supply``: a battery
+and no mains online) and the process names (psutil), and names the first reason to pause, or
+none. ``swarmd.node.pausing`` acts on it: a pause it started ends when no reason is left; a
+pause the owner asked for is the owner's to end.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from swarmd.config import LimitsConfig
+
+POWER_SUPPLY = Path("/sys/class/power_supply")
+_WINDOW = re.compile(r"([01]?\d|2[0-3]):([0-5]\d)-([01]?\d|2[0-3]|24):([0-5]\d)")
+
+
+@dataclass(frozen=True)
+class Window:
+    """Minutes of the day [start, end); one that ends at or before its start spans midnight."""
+
+    start: int
+    end: int
+
+    def holds(self, minute: int) -> bool:
+        if self.start < self.end:
+            return self.start <= minute < self.end
+        return minute >= self.start or minute < self.end
+
+
+def parse_window(text: str) -> Window:
+    """``"22:00-07:30"``; ValueError saying the form otherwise."""
+    found = _WINDOW.fullmatch(text.strip())
+    if found is None:
+        raise ValueError(f'time window {text!r} is not HH:MM-HH:MM (for example "22:00-07:00")')
+    h1, m1, h2, m2 = (int(g) for g in found.groups())
+    start, end = h1 * 60 + m1, min(24 * 60, h2 * 60 + m2)  # "24:00": the end of the day
+    if start == end:
+        raise ValueError(f"time window {text!r} is empty; leave [limits] windows empty to train at any time")
+    return Window(start, end)
+
+
+def in_windows(windows: Iterable[Window], minute: int) -> bool:
+    """Whether ``minute`` of the day is inside a window (no windows: always)."""
+    listed = list(windows)
+    return not listed or any(w.holds(minute) for w in listed)
+
+
+def on_battery(root: Path = POWER_SUPPLY) -> bool:
+    """A battery present and no mains (or USB power) online: a laptop unplugged."""
+    batteries, powered = False, False
+    for supply in root.glob("*") if root.is_dir() else []:
+        kind = _read(supply / "type")
+        if kind == "Battery":
+            batteries = True
+        elif kind in ("Mains", "USB", "USB_C", "USB_PD") and _read(supply / "online") == "1":
+            powered = True
+    return batteries and not powered
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def running(listed: Iterable[str], names: Iterable[str]) -> list[str]:
+    """Which ``listed`` programs are among the process ``names`` (case-insensitive, whole names)."""
+    wanted = {n.lower(): n for n in listed}
+    return sorted({wanted[n.lower()] for n in names if n.lower() in wanted})
+
+
+def process_names() -> list[str]:
+    import psutil
+
+    names = []
+    for proc in psutil.process_iter(["name"]):
+        name = proc.info.get("name")
+        if name:
+            names.append(name)
+    return names
+
+
+def pause_reason(
+    windows: list[Window],
+    minute: int,
+    pause_on_battery: bool,
+    battery: bool,
+    programs: list[str],
+) -> str | None:
+    """The first reason ``[limits]`` gives to pause now, or None."""
+    if not in_windows(windows, minute):
+        return "outside the time windows of [limits] windows"
+    if pause_on_battery and battery:
+        return "on battery ([limits] pause_on_battery)"
+    if programs:
+        return f"{', '.join(programs)} running ([limits] pause_while)"
+    return None
+
+
+def limits_reason(limits: LimitsConfig, now: float | None = None) -> str | None:
+    """``pause_reason`` for this machine now (reads the clock, the power supplies, the processes)."""
+    local = time.localtime(now)
+    windows = [parse_window(w) for w in limits.windows]
+    programs = running(limits.pause_while, process_names()) if limits.pause_while else []
+    battery = on_battery() if limits.pause_on_battery else False
+    return pause_reason(windows, local.tm_hour * 60 + local.tm_min, limits.pause_on_battery, battery, programs)
