@@ -76,7 +76,7 @@ class Coordination:
         self._refusals_counted: set[tuple[str, int]] = set()
         self._roles: set[str] = set()  # the elected roles this peer held at the last round
         self.own_works: Callable[[], bool] = lambda: True
-        """Whether this peer offers work now (it trains and is not paused): set by the node."""
+        """Whether this peer may be planned now (its work is not paused): set by the node."""
 
     async def coordinate(self) -> None:
         now = time.time()

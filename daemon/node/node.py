@@ -205,7 +205,7 @@ class Node:
         measurements = Measurements(self.run_id, self.identity, self.dht, self.state_dir, budget, offer, scan_s)
         probation = probation_s(self.config.heartbeat.interval_s)
         coordination = Coordination(spec, self.identity, self.dht, measurements, thresholds, offer, probation)
-        coordination.own_works = lambda: "worker" in self.roles
+        coordination.own_works = lambda: "paused" not in self.roles
         return measurements, coordination
 
     async def _start_rpc(self, measurements: Measurements, coordination: Coordination) -> None:

@@ -1,10 +1,11 @@
 """Pausing this peer's work: the owner's ``swarmd pause [--for D]`` and ``swarmd resume``.
 
 A paused peer stays a member (its heartbeat, its DHT node, its answers to the swarm) but
-offers no work: its heartbeat drops the ``worker`` role first, so that the other peers stop
-naming it for cells (a spare takes them) and its shards' standbys take them over; then it
-hands everything back as at shutdown (cells stopped, contributions flushed, each shard
-checkpointed and copied to its standby, leases released). Nothing is dropped: the ledger
+offers no work. It hands everything back as at shutdown (cells stopped, contributions
+flushed, each shard's last steps logged at its standby and its checkpoint copied there, leases
+released), then its heartbeat trades the ``worker`` role for ``paused``, so that the other
+peers stop naming it for cells (a spare takes them), its shards' standbys take them over and
+the coordinator plans it for nothing. Nothing is dropped: the ledger
 issues an unfinished share again. On resume it offers work again and rejoins like a newcomer.
 A pause for a duration ends by itself.
 """
@@ -105,11 +106,13 @@ class Pausing:
         self.pause.start(time.time(), for_s, reason)
         if first:
             logger.info("Paused (%s): handing our cells and shards back", reason)
-            node.roles = []
-            if node.presence is not None:
-                await node.presence.publish_heartbeat()  # the others stop naming us at their next scan
+            # Handed back while still named: the last steps reach the standbys, which take the
+            # shards over only once the heartbeat says we paused (as at shutdown, then leaving).
             if node.trainer is not None:
                 await node.trainer.pause()
+            node.roles = ["paused"]
+            if node.presence is not None:
+                await node.presence.publish_heartbeat()  # the others stop naming us at their next scan
         return self.pause.status(time.time())
 
     async def owner_pauses(self, for_s: float | None) -> dict[str, Any] | None:

@@ -148,11 +148,15 @@ class TrainingHandlers:
         """A peer taking a shard over asks for its state: the holder hands it over (closing its
         server first, so that no step is made after the state it sends), a standby replays its
         replica. Only the shard's rightful holder as the pool now resolves it, or the peer the
-        assignment in force names for it, may ask."""
+        assignment in force names for it, may ask (any member, of a peer paused since it served)."""
         self._member(sender)
         trainer, key = self.trainer, (request.stage, request.shard)
         named = None if trainer.assignment is None else trainer.assignment.named_shards().get(key)
-        if sender not in (trainer.shard_holder(key), named):
+        # A paused peer reads the pool no more: what it handed back goes to the member that asks
+        # (which checks the state's lineage itself, ``opening``), or the steps it made last,
+        # before its standby had a copy, would be lost.
+        handing_back = trainer.paused and key in trainer.handed_over
+        if sender not in (trainer.shard_holder(key), named) and not handing_back:
             raise NotHolder(f"{sender[:16]} does not hold shard {key} here; only its new holder takes its state")
         server = trainer.servers.get(key)
         if server is not None and named == trainer.own:

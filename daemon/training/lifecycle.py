@@ -110,7 +110,12 @@ class Lifecycle:
         trainer, key = self.trainer, action.key
         server = trainer.servers.get(key)
         replica = trainer.replicas.newest(key)
-        version = server.version if server is not None else max(trainer.seen.of(key), replica.version if replica else 0)
+        closed = trainer.handed_over.get(key)  # a released lease shows the version it was closed at
+        version = (
+            server.version
+            if server is not None
+            else max(trainer.seen.of(key), replica.version if replica else 0, closed[0] if closed else 0)
+        )
         lease = ShardLease(
             run_id=trainer.spec.run_id,
             stage=key[0],

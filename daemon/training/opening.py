@@ -240,14 +240,17 @@ class ShardOpener:
         return current | set(self._past_holders.get(key, ()))
 
     def _sources(self, key: Shard) -> list[str]:
-        """Whom a state is taken from: the last rightful holder and the standby it named, and the
+        """Whom a state is taken from: the last rightful holder and the standby it named, the
         live members that still hold a lease of the shard (a holder the assignment has just moved
-        it from) with their named standbys. Nobody else's state is asked for."""
+        it from) with their named standbys, and the holders it had lately (one that paused hands
+        back the steps its standby may not have). Nobody else's state is asked for."""
         trainer = self.trainer
         leases: list[ShardLease] = [known[0] for known in [trainer.rightful.get(key)] if known is not None]
         leases += trainer.lease_holders.get(key, [])
         peers = [p for lease in leases for p in (lease.peer_id, lease.standby)]
-        return [p for p in dict.fromkeys(peers) if p and p != trainer.own and p in trainer.live]
+        peers += reversed(self._past_holders.get(key, {}))  # a holder that let go, newest first
+        reachable = trainer.live | trainer.reachable  # a paused holder still serves what it handed back
+        return [p for p in dict.fromkeys(peers) if p and p != trainer.own and p in reachable]
 
     async def _fetch(self, key: Shard, peer: str, layout: ShardLayout, step: int) -> TracedShard | None:
         trainer = self.trainer

@@ -127,6 +127,8 @@ class Trainer:
         self.lifecycle = Lifecycle(self)
         self.paused = False
         self._round = asyncio.Lock()  # a round and a pause never interleave
+        self.reachable: frozenset[str] = frozenset()
+        """Every live member, workers or not (a paused one still serves the state it handed back)."""
 
     # --- the books, as the helpers read them (``opening``, ``handlers``, ``reducer``) --------------
 
@@ -184,7 +186,9 @@ class Trainer:
             self.state = "waiting for the swarm's membership"
             return
         now = time.time()
-        live = frozenset({m["peer_id"] for m in self.members() if "worker" in m["roles"]} | {self.own})
+        members = self.members()
+        live = frozenset({m["peer_id"] for m in members if "worker" in m["roles"]} | {self.own})
+        self.reachable = frozenset(m["peer_id"] for m in members)
         assignment = assignment_in_force(self.roles.plan_record(), live, self.stages, self.batch_micro_batches)
         await self._step(Observed(live, assignment), now)
         scans = await asyncio.gather(*(self.dht.scan_shards(s, now) for s in range(self.stages)))

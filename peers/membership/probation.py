@@ -11,9 +11,9 @@ itself (first hand: nothing a peer says of itself or of others counts here)
 
 and at most ``max(MIN_NEWCOMERS, NEWCOMER_FRACTION x planned)`` newcomers join per round, the
 longest seen first: a flood of real nodes grows the plan by a quarter a round, not at once.
-Members already in the plan in force stay while they live and offer work. Only a member whose
-heartbeat offers work (the ``worker`` role) is planned at all: one that trains nothing, or
-whose owner paused it, is left out of the next plan, the coordinator itself included. This is the coordinator's own
+Members already in the plan in force stay while they live. A member whose heartbeat says it
+is paused (the ``paused`` role: its owner, or its ``[limits]``, paused its work) is planned for
+nothing, and left out of the next plan if it was in one; the coordinator itself too. This is the coordinator's own
 choice of whom to plan, not an election: no other peer needs to reach the same answer.
 """
 
@@ -57,7 +57,7 @@ def plannable(
     """Which ``members`` (peer -> the membership view: ``roles``, ``seen_for_s``, ``rtt_ms``) the
     coordinator ``own`` may plan, by the module doc's rule; ``planned``: the devices of the
     plan in force; ``published_links``: peers whose links record is live."""
-    workers = {p: view for p, view in members.items() if "worker" in (view.get("roles") or ())}
+    workers = {p: view for p, view in members.items() if "paused" not in (view.get("roles") or ())}
     kept = {p for p in workers if p in planned}
     ready, waiting, no_node = [], 0, 0
     for peer, view in workers.items():

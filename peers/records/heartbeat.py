@@ -25,7 +25,8 @@ MAX_HEARTBEAT_BYTES = 8 * 1024
 # Long enough for a slow network, short enough that a flood of one-off keys ages out soon.
 MAX_TTL_S = 600.0
 MAX_ADDRS = 16
-ROLES = ("worker", "parameter_server", "relay")
+ROLES = ("worker", "parameter_server", "relay", "paused")
+"""``paused``: its owner (or ``[limits]``) paused its work; it is planned for nothing meanwhile."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -122,7 +122,8 @@ def test_a_daemon_alone_trains_everything_a_second_takes_its_share_and_hands_it_
         wait_for(lambda: not cells(d1) and not served(d1), 60, "d1 to hand its work back")
         assert (d1.status() or {}).get("paused", {}).get("reason") == "asked by the owner"
         wait_for(lambda: sorted(served(d0)) == [0, 1] and len(cells(d0)) == 2, 120, "d0 to take everything")
-        assert all(served(d0)[stage] >= version for stage, version in before.items())  # no update lost
+        taken = served(d0)
+        assert all(taken[stage] >= version for stage, version in before.items()), (before, taken)  # none lost
         after = min(served(d0).values())
         wait_for(lambda: min(served(d0).values()) >= after + 3, 90, "d0 to train on alone")
         assert "resumed" in owner(d1, "resume")

@@ -74,7 +74,7 @@ def test_a_pause_the_limits_began_ends_with_them_but_the_owners_does_not() -> No
     async def play() -> list[bool]:
         seen = []
         await pausing.follow_limits("on battery ([limits] pause_on_battery)")
-        seen.append(pausing.pause.paused and node.roles == [])
+        seen.append(pausing.pause.paused and node.roles == ["paused"])
         await pausing.follow_limits(None)  # plugged in again
         seen.append(not pausing.pause.paused and node.roles == ["worker"])
         await pausing.owner_pauses(None)

@@ -123,7 +123,7 @@ class Swarm:
     def _members_of(self, own: str) -> list[dict[str, Any]]:
         """Every other live peer's heartbeat summary: a paused one offers no work (no worker role)."""
         return [
-            {"peer_id": p, "roles": [] if self.members[p].trainer.paused else ["worker"], "uptime_s": 1.0}
+            {"peer_id": p, "roles": ["paused"] if self.members[p].trainer.paused else ["worker"], "uptime_s": 1.0}
             for p in sorted(self.live)
             if p != own
         ]

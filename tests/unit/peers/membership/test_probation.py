@@ -44,11 +44,10 @@ def test_a_swarm_being_born_plans_a_few_at_once() -> None:
     assert len(out.peers) == 1 + MIN_NEWCOMERS and out.waiting == 4 - MIN_NEWCOMERS
 
 
-def test_only_members_that_offer_work_are_planned_the_coordinator_too() -> None:
+def test_a_paused_member_is_planned_for_nothing_the_coordinator_too() -> None:
     planned = ["paused", "working"]
-    members = {"paused": view(30.0, roles=()), "working": view(30.0), "relay-only": view(30.0, roles=("relay",))}
+    members = {"paused": view(30.0, roles=("paused",)), "working": view(30.0), "helper": view(30.0, roles=())}
     out = plannable(members, planned, published_links=(), own="me", probation=4.0)
-    assert out.peers == {"me", "working"}  # a planned member that stopped offering work leaves the plan
-    assert plannable(members, planned, published_links=(), own="me", probation=4.0, own_works=False).peers == {
-        "working"
-    }
+    assert out.peers == {"me", "working", "helper"}  # a planned member that paused leaves the plan
+    paused_here = plannable(members, planned, published_links=(), own="me", probation=4.0, own_works=False)
+    assert paused_here.peers == {"working", "helper"}

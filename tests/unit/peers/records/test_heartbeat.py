@@ -10,7 +10,7 @@ import pytest
 
 from swarmd.errors import RecordError
 from swarmd.peers.records.envelope import sign_record
-from swarmd.peers.records.heartbeat import KIND, MAX_HEARTBEAT_BYTES, MAX_TTL_S, DeviceInfo, Heartbeat
+from swarmd.peers.records.heartbeat import KIND, MAX_HEARTBEAT_BYTES, MAX_TTL_S, ROLES, DeviceInfo, Heartbeat
 from swarmd.peers.records.identity import Identity
 from swarmd.peers.records.join_token import MAX_TOKEN_CHARS
 from swarmd.peers.records.signed import CLOCK_SKEW_S
@@ -136,7 +136,7 @@ def test_unknown_role_rejected(identity: Identity) -> None:
 
 
 def test_too_many_roles_rejected(identity: Identity) -> None:
-    raw = make_heartbeat(identity, roles=["worker"] * 4).sign(identity)
+    raw = make_heartbeat(identity, roles=["worker"] * (len(ROLES) + 1)).sign(identity)
     with pytest.raises(RecordError, match="roles"):
         Heartbeat.parse(raw, run_id=RUN_ID, now=NOW)
 
