@@ -112,7 +112,7 @@ def measure(
     start, t0, busy0 = updates(daemons), time.monotonic(), cpu_times()[0]
     daemons0 = sum(tree_cpu_s(p) for p in pids)
     mallory0 = tree_cpu_s(mallory_pid) if mallory_pid else 0.0
-    time.sleep(seconds)  # a measurement window, not a synchronisation
+    time.sleep(seconds)  # sync-ok: a measurement window, not a synchronisation
     elapsed = time.monotonic() - t0
     if profile is not None:
         profile.wait(30)
@@ -139,7 +139,7 @@ def attacked(
         proc = subprocess.Popen([*command, *args], cwd=ROOT, stdout=out, stderr=log)
     children: set[int] = set()
     try:
-        time.sleep(JOIN_S)  # Mallory joins before the window opens (see JOIN_S)
+        time.sleep(JOIN_S)  # sync-ok: Mallory joins before the window opens (see JOIN_S)
         children = descendants(proc.pid)  # its DHT process and p2pd: their own process group
         if prefix is FREEZE:
             _signal([proc.pid, *children], signal.SIGSTOP)

@@ -179,7 +179,7 @@ async def lurk(mallory: Mallory, swarm: dict[str, Any], args: argparse.Namespace
     """Be a node of the run's DHT for ``--duration`` seconds and nothing else: how much a slow
     or frozen DHT node costs the swarm is measured by holding this process back (a cgroup, or
     SIGSTOP) while it lurks."""
-    await asyncio.sleep(args.duration or 20.0)
+    await asyncio.sleep(args.duration or 20.0)  # sync-ok: the attack is to be present this long
     return {"lurk": {"ok": True}}
 
 
@@ -189,7 +189,7 @@ async def spin(mallory: Mallory, swarm: dict[str, Any], args: argparse.Namespace
     deadline = time.monotonic() + (args.duration or 20.0)
     while time.monotonic() < deadline:
         sum(range(10_000))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # sync-ok: yield to the loop between bursts of CPU
     return {"spin": {"ok": True}}
 
 
@@ -214,7 +214,7 @@ async def slowloris(mallory: Mallory, swarm: dict[str, Any], args: argparse.Name
     deadline = time.monotonic() + duration
     while time.monotonic() < deadline:
         probes.append(await mallory.send(server["peer_id"], _pull_header(mallory, shard), timeout_s=10))
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # sync-ok: one honest probe a second while the streams stall
     for writer in held:
         writer.close()
     steps: dict[str, Outcome] = {

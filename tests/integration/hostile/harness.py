@@ -8,7 +8,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -219,10 +218,3 @@ def refused(daemons: list[LocalDaemon]) -> dict[str, int]:
         for code, n in ((status(daemon).get("rpc") or {}).get("refused") or {}).items():
             out[code] = out.get(code, 0) + n
     return out
-
-
-def rate_per_min(daemons: list[LocalDaemon], seconds: float) -> float:
-    """Updates per minute over the next ``seconds`` (for the benchmark)."""
-    start, t0 = updates(daemons), time.monotonic()
-    time.sleep(seconds)  # a measurement window, not a synchronisation
-    return (updates(daemons) - start) * 60.0 / (time.monotonic() - t0)

@@ -125,7 +125,7 @@ class Mallory:
             while True:
                 raw = forgery.heartbeat(self.identity, self.run_id, addrs[:4], roles)
                 await self.swarm_dht.publish_heartbeat(self.identity.peer_id, raw, time.time() + 50)
-                await asyncio.sleep(10)
+                await asyncio.sleep(10)  # sync-ok: the heartbeat's refresh interval
 
         self._beating = asyncio.create_task(beat())
         header, _ = LedgerIssue(run_id=self.run_id, pipeline=0, renew=[], want=0).encode()
@@ -136,7 +136,7 @@ class Mallory:
             if served or time.monotonic() > deadline:
                 self.member = served
                 return {"ok": served, "answers": json.dumps({k: a.get("code") for k, a in answers.items()})}
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5)  # sync-ok: a poll interval inside the MEMBER_WAIT_S deadline
 
     def close(self) -> None:
         if self._beating is not None:
@@ -197,7 +197,7 @@ async def _await_cell(mallory: Mallory, swarm: dict[str, Any], seconds: float) -
                 "plan_version": now["plan_version"],
                 "seconds": waited,
             }
-        await asyncio.sleep(2.0)
+        await asyncio.sleep(2.0)  # sync-ok: a poll interval inside the caller's deadline
 
 
 def main(argv: list[str]) -> int:

@@ -140,7 +140,7 @@ async def as_holder(
             return got
         if time.monotonic() > deadline:
             return None
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # sync-ok: a poll interval inside the HOLDER_WAIT_S deadline
 
 
 def _contribute(run_id: str, shard: dict[str, Any], version: int, codec: str, n: int) -> dict[str, Any]:

@@ -18,7 +18,7 @@ async def swallows_one_cancel(started: asyncio.Event) -> None:
     cancel is lost, and the task goes on into a wait nothing will end."""
     started.set()
     with contextlib.suppress(asyncio.CancelledError):
-        await asyncio.sleep(60)
+        await asyncio.sleep(60)  # sync-ok: the wait the first cancel interrupts
     await asyncio.Event().wait()
 
 
@@ -43,7 +43,7 @@ def test_a_task_that_will_not_end_is_named_and_left_after_the_timeout(caplog: py
                     await released.wait()
 
         task = asyncio.create_task(stubborn(), name="stubborn")
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # sync-ok: let the task start
         await cancel_all([task], 0.3, "owner")
         left = not task.done()
         released.set()
