@@ -97,8 +97,8 @@ class Pausing:
         """The pause in force is ``[limits]``'s (``swarmd.node.auto_pause``), not the owner's."""
 
     async def pause_work(self, for_s: float | None, reason: str) -> dict[str, Any] | None:
-        """Offer no work (for ``for_s`` seconds, None: until resumed): the heartbeat says so
-        first, then every cell and shard is handed back. Pausing again changes the end."""
+        """Offer no work (for ``for_s`` seconds, None: until resumed): every cell and shard is
+        handed back first, then the heartbeat says so. Pausing again changes the end."""
         node = self.node
         if not node.config.compute.train:
             raise SwarmdError("this daemon does not train ([compute] train = false): there is nothing to pause")

@@ -187,8 +187,8 @@ class Puller:
             self._arrived.set()
             self.cell.contributions.committed(k, set(answer.committed))
             if answer.unknown:  # a step it dropped: what went to the server, or to the head, goes again
-                for recipient in {holder, head} - {None}:
-                    self.cell.contributions.unknown(k, set(answer.unknown), recipient)  # type: ignore[arg-type]
+                for recipient in {r for r in (holder, head) if r is not None}:
+                    self.cell.contributions.unknown(k, set(answer.unknown), recipient)
 
     def _heads(self, k: int) -> bool:
         """Whether this cell heads shard ``k`` for a group of two or more."""
