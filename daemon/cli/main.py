@@ -351,8 +351,10 @@ def cmd_pause(args: argparse.Namespace) -> int:
 def cmd_resume(args: argparse.Namespace) -> int:
     from swarmd.system.control import call
 
-    call(_control_path(args), "resume", timeout=30)
+    answer = call(_control_path(args), "resume", timeout=30)
     print("resumed: this peer offers work again")
+    if answer.get("waived"):
+        print(f"{answer['waived']} still holds: swarmd will not pause for it again until it ends")
     return 0
 
 

@@ -87,8 +87,7 @@ class ControlApi:
         return {"paused": await self.node.pausing.owner_pauses(for_s)}
 
     async def resume(self, request: dict[str, Any]) -> dict[str, Any]:
-        await self.node.pausing.resume_work()
-        return {"paused": None}
+        return {"paused": None, "waived": await self.node.pausing.owner_resumes()}
 
     def status(self, request: dict[str, Any]) -> dict[str, Any]:
         node, now = self.node, time.time()

@@ -8,6 +8,10 @@ peers stop naming it for cells (a spare takes them), its shards' standbys take t
 the coordinator plans it for nothing. Nothing is dropped: the ledger
 issues an unfinished share again. On resume it offers work again and rejoins like a newcomer.
 A pause for a duration ends by itself.
+
+The owner outranks ``[limits]``: a ``swarmd resume`` during a pause ``[limits]`` began waives
+that limit's reason (its ``[limits] key``) until it no longer holds, so the next check does not
+pause again for it; another reason still pauses.
 """
 
 from __future__ import annotations
@@ -31,6 +35,14 @@ logger = logging.getLogger(__name__)
 MAX_PAUSE_S = 30 * 24 * 3600.0
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|min|h|d)?")
 _UNIT_S = {None: 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+_LIMIT_KEY = re.compile(r"\[limits\] \w+")
+
+
+def limit_key(reason: str) -> str:
+    """Which limit a ``[limits]`` reason comes from (``"[limits] pause_on_battery"``): what an
+    owner's resume waives, whatever the reason's figures say meanwhile."""
+    found = _LIMIT_KEY.search(reason)
+    return found.group(0) if found else reason
 
 
 def parse_duration(text: str) -> float:
@@ -95,6 +107,8 @@ class Pausing:
         self.pause = Pause()
         self.automatic = False
         """The pause in force is ``[limits]``'s (``swarmd.node.auto_pause``), not the owner's."""
+        self.waived: str | None = None
+        """The limit (``limit_key``) the owner resumed over: not paused for again while it holds."""
 
     async def pause_work(self, for_s: float | None, reason: str) -> dict[str, Any] | None:
         """Offer no work (for ``for_s`` seconds, None: until resumed): every cell and shard is
@@ -121,6 +135,12 @@ class Pausing:
 
     async def follow_limits(self, reason: str | None) -> None:
         """``[limits]``'s reason to pause now (None: none): pause for it, or end a pause it began."""
+        key = None if reason is None else limit_key(reason)
+        if self.waived is not None and key != self.waived:
+            logger.info("%s no longer holds: it may pause this peer again", self.waived)
+            self.waived = None
+        if key is not None and key == self.waived:
+            reason = None  # the owner resumed over it
         if reason is not None and not self.pause.paused:
             self.automatic = True
             await self.pause_work(None, reason)
@@ -128,6 +148,15 @@ class Pausing:
             self.pause.reason = reason
         elif reason is None and self.automatic:
             await self.resume_work()
+
+    async def owner_resumes(self) -> str | None:
+        """``swarmd resume``: work again; a pause ``[limits]`` began waives its limit while it holds
+        (returned, so the owner is told)."""
+        if self.pause.paused and self.automatic:
+            self.waived = limit_key(self.pause.reason)
+            logger.info("Resumed by the owner while %s holds: not pausing for it until it ends", self.waived)
+        await self.resume_work()
+        return self.waived
 
     async def resume_work(self) -> None:
         self.automatic = False

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+
 import pytest
 
-from swarmd.node.pausing import MAX_PAUSE_S, Pause, parse_duration
+from swarmd.node.pausing import MAX_PAUSE_S, Pause, Pausing, limit_key, parse_duration
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -30,3 +33,32 @@ def test_a_timed_pause_ends_by_itself_and_pausing_again_moves_the_end() -> None:
     assert pause.since == 100.0 and not pause.over(100.0 + MAX_PAUSE_S)
     pause.stop()
     assert not pause.paused
+
+
+def test_the_owners_resume_waives_the_limit_that_paused_until_it_ends() -> None:
+    node = SimpleNamespace(config=SimpleNamespace(compute=SimpleNamespace(train=True)), roles=["worker"])
+    node.presence, node.trainer = None, None
+    pausing = Pausing(node)  # type: ignore[arg-type]
+    battery = "on battery ([limits] pause_on_battery)"
+
+    async def play() -> list[object]:
+        seen: list[object] = []
+        await pausing.follow_limits(battery)
+        seen.append(await pausing.owner_resumes())
+        await pausing.follow_limits(battery)  # still on battery: the owner said work anyway
+        seen.append(pausing.pause.paused)
+        await pausing.follow_limits("steam running ([limits] pause_while)")  # another limit still pauses
+        seen.append(pausing.pause.paused)
+        await pausing.follow_limits(None)
+        await pausing.follow_limits(battery)  # the battery again, after mains: pauses anew
+        seen.append(pausing.pause.paused)
+        return seen
+
+    assert asyncio.run(play()) == ["[limits] pause_on_battery", False, True, True]
+
+
+def test_a_limit_key_is_read_from_its_reason_whatever_its_figures() -> None:
+    assert limit_key("transfer cap reached: 1.2 of 1.0 GiB today ([limits] daily_transfer_gib)") == (
+        "[limits] daily_transfer_gib"
+    )
+    assert limit_key("something else") == "something else"
