@@ -22,11 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from swarmd.errors import SwarmdError
+from swarmd.node.dial_back import scope, tcp_target
 
 MAX_CLOCK_SKEW_S = 5.0
 """Heartbeats and leases are judged by their signer's clock: a few seconds of skew make a peer's
 records look stale or from the future; NTP keeps clocks within milliseconds."""
 MARK = {"pass": "pass", "warn": "WARN", "fail": "FAIL"}
+Ask = Callable[[str], dict[str, Any]]
+"""Sends a control command (``status``, ``dial_back``) to the running daemon; its answer."""
 
 
 @dataclass
@@ -198,13 +201,13 @@ def _peak_bytes(device: str) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
 
-def check_swarm(ctx: Context, status: Callable[[], dict[str, Any]]) -> list[Check]:
+def check_swarm(ctx: Context, ask: Ask) -> list[Check]:
     """What a running daemon sees: clock skew, reachability, newer versions."""
     from swarmd import __version__
     from swarmd.peers.membership.versions import newer_in_swarm
 
     try:
-        ctx.status = result = status()
+        ctx.status = result = ask("status")
     except SwarmdError as e:
         return [
             Check(
@@ -225,23 +228,7 @@ def check_swarm(ctx: Context, status: Callable[[], dict[str, Any]]) -> list[Chec
         outcome = "fail" if offset < -MAX_CLOCK_SKEW_S else "pass"
         found = f"the peers' heartbeats were signed {offset:+.1f} s before we read them (median of {len(offsets)})"
         checks.append(Check("clock", outcome, found, "this clock is behind: enable NTP (timedatectl set-ntp true)"))
-    rpc = result.get("rpc") or {}
-    routes = result.get("routes") or {}
-    if rpc.get("answered"):
-        checks.append(
-            Check("reachability", "pass", f"peers reach this daemon directly ({rpc['answered']} requests answered)")
-        )
-    elif peers:
-        relays = routes.get("relays") or []
-        checks.append(
-            Check(
-                "reachability",
-                "warn",
-                "no peer has reached this daemon yet" + (f"; relays in the plan: {len(relays)}" if relays else ""),
-                "open the DHT port (TCP 31337 by default, [swarm] host_maddrs) in the firewall or router; "
-                "until then peers reach it through a relay",
-            )
-        )
+    checks.append(check_reachability(result, peers, ask))
     newer = newer_in_swarm(__version__, [str(p.get("version", "")) for p in peers])
     checks.append(
         Check("version", "warn", newer.warning(__version__), "upgrade: packaging/install.sh (or pip install -U swarmd)")
@@ -251,7 +238,43 @@ def check_swarm(ctx: Context, status: Callable[[], dict[str, Any]]) -> list[Chec
     return checks
 
 
-def run_doctor(load: Callable[[], Any], run_id: str | None, status: Callable[[], dict[str, Any]]) -> int:
+def check_reachability(status: dict[str, Any], peers: list[Any], ask: Ask) -> Check:
+    """Members dial this daemon back on fresh connections (``swarmd.node.dial_back``); without
+    an answer, whether any peer's request reached it at all."""
+    port = next((t[1] for t in map(tcp_target, status.get("addrs") or []) if t), None)
+    fix = (
+        f"open TCP port {port or 31337} in the firewall (e.g. ufw allow {port or 31337}/tcp) and forward it on "
+        "the router, or set [swarm] announce_maddrs to the address the internet sees; until then peers reach "
+        "this daemon through a relay"
+    )
+    if not peers:
+        return Check("reachability", "warn", "no peer to ask yet", "run doctor again once the daemon sees peers")
+    try:
+        answers = ask("dial_back").get("answers") or []
+    except SwarmdError as e:
+        answers = [{"error": str(e)}]
+    tried = [a for answer in answers for a in answer.get("addrs") or []]
+    reached = [a["addr"] for a in tried if a.get("reached")]
+    if reached:
+        scopes = sorted({scope(t[0]) for t in map(tcp_target, reached) if t})
+        where = "" if "public" in scopes else f" (a {scopes[0]} address: peers on other networks may need a relay)"
+        return Check("reachability", "pass", f"a peer opened a fresh connection to {reached[0]}{where}")
+    if tried:
+        details = "; ".join(sorted({f"{a['addr']}: {a.get('detail', '')}" for a in tried}))[:300]
+        return Check("reachability", "warn", f"no peer could connect to this daemon ({details})", fix)
+    errors = "; ".join(str(a.get("error", "")) for a in answers)[:200]
+    rpc = status.get("rpc") or {}
+    if rpc.get("answered"):
+        return Check(
+            "reachability",
+            "pass",
+            f"peers' requests reach this daemon ({rpc['answered']} answered), perhaps through a relay; "
+            f"no peer could dial back ({errors or 'no address to dial'})",
+        )
+    return Check("reachability", "warn", f"no peer has reached this daemon ({errors or 'no address'})", fix)
+
+
+def run_doctor(load: Callable[[], Any], run_id: str | None, ask: Ask) -> int:
     ctx = Context()
     started = time.monotonic()
     checks = check_config(ctx, load, run_id)
@@ -261,7 +284,7 @@ def run_doctor(load: Callable[[], Any], run_id: str | None, status: Callable[[],
             found = step(ctx)
             _print(found)
             checks += found
-        found = check_swarm(ctx, status)
+        found = check_swarm(ctx, ask)
         _print(found)
         checks += found
     failed = [c.name for c in checks if c.outcome == "fail"]

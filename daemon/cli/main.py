@@ -326,11 +326,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from swarmd.cli.doctor import run_doctor
     from swarmd.system.control import call
 
-    def status() -> dict[str, Any]:
-        result: dict[str, Any] = call(_control_path(args), "status")
+    def ask(command: str) -> dict[str, Any]:
+        # A dial-back waits for the peers' connections (up to 15 s each, in parallel).
+        result: dict[str, Any] = call(_control_path(args), command, timeout=40 if command == "dial_back" else 5)
         return result
 
-    return run_doctor(lambda: _load(args), args.run_id, status)
+    return run_doctor(lambda: _load(args), args.run_id, ask)
 
 
 def cmd_pause(args: argparse.Namespace) -> int:

@@ -18,4 +18,5 @@
 - ``device``          what this machine offers: device model, memory, measured throughput
 - ``relay``           forwarding others' requests when elected a relay, and routing our own
 - ``request_gate``    whom the request server serves: live members, and strangers only the public reads
+- ``dial_back``       reachability from outside: members dial each other back on fresh connections
 """

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from swarmd import __version__
 from swarmd.errors import SwarmdError
 from swarmd.node.coordination import Coordination
+from swarmd.node.dial_back import DialBackService
 from swarmd.node.pausing import MAX_PAUSE_S, Pausing
 from swarmd.node.presence import Presence
 from swarmd.node.relay import RelayService, Router
@@ -62,6 +63,9 @@ class NodeParts(Protocol):
     @property
     def pausing(self) -> Pausing: ...
 
+    @property
+    def dial_back(self) -> DialBackService | None: ...
+
 
 class ControlApi:
     def __init__(self, node: NodeParts) -> None:
@@ -74,6 +78,7 @@ class ControlApi:
             "gather_weights": self.gather_weights,
             "pause": self.pause,
             "resume": self.resume,
+            "dial_back": self.dial_back,
         }
 
     ARGUMENTS = {"pause": {"for_s": float}}
@@ -88,6 +93,16 @@ class ControlApi:
 
     async def resume(self, request: dict[str, Any]) -> dict[str, Any]:
         return {"paused": None, "waived": await self.node.pausing.owner_resumes()}
+
+    async def dial_back(self, request: dict[str, Any]) -> dict[str, Any]:
+        """``swarmd doctor``: a few members (the longest seen first) dial this daemon back."""
+        node = self.node
+        if node.dial_back is None or node.presence is None:
+            raise SwarmdError(f"the daemon is {node.state}: its request server is not up yet; try again shortly")
+        peers = sorted(node.presence.membership.snapshot(time.time()), key=lambda p: -float(p["seen_for_s"]))
+        own = node.identity.peer_id if node.identity else None
+        asked = [str(p["peer_id"]) for p in peers if p["peer_id"] != own]
+        return {"addrs": list(node.presence.addrs), "answers": await node.dial_back.ask(asked)}
 
     def status(self, request: dict[str, Any]) -> dict[str, Any]:
         node, now = self.node, time.time()

@@ -26,6 +26,7 @@ from swarmd.node.auto_pause import limits_reason
 from swarmd.node.control_api import ControlApi
 from swarmd.node.coordination import Coordination
 from swarmd.node.dht_watch import DhtWatch
+from swarmd.node.dial_back import DialBackService
 from swarmd.node.joining import Joining
 from swarmd.node.lan_service import LAN_RESTART_INTERVAL_S, LanService
 from swarmd.node.measurements import Measurements
@@ -42,7 +43,7 @@ from swarmd.peers.records.identity import Identity, load_or_create_identity, wri
 from swarmd.peers.records.links import ProbeBudget
 from swarmd.peers.records.run_id import check_run_id
 from swarmd.peers.records.run_spec import SignedRunSpec
-from swarmd.peers.wire.messages import Forward, Probe
+from swarmd.peers.wire.messages import DialBack, Forward, Probe
 from swarmd.peers.wire.rpc import RpcServer
 from swarmd.system import systemd
 from swarmd.system.children import LivenessPipe
@@ -84,6 +85,7 @@ class Node:
         self.rpc: RpcServer | None = None
         self.relay: RelayService | None = None
         self.router: Router | None = None  # our own data-path requests: direct, or through a relay
+        self.dial_back: DialBackService | None = None  # reachability checks, ours and the members'
         self._p2p: Any = None  # hivemind P2P replica: the data path's requests go through it
         self.membership: Membership | None = None
         self.measurements: Measurements | None = None
@@ -218,8 +220,17 @@ class Node:
         self.rpc = RpcServer(run_id=self.run_id, is_relay=coordination.is_relay, admit=admit)
         self.rpc.register(Probe, measurements.handle_probe)
         self.rpc.register(Forward, self.relay.handle)
+        presence, membership = self.presence, self.membership
+        assert presence is not None and membership is not None
+
+        def addrs_of(peer: str) -> list[str] | None:
+            view = membership.peers.get(peer)
+            return view.heartbeat.addrs if view is not None and measurements.is_member(peer) else None
+
+        self.dial_back = DialBackService(self.run_id, addrs_of, lambda: presence.addrs)
+        self.rpc.register(DialBack, self.dial_back.handle)
         await self.rpc.attach(self._p2p)
-        measurements.p2p = self._p2p
+        measurements.p2p = self.dial_back.p2p = self._p2p
         self.relay.p2p = self._p2p
 
     async def _start_trainer(self, spec: SignedRunSpec, measurements: Measurements, coordination: Coordination) -> None:

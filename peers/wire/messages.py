@@ -8,7 +8,9 @@
   standby;
 - relaying: ``Forward`` (a peer to a relay) and ``Relayed`` (the relay to the target, which
   ``swarmd.peers.wire.rpc`` unwraps before any handler sees it);
-- ``Probe``: the bandwidth probe (``swarmd.peers.records.links``).
+- ``Probe``: the bandwidth probe (``swarmd.peers.records.links``); ``DialBack``: a member asks
+  another to dial it back at the addresses its own heartbeat announces (``swarmd doctor``'s
+  reachability check, ``swarmd.node.dial_back``).
 
 Bounds come from the contract: a stage < 1024, a shard < 4096, a pipeline < 100,000,
 micro-batch indices, share IDs and versions < 2**40, at most 4,096 share IDs in one message.
@@ -466,3 +468,26 @@ class Probe(Request[Probed]):
     BLOBS = 1
     MAX_BYTES = MAX_PROBE_BYTES + 4096
     """Refused while being read beyond this (the blob and its framing)."""
+
+
+MAX_DIAL_ADDRS = 4
+"""Addresses one dial-back tries at most (of those the asker's heartbeat announces)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DialedBack(Answer):
+    """One entry per address tried, in order: the address, whether a libp2p host answered there,
+    and what happened (``connected``, ``refused``, ``timed out``, ...)."""
+
+    addrs: list[str] = bound(max_items=MAX_DIAL_ADDRS, min_len=1, max_len=256)
+    reached: list[int] = bound(max_items=MAX_DIAL_ADDRS, min_value=0, max_value=1)
+    details: list[str] = bound(max_items=MAX_DIAL_ADDRS, max_len=120)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DialBack(Request[DialedBack]):
+    """Dial me back: the answerer opens fresh TCP connections to the addresses the sender's signed
+    heartbeat announces (never addresses from the request) and says which a libp2p host answered.
+    Members only, and rate-limited per sender: it is a port check, not a scanner."""
+
+    METHOD = "reach.dial_back"

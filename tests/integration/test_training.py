@@ -257,6 +257,17 @@ def test_export_gathers_the_stages_from_the_swarm(shared_pair: tuple[Path, str, 
     assert (out / "config.json").exists()
 
 
+def test_doctor_has_a_peer_dial_the_daemon_back(shared_pair: tuple[Path, str, LocalDaemon, LocalDaemon]) -> None:
+    _, run_id, d0, _ = shared_pair
+    wait_for(lambda: len(d0.status().get("peers") or []) >= 1, 60, "d0 to see d1")
+    doctor = [sys.executable, "-m", "swarmd", "doctor", "--run-id", run_id, "--state-dir", str(d0.state_dir)]
+    result = subprocess.run(doctor, capture_output=True, text=True, timeout=120)
+    print(result.stdout)
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    reach = next(line for line in result.stdout.splitlines() if " reachability " in line)
+    assert reach.startswith("pass") and "a peer opened a fresh connection to /ip4/127.0.0.1/tcp/" in reach, reach
+
+
 def test_a_corpus_missing_here_fails_training_not_the_daemon(workdir: Path) -> None:
     spec = workdir / "spec.json"
     spec.write_text(json.dumps({**DEFAULT_RUN, "name": "elsewhere", "data": {"corpus": "/nonexistent/corpus.txt"}}))

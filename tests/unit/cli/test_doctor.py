@@ -19,16 +19,26 @@ from swarmd.system.state_dir import prepare_state_dir, save_spec
 pytestmark = pytest.mark.timeout(120)
 
 
-def no_daemon() -> dict[str, Any]:
+ADDR = "/ip4/203.0.113.7/tcp/31337/p2p/12D3KooWExample"
+
+
+def no_daemon(command: str) -> dict[str, Any]:
     raise ControlError("no daemon is running with control socket /x/control.sock; start one with 'swarmd run'")
 
 
-def a_daemon(offset_s: float, version: str = "0.1.0", answered: int = 12) -> Any:
-    def status() -> dict[str, Any]:
-        peers = [{"peer_id": f"p{i}", "clock_offset_s": offset_s + i * 0.1, "version": version} for i in range(3)]
-        return {"state": "running", "peers": peers, "rpc": {"answered": answered}, "routes": {}}
+def a_daemon(offset_s: float, version: str = "0.1.0", answered: int = 12, reached: bool | None = True) -> Any:
+    """A running daemon's answers; ``reached``: what the peers' dial-back found (None: they could not try)."""
 
-    return status
+    def ask(command: str) -> dict[str, Any]:
+        if command == "dial_back":
+            if reached is None:
+                return {"answers": [{"peer": "p0", "error": "UnknownMethod: reach.dial_back"}]}
+            detail = "connected: a libp2p host answered" if reached else "no connection within 3 s"
+            return {"answers": [{"peer": "p0", "addrs": [{"addr": ADDR, "reached": reached, "detail": detail}]}]}
+        peers = [{"peer_id": f"p{i}", "clock_offset_s": offset_s + i * 0.1, "version": version} for i in range(3)]
+        return {"state": "running", "peers": peers, "rpc": {"answered": answered}, "routes": {}, "addrs": [ADDR]}
+
+    return ask
 
 
 @pytest.fixture
@@ -75,3 +85,17 @@ def test_a_config_that_does_not_load_fails_first(capsys: pytest.CaptureFixture[s
 
     assert run_doctor(broken, None, no_daemon) == 1
     assert "FAIL  config" in capsys.readouterr().out
+
+
+def test_reachability_is_what_a_peer_dialling_back_found(
+    state: tuple[Config, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    config, run_id = state
+    assert run_doctor(lambda: config, run_id, a_daemon(1.0, reached=False)) == 0  # a warning: it joins via a relay
+    out = capsys.readouterr().out
+    assert "WARN  reachability" in out and "no peer could connect" in out and "open TCP port 31337" in out
+    run_doctor(lambda: config, run_id, a_daemon(1.0, reached=None, answered=0))
+    out = capsys.readouterr().out
+    assert "WARN  reachability" in out and "UnknownMethod" in out
+    run_doctor(lambda: config, run_id, a_daemon(1.0, reached=True))
+    assert f"a peer opened a fresh connection to {ADDR}" in capsys.readouterr().out

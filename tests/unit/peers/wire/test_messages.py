@@ -61,11 +61,12 @@ ADJUST: dict[str, dict[str, Any]] = {
     "CellBackward": {"epoch": "e" * m.MAX_EPOCH_CHARS},
     "Forward": {"to": "p" * m.MAX_PEER_ID_CHARS},
     "Relayed": {"on_behalf_of": "p" * m.MAX_PEER_ID_CHARS},
+    "DialedBack": {"reached": [1] * m.MAX_DIAL_ADDRS},
 }
 
 
 def test_every_message_builds_its_schema_and_every_request_is_registered() -> None:
-    assert len(REQUESTS) == 15
+    assert len(REQUESTS) == 16
     for cls in MESSAGES:
         schema_of(cls)
     for cls in REQUESTS:
