@@ -7,6 +7,7 @@ import logging
 import re
 from pathlib import Path
 
+from swarmd.cli.progress import ProgressLine
 from swarmd.errors import SwarmdError
 from swarmd.models.build import make_config
 from swarmd.models.checkpoint import export_pretrained, load_safetensors
@@ -39,11 +40,13 @@ def export_run(state_dir: Path, run_id: str, out_dir: Path, *, overwrite: bool =
             f"stage checkpoints {missing} of run {run_id} are not on this peer (in {folder}); "
             "run swarmd export while this peer's daemon runs: it fetches every stage from the swarm"
         )
+    progress = ProgressLine(f"exporting {len(found)} stages")
     versions, parts = [], []
     for stage in found:
         weights, meta = load_safetensors(folder / f"stage{stage}.safetensors")
         versions.append(int(meta.get("version", "0")))
         parts.append(weights)
+        progress.update(len(parts) / (len(found) + 1))  # the last part: merging and writing
     shape = signed.spec.model
     merged = merge_stage_state_dicts(parts, shape)  # refuses a gap or an overlap between stages
     corpus = signed.spec.corpus
@@ -51,5 +54,6 @@ def export_run(state_dir: Path, run_id: str, out_dir: Path, *, overwrite: bool =
     export_pretrained(
         make_config(shape), merged, out_dir, overwrite=overwrite, corpus=corpus, corpus_sha256=digest, run_id=run_id
     )
+    progress.done(str(out_dir))
     logger.info("Exported run %s (stage versions %s) to %s", run_id, versions, out_dir)
     return out_dir, versions

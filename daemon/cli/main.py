@@ -372,6 +372,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+GATHER_TIMEOUT_S = 150.0
+
+
 def _gather_from_running_daemon(state_dir: Path, run_id: str) -> None:
     """When a daemon of this run runs on ``state_dir``, have it bring every stage's newest
     checkpoint here first: its stages are spread over the swarm."""
@@ -385,8 +388,12 @@ def _gather_from_running_daemon(state_dir: Path, run_id: str) -> None:
         status = call(socket, "status")
         if status.get("run_id") != run_id or not status.get("training"):
             return
-        print("asking the running daemon for every stage's weights from the swarm's shards ...", flush=True)
-        call(socket, "gather_weights", timeout=150)
+        from swarmd.cli.progress import ProgressLine
+
+        gathering = ProgressLine("the running daemon gathers every stage's weights from the swarm's shards")
+        with gathering.waiting(GATHER_TIMEOUT_S):
+            call(socket, "gather_weights", timeout=GATHER_TIMEOUT_S)
+        gathering.done()
     except ControlError as e:
         print(f"could not gather stages from the swarm ({e}); exporting what is on this peer", file=sys.stderr)
 

@@ -9,9 +9,11 @@ the predicted throughput broken down); without it, a table a person reads.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
+from swarmd.cli.progress import ProgressLine
 from swarmd.peers.planning.plan_cost import Plan, reference_cost, reference_lower_bound
 from swarmd.peers.planning.planner import Awareness, PlannerConfig, plan
 from swarmd.peers.planning.scenario import Scenario, load_scenario
@@ -21,6 +23,21 @@ from swarmd.peers.planning.throughput import (
     fastest_device_tokens_per_s,
     predict_throughput,
 )
+
+SHOW_PROGRESS_BYTES = 32 * 2**20
+"""A scenario file this large (about 1,000 devices) takes seconds to minutes: progress is shown."""
+
+
+def _plan_showing_progress(path: Path, size: int, settings: PlannerConfig) -> tuple[Scenario, Plan]:
+    """Parsing gives no progress (one ``json.loads``); checking its matrices and planning do."""
+    print(f"reading {path} ({size / 2**20:,.0f} MiB of JSON)", file=sys.stderr, flush=True)
+    checking = ProgressLine("reading and checking the scenario")
+    scenario = load_scenario(path, checking.update)
+    checking.done(f"{scenario.n} devices")
+    planning = ProgressLine(f"planning {scenario.n} devices")
+    result = plan(scenario, settings, planning.update)
+    planning.done()
+    return scenario, result
 
 
 def runtime_s(result: Plan) -> float:
@@ -100,9 +117,13 @@ def describe(scenario: Scenario, result: Plan) -> str:
 def run_plan(
     scenario_path: Path, *, as_json: bool, network: bool, devices: bool, reliability: bool, time_budget_s: float
 ) -> int:
-    scenario = load_scenario(scenario_path)
     settings = PlannerConfig(Awareness(network, devices, reliability), time_budget_s=time_budget_s)
-    result = plan(scenario, settings)
+    size = scenario_path.stat().st_size if scenario_path.is_file() else 0
+    if size < SHOW_PROGRESS_BYTES:
+        scenario = load_scenario(scenario_path)
+        result = plan(scenario, settings)
+    else:
+        scenario, result = _plan_showing_progress(scenario_path, size, settings)
     if as_json:
         print(json.dumps(plan_json(scenario, result), indent=2))
     else:

@@ -9,7 +9,10 @@ pace (a simulation's hours, a plan's search budget).
 from __future__ import annotations
 
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TextIO
 
 LINE_EVERY_S = 10.0
@@ -45,12 +48,34 @@ class ProgressLine:
 
     def update(self, fraction: float) -> None:
         """Show ``fraction`` (0 to 1) done, if it is time to."""
+        self._show(self.line(fraction))
+
+    @contextmanager
+    def waiting(self, at_most_s: float) -> Iterator[None]:
+        """Work whose progress cannot be seen from here (another process's): the time so far
+        and the most it may take, shown on the usual schedule until the block ends."""
+        stop = threading.Event()
+
+        def tick() -> None:
+            while not stop.wait(TTY_EVERY_S if self.tty else 1.0):
+                elapsed = time.monotonic() - self.started
+                left = f", at most {duration(at_most_s - elapsed)} left" if elapsed < at_most_s else ""
+                self._show(f"{self.label}: {duration(elapsed)} so far{left}")
+
+        thread = threading.Thread(target=tick, name="progress", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    def _show(self, text: str) -> None:
         now = time.monotonic()
         if now - self._shown_at < (TTY_EVERY_S if self.tty else LINE_EVERY_S):
             return
         self._shown_at, self._shown = now, True
-        end = "\r" if self.tty else "\n"
-        print(self.line(fraction, now), end=end, file=self.stream, flush=True)
+        print(text, end="\r" if self.tty else "\n", file=self.stream, flush=True)
 
     def done(self, what: str = "") -> None:
         """The last line: the whole time taken (clears a rewritten line on a terminal)."""

@@ -31,6 +31,7 @@ touching only the cells it must.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -43,9 +44,13 @@ from swarmd.peers.planning.settings import Awareness, PlanError, PlannerConfig, 
 __all__ = ["Awareness", "PlanError", "PlannerConfig", "Repair", "plan", "planning_view", "repair"]
 
 
-def plan(scenario: Scenario, settings: PlannerConfig | None = None) -> Plan:
-    """A full plan for ``scenario`` (see the module doc)."""
+def plan(
+    scenario: Scenario, settings: PlannerConfig | None = None, progress: Callable[[float], None] | None = None
+) -> Plan:
+    """A full plan for ``scenario`` (see the module doc). ``progress(fraction)``: after each
+    shape built (the first half) and each finalist refined (the second, by the time budget)."""
     settings = settings or PlannerConfig()
+    say = progress or (lambda fraction: None)
     started = time.perf_counter()
     planner = Planner(scenario, settings)
     finalists: list[tuple[GridCandidate, bool]] = []
@@ -62,11 +67,13 @@ def plan(scenario: Scenario, settings: PlannerConfig | None = None) -> Plan:
                 finalists.append((found, local))
                 break
     else:
-        for local in planner.local_mode():
-            built = [
-                (planner.build(shape, local, planner.eligible(shape.stages, local)), local)
-                for shape in planner.shapes(local)
-            ]
+        modes = list(planner.local_mode())
+        for m, local in enumerate(modes):
+            shapes = list(planner.shapes(local))
+            built = []
+            for k, shape in enumerate(shapes):
+                built.append((planner.build(shape, local, planner.eligible(shape.stages, local)), local))
+                say(0.5 * (m + (k + 1) / len(shapes)) / len(modes))
             finalists = sorted(((c, m) for c, m in built if c is not None), key=lambda x: -x[0].tokens_per_s)
             if finalists:
                 break
@@ -78,6 +85,7 @@ def plan(scenario: Scenario, settings: PlannerConfig | None = None) -> Plan:
     for i, (found, local) in enumerate(finalists):
         refined = planner.refine(found, local, time.perf_counter() + left / (len(finalists) - i))
         left = max(0.0, settings.time_budget_s - (time.perf_counter() - started))
+        say(0.5 + 0.5 * (i + 1) / len(finalists))
         if best is None or refined.tokens_per_s > best.tokens_per_s:
             best = refined
     assert best is not None
