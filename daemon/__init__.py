@@ -6,6 +6,7 @@ The process side lives here (import package ``swarmd``, folder ``daemon/``):
 - ``node/``      one daemon: the node that composes the services, coordination, the device, relaying
 - ``training/``  the data path: cells, shard servers, the share ledger, replicas (docs/data-path.md)
 - ``system/``    the process and its machine: systemd, the control socket, the state directory, children
+- ``web/``       the opt-in dashboard and Prometheus metrics, on a loopback address
 - ``config``     the TOML config file as per-section dataclasses
 - ``errors``     the one error hierarchy every package raises from
 
