@@ -23,6 +23,10 @@ from swarmd.system.log_format import FORMATS as LOG_FORMATS
 
 DEFAULT_STATE_DIR = "~/.local/state/swarmd"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+MIN_TRAINING_MBIT_S = 4.0
+"""The lowest bandwidth cap: peers cut off a request whose blobs arrive under 2 Mbit/s
+(``swarmd.peers.wire.framing.MIN_RATE_Bps``), so a cap must leave room above it."""
+LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 
 
 def _check_range(section: str, name: str, value: float, lo: float, hi: float) -> None:
@@ -132,16 +136,12 @@ class ComputeConfig:
     """Measure matmul throughput at start (published in heartbeats)."""
     train: bool = True
     """Work cells of the plan and serve shards when elected to."""
-    threads: int = 0
-    """torch threads for compute (0: torch's default, one per core)."""
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda") and not (
             self.device.startswith("cuda:") and self.device[5:].isdigit()
         ):
             raise ConfigError(f"[compute] device = {self.device!r} is not auto, cpu, cuda or cuda:N")
-        if isinstance(self.threads, bool) or not isinstance(self.threads, int) or not 0 <= self.threads <= 1024:
-            raise ConfigError(f"[compute] threads = {self.threads!r} must be an integer in [0, 1024] (0: one per core)")
 
 
 @dataclass(kw_only=True)
@@ -193,9 +193,46 @@ class LimitsConfig:
     """Pause while the machine runs on battery (a battery present, no mains power)."""
     pause_while: list[str] = field(default_factory=list)
     """Program names, as the process list shows them (e.g. "steam", "blender"): pause while one runs."""
+    pause_while_in_use: bool = False
+    """Pause while the owner uses the machine: keyboard or mouse input within ``in_use_idle_s``
+    (as the login sessions or terminals show it)."""
+    in_use_idle_s: float = 180.0
+    """How long without input before the machine counts as not in use."""
+    pause_while_gpu_used: bool = True
+    """Pause while another process computes on this peer's GPU (seen through NVML)."""
+    cpu_share: float = 1.0
+    """The fraction of the time compute may run, in (0, 1]: 0.5 trains at most half the time."""
+    torch_threads: int = 0
+    """torch threads for compute (0: torch's default, one per core)."""
+    gpu_memory_gib: float = 0.0
+    """The most GPU memory this peer's compute may hold, in GiB (0: no cap)."""
+    upload_mbit_s: float = 0.0
+    """Training traffic sent, at most this many Mbit/s (0: no cap). The DHT's small records are not counted."""
+    download_mbit_s: float = 0.0
+    """Training traffic received, at most this many Mbit/s (0: no cap)."""
+    daily_transfer_gib: float = 0.0
+    """Training traffic sent and received per local day, in GiB; past it the peer pauses until
+    midnight (0: no cap)."""
 
     def __post_init__(self) -> None:
         from swarmd.node.auto_pause import parse_window
+
+        _check_range("limits", "in_use_idle_s", self.in_use_idle_s, 10, 86400)
+        if not 0 < self.cpu_share <= 1:
+            raise ConfigError(f"[limits] cpu_share = {self.cpu_share} must be in (0, 1] (0.5: compute half the time)")
+        if isinstance(self.torch_threads, bool) or not 0 <= self.torch_threads <= 1024:
+            raise ConfigError(f"[limits] torch_threads = {self.torch_threads!r} must be in [0, 1024] (0: one per core)")
+        _check_range("limits", "gpu_memory_gib", self.gpu_memory_gib, 0, 4096)
+        _check_range("limits", "upload_mbit_s", self.upload_mbit_s, 0, 1e6)
+        _check_range("limits", "download_mbit_s", self.download_mbit_s, 0, 1e6)
+        _check_range("limits", "daily_transfer_gib", self.daily_transfer_gib, 0, 1e6)
+        for name in ("upload_mbit_s", "download_mbit_s"):
+            rate = getattr(self, name)
+            if 0 < rate < MIN_TRAINING_MBIT_S:
+                raise ConfigError(
+                    f"[limits] {name} = {rate} is under {MIN_TRAINING_MBIT_S} Mbit/s, the least a peer can train "
+                    f"over (peers cut off a request slower than that); use 0 for no cap, or pause instead"
+                )
 
         if len(self.windows) > MAX_LIST or len(self.pause_while) > MAX_LIST:
             raise ConfigError(f"[limits] windows and pause_while take at most {MAX_LIST} entries each")
@@ -210,6 +247,28 @@ class LimitsConfig:
 
 
 @dataclass(kw_only=True)
+class DashboardConfig:
+    listen: str = ""
+    """Serve the dashboard and Prometheus metrics at this host:port, e.g. "127.0.0.1:9470" (port
+    0: any free port; ``swarmd status`` names it). Empty: off. Only this machine may connect."""
+
+    def __post_init__(self) -> None:
+        if self.listen:
+            host, _, port = self.listen.rpartition(":")
+            host = host.strip("[]")
+            if host not in LOOPBACK_HOSTS or not port.isdigit() or int(port) > 65535:
+                raise ConfigError(
+                    f'[dashboard] listen = {self.listen!r} is not a loopback host:port such as "127.0.0.1:9470"; '
+                    "the dashboard is for this machine only (reach it from elsewhere through an SSH tunnel)"
+                )
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, _, port = self.listen.rpartition(":")
+        return host.strip("[]"), int(port)
+
+
+@dataclass(kw_only=True)
 class Config:
     node: NodeConfig = field(default_factory=NodeConfig)
     swarm: SwarmConfig = field(default_factory=SwarmConfig)
@@ -218,6 +277,7 @@ class Config:
     probes: ProbesConfig = field(default_factory=ProbesConfig)
     roles: RolesConfig = field(default_factory=RolesConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    dashboard: DashboardConfig = field(default_factory=DashboardConfig)
 
 
 def _check_maddr(where: str, maddr: object) -> None:
@@ -241,6 +301,7 @@ _SECTIONS: dict[str, type] = {
     "probes": ProbesConfig,
     "roles": RolesConfig,
     "limits": LimitsConfig,
+    "dashboard": DashboardConfig,
 }
 
 

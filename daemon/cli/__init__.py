@@ -1,6 +1,7 @@
 """The ``swarmd`` command (``swarmd.cli``): parsing, then one module per command.
 
 - ``main``              the parser, the commands' entry points, logging, and the exit codes
+- ``run_command``       ``swarmd run``: the flags over the config (and at each reload), the node and its signals
 - ``status_view``       the text of ``swarmd status`` and ``swarmd peers`` from a daemon's answer
 - ``status_watch``      ``swarmd status --watch``: that view refreshed in place (rich)
 - ``demo``              ``swarmd demo``: a local swarm on 127.0.0.1 that trains the default run
@@ -11,6 +12,7 @@
 - ``progress``          a long command's progress on stderr, with an estimate of the time left
 - ``doctor``            ``swarmd doctor``: can this machine join its run, each check with its fix
 - ``parser_docs``       shell completion and the man page, generated from the parser
+- ``config_command``    ``swarmd config``: show, get, set a key (comments kept), reload the daemon's config
 
 Commands import what they need when they run, so ``swarmd --help`` stays quick.
 """

@@ -274,13 +274,28 @@ def check_reachability(status: dict[str, Any], peers: list[Any], ask: Ask) -> Ch
     return Check("reachability", "warn", f"no peer has reached this daemon ({errors or 'no address'})", fix)
 
 
+def check_in_use(ctx: Context) -> list[Check]:
+    """``[limits] pause_while_in_use`` needs input idle time this machine shows (else it never pauses)."""
+    from swarmd.node.machine_use import input_idle_s
+
+    limits = ctx.config.limits
+    if not limits.pause_while_in_use:
+        return []
+    idle = input_idle_s()
+    if idle is None:
+        found = "no login session (loginctl) or terminal shows input idle time here: pause_while_in_use never pauses"
+        fix = "run swarmd where logind sees your sessions (not in a container), or set [limits] windows instead"
+        return [Check("in use", "warn", found, fix)]
+    return [Check("in use", "pass", f"input seen {idle:.0f} s ago; pauses while under {limits.in_use_idle_s:.0f} s")]
+
+
 def run_doctor(load: Callable[[], Any], run_id: str | None, ask: Ask) -> int:
     ctx = Context()
     started = time.monotonic()
     checks = check_config(ctx, load, run_id)
     _print(checks)
     if ctx.config is not None:
-        for step in (check_state_dir, check_torch, check_cell_memory):
+        for step in (check_state_dir, check_torch, check_cell_memory, check_in_use):
             found = step(ctx)
             _print(found)
             checks += found

@@ -7,6 +7,7 @@
     swarmd peers [--json]                                 the swarm, one line a peer
     swarmd pause [--for D] | swarmd resume                hand this peer's work back, and take it again
     swarmd doctor [--run-id ID]                           can this machine join its run; what to fix
+    swarmd config show | get K | set K V | reload         the config; [limits] changes apply live
     swarmd export --run-id ID DIR                         a folder transformers' from_pretrained loads
     swarmd demo                                           a local swarm on 127.0.0.1
     swarmd plan --scenario FILE [--json]                  place a swarm described on paper
@@ -19,7 +20,6 @@ User errors print one line and exit non-zero; ``--debug`` adds the traceback.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from swarmd import __version__
+from swarmd.cli import config_command
 from swarmd.cli.status_view import fmt_newer_version, fmt_peers, format_status
 from swarmd.errors import ConfigError, SwarmdError
 from swarmd.peers.wire.relay_modes import MODES as RELAY_MODES
@@ -73,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-train", action="store_true", help="join and stay, but train nothing")
     run.add_argument("--data-via-relay", choices=RELAY_MODES, help="overrides [swarm] data_via_relay")
     run.add_argument("--threads", type=int, metavar="N", help="torch threads for compute (0: one per core)")
+    run.add_argument("--dashboard", metavar="HOST:PORT", help="serve the dashboard and metrics, e.g. 127.0.0.1:9470")
     _add_common(run)
 
     for name, help_text in (
@@ -119,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     completion = sub.add_parser("completion", help="print a shell completion script (bash)")
     completion.add_argument("shell", choices=["bash"], help="the shell: source the output from its rc file")
     sub.add_parser("man", help="print the man page (roff): swarmd man > /usr/local/share/man/man1/swarmd.1")
+    config_command.add_parser(sub, _add_common)
 
     sim = sub.add_parser("simulate", help="simulate a scenario over time with churn, comparing strategies")
     sim.add_argument("--scenario", type=Path, required=True, metavar="FILE", help="the scenario (JSON)")
@@ -167,12 +170,13 @@ def _load(args: argparse.Namespace) -> Any:
 
 def cmd_run(args: argparse.Namespace) -> int:
     _check_run_id_arg(args)
-    from swarmd.config import ConfigError, HeartbeatConfig, SwarmConfig
+    from swarmd.cli.run_command import run_node, sign_new_run, with_run_flags
+    from swarmd.config import ConfigError
 
     config = _load(args)
     _configure_logging("debug" if args.debug else config.node.log_level, config.node.log_format)
     if args.action == "create":
-        return cmd_run_create(args, config)
+        return sign_new_run(args, config)
     if args.action == "token":
         from swarmd.cli.token_command import run_token
 
@@ -184,95 +188,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     from swarmd.peers.wire.emulated_delay import configured_delays
 
     configured_delays()  # a calibration harness's delay file that is wrong stops us here, in one line
-    sw = config.swarm
-    overrides: dict[str, Any] = {
-        "run_id": args.run_id,
-        "initial_peers": args.initial_peers,
-        "host_maddrs": args.host_maddrs,
-        "lan_maddr": args.lan_maddr,
-        "join_timeout_s": args.join_timeout,
-        "data_via_relay": args.data_via_relay,
-        "join_token": args.join_token,
-    }
-    values = {**sw.__dict__, **{k: v for k, v in overrides.items() if v is not None}}
-    if args.no_mdns:
-        values["mdns"] = False
-    if args.no_nat_port_map:
-        values["nat_port_map"] = False
-    config.swarm = SwarmConfig(**values)  # re-validates the flags
-    hb = config.heartbeat
-    config.heartbeat = HeartbeatConfig(
-        interval_s=args.heartbeat_interval or hb.interval_s, ttl_s=args.heartbeat_ttl or hb.ttl_s
-    )
-    if args.no_benchmark:
-        config.compute.benchmark = False
-    if args.no_train:
-        config.compute.train = False
-    if args.threads is not None:
-        config.compute = dataclasses.replace(config.compute, threads=args.threads)  # re-validates
+    config = with_run_flags(config, args)
     if not config.swarm.run_id:
         raise ConfigError("no run to join: pass --run-id ID (or set [swarm] run_id); 'swarmd run create' makes one")
     if config.swarm.join_token:
         from swarmd.cli.token_command import check_join_token
 
         check_join_token(config.node.state_path, config.swarm.run_id, config.swarm.join_token)
-    return _run_node(config)
-
-
-def _run_node(config: Any) -> int:
-    import asyncio
-    import signal
-
-    from swarmd.node.node import Node
-
-    node = Node(config, config.swarm.run_id)
-
-    async def main() -> int:
-        loop = asyncio.get_running_loop()
-        signals_seen = 0
-
-        def on_signal(signum: int) -> None:
-            nonlocal signals_seen
-            signals_seen += 1
-            if signals_seen == 1:
-                logger.info("Got %s; stopping (send it again to exit at once)", signal.Signals(signum).name)
-                node.request_stop()
-            else:
-                logger.warning("Second signal: exiting at once")
-                if node.dht is not None:
-                    node.dht.kill_now()
-                os._exit(EXIT_FAILURE)
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_signal, sig)
-        return await node.run()
-
-    code = asyncio.run(main())
-    logger.info("Stopped")
-    return code
-
-
-def cmd_run_create(args: argparse.Namespace, config: Any) -> int:
-    from swarmd.config import ConfigError
-    from swarmd.peers.records.identity import load_or_create_identity
-    from swarmd.peers.records.run_spec import load_spec_file, sign_run_spec
-    from swarmd.system.state_dir import prepare_state_dir, save_spec
-
-    if args.spec is None:
-        raise ConfigError("'swarmd run create' needs --spec FILE (see README for the format)")
-    spec = load_spec_file(args.spec)
-    state_dir = prepare_state_dir(config.node.state_path)
-    identity = load_or_create_identity(state_dir)
-    signed = sign_run_spec(identity, spec)
-    path = save_spec(state_dir, signed)
-    print(signed.run_id)
-    print(
-        f"Signed by {identity.peer_id}; saved to {path}.\n"
-        f"Serve it with:  swarmd run --run-id {signed.run_id}\n"
-        f"Others join with:  swarmd run --run-id {signed.run_id} --initial-peers <this daemon's address>",
-        file=sys.stderr,
-    )
-    return 0
+    return run_node(config, lambda: with_run_flags(_load(args), args))
 
 
 def _control_path(args: argparse.Namespace) -> Path:
@@ -462,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         "simulate": cmd_simulate,
         "completion": cmd_completion,
         "man": cmd_man,
+        "config": lambda a: config_command.run(a, _control_path),
     }
     try:
         return handlers[args.command](args)

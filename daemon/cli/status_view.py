@@ -29,6 +29,8 @@ def format_status(result: dict[str, Any]) -> str:
         f"addresses {' '.join(result['addrs']) or '-'}",
         f"peers     {len(result['peers'])} seen",
     ]
+    if result.get("dashboard"):
+        lines.append(f"dashboard {result['dashboard']} (metrics: {result['dashboard']}metrics)")
     paused = result.get("paused")
     if paused:
         left = "until 'swarmd resume'" if paused["left_s"] is None else f"{paused['left_s']:.0f} s left"
@@ -40,6 +42,8 @@ def format_status(result: dict[str, Any]) -> str:
         lines += fmt_training(result["training"])
     if result.get("swarm"):
         lines += fmt_swarm(result["swarm"], result["peer_id"])
+    if result.get("traffic"):
+        lines.append(fmt_traffic(result["traffic"]))
     refused = fmt_refused(result)
     if refused:
         lines.append(refused)
@@ -76,6 +80,23 @@ def fmt_refused(result: dict[str, Any]) -> str:
     ]
     shown = [p for p in parts if p]
     return f"refused   {'; '.join(shown)}" if shown else ""
+
+
+def fmt_traffic(t: dict[str, Any]) -> str:
+    """The training traffic: what went each way since start, the caps, and today against the daily cap."""
+
+    def size(n: float) -> str:
+        return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+    def cap(bps: float) -> str:
+        return f"{bps * 8 / 1e6:g} Mbit/s" if bps else "no cap"
+
+    today = t["today"]
+    daily = f"of {t['daily_cap_bytes'] / 2**30:g} GiB" if t["daily_cap_bytes"] else "(no daily cap)"
+    return (
+        f"traffic   sent {size(t['sent_bytes'])}, received {size(t['received_bytes'])}; up {cap(t['up_cap_Bps'])}, "
+        f"down {cap(t['down_cap_Bps'])}; today {size(today['bytes'])} {daily}"
+    )
 
 
 def fmt_duration(seconds: float) -> str:

@@ -1,5 +1,6 @@
 """When this peer pauses by itself, as the owner set it in ``[limits]``: outside the time
-windows it may train in, on battery, or while one of the listed programs runs.
+windows it may train in, on battery, while one of the listed programs runs, while the owner
+uses the machine, or while another process uses its GPU (``swarmd.node.machine_use``).
 
 Each round reads the local clock, the power supplies (``/sys/class/power_supply``: a battery
 and no mains online) and the process names (psutil), and names the first reason to pause, or
@@ -15,6 +16,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from swarmd.node.machine_use import machine_use_reason
+from swarmd.node.traffic_limits import transfer_cap_reason
 
 if TYPE_CHECKING:
     from swarmd.config import LimitsConfig
@@ -107,10 +111,17 @@ def pause_reason(
     return None
 
 
-def limits_reason(limits: LimitsConfig, now: float | None = None) -> str | None:
-    """``pause_reason`` for this machine now (reads the clock, the power supplies, the processes)."""
+def limits_reason(limits: LimitsConfig, now: float | None = None, device: str = "cpu") -> str | None:
+    """``pause_reason`` for this machine now (reads the clock, the power supplies, the processes),
+    then the owner at the machine and the GPU's other users (``swarmd.node.machine_use``;
+    ``device``: ``[compute] device``)."""
+    if (capped := transfer_cap_reason(limits)) is not None:  # today's traffic at [limits] daily_transfer_gib
+        return capped
     local = time.localtime(now)
     windows = [parse_window(w) for w in limits.windows]
     programs = running(limits.pause_while, process_names()) if limits.pause_while else []
     battery = on_battery() if limits.pause_on_battery else False
-    return pause_reason(windows, local.tm_hour * 60 + local.tm_min, limits.pause_on_battery, battery, programs)
+    reason = pause_reason(windows, local.tm_hour * 60 + local.tm_min, limits.pause_on_battery, battery, programs)
+    if reason is not None:
+        return reason
+    return machine_use_reason(limits.pause_while_in_use, limits.in_use_idle_s, limits.pause_while_gpu_used, device)

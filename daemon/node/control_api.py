@@ -15,16 +15,19 @@ from swarmd import __version__
 from swarmd.errors import SwarmdError
 from swarmd.node.coordination import Coordination
 from swarmd.node.dial_back import DialBackService
+from swarmd.node.limits import LiveLimits, Reloads
 from swarmd.node.pausing import MAX_PAUSE_S, Pausing
 from swarmd.node.presence import Presence
 from swarmd.node.relay import RelayService, Router
 from swarmd.peers.records.identity import Identity
 from swarmd.peers.records.run_spec import SignedRunSpec
 from swarmd.peers.wire.rpc import RpcServer
+from swarmd.peers.wire.shaping import TRAFFIC
 from swarmd.system.control import Handler
 
 if TYPE_CHECKING:
     from swarmd.training.trainer import Trainer
+    from swarmd.web.server import DashboardServer
 
 
 class NodeParts(Protocol):
@@ -64,6 +67,15 @@ class NodeParts(Protocol):
     def pausing(self) -> Pausing: ...
 
     @property
+    def limits(self) -> LiveLimits: ...
+
+    @property
+    def reloads(self) -> Reloads: ...
+
+    @property
+    def dashboard(self) -> DashboardServer: ...
+
+    @property
     def dial_back(self) -> DialBackService | None: ...
 
 
@@ -78,11 +90,20 @@ class ControlApi:
             "gather_weights": self.gather_weights,
             "pause": self.pause,
             "resume": self.resume,
+            "reload": self.reload,
             "dial_back": self.dial_back,
         }
 
     ARGUMENTS = {"pause": {"for_s": float}}
     """The commands' arguments and their types (the socket checks them before a handler runs)."""
+
+    async def reload(self, request: dict[str, Any]) -> dict[str, Any]:
+        """``swarmd config reload`` (and ``set``): re-read the config; ``[limits]`` applies at once.
+        A config that fails to load is the owner's to fix, not a daemon failure: it is answered."""
+        try:
+            return await self.node.reloads.reload()
+        except SwarmdError as e:
+            return {"refused": str(e)}
 
     async def pause(self, request: dict[str, Any]) -> dict[str, Any]:
         """``swarmd pause [--for D]``: hand the work back, for ``for_s`` seconds or until resumed."""
@@ -115,6 +136,7 @@ class ControlApi:
             "state": node.state,
             "paused": node.pausing.status(),
             "pid": os.getpid(),
+            "dashboard": node.dashboard.url,
             "run_id": node.run_id,
             "run": None
             if spec is None
@@ -132,6 +154,8 @@ class ControlApi:
             "relaying": node.relay.status() if node.relay is not None else None,
             "routes": node.router.status() if node.router is not None else None,
             "rpc": None if node.rpc is None else asdict(node.rpc.counters),
+            "traffic": TRAFFIC.status(),
+            "limits": node.limits.status(),
         }
 
     async def gather_weights(self, request: dict[str, Any]) -> dict[str, Any]:

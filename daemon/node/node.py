@@ -29,12 +29,14 @@ from swarmd.node.dht_watch import DhtWatch
 from swarmd.node.dial_back import DialBackService
 from swarmd.node.joining import Joining
 from swarmd.node.lan_service import LAN_RESTART_INTERVAL_S, LanService
+from swarmd.node.limits import LiveLimits, Reloads
 from swarmd.node.measurements import Measurements
 from swarmd.node.pausing import Pausing
 from swarmd.node.presence import MEMBERSHIP_SCAN_S, Presence
 from swarmd.node.relay import RelayService, Router
 from swarmd.node.request_gate import RunAdmission
 from swarmd.node.services import Services, dht_call
+from swarmd.node.traffic_limits import SAVE_EVERY_S, TrafficDay
 from swarmd.peers.dht.swarm_dht import SPEC_TTL_S, SwarmDHT
 from swarmd.peers.membership.election import ElectionConfig, coordination_round_s
 from swarmd.peers.membership.members import Membership
@@ -49,6 +51,7 @@ from swarmd.system import systemd
 from swarmd.system.children import LivenessPipe
 from swarmd.system.control import SOCKET_FILENAME, ControlServer
 from swarmd.system.state_dir import StateDirLock, prepare_state_dir, run_checkpoint_dir
+from swarmd.web.server import DashboardServer
 
 if TYPE_CHECKING:
     from swarmd.training.trainer import Trainer
@@ -92,6 +95,9 @@ class Node:
         self.coordination: Coordination | None = None
         self.roles = ["worker"] if config.compute.train else []
         self.pausing = Pausing(self)
+        self.limits = LiveLimits(config.limits)  # [limits] applied to this process, live
+        self.reloads = Reloads(config, self.limits, self._check_limits)  # SIGHUP, swarmd config reload
+        self.traffic_day = TrafficDay(self.state_dir)  # today's bytes, against [limits] daily_transfer_gib
         self.state = "starting"
         self.started_at = time.time()
         self.services = Services()
@@ -99,6 +105,7 @@ class Node:
         self._liveness = LivenessPipe()
         api = ControlApi(self)
         self._control = ControlServer(self.state_dir / SOCKET_FILENAME, api.handlers(), api.ARGUMENTS)
+        self.dashboard = DashboardServer(config.dashboard, lambda: api.status({}))
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -130,6 +137,8 @@ class Node:
 
     async def _start(self) -> None:
         self.identity = load_or_create_identity(self.state_dir)
+        self.limits.start()
+        self.traffic_day.load()  # before any traffic: a restart does not reset the daily cap
         self.membership = Membership(self.identity.peer_id)
         cfg, services = self.config.swarm, self.services
         self.dht = dht = SwarmDHT(
@@ -148,6 +157,7 @@ class Node:
             self.run_id, self.identity, dht, self.membership, lan, hb, self.current_roles, self.started_at
         )
         await self._control.start()  # after the presence: every status answer reads it
+        await self.dashboard.start()  # when [dashboard] listen is set
         self.state = "joining"
         systemd.notify_status(f"joining run {self.run_id}")
         joining = Joining(dht, self.state_dir, self.run_id, cfg, services.sleep_or_stop)
@@ -174,6 +184,7 @@ class Node:
         services.spawn("watchdog", lambda: systemd.watchdog_interval_s() or 2.0, self._watchdog)
         services.spawn("pause", lambda: PAUSE_CHECK_S, self.pausing.end_timed_pause, run_first=False)
         services.spawn("limits", lambda: LIMITS_CHECK_S, self._check_limits)
+        services.spawn("traffic day", lambda: SAVE_EVERY_S, self.traffic_day.keep, run_first=False)
         await self._start_rpc(measurements, coordination)
         # Paced by the heartbeat (a swarm tuned for quick membership also re-plans quickly), but
         # never faster than these floors: every round is DHT traffic that heartbeats and leases,
@@ -239,10 +250,9 @@ class Node:
 
         assert self.identity is not None and self.dht is not None
         assert self.membership is not None and self.rpc is not None
-        if self.config.compute.threads:
-            import torch
+        from swarmd.node.device import resolve_device
 
-            torch.set_num_threads(self.config.compute.threads)
+        self.limits.start_compute(resolve_device(self.config.compute.device))
         membership, own = self.membership, self.identity.peer_id
 
         def members() -> list[dict[str, Any]]:
@@ -312,6 +322,7 @@ class Node:
             logger.warning("Shutdown took over [node] stop_timeout_s = %.0f s; exiting anyway", budget)
         if self.measurements is not None:
             self.measurements.save()  # what we observed of others outlives this run of the daemon
+        self.traffic_day.save()
         if self.dht is not None:
             await asyncio.to_thread(self.dht.shutdown)
 
@@ -335,6 +346,7 @@ class Node:
             self.lan.stop if self.lan is not None else None,
             self._p2p.shutdown if self._p2p is not None else None,
             self._control.stop,
+            self.dashboard.stop,
         ):
             if step is not None:
                 try:
@@ -350,7 +362,8 @@ class Node:
     async def _check_limits(self) -> None:
         """Pause while ``[limits]`` says so (``swarmd.node.auto_pause``), resume when it no longer does."""
         if self.config.compute.train:
-            await self.pausing.follow_limits(await asyncio.to_thread(limits_reason, self.config.limits))
+            limits, device = self.config.limits, self.config.compute.device
+            await self.pausing.follow_limits(await asyncio.to_thread(limits_reason, limits, None, device))
 
     def current_roles(self) -> list[str]:
         """What this peer does now: it works if it trains, and serves parameters while it holds shards."""

@@ -12,6 +12,7 @@
 - ``neighbours``     a cell's tensors straight to its neighbours, tried again on a broken path
 - ``rounds``         the end of a share at a cell and of its round: the contribution, the sync
 - ``cell_stats``     a cell's counters and its entry in the status
+- ``throttle``       [limits] cpu_share: each worker thread's duty cycle, and its torch threads
 - ``puller``         a cell's weights: a whole pull, then committed deltas by long poll
 - ``contributions``  a cell's one contribution per round, a slice per shard, kept until committed
 - ``shard_server``   one slice of a stage's parameters served: contributions in, deltas out, steps logged

@@ -60,6 +60,7 @@ from swarmd.training.neighbours import Neighbours
 from swarmd.training.puller import Puller
 from swarmd.training.reducer import Reducer
 from swarmd.training.rounds import CellRounds
+from swarmd.training.throttle import DutyCycle
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +127,7 @@ class CellWorker:
         self.in_spec = FrameSpec.activation(shape, self.stage, micro_batch) if not self.is_first else None
         self.out_spec = FrameSpec.activation(shape, self.stage + 1, micro_batch) if not self.is_last else None
         self._exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"cell-{self.pipeline}-{self.stage}")
+        self.duty = DutyCycle()  # [limits] cpu_share, paid in the worker thread before each job
         self._stop = asyncio.Event()
         self.failure: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -176,6 +178,7 @@ class CellWorker:
         if self.flight.share is not None:
             self._abandon_share()
         self._stop.set()
+        self.duty.stop()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.contributions.drain(), timeout_s / 2)
         await cancel_all(self._tasks, timeout_s / 2, f"cell {self.cell}")
@@ -208,9 +211,13 @@ class CellWorker:
             logger.debug("cell %s: %s to %s failed (%s)", self.cell, type(request).__name__, peer, e)
 
     async def in_thread(self, fn: Callable[..., T], *args: Any, what: str = "compute") -> T:
-        """Run ``fn`` on this cell's one worker thread (the compute is not thread-safe)."""
+        """Run ``fn`` on this cell's one worker thread (the compute is not thread-safe), once
+        the thread has been idle as long as ``[limits] cpu_share`` asks (counted as waiting)."""
         with self.stats.timing(what):
-            return await asyncio.get_running_loop().run_in_executor(self._exec, fn, *args)
+            result, throttled = await asyncio.get_running_loop().run_in_executor(self._exec, self.duty.run, fn, *args)
+        self.stats.seconds[what] -= throttled
+        self.stats.seconds["waiting"] += throttled
+        return result
 
     async def timed(self, wait: Awaitable[Any]) -> None:
         """Await ``wait``, counted as waiting."""

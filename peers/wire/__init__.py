@@ -6,6 +6,7 @@
 - ``framing``        one message on a stream: header, blobs, bounds checked before reading, deadlines
 - ``rpc``            requests over hivemind P2P streams: admitted, bounded, paced, dispatched, counted
 - ``quota``          each peer's share of the server: rates, in flight, bans; the byte budget; counters
+- ``shaping``        the owner's caps on training traffic: token buckets up and down; bytes by method and day
 - ``sizes``          the bytes of every message, as the planner and the simulator charge them
 - ``codecs``         tensor frames in fp32, fp16, bf16 or int8, checked before use; error feedback
 - ``routing``        which way a request goes: direct, or through an elected relay

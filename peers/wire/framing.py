@@ -7,6 +7,11 @@ most ``MAX_BLOBS`` blobs, and the whole is at most the reader's limit: every len
 before what it counts is read or allocated. ``read_message`` reads one (a caller's answer)
 under one deadline; ``swarmd.peers.wire.rpc``'s server reads a request piece by piece
 (``read_head``, ``read_length``, ``read_paced``) to admit it and bound it as it goes.
+
+Given a ``swarmd.peers.wire.shaping.TrafficShaper``, both count what they move, by method, and
+pace blobs chunk by chunk under the owner's caps (a header goes at once, charged to the cap);
+the time spent waiting for this peer's own cap pushes a deadline back, since the other side
+is not late for it.
 """
 
 from __future__ import annotations
@@ -14,11 +19,12 @@ from __future__ import annotations
 import asyncio
 import json
 import struct
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from swarmd.peers.wire.errors import Code, Invalid, ProtocolViolation, StreamBroken
 from swarmd.peers.wire.protocol import MAX_BLOBS
+from swarmd.peers.wire.shaping import OTHER_METHOD, TrafficShaper
 
 MAX_HEADER_BYTES = 256 * 1024
 """Fits the largest message (a replica log's 64 KiB ledger, or a relayed header, escaped)."""
@@ -44,8 +50,13 @@ async def write_message(
     header: dict[str, Any],
     blobs: Sequence[bytes] = (),
     max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    *,
+    shaper: TrafficShaper | None = None,
+    method: str | None = None,
+    deadline: asyncio.Timeout | None = None,
 ) -> int:
-    """Write one message; returns its size in bytes."""
+    """Write one message; returns its size in bytes. With a ``shaper``, counted as sent for
+    ``method`` (None: the header's) and its blobs paced, pushing ``deadline`` back by each wait."""
     try:
         encoded = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
     except ValueError as e:
@@ -57,21 +68,60 @@ async def write_message(
     total = 8 + len(encoded) + sum(4 + len(b) for b in blobs)
     if total > max_bytes:
         raise Invalid(f"message is {total} bytes, over the {max_bytes}-byte limit")
-    writer.write(struct.pack("<I", len(encoded)) + encoded + struct.pack("<I", len(blobs)))
-    for blob in blobs:
-        writer.write(struct.pack("<I", len(blob)))
-        writer.write(blob)
+    head = struct.pack("<I", len(encoded)) + encoded + struct.pack("<I", len(blobs))
+    if shaper is None:
+        writer.write(head)
+        for blob in blobs:
+            writer.write(struct.pack("<I", len(blob)))
+            writer.write(blob)
+    else:
+        label = method if method is not None else method_of(header)
+        shaper.charge("sent", label, len(head))
+        writer.write(head)
+        for blob in blobs:
+            shaper.charge("sent", label, 4)
+            writer.write(struct.pack("<I", len(blob)))
+            view = memoryview(blob)
+            for offset in range(0, len(blob), CHUNK_BYTES):
+                piece = view[offset : offset + CHUNK_BYTES]
+                await _held(deadline, shaper.pace("sent", len(piece)))
+                writer.write(piece)
+                shaper.count("sent", label, len(piece))
     await writer.drain()
     return total
 
 
+def method_of(header: dict[str, Any]) -> str:
+    """The method a message's traffic is counted under: its header's, if it names one."""
+    method = header.get("method")
+    return method if isinstance(method, str) else OTHER_METHOD
+
+
+async def _held(deadline: asyncio.Timeout | None, waiting: Awaitable[float]) -> float:
+    """Wait for this peer's own cap with ``deadline`` stopped, then move it back by as long."""
+    when = deadline.when() if deadline is not None else None
+    if deadline is not None:
+        deadline.reschedule(None)
+    waited_s = await waiting
+    if deadline is not None and when is not None:
+        deadline.reschedule(when + waited_s)
+    return waited_s
+
+
 async def read_message(
-    reader: asyncio.StreamReader, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, timeout_s: float = DEFAULT_TIMEOUT_S
+    reader: asyncio.StreamReader,
+    max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    *,
+    shaper: TrafficShaper | None = None,
+    method: str = OTHER_METHOD,
 ) -> Frame:
     """Read one message (a caller reads its answer so); raises ProtocolViolation naming what was
-    wrong (and the limit)."""
+    wrong (and the limit). With a ``shaper``, counted as received for ``method`` and its blobs
+    paced; ``timeout_s`` does not count the waits for this peer's own cap."""
     try:
-        return await asyncio.wait_for(_read_message(reader, max_bytes), timeout_s)
+        async with asyncio.timeout(timeout_s) as deadline:
+            return await _read_message(reader, max_bytes, shaper, method, deadline)
     except TimeoutError:
         raise ProtocolViolation(f"message not received within {timeout_s:.0f} s", Code.TIMEOUT) from None
     except asyncio.IncompleteReadError as e:
@@ -84,12 +134,23 @@ def stream_broken(e: asyncio.IncompleteReadError) -> StreamBroken:
     return StreamBroken(f"the stream ended mid-message ({len(e.partial)} of {e.expected} bytes)")
 
 
-async def _read_message(reader: asyncio.StreamReader, max_bytes: int) -> Frame:
+async def _read_message(
+    reader: asyncio.StreamReader,
+    max_bytes: int,
+    shaper: TrafficShaper | None,
+    method: str,
+    deadline: asyncio.Timeout,
+) -> Frame:
     header, total, count = await read_head(reader)
+    if shaper is not None:
+        shaper.charge("received", method, total)
     blobs = []
     for _ in range(count):
         size, total = await read_length(reader, total, max_bytes)
-        blobs.append(await reader.readexactly(size))
+        if shaper is None:
+            blobs.append(await reader.readexactly(size))
+        else:
+            blobs.append((await read_paced(reader, size, shaper, method, deadline))[0])
     return header, blobs
 
 
@@ -120,11 +181,29 @@ async def read_length(reader: asyncio.StreamReader, total: int, max_bytes: int) 
     return size, total
 
 
-async def read_paced(reader: asyncio.StreamReader, size: int, deadline: asyncio.Timeout, due: float) -> bytes:
-    """``size`` bytes in chunks, the end of each due ``MIN_RATE_Bps`` after ``due`` (its start)."""
-    chunks = [b""]
+async def read_paced(
+    reader: asyncio.StreamReader,
+    size: int,
+    shaper: TrafficShaper,
+    method: str,
+    deadline: asyncio.Timeout | None = None,
+    due: float | None = None,
+) -> tuple[bytes, float]:
+    """A blob of ``size`` bytes (its length read) in chunks, each let in by ``shaper``'s cap on
+    receiving and counted for ``method``. With ``due``, the end of each chunk is due on
+    ``deadline`` ``MIN_RATE_Bps`` after ``due`` (its start) plus the time waited for the cap;
+    without, ``deadline`` (if any) is moved back by each wait. Returns the blob and the time
+    waited."""
+    shaper.charge("received", method, 4)
+    chunks, waited_s = [b""], 0.0
     for offset in range(0, size, CHUNK_BYTES):
         n = min(CHUNK_BYTES, size - offset)
-        deadline.reschedule(due + (offset + n) / MIN_RATE_Bps)
+        if deadline is None or due is None:
+            waited_s += await _held(deadline, shaper.pace("received", n))
+        else:
+            deadline.reschedule(None)  # our own cap holds the bytes back, not the sender
+            waited_s += await shaper.pace("received", n)
+            deadline.reschedule(due + waited_s + (offset + n) / MIN_RATE_Bps)
         chunks.append(await reader.readexactly(n))
-    return chunks[-1] if len(chunks) <= 2 else b"".join(chunks)
+        shaper.count("received", method, n)
+    return chunks[-1] if len(chunks) <= 2 else b"".join(chunks), waited_s

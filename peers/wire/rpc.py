@@ -21,6 +21,9 @@ as soon as its header is read, believed only from a relay of the plan, admitted 
 from the peer it speaks for, and handed to the inner method's handler as from that peer:
 handlers never see relaying. ``call`` sends a request and returns its typed answer, or raises
 the refusal's own exception (``swarmd.peers.wire.errors``).
+
+Both sides count every byte by method and pace blobs chunk by chunk under the owner's caps
+(``swarmd.peers.wire.shaping.TRAFFIC``); waiting for one's own cap makes nobody late.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ from swarmd.peers.wire.framing import (
     MAX_HEADER_BYTES,
     Frame,
     MIN_RATE_Bps,
+    method_of,
     no_constants,
     read_head,
     read_length,
@@ -74,6 +78,7 @@ from swarmd.peers.wire.messages import Relayed
 from swarmd.peers.wire.protocol import Answer as TypedAnswer
 from swarmd.peers.wire.protocol import Request
 from swarmd.peers.wire.quota import ByteBudget, PeerQuotas, QuotaLimits, RpcCounters
+from swarmd.peers.wire.shaping import OTHER_METHOD, TRAFFIC, TrafficShaper
 
 __all__ = [
     "PROTOCOL",
@@ -147,6 +152,7 @@ class _Call:
     """The peers whose requests in flight it counts in."""
     reserved: int = 0
     """Bytes of the budget reserved for the sender."""
+    method: str = OTHER_METHOD  # its traffic is counted under: its header's, once read, if served here
 
 
 class RpcServer:
@@ -163,15 +169,17 @@ class RpcServer:
         limits: QuotaLimits | None = None,
         budget: ByteBudget | None = None,
         clock: Callable[[], float] = time.monotonic,
+        shaper: TrafficShaper = TRAFFIC,
     ) -> None:
         """``run_id``: the run served (another run's request is refused WRONG_RUN); ``is_relay``:
         whether a peer is a relay of the plan in force (None: nobody relays to us); ``admit``:
         who may ask what (None: everyone is a member); ``limits`` and ``budget``: each peer's
-        quotas and what all requests may hold (``swarmd.peers.wire.quota``)."""
+        quotas and what all requests may hold (``swarmd.peers.wire.quota``); ``shaper``: what
+        counts and paces the bytes (``swarmd.peers.wire.shaping``)."""
         self.run_id, self.is_relay, self.admit = run_id, is_relay, admit
         self.max_message_bytes, self.timeout_s, self.clock = max_message_bytes, timeout_s, clock
         self.quotas, self.budget = PeerQuotas(limits), budget or ByteBudget()
-        self.counters = RpcCounters()
+        self.counters, self.shaper = RpcCounters(), shaper
         self._routes: dict[str, _Route] = {}
         self._slots = asyncio.Semaphore(MAX_CONCURRENT_REQUESTS)
         self._stranger_slots = asyncio.Semaphore(STRANGER_SLOTS)
@@ -236,9 +244,8 @@ class RpcServer:
             self.counters.bytes_in += 8 + sum(4 + len(b) for b in blobs)
             answer, out = await self._dispatch(call.sender, route, header, blobs)
             try:
-                sent = await asyncio.wait_for(
-                    write_message(writer, answer, out, self.max_message_bytes), self.timeout_s
-                )
+                async with asyncio.timeout(self.timeout_s) as deadline:
+                    sent = await self._write(call, writer, (answer, out), deadline)
             except Invalid as e:  # too large for our own limit: the handler's fault, and the asker must hear of it
                 logger.warning("Answer to %s from %s cannot be sent: %s", header.get("method"), call.sender, e)
                 raise Internal(f"the answer cannot be sent: {e}") from None
@@ -264,6 +271,10 @@ class RpcServer:
         try:
             async with asyncio.timeout_at(loop.time() + header_s) as deadline:
                 header, total, count = await read_head(reader)
+                # Counted under a method served here: a peer's made-up names are not kept.
+                if isinstance(m := header.get("method"), str) and (m in self._routes or m == Relayed.METHOD):
+                    call.method = m
+                self.shaper.charge("received", call.method, total)
                 route, header, delay_s = self._admit(call, header, count)
                 limit = min(self.max_message_bytes, max_request_bytes(route.request_type))
                 blobs: list[bytes] = []
@@ -281,8 +292,9 @@ class RpcServer:
                         deadline.reschedule(None)
                         await asyncio.sleep(delay_s)
                         due += delay_s
-                    blobs.append(await read_paced(reader, size, deadline, due))
-                    due += (4 + size) / MIN_RATE_Bps
+                    blob, waited_s = await read_paced(reader, size, self.shaper, call.method, deadline, due)
+                    blobs.append(blob)
+                    due += waited_s + (4 + size) / MIN_RATE_Bps
         except TimeoutError:
             raise ProtocolViolation(
                 f"request not received in time: its header is due within {header_s:.0f} s, then its blobs at "
@@ -369,7 +381,15 @@ class RpcServer:
 
     async def _refuse(self, call: _Call, writer: asyncio.StreamWriter, error: Refused) -> None:
         self._count(call.sender, error.code)
-        await asyncio.wait_for(write_message(writer, refusal_header(error)), HEADER_TIMEOUT_S)
+        await asyncio.wait_for(self._write(call, writer, (refusal_header(error), [])), HEADER_TIMEOUT_S)
+
+    async def _write(
+        self, call: _Call, writer: asyncio.StreamWriter, frame: Frame, deadline: asyncio.Timeout | None = None
+    ) -> int:
+        """An answer or a refusal to ``call``, counted and paced under its method."""
+        return await write_message(
+            writer, *frame, self.max_message_bytes, shaper=self.shaper, method=call.method, deadline=deadline
+        )
 
 
 def max_request_bytes(request_type: type[Request[Any]]) -> int:
@@ -388,12 +408,15 @@ async def request_on(
     timeout_s: float,
     max_message_bytes: int,
     what: str = "request",
+    shaper: TrafficShaper = TRAFFIC,
 ) -> Frame:
     """One request on an open stream: its answer's header (``ok`` included) and blobs, as read.
-    ``what`` (method and peer) opens the errors' messages."""
+    ``what`` (method and peer) opens the errors' messages; waits for our own caps are not late."""
+    method = method_of(header)
     try:
-        await asyncio.wait_for(write_message(writer, header, blobs, max_message_bytes), timeout_s)
-        return await read_message(reader, max_message_bytes, timeout_s)
+        async with asyncio.timeout(timeout_s) as deadline:
+            await write_message(writer, header, blobs, max_message_bytes, shaper=shaper, deadline=deadline)
+        return await read_message(reader, max_message_bytes, timeout_s, shaper=shaper, method=method)
     except ProtocolViolation as e:
         if e.code is Code.TIMEOUT:
             raise StreamBroken(f"{what}: no answer within {timeout_s:.0f} s") from None

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 IDLE = 1000
 COMMON_SOFT_LIMIT = 1024  # the usual default soft RLIMIT_NOFILE
 
-KNOWN = ["gather_weights", "pause", "peers", "resume", "status"]
+KNOWN = ["dial_back", "gather_weights", "pause", "peers", "reload", "resume", "status"]
 MALFORMED = [
     (b"this is not json\n", "request is not JSON"),
     (b"[" * 2000 + b"]" * 2000 + b"\n", f"nests 2000 levels deep, over the limit of {MAX_REQUEST_DEPTH}"),
@@ -33,7 +33,7 @@ MALFORMED = [
     (b"[1, 2, 3]\n", "request is a JSON array, not an object"),
     (
         b'{"command": "reboot"}\n',
-        "unknown command 'reboot'; known: ['gather_weights', 'pause', 'peers', 'resume', 'status']",
+        f"unknown command 'reboot'; known: {KNOWN}",
     ),
     (b'{"command": ["status"]}\n', "'command' is a JSON array, not a string"),
     (b'{"command": "status", "verbose": true}\n', "status takes no argument 'verbose'; its arguments: none"),

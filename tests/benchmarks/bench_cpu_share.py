@@ -1,0 +1,79 @@
+"""How much CPU a training daemon uses at ``[limits] cpu_share`` 1.0, then 0.5, then 0.25.
+
+    .venv/bin/python tests/benchmarks/bench_cpu_share.py [--seconds 30] [--shares 1.0,0.5,0.25]
+
+One daemon alone (it holds every cell and shard of the default run, one torch thread) trains;
+for each share, set live with ``swarmd config set limits.cpu_share`` on the running daemon,
+it waits a few seconds, then reads the daemon process's CPU time (``/proc/PID/stat``: user
+plus system, every thread of the process; the DHT child is another process, not counted) over
+``--seconds`` and the steps its shards made. Figures only; nothing is asserted: the machine's
+other load moves them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from swarmd.models.presets import DEFAULT_RUN
+from swarmd.system.local_swarm import LocalDaemon, create_run, wait_for
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+
+
+def versions(daemon: LocalDaemon) -> int:
+    shards = ((daemon.status() or {}).get("training") or {}).get("shards") or []
+    return sum(s["version"] for s in shards)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--shares", default="1.0,0.5,0.25")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="swd-bench-", dir="/tmp"))
+    spec = work / "run.json"
+    spec.write_text(json.dumps({**DEFAULT_RUN, "name": "cpu-share"}))
+    state = work / "d0"
+    run_id = create_run(state, spec)
+    config = work / "config.toml"
+    config.write_text("[limits]\ncpu_share = 1.0\n")
+    flags = ["--heartbeat-interval", "1", "--heartbeat-ttl", "8", "--no-benchmark", "--threads", "1"]
+    daemon = LocalDaemon(state, run_id, [*flags, "--config", str(config)])
+    try:
+        daemon.start().wait_running()
+        wait_for(lambda: versions(daemon) >= 4 or None, 180, "the daemon to train")
+        print(f"{'share':>6} {'cpu s/s':>8} {'steps/min':>10} {'throttled s':>12}")
+        for share in [float(s) for s in args.shares.split(",")]:
+            command = [sys.executable, "-m", "swarmd", "config", "set", "limits.cpu_share", str(share)]
+            subprocess.run(
+                [*command, "--config", str(config), "--state-dir", str(state)], check=True, capture_output=True
+            )
+            time.sleep(5.0)  # the new share settles (a benchmark, not a test: figures only)
+            cpu0, v0, t0 = cpu_s(daemon.pid), versions(daemon), time.monotonic()
+            time.sleep(args.seconds)
+            cpu1, v1, t1 = cpu_s(daemon.pid), versions(daemon), time.monotonic()
+            throttled = ((daemon.status() or {}).get("limits") or {}).get("applied", {}).get("throttled_s")
+            print(
+                f"{share:>6.2f} {(cpu1 - cpu0) / (t1 - t0):>8.2f} {(v1 - v0) * 60 / (t1 - t0):>10.1f} {throttled:>12}"
+            )
+    finally:
+        daemon.stop(timeout=60)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
