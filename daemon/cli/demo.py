@@ -4,7 +4,8 @@ It creates the default run (``swarmd.models.presets.DEFAULT_RUN``) with a fresh 
 starts the creator's daemon, then the others bootstrapped from it, and shows the swarm as it
 forms, then training: which cells and shards each daemon holds, and the swarm's updates, loss
 (from the last stage's cells) and trained tokens/s (as the server of shard (0, 0) applied
-them). The cores are split among the daemons. On Ctrl-C (or after ``--duration``) the first
+them), redrawn in place on a terminal; the first daemon also serves the dashboard on a free
+loopback port. The cores are split among the daemons. On Ctrl-C (or after ``--duration``) the first
 daemon gathers every stage's weights from the shards, so that the model can be exported from
 its state directory, and every daemon stops cleanly, all within ``STOP_BUDGET_S`` whatever
 the swarm's size (a second Ctrl-C stops them at once). The daemons die with the demo however
@@ -21,6 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
 
 from swarmd.cli.status_view import format_status
 from swarmd.errors import ControlError
@@ -49,7 +54,11 @@ def run_demo(peers: int, duration_s: float) -> int:
     print(f"run {run_id}  (state and logs in {root})")
     threads = max(1, (os.cpu_count() or 1) // peers)
     fast = ["--heartbeat-interval", "2", "--heartbeat-ttl", "8", "--no-benchmark", "--threads", str(threads)]
-    daemons = [LocalDaemon(root / f"d{i}", run_id, fast, tied=True) for i in range(peers)]
+    # d0 serves the dashboard on a free loopback port (its URL is printed once it runs).
+    daemons = [
+        LocalDaemon(root / f"d{i}", run_id, fast + (["--dashboard", "127.0.0.1:0"] if i == 0 else []), tied=True)
+        for i in range(peers)
+    ]
     trained = False
     try:
         first = daemons[0].start().wait_running()
@@ -65,18 +74,23 @@ def run_demo(peers: int, duration_s: float) -> int:
             "every daemon to see the others",
         )
         print(f"every daemon sees the other {peers - 1}. Swarm as d0 sees it (swarmd status --state-dir {root}/d0):")
-        print(format_status(call(daemons[0].socket, "status")))
+        print(format_status(call(daemons[0].socket, "status")))  # with the dashboard's address
         print(
             f"Training with {threads} torch thread(s) per daemon"
             + (" (Ctrl-C to stop)." if duration_s <= 0 else f" for {duration_s:.0f} s.")
         )
-        started = time.monotonic()
-        while duration_s <= 0 or time.monotonic() - started < duration_s:
-            time.sleep(REFRESH_S)  # a display refresh, not synchronisation
-            if any(d.proc is not None and d.proc.poll() is not None for d in daemons):
-                print("a daemon exited; see its log in", root)
-                return 1
-            trained = _show_progress(daemons, started) or trained
+        view = ProgressView(Console())
+        with view:
+            started = time.monotonic()
+            while duration_s <= 0 or time.monotonic() - started < duration_s:
+                time.sleep(REFRESH_S)  # a display refresh, not synchronisation
+                if any(d.proc is not None and d.proc.poll() is not None for d in daemons):
+                    view.close()
+                    print("a daemon exited; see its log in", root)
+                    return 1
+                lines, progressing = _progress(daemons, started)
+                view.show(lines)
+                trained = progressing or trained
     except KeyboardInterrupt:
         print()
     finally:
@@ -115,28 +129,55 @@ def _gather(daemon: LocalDaemon, timeout: float) -> bool:
     return True
 
 
-def _show_progress(daemons: list[LocalDaemon], started: float) -> bool:
-    """Print one line for the swarm and one per daemon; True once training has started."""
+class ProgressView:
+    """The swarm's lines, redrawn in place on a terminal (rich's Live, as ``swarmd status
+    --watch``); elsewhere (a log, a pipe) printed one block after another."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self._live: Live | None = None
+
+    def __enter__(self) -> ProgressView:
+        if self.console.is_terminal:
+            self._live = Live(Text("waiting for the first figures"), console=self.console, auto_refresh=False)
+            self._live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def show(self, lines: list[str]) -> None:
+        if self._live is not None:
+            self._live.update(Text("\n".join(lines)), refresh=True)
+        else:
+            print("\n".join(lines), flush=True)
+
+    def close(self) -> None:
+        """Leave the last view on screen and go back to plain lines (the stop's messages follow)."""
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+
+def _progress(daemons: list[LocalDaemon], started: float) -> tuple[list[str], bool]:
+    """One line for the swarm and one per daemon; and whether training has started."""
     full = [d.status() or {} for d in daemons]
     statuses = [s.get("training") or {} for s in full]
     elapsed = f"[{time.monotonic() - started:6.0f} s]"
     last = next((t for t in statuses if t.get("loss") is not None), None)
     counted = next((t for t in statuses if t.get("trained_tokens") is not None), {})
     if last is None:
-        print(f"{elapsed} waiting for the pipelines to form", flush=True)
-        return False
+        return [f"{elapsed} waiting for the pipelines to form"], False
     updates = max(t.get("updates") or 0 for t in statuses)
-    print(
+    lines = [
         f"{elapsed} update {updates:5d}  loss {last['loss']:.3f}  {counted.get('tokens_per_s') or 0:8.0f} "
-        f"tokens/s  {counted.get('trained_tokens') or 0:9d} trained tokens",
-        flush=True,
-    )
+        f"tokens/s  {counted.get('trained_tokens') or 0:9d} trained tokens"
+    ]
     plan = _plan_line(full)
     if plan:
-        print(f"         {plan}", flush=True)
-    for i, t in enumerate(statuses):
-        print(f"         d{i}: {_describe(t)}", flush=True)
-    return True
+        lines.append(f"         {plan}")
+    lines += [f"         d{i}: {_describe(t)}" for i, t in enumerate(statuses)]
+    return lines, True
 
 
 def _plan_line(statuses: list[dict[str, Any]]) -> str:
