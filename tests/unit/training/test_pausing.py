@@ -22,7 +22,7 @@ def holdings(swarm: Swarm, peer: str) -> tuple[int, int]:
 
 def test_a_paused_peer_hands_its_work_back_and_takes_it_again_on_resume(tmp_path: Path) -> None:
     async def scenario(swarm: Swarm) -> dict[str, Any]:
-        await swarm.wait_for("10 updates", lambda: swarm.updates() >= 10, 180)
+        await swarm.wait_for("5 updates", lambda: swarm.updates() >= 5, 180)
         pausing = next(p for p in swarm.members if swarm.members[p].trainer.servers)
         other = next(p for p in swarm.members if p != pausing)
         versions = {k: s.version for m in swarm.members.values() for k, s in m.trainer.servers.items()}
@@ -33,11 +33,11 @@ def test_a_paused_peer_hands_its_work_back_and_takes_it_again_on_resume(tmp_path
         await swarm.wait_for("the other peer to hold everything", lambda: holdings(swarm, other) == (2, 2), 120)
         taken = {k: s.version for k, s in swarm.members[other].trainer.servers.items()}
         at = swarm.updates()
-        await swarm.wait_for("training to go on without it", lambda: swarm.updates() >= at + 5, 120)
+        await swarm.wait_for("training to go on without it", lambda: swarm.updates() >= at + 3, 120)
         swarm.members[pausing].trainer.resume()
         await swarm.wait_for("the resumed peer to work again", lambda: holdings(swarm, pausing)[0] >= 1, 120)
         at = swarm.updates()
-        await swarm.wait_for("training to go on with it", lambda: swarm.updates() >= at + 5, 120)
+        await swarm.wait_for("training to go on with it", lambda: swarm.updates() >= at + 3, 120)
         status = swarm.members[pausing].trainer.status()
         ledger = next(m.trainer.status()["ledger"] for m in swarm.members.values() if m.trainer.status()["ledger"])
         return dict(versions=versions, taken=taken, paused=paused, status=status, ledger=ledger, cursor=cursor)
