@@ -38,7 +38,7 @@ from swarmd.system.local_swarm import LocalDaemon, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-UPDATES = 150
+UPDATES = 120
 KILL_AT = 40
 TOLERANCE_NATS = 0.1
 """Gradient mode is synchronous SGD over the pipelines (docs/data-path.md): each update
