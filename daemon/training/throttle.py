@@ -16,17 +16,10 @@ waiting threads, which then wait by the new share.
 torch's thread count is set here too, in each worker thread before its next job: torch keeps it
 per thread (a thread reads the process's count once, at its first parallel op), so a count set
 from the event loop's thread would never reach a cell that already runs.
-
-Each worker thread also lowers its own scheduling priority to ``COMPUTE_NICE`` before its first
-job (Linux keeps a nice value per thread, and the threads torch starts from it inherit it): the
-unit runs the whole daemon at ``Nice=10`` below the owner's programs, and compute below the
-daemon's own event loop, so its heartbeats, leases and the watchdog's pings are not queued
-behind a forward pass.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -40,8 +33,6 @@ BURST_S = 0.5
 """The most compute that may run beyond the share after a long idle, in seconds."""
 MIN_WAIT_S = 1e-3
 """Debts smaller than this are forgiven: a clock's rounding must not keep a thread waiting."""
-COMPUTE_NICE = 19
-"""The nice value of a compute thread: the lowest priority (the module doc)."""
 
 
 class ComputeLimits:
@@ -141,14 +132,10 @@ class DutyCycle:
         self._set_threads = set_threads if set_threads is not None else _torch_threads
         self._threads = 0
         self._stopped = False
-        self._niced: set[int] = set()
 
     def run(self, fn: Callable[..., T], *args: Any) -> tuple[T, float]:
         """Wait out what the share owes, take the thread count, then ``fn(*args)``; returns its
         result and the seconds waited."""
-        if threading.get_native_id() not in self._niced:
-            self._niced.add(threading.get_native_id())
-            lower_own_priority(COMPUTE_NICE)
         waited = self.limits.begin(lambda: self._stopped)
         try:
             if self.limits.threads != self._threads:
@@ -162,16 +149,6 @@ class DutyCycle:
     def stop(self) -> None:
         self._stopped = True
         self.limits.wake()  # a thread waiting now goes on
-
-
-def lower_own_priority(nice: int) -> None:
-    """This thread's nice value raised to ``nice`` (never lowered: that needs privileges)."""
-    tid = threading.get_native_id()
-    try:
-        if os.getpriority(os.PRIO_PROCESS, tid) < nice:
-            os.setpriority(os.PRIO_PROCESS, tid, nice)
-    except OSError:  # not Linux's per-thread priorities, or refused: compute runs as the process does
-        pass
 
 
 def _torch_threads(count: int) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -157,15 +156,3 @@ def test_a_thread_count_reaches_a_real_worker_thread() -> None:
         limits.threads = 1 if before != 1 else 2
         after = worker.submit(duty.run, torch.get_num_threads).result()[0]
     assert after == limits.threads
-
-
-def test_a_worker_thread_computes_at_the_lowest_priority_and_the_caller_keeps_its_own() -> None:
-    from swarmd.training.throttle import COMPUTE_NICE
-
-    def own_nice() -> int:
-        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-
-    before = own_nice()
-    with ThreadPoolExecutor(max_workers=1) as worker:
-        seen, _ = worker.submit(DutyCycle(ComputeLimits(), set_threads=lambda n: None).run, own_nice).result()
-    assert seen == COMPUTE_NICE and own_nice() == before
