@@ -62,9 +62,9 @@ def main() -> None:
             subprocess.run(
                 [*command, "--config", str(config), "--state-dir", str(state)], check=True, capture_output=True
             )
-            time.sleep(5.0)  # the new share settles (a benchmark, not a test: figures only)
+            time.sleep(5.0)  # sync-ok: the new share settles before the window (figures only)
             cpu0, v0, t0 = cpu_s(daemon.pid), versions(daemon), time.monotonic()
-            time.sleep(args.seconds)
+            time.sleep(args.seconds)  # sync-ok: the measurement window
             cpu1, v1, t1 = cpu_s(daemon.pid), versions(daemon), time.monotonic()
             throttled = ((daemon.status() or {}).get("limits") or {}).get("applied", {}).get("throttled_s")
             print(

@@ -51,6 +51,14 @@ async def exchange(url: str | None, request: bytes) -> tuple[int, dict[str, str]
     return int(lines[0].split(" ")[1]), headers, body
 
 
+async def until(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    """Wait for ``condition`` on the server's own loop, at most ``timeout_s``."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, f"{what} not within {timeout_s:.0f} s"
+        await asyncio.sleep(0.01)  # sync-ok: polling a condition within a deadline
+
+
 def get(path: str, host: str = "127.0.0.1:9470", method: str = "GET") -> bytes:
     return f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: test\r\n\r\n".encode()
 
@@ -71,11 +79,7 @@ def test_the_page_metrics_status_and_history_are_served() -> None:
         answer = json.loads(body)
         assert code == 200 and answer["peer_id"] == "12D3KooWown" and answer["limits"]["cpu_share"] == 0.5
 
-        def sampled() -> bool:
-            return len(server.history) >= 2
-
-        while not sampled():
-            await asyncio.sleep(0.02)
+        await until(lambda: len(server.history) >= 2, "two history samples")
         code, _, body = await exchange(server.url, get("/api/history", host="[::1]:8080"))
         history = json.loads(body)
         assert code == 200 and history["interval_s"] == 0.05 and history["samples"][0]["loss"] == 3.5
@@ -123,8 +127,7 @@ def test_past_the_connection_bound_the_oldest_idle_connection_makes_room() -> No
         assert server.url is not None
         port = int(server.url.rsplit(":", 1)[1].strip("/"))
         idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
-        while server.open_connections < 2:
-            await asyncio.sleep(0.01)
+        await until(lambda: server.open_connections >= 2, "both idle connections to be open")
         code, _, _ = await exchange(server.url, get("/metrics"))
         assert code == 200
         assert await idle[0][0].read() == b""  # the oldest idle one was closed to make room

@@ -45,7 +45,7 @@ class ShaperClock:
 
     async def sleep(self, seconds: float) -> None:
         self.t += seconds
-        await asyncio.sleep(0)  # other waiters take their turn, as on a real loop
+        await asyncio.sleep(0)  # sync-ok: a fake clock's nap yields, as on a real loop
 
 
 def shaper_with(up_Bps: float = 0.0, down_Bps: float = 0.0) -> tuple[TrafficShaper, ShaperClock]:
@@ -95,7 +95,7 @@ def test_a_new_cap_applies_to_bytes_already_waiting() -> None:
 
     async def raise_at_two_s() -> None:
         while c.t < 102.0:  # 2 s into a 10 s wait at 1 MiB/s
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # sync-ok: yields until the fake clock reaches the moment
         shaper.configure(4 * MiB, 0)
 
     async def both() -> None:
@@ -111,7 +111,7 @@ def test_lifting_the_cap_releases_every_waiting_byte() -> None:
 
     async def lift() -> None:
         while c.t < 101.0:
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # sync-ok: yields until the fake clock reaches the moment
         shaper.configure(0, 0)
 
     async def both() -> None:
