@@ -14,6 +14,7 @@ from typing import Any
 
 from swarmd.peers.wire import rpc
 from swarmd.peers.wire.errors import Unreachable
+from swarmd.peers.wire.shaping import TRAFFIC, TrafficShaper
 
 
 class _Writer:
@@ -71,7 +72,9 @@ class MemoryNet:
         *,
         timeout_s: float = rpc.DEFAULT_TIMEOUT_S,
         max_message_bytes: int = rpc.DEFAULT_MAX_MESSAGE_BYTES,
+        shaper: TrafficShaper = TRAFFIC,
     ) -> rpc.Frame:
+        """``rpc.exchange``'s stand-in; ``shaper``: what counts and paces the sender's bytes."""
         sender = str(p2p)
         self.calls.append((sender, peer_id, str(header.get("method"))))
         server = self.servers.get(peer_id)
@@ -90,6 +93,7 @@ class MemoryNet:
                 timeout_s=timeout_s,
                 max_message_bytes=max_message_bytes,
                 what=what,
+                shaper=shaper,
             )
         finally:
             client_writer.close()

@@ -14,7 +14,7 @@ import pytest
 from swarmd.peers.wire import framing, rpc
 from swarmd.peers.wire.protocol import Answer, Request
 from swarmd.peers.wire.shaping import TrafficShaper
-from tests.unit.peers.wire.memory_streams import stream
+from tests.unit.peers.wire.memory_streams import MemoryNet
 from tests.unit.peers.wire.test_shaping import ShaperClock
 
 pytestmark = pytest.mark.timeout(60)
@@ -46,23 +46,10 @@ def server_with(shaper: TrafficShaper, **options: Any) -> rpc.RpcServer:
 
 async def exchange(server: rpc.RpcServer, client: TrafficShaper, blob: bytes, timeout_s: float = 10.0) -> rpc.Frame:
     """One echo from peer "w" to ``server``, the client's bytes through ``client``."""
-    to_server, client_writer = stream()
-    from_server, server_writer = stream()
-    serving = asyncio.create_task(server.serve("w", to_server, server_writer))
+    net = MemoryNet()
+    net.servers["s"] = server
     header, blobs = PacedEcho(run_id=RUN).encode([blob])
-    try:
-        return await rpc.request_on(
-            from_server,
-            client_writer,
-            header,
-            blobs,
-            timeout_s=timeout_s,
-            max_message_bytes=rpc.DEFAULT_MAX_MESSAGE_BYTES,
-            shaper=client,
-        )
-    finally:
-        client_writer.close()
-        await serving
+    return await net.exchange("w", "s", header, blobs, timeout_s=timeout_s, shaper=client)
 
 
 def fake_shaper(up_Bps: float = 0.0, down_Bps: float = 0.0) -> tuple[TrafficShaper, ShaperClock]:
