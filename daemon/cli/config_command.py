@@ -18,13 +18,13 @@ import dataclasses
 import json
 import os
 import re
-import tempfile
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from swarmd.errors import ConfigError, ControlError
+from swarmd.system.files import write_atomically
 
 SYSTEM_CONFIG = Path("/etc/swarmd/config.toml")
 _HEADER = re.compile(r"^\s*\[\s*([A-Za-z0-9_-]+)\s*\]\s*(#.*)?$")
@@ -107,26 +107,6 @@ def check_text(text: str, source: str) -> Any:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{source} would not be valid TOML: {e}") from None
     return config_from_dict(data, source)
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` in one step, keeping its mode (and owner, where allowed)."""
-    old = path.stat() if path.exists() else None
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        if old is not None:
-            os.chmod(tmp, old.st_mode & 0o7777)
-            with contextlib.suppress(PermissionError):
-                os.chown(tmp, old.st_uid, old.st_gid)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 # --- the command ------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from swarmd.errors import SwarmdError
+from swarmd.peers.wire.shaping import apply_traffic_limits
 from swarmd.training.throttle import COMPUTE_LIMITS, ComputeLimits
 
 if TYPE_CHECKING:
@@ -72,13 +73,6 @@ def gpu_memory_fraction(gib: float, total_bytes: int) -> float:
     return min(1.0, gib * (1 << 30) / total_bytes)
 
 
-def apply_traffic(limits: LimitsConfig) -> None:
-    """The training traffic's caps, to this process's shaper (``swarmd.peers.wire.shaping``)."""
-    from swarmd.peers.wire.shaping import apply_traffic_limits
-
-    apply_traffic_limits(limits)
-
-
 class LiveLimits:
     """The limits this process runs under, and how each is applied."""
 
@@ -93,7 +87,7 @@ class LiveLimits:
     def start(self) -> None:
         """At the node's start: what needs no torch."""
         self._compute.set(self.limits.cpu_share)
-        apply_traffic(self.limits)
+        apply_traffic_limits(self.limits)
 
     def start_compute(self, device: str) -> None:
         """When the trainer starts (torch imported): threads and GPU memory too."""
@@ -115,7 +109,7 @@ class LiveLimits:
         if self.device is not None and "gpu_memory_gib" in keys:
             self._apply_gpu_memory()
         if {"upload_mbit_s", "download_mbit_s", "daily_transfer_gib"} & set(keys):
-            apply_traffic(new)
+            apply_traffic_limits(new)
         lines = [f"[limits] {key}: {getattr(old, key)!r} -> {getattr(new, key)!r}" for key in keys]
         for line in lines:
             logger.info("Applied %s", line)

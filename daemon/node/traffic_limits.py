@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from swarmd.peers.wire.shaping import GIB, TRAFFIC, TrafficShaper
+from swarmd.system.files import write_atomically
 
 if TYPE_CHECKING:
     from swarmd.config import LimitsConfig
@@ -83,10 +83,8 @@ class TrafficDay:
         if not self.loaded:
             return
         day, moved = self.shaper.today()
-        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
         try:
-            tmp.write_text(json.dumps({"date": day, "bytes": moved}))
-            os.replace(tmp, self.path)
+            write_atomically(self.path, json.dumps({"date": day, "bytes": moved}))
         except OSError as e:
             logger.warning("Cannot write %s (%s); retrying in %.0f s", self.path, e.strerror, SAVE_EVERY_S)
 

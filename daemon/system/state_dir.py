@@ -14,6 +14,7 @@ from pathlib import Path
 
 from swarmd.errors import AlreadyRunningError, RunSpecError, SwarmdError
 from swarmd.peers.records.run_spec import SignedRunSpec, verify_run_spec
+from swarmd.system.files import write_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -38,9 +39,7 @@ def spec_cache_path(state_dir: Path, run_id: str) -> Path:
 def save_spec(state_dir: Path, signed: SignedRunSpec) -> Path:
     path = spec_cache_path(state_dir, signed.run_id)
     path.parent.mkdir(mode=0o700, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_bytes(signed.raw)
-    os.replace(tmp, path)
+    write_atomically(path, signed.raw)
     return path
 
 

@@ -71,7 +71,7 @@ def test_threads_and_gpu_memory_apply_once_compute_starts() -> None:
 
 def test_traffic_caps_go_to_the_shaper(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[LimitsConfig] = []
-    monkeypatch.setattr(limits_module, "apply_traffic", seen.append)
+    monkeypatch.setattr(limits_module, "apply_traffic_limits", seen.append)
     live = LiveLimits(LimitsConfig(), ComputeLimits())
     live.start()
     capped = dataclasses.replace(LimitsConfig(), upload_mbit_s=20.0)
