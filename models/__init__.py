@@ -5,7 +5,7 @@
 - ``build``         model shapes and ``transformers`` models built from a config and a seed
 - ``stages``        a model cut into stages by layer ranges; each stage's forward and loss
 - ``tokenizer``     the byte-level tokenizer (256 ids, nothing to download)
-- ``corpus``        the built-in corpus (``data/``) and deterministic sequences by data index
+- ``data/``         the data side: the built-in corpus, and deterministic sequences by data index
 - ``checkpoint``    atomic safetensors checkpoints, and export to a ``from_pretrained`` folder
 - ``parameter_shard`` one slice of a stage's parameters: its buffer, steps, replay, pulls and checkpoints
 - ``shard_config``  a shard's settings, its step rule (AdamW or DiLoCo's outer Nesterov), its errors

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from swarmd.models.build import ModelShape, build_model
-from swarmd.models.corpus import Dataset
+from swarmd.models.data.windows import Dataset
 
 logger = logging.getLogger(__name__)
 

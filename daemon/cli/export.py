@@ -11,7 +11,7 @@ from swarmd.cli.progress import ProgressLine
 from swarmd.errors import SwarmdError
 from swarmd.models.build import make_config
 from swarmd.models.checkpoint import export_pretrained, load_safetensors
-from swarmd.models.corpus import BUILTIN, BUILTIN_SHA256
+from swarmd.models.data.corpus import BUILTIN, BUILTIN_SHA256
 from swarmd.models.stages import merge_stage_state_dicts
 from swarmd.system.state_dir import load_cached_spec, run_checkpoint_dir
 

@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 
 from swarmd.models.build import ModelError, ModelShape
 from swarmd.models.cell_compute import CellCompute
-from swarmd.models.corpus import Dataset
+from swarmd.models.data.windows import Dataset
 from swarmd.peers.taskpool.cells import Cell
 from swarmd.peers.taskpool.exchange import ExchangeConfig, window
 from swarmd.peers.wire.codecs import FrameSpec, decode_tensor

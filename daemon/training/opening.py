@@ -42,7 +42,7 @@ import torch
 from swarmd.errors import SwarmdError
 from swarmd.models.cell_compute import CellCompute, flatten_parameters
 from swarmd.models.checkpoint_check import Provenance, ShardLayout, TracedShard, check_checkpoint, open_traced
-from swarmd.models.corpus import Dataset
+from swarmd.models.data.windows import Dataset
 from swarmd.models.shard_config import ShardConfig, ShardError
 from swarmd.models.stages import StageModule, split_layers
 from swarmd.peers.records.run_spec import run_seed

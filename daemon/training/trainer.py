@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from swarmd.errors import SwarmdError
-from swarmd.models.corpus import Dataset, load_corpus, train_eval_split
+from swarmd.models.data.corpus import load_corpus, train_eval_split
+from swarmd.models.data.windows import Dataset
 from swarmd.peers.records.identity import Identity
 from swarmd.peers.records.plan_record import PlanRecord
 from swarmd.peers.records.run_spec import SignedRunSpec, run_seed

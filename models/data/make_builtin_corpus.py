@@ -7,7 +7,7 @@ byte-identical data whatever its Python version (the topics differ between Pytho
 
 The output is deterministic for a given Python release: topics sorted by name, joined by a
 blank line, UTF-8, gzip level 9 with mtime 0 and no file name in the header. The committed
-file was made with CPython 3.11.7; ``swarmd.models.corpus.BUILTIN_SHA256`` pins its digest, so
+file was made with CPython 3.11.7; ``swarmd.models.data.corpus.BUILTIN_SHA256`` pins its digest, so
 regenerating it with another release changes the digest and fails the unit tests on purpose.
 
 Usage::

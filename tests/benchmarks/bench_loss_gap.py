@@ -24,7 +24,7 @@ from typing import Any
 from transformers import AutoModelForCausalLM
 
 from swarmd.models.build import build_model
-from swarmd.models.corpus import load_corpus, train_eval_split
+from swarmd.models.data.corpus import load_corpus, train_eval_split
 from swarmd.models.presets import DEFAULT_RUN
 from swarmd.models.reference import TrainConfig, held_out_loss, train_reference
 from swarmd.models.shape import ModelShape

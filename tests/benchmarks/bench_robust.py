@@ -23,7 +23,7 @@ import torch
 
 from swarmd.models.build import build_model
 from swarmd.models.cell_compute import flatten_parameters
-from swarmd.models.corpus import load_corpus, train_eval_split
+from swarmd.models.data.corpus import load_corpus, train_eval_split
 from swarmd.models.parameter_shard import ParameterShard
 from swarmd.models.presets import DEFAULT_RUN
 from swarmd.models.reference import held_out_loss

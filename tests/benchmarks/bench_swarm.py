@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from swarmd.models.corpus import load_corpus, train_eval_split
+from swarmd.models.data.corpus import load_corpus, train_eval_split
 from swarmd.models.presets import DEFAULT_RUN
 from swarmd.models.reference import TrainConfig, train_reference
 from swarmd.models.shape import ModelShape

@@ -29,7 +29,7 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from swarmd.models.build import build_model
-from swarmd.models.corpus import load_corpus, train_eval_split
+from swarmd.models.data.corpus import load_corpus, train_eval_split
 from swarmd.models.presets import DEFAULT_RUN
 from swarmd.models.reference import TrainConfig, held_out_loss, train_reference
 from swarmd.models.shape import ModelShape

@@ -8,7 +8,8 @@ import torch
 
 from swarmd.models.build import ModelError, ModelShape, build_model
 from swarmd.models.cell_compute import CellCompute, flatten_parameters, unflatten_parameters
-from swarmd.models.corpus import Dataset, load_corpus, train_eval_split
+from swarmd.models.data.corpus import load_corpus, train_eval_split
+from swarmd.models.data.windows import Dataset
 from swarmd.models.parameter_shard import ParameterShard
 from swarmd.models.reference import TrainConfig, train_reference
 from swarmd.models.shard_config import ShardConfig

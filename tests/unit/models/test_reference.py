@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from swarmd.models.build import ModelShape
-from swarmd.models.corpus import load_corpus, train_eval_split
+from swarmd.models.data.corpus import load_corpus, train_eval_split
 from swarmd.models.reference import TrainConfig, train_reference
 
 pytestmark = pytest.mark.timeout(120)

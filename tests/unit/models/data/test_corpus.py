@@ -11,14 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from swarmd.models.corpus import (
-    BUILTIN_SHA256,
-    CorpusError,
-    Dataset,
-    corpus_digest,
-    load_corpus,
-    train_eval_split,
-)
+from swarmd.models.data.corpus import BUILTIN_SHA256, corpus_digest, load_corpus, train_eval_split
+from swarmd.models.data.windows import CorpusError, Dataset
 from swarmd.models.tokenizer import ByteTokenizer
 
 pytestmark = pytest.mark.timeout(60)
@@ -81,7 +75,7 @@ def test_dataset_is_deterministic_across_objects(corpus: bytes) -> None:
 def test_dataset_order_is_pinned_across_processes(corpus: bytes) -> None:
     """A fresh interpreter (another PYTHONHASHSEED) picks the same windows."""
     code = (
-        "from swarmd.models.corpus import Dataset, load_corpus;"
+        "from swarmd.models.data.corpus import load_corpus; from swarmd.models.data.windows import Dataset;"
         "d = Dataset(load_corpus('builtin'), 128, 1234);"
         "print([d.window(i) for i in range(8)], d.sequence(3).tolist()[:8])"
     )
