@@ -14,9 +14,17 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PretrainedConfig, PreTrainedModel
 
-from swarmd.models.shape import FAMILIES, ModelError, ModelShape
+from swarmd.models.shape import FAMILIES, ModelError, ModelShape, llama_intermediate_size
 
-__all__ = ["ATTN_IMPLEMENTATION", "FAMILIES", "ModelError", "ModelShape", "build_model", "make_config"]
+__all__ = [
+    "ATTN_IMPLEMENTATION",
+    "FAMILIES",
+    "ModelError",
+    "ModelShape",
+    "build_model",
+    "llama_intermediate_size",
+    "make_config",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -31,35 +39,32 @@ logger = logging.getLogger(__name__)
 ATTN_IMPLEMENTATION = "eager"
 
 
-def llama_intermediate_size(hidden: int) -> int:
-    """Width of Llama's SwiGLU MLP: 2/3 of 4 * hidden, rounded up to a multiple of 64.
-
-    SwiGLU has three matrices where GPT-2's MLP has two, so 2/3 of the usual 4x width keeps the
-    parameter count (and compute) equal to a GPT-2 block of the same hidden size; this is the
-    rule the Llama papers use. Rounding to 64 keeps matmuls aligned on accelerators.
-    """
-    target = (8 * hidden + 2) // 3  # ceil(8 * hidden / 3) in integers
-    return ((target + 63) // 64) * 64
-
-
 def make_config(shape: ModelShape) -> PretrainedConfig:
-    """The transformers config for ``shape``: deterministic, untied, eager attention.
+    """The transformers config for ``shape``: deterministic, eager attention, every size explicit.
 
     Dropout is 0 everywhere: a micro-batch's forward must be recomputable bit for bit (a lost
     backward task is recomputed from its stored input), and a random mask would differ.
 
-    Word embeddings are untied: GPT-2 ties ``lm_head.weight`` to ``wte.weight`` by default, but
-    in a pipeline the embedding lives on the first stage and the head on the last, usually on
-    different peers with different parameter servers. A tied weight would need its two gradients
-    summed across stages before every update; untied, each stage owns its parameters outright
-    and the merged checkpoint has both keys, which ``from_pretrained`` loads as they are.
+    Word embeddings are untied unless ``shape.tied``. In a pipeline the embedding lives on the
+    first stage and the head on the last, usually on different peers with different parameter
+    servers, and a tied weight would need its two gradients summed across stages before every
+    update; so a tied shape is only staged as one stage, where the head's weight *is* the
+    embedding's parameter (``stages.StageModule`` refuses more). Untied, each stage owns its
+    parameters outright; either way the merged checkpoint has both keys, which
+    ``from_pretrained`` loads as they are.
+
+    Every size and epsilon is passed, not left to the config class's defaults, so a shape builds
+    the same network whatever transformers release a peer runs (GPT-2's ``n_inner=None`` is its
+    own fixed rule, 4 * n_embd). Rotary settings go in ``rope_parameters``, where transformers 5
+    keeps them and writes them to config.json, so they survive ``save_pretrained`` and
+    ``from_pretrained`` as they are.
 
     ``bos``/``eos`` token ids are cleared: GPT-2's defaults (50256) lie outside a byte-level
     vocabulary and Llama's (1, 2) would name ordinary bytes; the tokenizer sets its own.
     """
     common: dict[str, Any] = {
         "vocab_size": shape.vocab,
-        "tie_word_embeddings": False,
+        "tie_word_embeddings": shape.tied,
         "attn_implementation": ATTN_IMPLEMENTATION,
         "bos_token_id": None,
         "eos_token_id": None,
@@ -69,7 +74,11 @@ def make_config(shape: ModelShape) -> PretrainedConfig:
             n_layer=shape.layers,
             n_embd=shape.hidden,
             n_head=shape.heads,
-            n_positions=shape.seq_len,
+            n_positions=shape.max_positions,
+            # None is GPT-2's own "4 * n_embd": kept for a shape at that default, so that its
+            # config.json reads as before.
+            n_inner=shape.intermediate or None,
+            layer_norm_epsilon=shape.layer_norm_eps,
             resid_pdrop=0.0,
             embd_pdrop=0.0,
             attn_pdrop=0.0,
@@ -80,9 +89,15 @@ def make_config(shape: ModelShape) -> PretrainedConfig:
         num_hidden_layers=shape.layers,
         hidden_size=shape.hidden,
         num_attention_heads=shape.heads,
-        num_key_value_heads=shape.heads,
-        intermediate_size=llama_intermediate_size(shape.hidden),
-        max_position_embeddings=shape.seq_len,
+        num_key_value_heads=shape.key_value_heads,
+        intermediate_size=shape.intermediate_size,
+        max_position_embeddings=shape.max_positions,
+        rms_norm_eps=shape.layer_norm_eps,
+        rope_parameters={
+            "rope_type": "default",
+            **shape.rope_scaling_table(),
+            "rope_theta": shape.rope_theta,
+        },
         attention_dropout=0.0,
         **common,
     )

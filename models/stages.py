@@ -10,13 +10,19 @@ a gradient's names against the full model.
 Chaining the stages of one model reproduces the full model's loss and gradients exactly: each
 stage calls the very same block modules with the same mask and position embeddings the full
 model would give them (tests/unit/models/test_stages.py checks this for both families).
+
+A model with tied embeddings is staged only as one stage (``check_tied_stages``): its
+embedding and head are one parameter, and cut into two stages they would sit on different
+peers and parameter servers, whose two gradients would have to be summed before every update.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 import torch
@@ -28,6 +34,20 @@ from swarmd.models.build import ModelError, ModelShape, build_model, make_config
 
 # Label value that the loss skips (padding), the same convention as transformers.
 IGNORE_INDEX = -100
+HEAD_KEY = "lm_head.weight"
+EMBEDDING_KEYS = {"gpt2": "transformer.wte.weight", "llama": "model.embed_tokens.weight"}
+"""The full model's name of the token embedding, which a tied head shares."""
+
+
+def check_tied_stages(tied: bool, stages: int) -> None:
+    """Refuse tied embeddings in a model cut into more than one stage (see the module docstring)."""
+    if tied and stages > 1:
+        raise ModelError(
+            f"a model with tied embeddings (tied = true) cannot be cut into {stages} stages: the embedding "
+            f"sits on the first stage and the head on the last, on different peers and parameter servers, "
+            f"and their one weight would need both gradients summed before every update; use stages = 1, "
+            f"or tied = false (a tied checkpoint is untied on import: the head starts as a copy of the embedding)"
+        )
 
 
 def split_layers(layers: int, stages: int, weights: Sequence[float] | None = None) -> list[tuple[int, int]]:
@@ -201,6 +221,7 @@ class StageModule(nn.Module):
         check_ranges(layers, ranges)
         if not 0 <= stage < len(ranges):
             raise ModelError(f"stage index {stage} is out of range for {len(ranges)} stages")
+        check_tied_stages(bool(getattr(config, "tie_word_embeddings", False)), len(ranges))
         self.family = family
         self.stage = stage
         self.num_stages = len(ranges)
@@ -221,9 +242,12 @@ class StageModule(nn.Module):
         if self.is_last:
             self.lm_head = model.lm_head
         # One deepcopy of everything owned, after assembly: shared objects (the config the blocks
-        # hold) stay shared among this stage's modules, and nothing is shared with `model`.
-        for name, child in list(self.named_children()):
-            setattr(self, name, copy.deepcopy(child))
+        # hold; a tied head's weight, which is the embedding's parameter) stay shared among this
+        # stage's modules, and nothing is shared with `model`. A tied weight is then one
+        # parameter, listed once by named_parameters() (under the embedding's name, registered
+        # first), so the stage's flat vector holds it once and a shard's step moves both ends.
+        for name, child in copy.deepcopy(dict(self.named_children())).items():
+            setattr(self, name, child)
         self.train(model.training)
 
     @classmethod
@@ -305,7 +329,11 @@ def merge_stage_state_dicts(
     """One full-model state dict from the stages' ones (in stage order).
 
     A key held by two stages is an error (they would disagree on which tensor wins); with
-    ``shape``, so is a key that the full model lacks or has and no stage gave.
+    ``shape``, so is a key that the full model lacks or has and no stage gave. With a tied
+    ``shape``, the head is the embedding's tensor: a stage's flat vector (its ``named_parameters``,
+    ``cell_compute.unflatten_parameters``) holds the shared weight once, under the embedding's
+    name, and the full model's state dict (what ``load_state_dict`` and the export's key check
+    expect) names it twice; ``from_pretrained`` of a tied config loads that as one weight.
     """
     merged: dict[str, torch.Tensor] = {}
     owner: dict[str, int] = {}
@@ -315,6 +343,8 @@ def merge_stage_state_dicts(
                 raise ModelError(f"parameter {key!r} is held by both stage {owner[key]} and stage {stage}")
             merged[key] = tensor
             owner[key] = stage
+    if shape is not None and shape.tied:
+        _tie_head(merged, EMBEDDING_KEYS[shape.family])
     if shape is not None:
         expected = full_state_dict_keys(shape)
         missing = sorted(expected - set(merged))
@@ -325,3 +355,35 @@ def merge_stage_state_dicts(
                 f"{len(missing)} missing {missing[:5]}, {len(extra)} unexpected {extra[:5]}"
             )
     return merged
+
+
+def _tie_head(merged: dict[str, torch.Tensor], embedding_key: str) -> None:
+    """Give a tied model's merged state dict its head: the embedding's very tensor."""
+    embedding = merged.get(embedding_key)
+    if embedding is None:
+        return  # reported as missing by the key check
+    head = merged.get(HEAD_KEY)
+    if head is not None and head is not embedding and not torch.equal(head, embedding):
+        raise ModelError(
+            f"the model's embeddings are tied, but the stages give {HEAD_KEY} and {embedding_key} "
+            f"different values; a tied model has one weight: give the embedding alone"
+        )
+    merged[HEAD_KEY] = embedding
+
+
+@lru_cache(maxsize=64)
+def stage_parameter_shapes(
+    shape: ModelShape, ranges: tuple[tuple[int, int], ...], stage: int
+) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """The names and shapes of the stage's parameters in ``named_parameters()`` order: the layout
+    of its flat vector (``cell_compute.flatten_parameters``). Built on the meta device, so it
+    costs no memory whatever the model's size; cached, since a peer asks it for every slice."""
+    with torch.device("meta"):
+        module = StageModule(AutoModelForCausalLM.from_config(make_config(shape)), ranges, stage)
+    return tuple((name, tuple(p.shape)) for name, p in module.named_parameters())
+
+
+def stage_sizes(shape: ModelShape, ranges: Sequence[tuple[int, int]]) -> list[int]:
+    """Each stage's flat vector length (its parameter count), computed without weights."""
+    plan = tuple((int(a), int(b)) for a, b in ranges)
+    return [sum(math.prod(dims) for _, dims in stage_parameter_shapes(shape, plan, i)) for i in range(len(plan))]

@@ -286,3 +286,25 @@ def test_load_flat_starts_a_new_lineage() -> None:
     assert cell.round_micro_batches == 0
     with pytest.raises(ModelError, match="does not fit|elements"):
         cell.load_flat(fresh[:-1])
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_tied_single_stage_cell_steps_its_one_shared_weight(family: str) -> None:
+    tied = ModelShape(**{**shape(family).to_dict(), "tied": True})
+    model = build_model(tied, 7)
+    cell = CellCompute(StageModule(model, [(0, 2)], 0), mode="gradient", window=2, lr=LR)
+    assert cell.size == sum(p.numel() for p in model.parameters())  # the shared weight counted once
+    ids = dataset().micro_batch(0, 2)
+    grad, loss = cell.forward_backward_last(0, ids, ids)
+    assert grad is None and cell.end_share() == 1
+    reference = model(input_ids=ids, labels=ids).loss
+    reference.backward()
+    assert loss == pytest.approx(float(reference.detach()), abs=1e-6)
+    # The embedding's gradient is the sum of both its uses (the input and the head).
+    contribution = unflatten_parameters(cell.module, cell.contribution()[0])
+    assert "lm_head.weight" not in contribution
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(contribution[name], p.grad, atol=1e-5, rtol=1e-4, msg=name)
+    # A new vector (what a shard's step sends) moves the head with the embedding.
+    cell.load_flat(cell.flat() + 1.0)
+    assert torch.equal(cell.module.lm_head.weight, model.lm_head.weight + 1.0)

@@ -14,13 +14,16 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from swarmd.errors import SwarmdError
 from swarmd.models.build import ModelError, ModelShape, build_model, make_config
+from swarmd.models.cell_compute import flatten_parameters, unflatten_parameters
 from swarmd.models.stages import (
+    EMBEDDING_KEYS,
     StageModule,
     full_state_dict_keys,
     merge_stage_state_dicts,
     split_layers,
     stage_input_spec,
     stage_output_spec,
+    stage_sizes,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -202,7 +205,36 @@ def _prefixed(name: str) -> Callable[[str], str]:
 @pytest.mark.parametrize("plan", PLANS, ids=lambda p: "-".join(f"{a}:{b}" for a, b in p))
 @pytest.mark.parametrize("family", FAMILIES)
 def test_stage_chain_matches_full_model(family: str, plan: list[tuple[int, int]]) -> None:
-    shape = _shape(family)
+    _check_chain_matches_full_model(_shape(family), plan)
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=lambda p: "-".join(f"{a}:{b}" for a, b in p))
+def test_grouped_query_attention_and_rope_theta_chain_like_the_full_model(plan: list[tuple[int, int]]) -> None:
+    shape = ModelShape(**{**_shape("llama").to_dict(), "kv_heads": 2, "rope_theta": 500.0, "positions": 64})
+    _check_chain_matches_full_model(shape, plan)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_tied_single_stage_matches_the_full_model(family: str) -> None:
+    shape = ModelShape(**{**_shape(family).to_dict(), "tied": True})
+    _check_chain_matches_full_model(shape, [(0, 4)])
+    stage = StageModule.from_shape(shape, 0, [(0, 4)], 0)
+    embedding = stage.get_submodule(EMBEDDING_KEYS[family].removesuffix(".weight")).weight
+    # One parameter, listed once under the embedding's name: the flat vector holds it once.
+    assert stage.lm_head.weight is embedding
+    names = [name for name, _ in stage.named_parameters()]
+    assert EMBEDDING_KEYS[family] in names and "lm_head.weight" not in names
+    assert stage_sizes(shape, [(0, 4)]) == [sum(p.numel() for p in stage.parameters())]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_tied_model_is_not_cut_into_stages(family: str) -> None:
+    shape = ModelShape(**{**_shape(family).to_dict(), "tied": True})
+    with pytest.raises(ModelError, match="cannot be cut into 2 stages.*use stages = 1, or tied = false"):
+        StageModule.from_shape(shape, 0, [(0, 2), (2, 4)], 1)
+
+
+def _check_chain_matches_full_model(shape: ModelShape, plan: list[tuple[int, int]]) -> None:
     model = build_model(shape, 3)
     stages = [StageModule(model, plan, i) for i in range(len(plan))]
     ids = _batch()
@@ -301,3 +333,37 @@ def test_merge_rejects_duplicate_and_missing_keys() -> None:
         merge_stage_state_dicts([parts[0], parts[0]])
     with pytest.raises(ModelError, match="missing"):
         merge_stage_state_dicts(parts[:1], shape)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_tied_stages_flat_vector_exports_a_model_that_loads_tied(
+    family: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shape = ModelShape(**{**_shape(family).to_dict(), "tied": True, "kv_heads": 2 if family == "llama" else 0})
+    stage = StageModule.from_shape(shape, 5, [(0, 4)], 0)
+    with torch.no_grad():  # a trained head: the shared weight moved, for both of its ends
+        stage.get_submodule(EMBEDDING_KEYS[family].removesuffix(".weight")).weight.add_(0.5)
+    # What the export path holds: the stage's flat vector as a state dict, without lm_head.weight.
+    part = unflatten_parameters(stage, flatten_parameters(stage))
+    assert "lm_head.weight" not in part
+    merged = merge_stage_state_dicts([part], shape)
+    assert merged.keys() == full_state_dict_keys(shape)
+    assert merged["lm_head.weight"] is merged[EMBEDDING_KEYS[family]]
+    # A stage's own state_dict names the shared weight twice; that merges the same.
+    assert merge_stage_state_dicts([stage.state_dict()], shape).keys() == merged.keys()
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    make_config(shape).save_pretrained(tmp_path)
+    save_file({k: v.clone().contiguous() for k, v in merged.items()}, str(tmp_path / "model.safetensors"))
+    loaded: PreTrainedModel = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert loaded.lm_head.weight is loaded.get_input_embeddings().weight
+    ids = _batch()
+    torch.testing.assert_close(loaded(ids, labels=ids).loss, stage(ids, labels=ids), atol=1e-5, rtol=0)
+
+
+def test_merge_refuses_a_tied_head_that_differs_from_the_embedding() -> None:
+    shape = ModelShape(**{**_shape("gpt2").to_dict(), "tied": True})
+    part = dict(StageModule.from_shape(shape, 0, [(0, 4)], 0).state_dict())
+    part["lm_head.weight"] = part["lm_head.weight"] + 1
+    with pytest.raises(ModelError, match="tied, but the stages give lm_head.weight and transformer.wte.weight"):
+        merge_stage_state_dicts([part], shape)
