@@ -3,10 +3,13 @@
 - ``presets``       the run specs that ship with swarmd (``tiny-bytes``, the default run)
 - ``shape``         a model's shape: the few numbers every peer needs to build the same network
 - ``build``         model shapes and ``transformers`` models built from a config and a seed
-- ``stages``        a model cut into stages by layer ranges; each stage's forward and loss
-- ``tokenizer``     the byte-level tokenizer (256 ids, nothing to download)
-- ``data/``         the data side: the built-in corpus, and deterministic sequences by data index
+- ``stages``        a model cut into stages by layer ranges; each stage's forward, loss and layout
+- ``tokenizer``     the byte-level tokenizer (256 ids, nothing to download), and what every tokenizer offers
+- ``bpe_tokenizer`` a ``tokenizers`` ``tokenizer.json``, bounded and pinned by digest; training a byte-level BPE
+- ``data/``         the data side: the built-in corpus, prepared token shards, deterministic sequences by data index
 - ``checkpoint``    atomic safetensors checkpoints, and export to a ``from_pretrained`` folder
+- ``pretrained``    a local Hugging Face checkpoint folder: its digest, its shape, any stage's slice
+- ``initial_weights`` a pretrained run's starting weights, chunk by chunk with their digests
 - ``parameter_shard`` one slice of a stage's parameters: its buffer, steps, replay, pulls and checkpoints
 - ``shard_config``  a shard's settings, its step rule (AdamW or DiLoCo's outer Nesterov), its errors
 - ``shard_contribution`` a contribution's checks: its form, and the norm bound against the running median

@@ -6,7 +6,8 @@ old one, and the folder is flushed so the rename itself survives a power cut. A 
 the old checkpoint or the new one, never half of one.
 
 :func:`export_pretrained` writes the folder that ``AutoModelForCausalLM.from_pretrained``
-loads: ``config.json``, ``model.safetensors``, the byte tokenizer's files and a model card.
+loads: ``config.json``, ``model.safetensors``, the run's tokenizer's files (the byte tokenizer
+unless told otherwise) and a model card that says which tokenizer it is.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from swarmd.models.tokenizer import ByteTokenizer
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
+
+    from swarmd.models.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -145,17 +148,25 @@ def export_pretrained(
     corpus: str = "builtin",
     corpus_sha256: str | None = None,
     run_id: str | None = None,
+    tokenizer: Tokenizer | None = None,
 ) -> Path:
     """Write a folder that ``AutoModelForCausalLM.from_pretrained(out_dir)`` loads, and return it.
 
     ``state_dict`` must have exactly the keys and shapes of the model ``config`` describes
     (checked against a weightless instance of it). The folder is assembled under a temporary
     name next to ``out_dir`` and renamed into place, so a crash leaves no half-written export.
-    An existing non-empty ``out_dir`` is refused unless ``overwrite``.
+    An existing non-empty ``out_dir`` is refused unless ``overwrite``. ``tokenizer`` is the one
+    the run trained with (default: bytes); its end-of-text id becomes the config's eos and bos.
     """
     out_dir = Path(out_dir)
+    tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
     _check_destination(out_dir, overwrite)
-    config = _byte_vocab_config(config)
+    if tokenizer.vocab_size > int(config.vocab_size):
+        raise CheckpointError(
+            f"the tokenizer has {tokenizer.vocab_size} ids, more than the model's vocabulary of "
+            f"{config.vocab_size}: export with the tokenizer the run trained with"
+        )
+    config = _special_token_config(config, tokenizer.eot_id)
     _check_state_dict(config, state_dict)
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -164,8 +175,8 @@ def export_pretrained(
         config.save_pretrained(tmp)
         save_safetensors_atomic(state_dict, tmp / MODEL_FILE, metadata={"format": "pt"})
         max_length = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
-        ByteTokenizer().save_pretrained_files(tmp, model_max_length=max_length)
-        card = _model_card(config, corpus=corpus, corpus_sha256=corpus_sha256, run_id=run_id)
+        tokenizer.save_pretrained_files(tmp, model_max_length=max_length)
+        card = _model_card(config, tokenizer, corpus=corpus, corpus_sha256=corpus_sha256, run_id=run_id)
         (tmp / "README.md").write_text(card, encoding="utf-8")
         for file in tmp.iterdir():
             _fsync_file(file)
@@ -195,13 +206,17 @@ def _prepare(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return prepared
 
 
-def _byte_vocab_config(config: PretrainedConfig) -> PretrainedConfig:
-    """A copy of ``config`` without special-token ids outside its vocabulary.
+def _special_token_config(config: PretrainedConfig, eot_id: int | None) -> PretrainedConfig:
+    """A copy of ``config`` whose eos and bos are the tokenizer's end of text, and with no id outside its vocabulary.
 
     GPT-2's config defaults to bos/eos id 50256, which a 256-byte vocabulary cannot produce;
-    ``generate`` would warn about it or pad with it. A byte model has no special tokens.
+    ``generate`` would warn about it or pad with it. A byte model has no special tokens; a BPE
+    model's documents were separated by its end-of-text token, so generation stops at it.
     """
     config = copy.deepcopy(config)
+    if eot_id is not None:
+        config.eos_token_id = eot_id
+        config.bos_token_id = eot_id
     vocab = int(config.vocab_size)
     for attr in ("bos_token_id", "eos_token_id", "pad_token_id"):
         value = getattr(config, attr, None)
@@ -258,7 +273,29 @@ def _move_into_place(tmp: Path, out_dir: Path, overwrite: bool) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _model_card(config: PretrainedConfig, *, corpus: str, corpus_sha256: str | None, run_id: str | None) -> str:
+def _tokenizer_lines(tokenizer: Tokenizer) -> tuple[str, str]:
+    """The model card's tokenizer line, and the comment on its ``AutoTokenizer`` line."""
+    if tokenizer.kind == "bytes":
+        return (
+            "bytes. Token id = UTF-8 byte value (0-255); there are no special tokens, so\n"
+            "  generation stops only at `max_new_tokens`.",
+            "byte-level: ids are UTF-8 bytes",
+        )
+    eot = (
+        f"end of text `{tokenizer.eot_token}` = id {tokenizer.eot_id} (the eos: documents were separated by it)"
+        if tokenizer.eot_token
+        else "no end-of-text token, so generation stops only at `max_new_tokens`"
+    )
+    return (
+        f"{tokenizer.kind.upper()}, `tokenizer.json` of {tokenizer.vocab_size} ids, SHA-256\n"
+        f"  `{tokenizer.sha256}`; {eot}.",
+        "the tokenizer.json the run trained with",
+    )
+
+
+def _model_card(
+    config: PretrainedConfig, tokenizer: Tokenizer, *, corpus: str, corpus_sha256: str | None, run_id: str | None
+) -> str:
     layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", "?")
     hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd", "?")
     corpus_line = (
@@ -269,6 +306,13 @@ def _model_card(config: PretrainedConfig, *, corpus: str, corpus_sha256: str | N
     )
     digest_line = f"\n- Corpus SHA-256: `{corpus_sha256}`" if corpus_sha256 else ""
     run_line = f"\n- swarmd run ID: `{run_id}`" if run_id else ""
+    tokenizer_line, tokenizer_comment = _tokenizer_lines(tokenizer)
+    plain = (
+        "\nWithout the tokenizer files the ids are plain bytes:\n"
+        '`ids = torch.tensor([list(text.encode())])` and `bytes(out[0].tolist()).decode("utf-8", "replace")`.\n'
+        if tokenizer.kind == "bytes"
+        else ""
+    )
     return f"""\
 # swarmd model
 
@@ -276,8 +320,7 @@ A causal language model trained by swarmd, a peer-to-peer volunteer training dae
 
 - Architecture: `{config.model_type}`, {layers} layers, hidden size {hidden}, vocabulary {config.vocab_size}
 - Training data: {corpus_line}{digest_line}{run_line}
-- Tokenizer: bytes. Token id = UTF-8 byte value (0-255); there are no special tokens, so
-  generation stops only at `max_new_tokens`.
+- Tokenizer: {tokenizer_line}
 
 ## Generate
 
@@ -285,15 +328,12 @@ A causal language model trained by swarmd, a peer-to-peer volunteer training dae
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 model = AutoModelForCausalLM.from_pretrained("PATH")
-tokenizer = AutoTokenizer.from_pretrained("PATH")  # byte-level: ids are UTF-8 bytes
+tokenizer = AutoTokenizer.from_pretrained("PATH")  # {tokenizer_comment}
 ids = tokenizer("The for statement", return_tensors="pt").input_ids
 out = model.generate(ids, max_new_tokens=200, do_sample=True, top_k=40)
 print(tokenizer.decode(out[0]))
 ```
-
-Without the tokenizer files the ids are plain bytes:
-`ids = torch.tensor([list(text.encode())])` and `bytes(out[0].tolist()).decode("utf-8", "replace")`.
-"""
+{plain}"""
 
 
 def _fsync_file(path: Path) -> None:

@@ -1,5 +1,9 @@
 """The byte tokenizer: token id = UTF-8 byte value, 256 ids, no special tokens, no file needed.
 
+It is also where the interface every tokenizer shares is written down (:class:`Tokenizer`);
+``swarmd.models.bpe_tokenizer`` has the other kind, a ``tokenizers`` ``tokenizer.json``, and
+``load_tokenizer``, which gives the one a run names.
+
 A byte vocabulary is what lets the default run train with no download: any text on any
 machine encodes the same way, and the model's vocabulary is exactly the 256 byte values.
 
@@ -14,7 +18,17 @@ a model trained on raw bytes.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from swarmd.errors import SwarmdError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+BYTES = "bytes"
+"""The name of the byte tokenizer, where a tokenizer is named (``swarmd data prepare --tokenizer``)."""
 
 VOCAB_SIZE = 256
 """Number of token ids: one per byte value."""
@@ -23,16 +37,60 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 """The files :func:`save_pretrained_files` writes."""
 
 
+class TokenizerError(SwarmdError):
+    """A tokenizer file is missing, too large, malformed, or has a vocabulary over the limit."""
+
+
+class Tokenizer(Protocol):
+    """What preparation, export and a run need of a tokenizer."""
+
+    kind: str
+    """``"bytes"`` or ``"bpe"``: what a data manifest records."""
+    vocab_size: int
+    """Number of token ids, special tokens included."""
+    eot_id: int | None
+    """The end-of-text id that separates documents; None when the tokenizer has none (bytes)."""
+    eot_token: str | None
+    """The end-of-text token's text (``<|endoftext|>``); None with ``eot_id``."""
+    sha256: str | None
+    """SHA-256 of the tokenizer file a run pins; None for bytes (there is no file)."""
+    raw: bytes | None
+    """The tokenizer file's bytes (copied beside prepared data); None for bytes."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """The ids of each text as an unsigned integer array (preparation encodes in batches)."""
+        ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def save_pretrained_files(self, directory: str | Path, *, model_max_length: int | None = None) -> list[Path]:
+        """Write the files with which ``AutoTokenizer.from_pretrained(directory)`` gives the same ids."""
+        ...
+
+
 class ByteTokenizer:
     """Text to token ids and back, where a token id is a UTF-8 byte value (0-255)."""
 
+    kind: str = BYTES
     vocab_size: int = VOCAB_SIZE
+    eot_id: int | None = None
+    eot_token: str | None = None
+    sha256: str | None = None
+    raw: bytes | None = None
 
     def encode(self, text: str) -> list[int]:
         """The UTF-8 bytes of ``text``, as ints."""
         return list(text.encode("utf-8"))
 
-    def decode(self, ids: list[int]) -> str:
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """The UTF-8 bytes of each text, as uint8 arrays (no copy beyond the encoding)."""
+        import numpy as np
+
+        return [np.frombuffer(text.encode("utf-8"), dtype=np.uint8) for text in texts]
+
+    def decode(self, ids: Sequence[int]) -> str:
         """The text of byte ids; an invalid UTF-8 sequence (a model may emit one) becomes U+FFFD.
 
         Raises ValueError for an id outside 0-255: that is a bug in the caller, not bad text.

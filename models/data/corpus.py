@@ -16,7 +16,9 @@ import math
 from pathlib import Path
 from typing import IO
 
-from swarmd.models.data.windows import CorpusError, Dataset
+import numpy as np
+
+from swarmd.models.data.windows import CorpusError, Dataset, memory_reader
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +101,8 @@ def train_eval_split(
     """A training and an evaluation Dataset over disjoint windows: the last ``eval_fraction`` is held out.
 
     The held-out windows are the last ones of the corpus (at least one), so no training window
-    shares a byte with an evaluation window.
+    shares a byte with an evaluation window. Each is a dataset of one shard (its part of the
+    corpus), which gives the order this function gave before datasets had shards.
     """
     if not 0.0 < eval_fraction < 1.0:
         raise ValueError(f"eval_fraction must be between 0 and 1, got {eval_fraction}")
@@ -110,5 +113,8 @@ def train_eval_split(
             "splitting off evaluation data needs at least 2: use a longer corpus or a shorter seq_len"
         )
     held_out = min(total - 1, max(1, math.ceil(total * eval_fraction)))
-    cut = total - held_out
-    return Dataset(data, seq_len, seed, windows=range(cut)), Dataset(data, seq_len, seed, windows=range(cut, total))
+    cut = (total - held_out) * seq_len
+    tokens = np.frombuffer(data, dtype=np.uint8)
+    train = Dataset([cut], seq_len, seed, memory_reader([tokens[:cut]]))
+    evaluation = Dataset([held_out * seq_len], seq_len, seed, memory_reader([tokens[cut : cut + held_out * seq_len]]))
+    return train, evaluation

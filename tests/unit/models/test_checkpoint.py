@@ -1,4 +1,4 @@
-"""Atomic safetensors checkpoints and the export that transformers loads."""
+"""Atomic safetensors checkpoints and the export that transformers loads, with its tokenizer."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import pytest
 import torch
 
+from swarmd.models.bpe_tokenizer import BpeTokenizer, train_bpe
 from swarmd.models.checkpoint import (
     MODEL_FILE,
     CheckpointError,
@@ -158,3 +159,46 @@ def test_export_refuses_weights_that_do_not_fit_the_config(tmp_path: Path) -> No
     with pytest.raises(CheckpointError, match=r"missing \['lm_head.weight'\].*wrong shape"):
         export_pretrained(config, state, tmp_path / "export")
     assert os.listdir(tmp_path) == []
+
+
+@pytest.fixture(scope="module")
+def bpe(tmp_path_factory: pytest.TempPathFactory) -> BpeTokenizer:
+    from swarmd.models.data.corpus import load_corpus
+
+    texts = [d for d in load_corpus("builtin").decode().split("\n\n") if d.strip()]
+    return train_bpe(texts, 320, tmp_path_factory.mktemp("tok") / "tokenizer.json")
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_export_with_a_bpe_tokenizer_sets_eos_and_says_so(tmp_path: Path, family: str, bpe: BpeTokenizer) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    config = _tiny_configs()[family]
+    config.vocab_size = 384  # the tokenizer's 320 ids, rounded up as a run's shape would
+    model = AutoModelForCausalLM.from_config(config)
+    out = tmp_path / "export"
+    export_pretrained(config, model.state_dict(), out, tokenizer=bpe)
+    saved = AutoConfig.from_pretrained(out)
+    assert saved.eos_token_id == saved.bos_token_id == bpe.eot_id == 0
+    hf = AutoTokenizer.from_pretrained(out)
+    text = "The for statement\n    x = 1"
+    assert hf(text)["input_ids"] == bpe.encode(text) and hf.eos_token_id == 0
+    card = (out / "README.md").read_text()
+    assert bpe.sha256 is not None and bpe.sha256 in card and "`<|endoftext|>` = id 0" in card
+    assert "ids are plain bytes" not in card
+    loaded = AutoModelForCausalLM.from_pretrained(out)
+    generated = loaded.generate(torch.tensor([bpe.encode("def ")]), max_new_tokens=4, do_sample=False)
+    assert all(0 <= t < 384 for t in generated[0].tolist())
+
+
+def test_export_with_the_byte_tokenizer_keeps_no_special_ids(tmp_path: Path, bpe: BpeTokenizer) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = _tiny_configs()["gpt2"]  # GPT-2's config says eos = bos = 50256, outside 256 bytes
+    state = AutoModelForCausalLM.from_config(config).state_dict()
+    export_pretrained(config, state, tmp_path / "bytes")
+    saved = AutoConfig.from_pretrained(tmp_path / "bytes")
+    assert saved.eos_token_id is None and saved.bos_token_id is None
+    assert "Tokenizer: bytes." in (tmp_path / "bytes" / "README.md").read_text()
+    with pytest.raises(CheckpointError, match="320 ids, more than the model's vocabulary of 256"):
+        export_pretrained(config, state, tmp_path / "small", tokenizer=bpe)

@@ -64,11 +64,11 @@ def test_local_corpus_errors_name_the_path(tmp_path: Path) -> None:
 
 
 def test_dataset_is_deterministic_across_objects(corpus: bytes) -> None:
-    a = Dataset(corpus, seq_len=64, seed=7)
-    b = Dataset(bytes(corpus), seq_len=64, seed=7)
+    a = Dataset.from_tokens(corpus, seq_len=64, seed=7)
+    b = Dataset.from_tokens(bytes(corpus), seq_len=64, seed=7)
     indices = [0, 1, 5, 100, len(a) - 1, len(a), 3 * len(a) + 11]
     assert torch.equal(a.batch(indices), b.batch(indices))
-    other = Dataset(corpus, seq_len=64, seed=8)
+    other = Dataset.from_tokens(corpus, seq_len=64, seed=8)
     assert not torch.equal(a.batch(range(16)), other.batch(range(16)))
 
 
@@ -76,7 +76,7 @@ def test_dataset_order_is_pinned_across_processes(corpus: bytes) -> None:
     """A fresh interpreter (another PYTHONHASHSEED) picks the same windows."""
     code = (
         "from swarmd.models.data.corpus import load_corpus; from swarmd.models.data.windows import Dataset;"
-        "d = Dataset(load_corpus('builtin'), 128, 1234);"
+        "d = Dataset.from_tokens(load_corpus('builtin'), 128, 1234);"
         "print([d.window(i) for i in range(8)], d.sequence(3).tolist()[:8])"
     )
     runs = {
@@ -89,19 +89,19 @@ def test_dataset_order_is_pinned_across_processes(corpus: bytes) -> None:
         ).stdout
         for seed in ("1", "2")
     }
-    here = Dataset(corpus, 128, 1234)
+    here = Dataset.from_tokens(corpus, 128, 1234)
     assert runs == {f"{[here.window(i) for i in range(8)]} {here.sequence(3).tolist()[:8]}\n"}
 
 
 def test_window_order_is_pinned(corpus: bytes) -> None:
     """The order is fixed integer arithmetic: a change here breaks reproducibility between peers."""
-    d = Dataset(corpus, 128, 1234)
+    d = Dataset.from_tokens(corpus, 128, 1234)
     assert len(d) == 3642
     assert [d.window(i) for i in range(6)] == [1803, 3011, 1000, 357, 2925, 1748]
 
 
 def test_sequences_are_bytes_of_the_right_shape(corpus: bytes) -> None:
-    d = Dataset(corpus, seq_len=128, seed=0)
+    d = Dataset.from_tokens(corpus, seq_len=128, seed=0)
     batch = d.batch(range(32))
     assert batch.shape == (32, 128) and batch.dtype == torch.long
     assert int(batch.min()) >= 0 and int(batch.max()) < 256
@@ -110,7 +110,7 @@ def test_sequences_are_bytes_of_the_right_shape(corpus: bytes) -> None:
 
 
 def test_an_epoch_covers_every_window_once(corpus: bytes) -> None:
-    d = Dataset(corpus, seq_len=128, seed=3)
+    d = Dataset.from_tokens(corpus, seq_len=128, seed=3)
     assert len(d) == len(corpus) // 128
     first = [d.window(i) for i in range(len(d))]
     assert sorted(first) == list(range(len(d)))  # no window twice: no overlap within an epoch
@@ -123,15 +123,19 @@ def test_held_out_split_is_disjoint(corpus: bytes) -> None:
     total = len(corpus) // 128
     assert len(train) + len(held_out) == total
     assert len(held_out) == pytest.approx(total * 0.02, abs=1)
-    train_windows = {train.window(i) for i in range(len(train))}
-    eval_windows = {held_out.window(i) for i in range(len(held_out))}
-    assert not train_windows & eval_windows
-    assert min(eval_windows) > max(train_windows)  # the tail of the corpus
+    # Each split is a one-shard dataset over its part of the corpus: the held-out part is the tail.
+    cut = len(train) * 128
+    for i in range(len(held_out)):
+        w = held_out.window(i)
+        assert bytes(held_out.sequence(i).tolist()) == corpus[cut + w * 128 : cut + (w + 1) * 128]
+    assert sorted(train.window(i) for i in range(len(train))) == list(range(len(train)))
+    w = train.window(0)
+    assert bytes(train.sequence(0).tolist()) == corpus[w * 128 : (w + 1) * 128]
 
 
 def test_too_short_corpus_errors_with_numbers() -> None:
     with pytest.raises(CorpusError, match="10 bytes, shorter than one sequence of 64"):
-        Dataset(b"x" * 10, seq_len=64, seed=0)
+        Dataset.from_tokens(b"x" * 10, seq_len=64, seed=0)
     with pytest.raises(CorpusError, match="needs at least 2"):
         train_eval_split(b"x" * 100, seq_len=64, seed=0)
 
