@@ -12,6 +12,8 @@
     swarmd demo                                           a local swarm on 127.0.0.1
     swarmd plan --scenario FILE [--json]                  place a swarm described on paper
     swarmd simulate --scenario FILE --hours H --seed S    play a scenario out over time, strategy by strategy
+    swarmd tokenizer train --vocab N --out FILE TEXT...   train a byte-level BPE tokenizer.json
+    swarmd data prepare --tokenizer FILE|bytes --out DIR INPUT...   token shards and a manifest for a run
     swarmd completion bash | swarmd man                    shell completion and the man page, from this parser
 
 User errors print one line and exit non-zero; ``--debug`` adds the traceback.
@@ -28,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from swarmd import __version__
-from swarmd.cli import config_command
+from swarmd.cli import config_command, data_command, tokenizer_command
 from swarmd.cli.status_view import fmt_newer_version, fmt_peers, format_status
 from swarmd.errors import ConfigError, SwarmdError
+from swarmd.models.presets import PRESETS
 from swarmd.peers.wire.relay_modes import MODES as RELAY_MODES
 
 logger = logging.getLogger("swarmd")
@@ -108,6 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="start a local swarm of daemons on 127.0.0.1 and show it")
     demo.add_argument("--peers", type=int, default=3, help="how many daemons (default 3)")
     demo.add_argument("--duration", type=float, default=0, help="stop after S seconds (default: until Ctrl-C)")
+    demo.add_argument(
+        "--run",
+        default="tiny-bytes",
+        choices=sorted(PRESETS),
+        help="the preset run: tiny-bytes (the default) or tiny-llama-bpe (GQA Llama, BPE, token shards fetched)",
+    )
     demo.add_argument("--debug", action="store_true")
 
     plan = sub.add_parser("plan", help="plan the swarm a scenario file describes (scenarios/FORMAT.md)")
@@ -141,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="the planner's local search time per full plan (default 0.5)",
     )
     sim.add_argument("--debug", action="store_true")
+    tokenizer_command.add_parser(sub)
+    data_command.add_parser(sub)
     return parser
 
 
@@ -288,9 +299,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     config = _load(args)
     _configure_logging("debug" if args.debug else config.node.log_level, config.node.log_format)
-    _gather_from_running_daemon(config.node.state_path, args.run_id)
+    gathered = _gather_from_running_daemon(config.node.state_path, args.run_id)
     out_dir, versions = export_run(config.node.state_path, args.run_id, args.out_dir, overwrite=args.overwrite)
     print(f"exported run {args.run_id} (stage weight versions {versions}) to {out_dir}")
+    if gathered and gathered.get("held_out_loss") is not None:
+        print(f"held-out loss {gathered['held_out_loss']:.4f} ({gathered['held_out_sequences']} held-out sequences)")
     print(f"load it with: AutoModelForCausalLM.from_pretrained({str(out_dir)!r})")
     return 0
 
@@ -298,34 +311,37 @@ def cmd_export(args: argparse.Namespace) -> int:
 GATHER_TIMEOUT_S = 150.0
 
 
-def _gather_from_running_daemon(state_dir: Path, run_id: str) -> None:
+def _gather_from_running_daemon(state_dir: Path, run_id: str) -> dict[str, Any] | None:
     """When a daemon of this run runs on ``state_dir``, have it bring every stage's newest
-    checkpoint here first: its stages are spread over the swarm."""
+    checkpoint here first (its stages are spread over the swarm), with the run's tokenizer;
+    returns what it answered (the versions, the held-out loss), None when none ran."""
     from swarmd.errors import ControlError
     from swarmd.system.control import SOCKET_FILENAME, call
 
     socket = state_dir / SOCKET_FILENAME
     if not socket.exists():
-        return
+        return None
     try:
         status = call(socket, "status")
         if status.get("run_id") != run_id or not status.get("training"):
-            return
+            return None
         from swarmd.cli.progress import ProgressLine
 
         gathering = ProgressLine("the running daemon gathers every stage's weights from the swarm's shards")
         with gathering.waiting(GATHER_TIMEOUT_S):
-            call(socket, "gather_weights", timeout=GATHER_TIMEOUT_S)
+            gathered: dict[str, Any] = call(socket, "gather_weights", timeout=GATHER_TIMEOUT_S)
         gathering.done()
+        return gathered
     except ControlError as e:
         print(f"could not gather stages from the swarm ({e}); exporting what is on this peer", file=sys.stderr)
+        return None
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from swarmd.cli.demo import run_demo
 
     _configure_logging("debug" if args.debug else "info")
-    return run_demo(args.peers, args.duration)
+    return run_demo(args.peers, args.duration, args.run)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -386,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
         "completion": cmd_completion,
         "man": cmd_man,
         "config": lambda a: config_command.run(a, _control_path),
+        "tokenizer": tokenizer_command.run,
+        "data": data_command.run,
     }
     try:
         return handlers[args.command](args)
