@@ -213,6 +213,9 @@ class LimitsConfig:
     daily_transfer_gib: float = 0.0
     """Training traffic sent and received per local day, in GiB; past it the peer pauses until
     midnight (0: no cap)."""
+    data_cache_gib: float = 8.0
+    """Disk for the run's token shards fetched from other peers or mirrors, in GiB; the least
+    recently used are deleted past it. Files in ``[data] dirs`` are not counted (nor deleted)."""
 
     def __post_init__(self) -> None:
         from swarmd.node.auto_pause import parse_window
@@ -226,6 +229,11 @@ class LimitsConfig:
         _check_range("limits", "upload_mbit_s", self.upload_mbit_s, 0, 1e6)
         _check_range("limits", "download_mbit_s", self.download_mbit_s, 0, 1e6)
         _check_range("limits", "daily_transfer_gib", self.daily_transfer_gib, 0, 1e6)
+        if not 0 < self.data_cache_gib <= 1e6:
+            raise ConfigError(
+                f"[limits] data_cache_gib = {self.data_cache_gib} must be in (0, 1e6]: a peer without its run's "
+                "data fetches the shards its work needs into this much disk"
+            )
         for name in ("upload_mbit_s", "download_mbit_s"):
             rate = getattr(self, name)
             if 0 < rate < MIN_TRAINING_MBIT_S:
@@ -244,6 +252,29 @@ class LimitsConfig:
         for name in self.pause_while:
             if not isinstance(name, str) or not 0 < len(name) <= 64:
                 raise ConfigError(f"[limits] pause_while: {name!r} is not a program name of 1 to 64 characters")
+
+
+MAX_DATA_DIRS = 64
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    dirs: list[str] = field(default_factory=list)
+    """Folders this peer holds a run's files in: prepared datasets (``swarmd data prepare``'s
+    output, found by their manifest), tokenizers, and checkpoints a run starts from. Each file
+    is checked against the digest the run pins before it is used; a file not found here is
+    fetched from the manifest's sources or from the members that hold it."""
+
+    def __post_init__(self) -> None:
+        if len(self.dirs) > MAX_DATA_DIRS:
+            raise ConfigError(f"[data] dirs names {len(self.dirs)} folders, over {MAX_DATA_DIRS}")
+        for folder in self.dirs:
+            if not isinstance(folder, str) or not folder:
+                raise ConfigError(f"[data] dirs: {folder!r} is not a folder path")
+
+    @property
+    def paths(self) -> list[Path]:
+        return [Path(d).expanduser() for d in self.dirs]
 
 
 @dataclass(kw_only=True)
@@ -277,6 +308,7 @@ class Config:
     probes: ProbesConfig = field(default_factory=ProbesConfig)
     roles: RolesConfig = field(default_factory=RolesConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    data: DataConfig = field(default_factory=DataConfig)
     dashboard: DashboardConfig = field(default_factory=DashboardConfig)
 
 
@@ -301,6 +333,7 @@ _SECTIONS: dict[str, type] = {
     "probes": ProbesConfig,
     "roles": RolesConfig,
     "limits": LimitsConfig,
+    "data": DataConfig,
     "dashboard": DashboardConfig,
 }
 

@@ -9,11 +9,13 @@ from pathlib import Path
 
 from swarmd.cli.progress import ProgressLine
 from swarmd.errors import SwarmdError
+from swarmd.models.bpe_tokenizer import load_tokenizer, tokenizer_digest
 from swarmd.models.build import make_config
 from swarmd.models.checkpoint import export_pretrained, load_safetensors
 from swarmd.models.data.corpus import BUILTIN, BUILTIN_SHA256
 from swarmd.models.stages import merge_stage_state_dicts
-from swarmd.system.state_dir import load_cached_spec, run_checkpoint_dir
+from swarmd.models.tokenizer import Tokenizer
+from swarmd.system.state_dir import GATHERED_TOKENIZER, load_cached_spec, run_checkpoint_dir
 
 logger = logging.getLogger(__name__)
 
@@ -47,13 +49,34 @@ def export_run(state_dir: Path, run_id: str, out_dir: Path, *, overwrite: bool =
         versions.append(int(meta.get("version", "0")))
         parts.append(weights)
         progress.update(len(parts) / (len(found) + 1))  # the last part: merging and writing
-    shape = signed.spec.model
-    merged = merge_stage_state_dicts(parts, shape)  # refuses a gap or an overlap between stages
-    corpus = signed.spec.corpus
+    spec = signed.spec
+    merged = merge_stage_state_dicts(parts, spec.model)  # refuses a gap or an overlap between stages
+    corpus = spec.corpus or f"the prepared dataset of manifest {spec.manifest_sha256}"
     digest = BUILTIN_SHA256 if corpus == BUILTIN else None
     export_pretrained(
-        make_config(shape), merged, out_dir, overwrite=overwrite, corpus=corpus, corpus_sha256=digest, run_id=run_id
+        make_config(spec.model),
+        merged,
+        out_dir,
+        overwrite=overwrite,
+        corpus=corpus,
+        corpus_sha256=digest,
+        run_id=run_id,
+        tokenizer=_tokenizer(folder, spec.tokenizer_sha256),
     )
     progress.done(str(out_dir))
     logger.info("Exported run %s (stage versions %s) to %s", run_id, versions, out_dir)
     return out_dir, versions
+
+
+def _tokenizer(folder: Path, pinned: str) -> Tokenizer | None:
+    """The run's tokenizer as the daemon gathered it beside the stages (None: bytes), checked
+    against the digest the run spec pins."""
+    if not pinned:
+        return None
+    path = folder / GATHERED_TOKENIZER
+    if not path.is_file() or tokenizer_digest(path) != pinned:
+        raise SwarmdError(
+            f"the run's tokenizer ({pinned[:12]}...) is not beside its gathered stages in {folder}; run "
+            "swarmd export while this peer's daemon runs: it fetches the tokenizer with the stages"
+        )
+    return load_tokenizer(path)

@@ -88,23 +88,17 @@ def run_node(config: Any, reload_source: Any) -> int:
 
 
 def sign_new_run(args: argparse.Namespace, config: Any) -> int:
+    from swarmd.cli.run_create import create
     from swarmd.config import ConfigError
-    from swarmd.peers.records.identity import load_or_create_identity
-    from swarmd.peers.records.run_spec import load_spec_file, sign_run_spec
-    from swarmd.system.state_dir import prepare_state_dir, save_spec
+    from swarmd.system.state_dir import prepare_state_dir
 
     if args.spec is None:
         raise ConfigError("'swarmd run create' needs --spec FILE (see README for the format)")
-    spec = load_spec_file(args.spec)
-    state_dir = prepare_state_dir(config.node.state_path)
-    identity = load_or_create_identity(state_dir)
-    signed = sign_run_spec(identity, spec)
-    path = save_spec(state_dir, signed)
-    print(signed.run_id)
+    run_id, _ = create(args.spec, prepare_state_dir(config.node.state_path))
+    print(run_id)
     print(
-        f"Signed by {identity.peer_id}; saved to {path}.\n"
-        f"Serve it with:  swarmd run --run-id {signed.run_id}\n"
-        f"Others join with:  swarmd run --run-id {signed.run_id} --initial-peers <this daemon's address>",
+        f"Serve it with:  swarmd run --run-id {run_id}\n"
+        f"Others join with:  swarmd run --run-id {run_id} --initial-peers <this daemon's address>",
         file=sys.stderr,
     )
     return 0

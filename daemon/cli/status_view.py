@@ -40,6 +40,8 @@ def format_status(result: dict[str, Any]) -> str:
         lines.insert(2, newer)
     if result.get("training"):
         lines += fmt_training(result["training"])
+    if result.get("data"):
+        lines += fmt_data(result["data"])
     if result.get("swarm"):
         lines += fmt_swarm(result["swarm"], result["peer_id"])
     if result.get("traffic"):
@@ -135,6 +137,10 @@ def fmt_training(t: dict[str, Any]) -> list[str]:
             f"swarm     {t['trained_tokens']} trained tokens, {t['tokens_per_s'] or 0:.0f} tokens/s "
             f"(as shard (0, 0) applied them), update {t['updates']}"
         )
+    held_out = t.get("held_out")
+    if held_out:
+        by = "this peer" if held_out.get("here") else f"{held_out['by'][:16]}..."
+        lines.append(f"held-out  loss {held_out['loss']:.4f} at update {held_out['version']} (scored by {by})")
     for c in t.get("cells") or []:
         loss = f", loss {c['loss']:.3f}" if c.get("loss") is not None else ""
         x = c["contributions"]
@@ -160,6 +166,29 @@ def fmt_training(t: dict[str, Any]) -> list[str]:
             f"({ledger['reissued']} again), completed {ledger['completed']}"
         )
     return lines
+
+
+def fmt_data(d: dict[str, Any]) -> list[str]:
+    """The run's files on this peer: what it reads, what it holds, fetched and served."""
+    store, fetch, serve = d["store"], d["fetch"], d["serve"]
+    training = d.get("training") or {}
+    if training.get("kind") == "shards":
+        source = (
+            f"{training['shards']} train shard(s) of {training['tokens']} tokens, {training['shards_here']} here, "
+            f"reading {training['reading']}, fetching ahead {training['fetching_ahead']}"
+        )
+    elif d.get("manifest"):
+        source = f"manifest {d['manifest'][:12]}... (opening)"
+    else:
+        source = f"corpus {d.get('corpus')}"
+    fetched = sum(fetch["fetched_bytes"].values())
+    return [
+        f"data      {source}; holds {', '.join(d['holds']) or 'nothing to serve'}",
+        f"          cache {store['cached_bytes'] / 2**20:.1f} of {store['cache_bytes'] / 2**30:.2f} GiB "
+        f"({store['cached_files']} file(s), {store['evicted']} evicted); fetched {fetched / 2**20:.1f} MiB "
+        f"({fetch['refused']} refused, {fetch['failed_tries']} failed tries), served "
+        f"{serve['served_bytes'] / 2**20:.1f} MiB to {serve['served_peers']} peer(s)",
+    ]
 
 
 def fmt_swarm(sw: dict[str, Any], own: str) -> list[str]:

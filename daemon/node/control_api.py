@@ -26,6 +26,7 @@ from swarmd.peers.wire.shaping import TRAFFIC
 from swarmd.system.control import Handler
 
 if TYPE_CHECKING:
+    from swarmd.data.run_files import RunFiles
     from swarmd.training.trainer import Trainer
     from swarmd.web.server import DashboardServer
 
@@ -50,6 +51,9 @@ class NodeParts(Protocol):
 
     @property
     def trainer(self) -> Trainer | None: ...
+
+    @property
+    def files(self) -> RunFiles | None: ...
 
     @property
     def coordination(self) -> Coordination | None: ...
@@ -150,6 +154,7 @@ class ControlApi:
             },
             **node.presence.status(now),
             "training": node.trainer.status() if node.trainer is not None else None,
+            "data": node.files.status() if node.files is not None else None,
             "swarm": node.coordination.status() if node.coordination is not None else None,
             "relaying": node.relay.status() if node.relay is not None else None,
             "routes": node.router.status() if node.router is not None else None,
@@ -162,7 +167,7 @@ class ControlApi:
         """For ``swarmd export``: every stage's weights from its shards, written to our state directory."""
         if self.node.trainer is None:
             raise SwarmdError("this daemon does not train; export from the state directory as it is")
-        return {"run_id": self.node.run_id, "versions": await self.node.trainer.gather_weights()}
+        return {"run_id": self.node.run_id, **await self.node.trainer.gather_weights()}
 
     def peers(self, request: dict[str, Any]) -> dict[str, Any]:
         presence = self.node.presence

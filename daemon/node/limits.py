@@ -83,6 +83,8 @@ class LiveLimits:
         """The compute's torch device, once compute starts (torch is imported only then)."""
         self._default_threads = 0
         self.gpu_memory = "does not apply until compute starts"
+        self.on_data_cache: Callable[[int], None] | None = None
+        """Given the new ``data_cache_gib`` in bytes, once the run's file store exists."""
 
     def start(self) -> None:
         """At the node's start: what needs no torch."""
@@ -110,6 +112,8 @@ class LiveLimits:
             self._apply_gpu_memory()
         if {"upload_mbit_s", "download_mbit_s", "daily_transfer_gib"} & set(keys):
             apply_traffic_limits(new)
+        if "data_cache_gib" in keys and self.on_data_cache is not None:
+            self.on_data_cache(int(new.data_cache_gib * 2**30))  # a smaller cache evicts as it next fetches
         lines = [f"[limits] {key}: {getattr(old, key)!r} -> {getattr(new, key)!r}" for key in keys]
         for line in lines:
             logger.info("Applied %s", line)

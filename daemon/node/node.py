@@ -18,6 +18,7 @@ import functools
 import logging
 import os
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from swarmd.config import Config
@@ -54,6 +55,8 @@ from swarmd.system.state_dir import StateDirLock, prepare_state_dir, run_checkpo
 from swarmd.web.server import DashboardServer
 
 if TYPE_CHECKING:
+    from swarmd.data.fetching import Send
+    from swarmd.data.run_files import RunFiles
     from swarmd.training.trainer import Trainer
 
 logger = logging.getLogger(__name__)
@@ -64,6 +67,50 @@ PROBE_ROUND_S = 5.0
 PUBLISH_MEASUREMENTS_S = 15.0
 PAUSE_CHECK_S = 1.0
 LIMITS_CHECK_S = 10.0
+
+
+def make_coordination(
+    config: Config,
+    run_id: str,
+    identity: Identity,
+    dht: SwarmDHT,
+    state_dir: Path,
+    presence: Presence,
+    spec: SignedRunSpec,
+) -> tuple[Measurements, Coordination]:
+    """The node's measurements of the swarm, and its coordination (elections, the plan), by
+    ``[probes]`` and ``[roles]``."""
+    probes, roles = config.probes, config.roles
+    budget = ProbeBudget(
+        interval_s=probes.interval_s,
+        bytes_per_hour=probes.bytes_per_hour,
+        probe_bytes=probes.probe_bytes,
+        max_peers=probes.max_peers,
+    )
+    thresholds = ElectionConfig(
+        min_reliability=roles.min_reliability,
+        min_relay_reliability=roles.min_relay_reliability,
+        min_connectivity_Bps=roles.min_connectivity_Bps,
+        hysteresis=roles.hysteresis,
+    )
+    scan_s = min(config.heartbeat.interval_s, MEMBERSHIP_SCAN_S)
+    offer = presence.offer
+    measurements = Measurements(run_id, identity, dht, state_dir, budget, offer, scan_s)
+    probation = probation_s(config.heartbeat.interval_s)
+    return measurements, Coordination(spec, identity, dht, measurements, thresholds, offer, probation)
+
+
+def run_files(
+    config: Config, state_dir: Path, spec: SignedRunSpec, send: Send, membership: Membership, measurements: Measurements
+) -> RunFiles:
+    """This node's store of the run's files, asking the members whose heartbeats say they hold them."""
+    from swarmd.data.run_files import RunFiles
+
+    def holders() -> list[tuple[str, list[str]]]:
+        return [(str(m["peer_id"]), list(m.get("holds") or [])) for m in membership.snapshot(time.time())]
+
+    cache_bytes = int(config.limits.data_cache_gib * 2**30)
+    return RunFiles(spec, state_dir, config.data.paths, cache_bytes, send, holders, measurements.is_member)
 
 
 def _paced(heartbeat_s: float, floor_s: float, ceiling_s: float) -> float:
@@ -88,6 +135,7 @@ class Node:
         self.rpc: RpcServer | None = None
         self.relay: RelayService | None = None
         self.router: Router | None = None  # our own data-path requests: direct, or through a relay
+        self.files: RunFiles | None = None  # the run's files here: found, fetched, served (swarmd.data)
         self.dial_back: DialBackService | None = None  # reachability checks, ours and the members'
         self._p2p: Any = None  # hivemind P2P replica: the data path's requests go through it
         self.membership: Membership | None = None
@@ -174,7 +222,10 @@ class Node:
         self.spec = spec = await joining.find_spec()
         self.membership.follow(spec, cfg.join_token)  # a private run's refusal stops us here
         await device_task
-        self.measurements, self.coordination = measurements, coordination = self._make_coordination(spec)
+        assert self.identity is not None
+        made = make_coordination(self.config, self.run_id, self.identity, dht, self.state_dir, presence, spec)
+        self.measurements, self.coordination = measurements, coordination = made
+        coordination.own_works = lambda: "paused" not in self.roles
         observe = functools.partial(presence.scan_members, measurements.observe)
         services.spawn("heartbeat", lambda: hb.interval_s, presence.publish_heartbeat)
         services.spawn("membership", lambda: min(hb.interval_s, MEMBERSHIP_SCAN_S), observe)
@@ -186,6 +237,7 @@ class Node:
         services.spawn("limits", lambda: LIMITS_CHECK_S, self._check_limits)
         services.spawn("traffic day", lambda: SAVE_EVERY_S, self.traffic_day.keep, run_first=False)
         await self._start_rpc(measurements, coordination)
+        self._start_files(spec, measurements)
         # Paced by the heartbeat (a swarm tuned for quick membership also re-plans quickly), but
         # never faster than these floors: every round is DHT traffic that heartbeats and leases,
         # which must stay prompt, share.
@@ -197,29 +249,6 @@ class Node:
         if cfg.mdns:
             keep_lan = functools.partial(lan.keep, presence.sign_heartbeat)
             services.spawn("LAN discovery", lambda: LAN_RESTART_INTERVAL_S, keep_lan, run_first=False)
-
-    def _make_coordination(self, spec: SignedRunSpec) -> tuple[Measurements, Coordination]:
-        assert self.identity is not None and self.dht is not None and self.presence is not None
-        probes, roles = self.config.probes, self.config.roles
-        budget = ProbeBudget(
-            interval_s=probes.interval_s,
-            bytes_per_hour=probes.bytes_per_hour,
-            probe_bytes=probes.probe_bytes,
-            max_peers=probes.max_peers,
-        )
-        thresholds = ElectionConfig(
-            min_reliability=roles.min_reliability,
-            min_relay_reliability=roles.min_relay_reliability,
-            min_connectivity_Bps=roles.min_connectivity_Bps,
-            hysteresis=roles.hysteresis,
-        )
-        scan_s = min(self.config.heartbeat.interval_s, MEMBERSHIP_SCAN_S)
-        offer = self.presence.offer
-        measurements = Measurements(self.run_id, self.identity, self.dht, self.state_dir, budget, offer, scan_s)
-        probation = probation_s(self.config.heartbeat.interval_s)
-        coordination = Coordination(spec, self.identity, self.dht, measurements, thresholds, offer, probation)
-        coordination.own_works = lambda: "paused" not in self.roles
-        return measurements, coordination
 
     async def _start_rpc(self, measurements: Measurements, coordination: Coordination) -> None:
         """The data path's request server on the DHT's libp2p host (the trainer adds its own)."""
@@ -243,6 +272,25 @@ class Node:
         await self.rpc.attach(self._p2p)
         measurements.p2p = self.dial_back.p2p = self._p2p
         self.relay.p2p = self._p2p
+        mode = self.config.swarm.data_via_relay
+        self.router = router = Router(coordination.own, coordination.relays, coordination.matrix, mode=mode)
+        router.on_transfer = measurements.observe_transfer
+
+    async def send(self, peer: str, request: Any, blobs: list[bytes], timeout_s: float) -> Any:
+        """One request to a member, direct or through a relay (``swarmd.node.relay.Router``)."""
+        assert self.router is not None
+        return await self.router.call(self._p2p, peer, request, blobs, timeout_s)
+
+    def _start_files(self, spec: SignedRunSpec, measurements: Measurements) -> None:
+        """The run's files: found here, fetched when missing, served to members (``swarmd.data``)."""
+        from swarmd.peers.wire.file_messages import FileFetch
+
+        assert self.rpc is not None and self.membership is not None and self.presence is not None
+        self.files = files = run_files(self.config, self.state_dir, spec, self.send, self.membership, measurements)
+        self.rpc.register(FileFetch, files.server.handle)
+        self.presence.holds = files.holds
+        self.limits.on_data_cache = files.store.resize
+        self.services.spawn_once("data", files.open)
 
     async def _start_trainer(self, spec: SignedRunSpec, measurements: Measurements, coordination: Coordination) -> None:
         # transformers loads only on peers that train (seconds of start-up otherwise).
@@ -253,18 +301,12 @@ class Node:
         from swarmd.node.device import resolve_device
 
         self.limits.start_compute(resolve_device(self.config.compute.device))
-        membership, own = self.membership, self.identity.peer_id
+        assert self.files is not None
+        membership = self.membership
 
         def members() -> list[dict[str, Any]]:
             return membership.snapshot(time.time())
 
-        router = Router(own, coordination.relays, coordination.matrix, mode=self.config.swarm.data_via_relay)
-        router.on_transfer = measurements.observe_transfer
-
-        async def send(peer: str, request: Any, blobs: list[bytes], timeout_s: float) -> Any:
-            return await router.call(self._p2p, peer, request, blobs, timeout_s)
-
-        self.router = router
         self.trainer = Trainer(
             spec,
             self.identity,
@@ -272,9 +314,12 @@ class Node:
             run_checkpoint_dir(self.state_dir, self.run_id),
             members,
             coordination,
-            send,
+            self.send,
+            self.files,
             lambda: membership.scans > 0,
         )
+        assert self.presence is not None
+        self.presence.held_out = self.trainer.evaluation.held_out
         for request_type, handler in self.trainer.handlers.table().items():
             self.rpc.register(request_type, handler)
         self.services.spawn("trainer", lambda: TRAINER_TICK_S, self.trainer.tick)
@@ -343,6 +388,7 @@ class Node:
         if self.dht is not None and self.dht.is_alive() and self.spec is not None and self.presence is not None:
             await self.presence.announce_leaving()
         for step in (
+            self.files.stop if self.files is not None else None,
             self.lan.stop if self.lan is not None else None,
             self._p2p.shutdown if self._p2p is not None else None,
             self._control.stop,

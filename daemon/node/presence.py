@@ -24,7 +24,7 @@ from swarmd.peers.dht.swarm_dht import SwarmDHT
 from swarmd.peers.membership.members import Membership
 from swarmd.peers.membership.probes import MAX_PROBES_PER_ROUND, probe_batch
 from swarmd.peers.membership.versions import newer_in_swarm
-from swarmd.peers.records.heartbeat import MAX_ADDRS, DeviceInfo, Heartbeat
+from swarmd.peers.records.heartbeat import MAX_ADDRS, DeviceInfo, Heartbeat, HeldOut
 from swarmd.peers.records.identity import Identity
 from swarmd.system import systemd
 
@@ -60,6 +60,10 @@ class Presence:
         self.rejected_records = 0
         self._last_expires_at = 0.0  # of the last heartbeat published: a later one must outlive it
         self._probed_at: dict[str, float] = {}  # member -> when it was last pinged
+        self.holds: Callable[[], list[str]] = list
+        """Which of the run's files this peer serves (``Heartbeat.holds``), once it has a data store."""
+        self.held_out: Callable[[], HeldOut | None] = lambda: None
+        """The run's held-out score, while this peer scores it (``Heartbeat.held_out``)."""
 
     async def measure_device(self, compute: ComputeConfig) -> None:
         """What this machine offers, announced from then on (torch work, so in a worker thread)."""
@@ -98,6 +102,8 @@ class Presence:
             uptime_s=now - self.started_at,
             leaving=leaving,
             join_token=self.membership.join_token,  # a private run's members admit us by it
+            holds=[] if leaving else self.holds(),
+            held_out=None if leaving else self.held_out(),
         )
         raw = heartbeat.sign(self.identity)
         Heartbeat.parse(raw, run_id=self.run_id, now=now, peer_id=self.identity.peer_id)  # raises RecordError

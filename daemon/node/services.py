@@ -55,6 +55,24 @@ class Services:
         """Run ``body`` every ``interval()`` seconds (re-read each round, so config can pace it)."""
         self._tasks.append(asyncio.create_task(self._periodic(name, interval, body, run_first), name=name))
 
+    def spawn_once(self, name: str, body: Callable[[], Awaitable[None]]) -> None:
+        """Run ``body`` until it succeeds once; a failed try is retried with capped backoff."""
+
+        async def until_done() -> None:
+            failures = 0
+            while True:
+                try:
+                    await body()
+                    return
+                except Exception as e:
+                    failures += 1
+                    delay = min(2.0**failures, MAX_ROUND_DELAY_S)
+                    logger.warning("%s failed (%s: %s); retrying in %.0f s", name, type(e).__name__, e, delay)
+                if await self.sleep_or_stop(delay):
+                    return
+
+        self._tasks.append(asyncio.create_task(until_done(), name=name))
+
     async def _periodic(
         self, name: str, interval: Callable[[], float], body: Callable[[], Awaitable[None]], run_first: bool
     ) -> None:

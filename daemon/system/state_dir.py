@@ -8,6 +8,7 @@ re-verified on every read).
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 from pathlib import Path
@@ -90,3 +91,21 @@ class StateDirLock:
 def run_checkpoint_dir(state_dir: Path, run_id: str) -> Path:
     """Where this peer's shard servers of ``run_id`` keep their checkpoints."""
     return state_dir / RUNS_DIRNAME / run_id
+
+
+GATHERED_TOKENIZER = "tokenizer.json"
+"""In a run's folder, beside the stages ``swarmd export`` gathered: the run's tokenizer, if it has one."""
+LOCAL_FILES = "local-files.json"
+"""In a run's folder on its creator's machine: where ``swarmd run create`` found the run's files."""
+
+
+def local_files_path(state_dir: Path, run_id: str) -> Path:
+    return run_checkpoint_dir(state_dir, run_id) / LOCAL_FILES
+
+
+def record_local_files(state_dir: Path, run_id: str, files: dict[str, str]) -> None:
+    """Remember, on the creator's machine, where its run's files are (``swarmd run create``), so
+    that its own daemon serves them without being told."""
+    path = local_files_path(state_dir, run_id)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    write_atomically(path, json.dumps(files, indent=2, sort_keys=True) + "\n")

@@ -5,6 +5,7 @@
 - ``lifecycle``      the step's actions done: cells and servers opened and closed, leases published
 - ``status``         the training section of the daemon's status, and the swarm's rate of updates
 - ``export``         every stage's newest weights gathered from its shards' holders (``swarmd export``)
+- ``evaluation``     the swarm's weights scored on the held-out split every few versions, by shard (0, 0)'s holder
 - ``opening``        a shard opened from the newest state it may believe; a cell built for its stage
 - ``cell``           one cell at work: shares through the pipeline, tensors straight to its neighbours
 - ``in_flight``      a cell's share in flight: its queued work, stage 0's window, how long shares take

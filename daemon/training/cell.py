@@ -40,11 +40,11 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from swarmd.data.store import DataError
 from swarmd.models.build import ModelError, ModelShape
 from swarmd.models.cell_compute import CellCompute
-from swarmd.models.data.windows import Dataset
 from swarmd.peers.taskpool.cells import Cell
 from swarmd.peers.taskpool.exchange import ExchangeConfig, window
 from swarmd.peers.wire.codecs import FrameSpec, decode_tensor
@@ -62,11 +62,19 @@ from swarmd.training.reducer import Reducer
 from swarmd.training.rounds import CellRounds
 from swarmd.training.throttle import DutyCycle
 
+if TYPE_CHECKING:
+    import torch
+
+    from swarmd.data.training_data import TrainingData
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 LOAD_WAIT_S = 60.0
+DATA_WAIT_S = 60.0
+"""How long a micro-batch waits for its shard to be fetched before its share is dropped (and
+issued again): a source that is down costs a retry, not a pipeline stuck on one share."""
 MAX_LOSSES_KEPT = 4096
 
 Send = Callable[[str, Request, list[bytes], float], Awaitable[tuple[Any, list[bytes]]]]
@@ -98,7 +106,7 @@ class CellWorker:
         stages: int,
         settings: ExchangeConfig,
         compute: CellCompute,
-        dataset: Dataset,
+        data: TrainingData,
         micro_batch: int,
         run_id: str,
         send: Send,
@@ -113,7 +121,8 @@ class CellWorker:
         self.stages = stages
         self.settings = settings
         self.compute = compute
-        self.dataset = dataset
+        self.data = data
+        """The run's sequences (``swarmd.data``): stage 0 reads its inputs there, the last stage its labels."""
         self.micro_batch = micro_batch
         self.run_id = run_id
         self._send = send
@@ -266,7 +275,7 @@ class CellWorker:
                 continue
             try:
                 await self._one(item)
-            except (RpcError, FrameError, ModelError) as e:
+            except (RpcError, FrameError, ModelError, DataError) as e:
                 # A neighbour gone or refusing, a tensor that failed its checks: this share cannot
                 # finish here; stage 0 feeds it again (or another pipeline does).
                 logger.info("cell %s: micro-batch %d failed (%s); dropping the share", self.cell, item.micro_batch, e)
@@ -337,15 +346,22 @@ class CellWorker:
         self.rounds.share_begins()
         self.flight.open(ShareInFlight.of(message))
 
+    async def _tokens(self, m: int) -> torch.Tensor:
+        """Micro-batch ``m``'s tokens: its shard fetched first if it is not here (rarely: the
+        shards training reads next are fetched ahead), then read on the worker thread."""
+        with self.stats.timing("waiting"):
+            await self.data.ready(m, 1, self.micro_batch, DATA_WAIT_S)
+        return await self.in_thread(self.data.micro_batch, m, self.micro_batch, what="codec")
+
     async def _forward(self, share: ShareInFlight, m: int, blob: bytes | None) -> None:
         if self.is_first:
-            x = self.dataset.micro_batch(m, self.micro_batch)
+            x = await self._tokens(m)
         else:
             assert blob is not None
             x = await self.in_thread(decode_tensor, blob, self.in_spec, what="codec")
         self.stats.forwards += 1
         if self.is_last:
-            labels = self.dataset.micro_batch(m, self.micro_batch)
+            labels = await self._tokens(m)
             grad_in, loss = await self.in_thread(self.compute.forward_backward_last, m, x, labels)
             self.losses.append((m, loss))
             await self.neighbours.backward(share, m, grad_in)

@@ -8,8 +8,9 @@ copied, the new one's lease published) is asked for again with backoff, for a bo
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -21,6 +22,7 @@ from swarmd.peers.taskpool.servers import Shard
 from swarmd.peers.wire.codecs import decode_vector
 from swarmd.peers.wire.errors import RpcError
 from swarmd.peers.wire.messages import Pull
+from swarmd.system.state_dir import GATHERED_TOKENIZER
 from swarmd.training.opening import stage_module
 
 if TYPE_CHECKING:
@@ -31,13 +33,31 @@ GATHER_WAIT_S = 45.0
 GATHER_BACKOFF_S = (0.5, 4.0)
 
 
-async def gather_weights(trainer: Trainer) -> list[int]:
-    """Write every stage's weights to the trainer's checkpoint folder; returns each stage's
-    oldest shard version."""
+async def gather_weights(trainer: Trainer) -> dict[str, Any]:
+    """Write every stage's weights to the trainer's checkpoint folder, with the run's tokenizer
+    file when it has one, and score them on the held-out split: what ``swarmd export`` prints.
+    Returns each stage's oldest shard version and the held-out loss (None before the data is open)."""
+    stages = await gather_stages(trainer)
+    versions = []
+    for stage, (version, state) in enumerate(stages):
+        path = trainer.checkpoint_dir / f"stage{stage}.safetensors"
+        await asyncio.to_thread(save_safetensors_atomic, state, path, {"version": str(version)})
+        versions.append(version)
+    tokenizer = trainer.inputs.tokenizer_file()
+    if tokenizer is not None:
+        await asyncio.to_thread(shutil.copyfile, tokenizer, trainer.checkpoint_dir / GATHERED_TOKENIZER)
+    loss = None
+    if trainer.data is not None:
+        loss = await trainer.score([state for _, state in stages])
+    return {"versions": versions, "held_out_loss": loss, "held_out_sequences": trainer.spec.spec.eval_sequences}
+
+
+async def gather_stages(trainer: Trainer) -> list[tuple[int, dict[str, torch.Tensor]]]:
+    """Every stage's newest committed weights as a state dict, with its oldest shard's version."""
     assignment = trainer.assignment
     if assignment is None:
         raise SwarmdError("this peer has not read the pool yet; try again in a few seconds")
-    versions = []
+    stages = []
     for stage in range(trainer.stages):
         module = stage_module(trainer, stage)
         vector = flatten_parameters(module)
@@ -48,11 +68,8 @@ async def gather_weights(trainer: Trainer) -> list[int]:
             version, values = await _whole_slice(trainer, (stage, k), shards, hi - lo)
             vector[lo:hi] = values
             found.append(version)
-        state = unflatten_parameters(module, vector)
-        path = trainer.checkpoint_dir / f"stage{stage}.safetensors"
-        await asyncio.to_thread(save_safetensors_atomic, state, path, {"version": str(min(found))})
-        versions.append(min(found))
-    return versions
+        stages.append((min(found), unflatten_parameters(module, vector)))
+    return stages
 
 
 async def _whole_slice(trainer: Trainer, key: Shard, shards: int, size: int) -> tuple[int, torch.Tensor]:

@@ -136,8 +136,8 @@ class Lifecycle:
 
     def _open_cell(self, cell: Cell) -> None:
         trainer = self.trainer
-        assert trainer.dataset is not None, "the trainer loads its dataset before it reads the pool"
-        worker = make_cell(trainer, cell, self._assignment(), trainer.dataset)
+        assert trainer.data is not None, "the trainer opens its data before it reads the pool"
+        worker = make_cell(trainer, cell, self._assignment(), trainer.data)
         trainer.cells[cell] = worker
         trainer.cell_tasks[cell] = asyncio.create_task(_run_cell(worker), name=f"cell {cell}")
         logger.info("Working cell %s (pipeline %d, stage %d)", cell, *cell)

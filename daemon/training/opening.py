@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from swarmd.data.store import DataError
 from swarmd.errors import SwarmdError
 from swarmd.models.cell_compute import CellCompute, flatten_parameters
 from swarmd.models.checkpoint_check import Provenance, ShardLayout, TracedShard, check_checkpoint, open_traced
-from swarmd.models.data.windows import Dataset
 from swarmd.models.shard_config import ShardConfig, ShardError
 from swarmd.models.stages import StageModule, split_layers
 from swarmd.peers.records.run_spec import run_seed
@@ -59,6 +59,7 @@ from swarmd.training.replicas import Replica
 from swarmd.training.shard_server import ShardServer
 
 if TYPE_CHECKING:
+    from swarmd.data.training_data import TrainingData
     from swarmd.models.parameter_shard import ShardStep
     from swarmd.training.trainer import Trainer
 
@@ -194,8 +195,8 @@ class ShardOpener:
         best = max(found, key=lambda shard: shard.version, default=None)
         if best is not None and best.version >= seen:
             return best
-        if best is None and seen == 0:  # nobody ever trained it: the run's seed weights
-            return self._seed(key, span, step)
+        if best is None and seen == 0:  # nobody ever trained it: the weights the run starts from
+            return await self._start(key, span, step)
         since = self._waiting_since.setdefault(key, time.monotonic())
         if time.monotonic() - since < OPEN_GRACE_S:
             logger.info(
@@ -205,7 +206,9 @@ class ShardOpener:
                 seen,
             )
             return None
-        shard = best or self._seed(key, span, step)
+        shard = best or await self._start(key, span, step)
+        if shard is None:
+            return None
         lost = max(0, seen - shard.version)
         self.versions_lost += lost
         logger.warning(
@@ -219,8 +222,17 @@ class ShardOpener:
         )
         return shard
 
-    def _seed(self, key: Shard, span: tuple[int, int], step: int) -> TracedShard:
-        initial = self.initial_vector(key[0])[span[0] : span[1]]
+    async def _start(self, key: Shard, span: tuple[int, int], step: int) -> TracedShard | None:
+        """The shard as the run starts: its slice of the checkpoint the run starts from, else of
+        the seed's weights. None while the checkpoint's slice cannot be had (no member that holds
+        it is up): the shard is opened again next round."""
+        try:
+            initial = await self.trainer.inputs.initial_slice(key[0], *span)
+        except DataError as e:
+            logger.warning("shard %s starts from the run's checkpoint, which cannot be had yet (%s)", key, e)
+            return None
+        if initial is None:
+            initial = self.initial_vector(key[0])[span[0] : span[1]]
         return TracedShard(*span, initial, self.config(), step_micro_batches=step)
 
     def note_holders(self, leases: Mapping[Shard, ShardLease]) -> None:
@@ -400,7 +412,7 @@ def stage_module(trainer: Trainer, stage: int) -> StageModule:
     )
 
 
-def make_cell(trainer: Trainer, cell: Cell, assignment: Assignment, dataset: Dataset) -> CellWorker:
+def make_cell(trainer: Trainer, cell: Cell, assignment: Assignment, data: TrainingData) -> CellWorker:
     s = trainer.spec.spec
     compute = CellCompute(
         stage_module(trainer, cell[1]),
@@ -414,7 +426,7 @@ def make_cell(trainer: Trainer, cell: Cell, assignment: Assignment, dataset: Dat
         trainer.stages,
         trainer.exchange_settings(),
         compute,
-        dataset,
+        data,
         s.micro_batch,
         trainer.spec.run_id,
         trainer.send,

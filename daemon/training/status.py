@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from swarmd.peers.taskpool.exchange import step_micro_batches
 from swarmd.peers.taskpool.servers import Shard
+from swarmd.training.evaluation import newest_score
 
 if TYPE_CHECKING:
     from swarmd.training.trainer import Trainer
@@ -89,12 +89,7 @@ def training_status(trainer: Trainer) -> dict[str, Any]:
     ledger = trainer.handlers.ledger
     # Trained tokens: applied updates times the tokens of an update (a batch, H batches in
     # local mode), as shard (0, 0)'s server counts them; its version survives hand-overs.
-    spec = trainer.spec.spec
-    per_update = (
-        spec.micro_batch
-        * spec.model.seq_len
-        * (step_micro_batches(trainer.exchange_settings()) if a is not None else 0)
-    )
+    per_update = trainer.trained_tokens(1)
     first = trainer.servers.get((0, 0))
     stalled = trainer.progress.stalled(trainer)
     return {
@@ -129,4 +124,6 @@ def training_status(trainer: Trainer) -> dict[str, Any]:
         "losses": [[m, round(loss, 4)] for m, loss in losses[-512:]],
         "trained_tokens": None if first is None else first.version * per_update,
         "tokens_per_s": None if first is None else trainer.progress.tokens_per_s(per_update),
+        "held_out": newest_score(trainer.evaluation.held_out(), trainer.members(), trainer.own),
+        "scoring": trainer.evaluation.status() if trainer.evaluation.history or first is not None else None,
     }

@@ -24,14 +24,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from swarmd.errors import SwarmdError
-from swarmd.models.data.corpus import load_corpus, train_eval_split
-from swarmd.models.data.windows import Dataset
 from swarmd.peers.records.identity import Identity
 from swarmd.peers.records.plan_record import PlanRecord
 from swarmd.peers.records.run_spec import SignedRunSpec, run_seed
 from swarmd.peers.taskpool.assignment import Assignment
 from swarmd.peers.taskpool.cells import Cell
-from swarmd.peers.taskpool.exchange import ExchangeConfig
+from swarmd.peers.taskpool.exchange import ExchangeConfig, step_micro_batches
 from swarmd.peers.taskpool.servers import SeenVersions, Shard, ShardLease
 from swarmd.peers.wire.errors import NotHolder
 from swarmd.peers.wire.protocol import Request
@@ -48,6 +46,7 @@ from swarmd.training.bookkeeping import (
     step,
 )
 from swarmd.training.cell import CellWorker
+from swarmd.training.evaluation import Evaluation, score_weights
 from swarmd.training.handlers import TrainingHandlers
 from swarmd.training.lifecycle import Lifecycle
 from swarmd.training.opening import ShardOpener
@@ -57,11 +56,28 @@ from swarmd.training.shard_server import ShardServer
 from swarmd.training.status import Progress, training_status
 
 if TYPE_CHECKING:  # hivemind loads only where the DHT runs (it cannot share a process with py-libp2p)
+    import torch
+
+    from swarmd.data.training_data import TrainingData
     from swarmd.peers.dht.swarm_dht import SwarmDHT
 
 logger = logging.getLogger(__name__)
 
 Send = Callable[[str, Request, list[bytes], float], Awaitable[tuple[Any, list[bytes]]]]
+
+
+class RunInputs(Protocol):
+    """What the trainer reads of the run's files (``swarmd.data.run_files.RunFiles``)."""
+
+    async def training_data(self) -> TrainingData:
+        """The run's training and held-out sequences here (it may wait for files to be fetched)."""
+
+    async def initial_slice(self, stage: int, lo: int, hi: int) -> torch.Tensor | None:
+        """A slice of a stage's starting weights for a run that starts from a checkpoint; None
+        for a run that starts from its seed; ``DataError`` when it cannot be had yet."""
+
+    def tokenizer_file(self) -> Path | None:
+        """The run's tokenizer file here (None: bytes, or not fetched yet)."""
 
 
 class RoleView(Protocol):
@@ -88,10 +104,12 @@ class Trainer:
         members: Callable[[], list[dict[str, Any]]],
         roles: RoleView,
         send: Send,
+        inputs: RunInputs,
         members_known: Callable[[], bool] = lambda: True,
     ) -> None:
         """``members``: the live members' heartbeat summaries (``Membership.snapshot``), this peer
         not among them. ``send``: one request to a peer, direct or through a relay.
+        ``inputs``: the run's data and starting weights here (``swarmd.data``).
         ``members_known``: whether the swarm's heartbeats have been read at least once: before,
         this peer would take itself for the only member and open every shard afresh."""
         self.members_known = members_known
@@ -119,8 +137,12 @@ class Trainer:
         self.seen = SeenVersions()
         self.handed_over: dict[Shard, tuple[int, Path]] = {}
         """Shards this peer served and closed: their final state, for whoever holds them next."""
-        self.dataset: Dataset | None = None
+        self.data: TrainingData | None = None
+        self.inputs = inputs
+        self._opening_data: asyncio.Task[TrainingData] | None = None
         self.progress = Progress()
+        spec_ = spec.spec
+        self.evaluation = Evaluation(spec_.eval_every, spec_.eval_sequences)
         self._extra_pipelines: set[int] = set()  # asked about by the ledger, not scanned last round
         self.opener = ShardOpener(self)
         self.handlers = TrainingHandlers(self)
@@ -176,13 +198,8 @@ class Trainer:
                 await self.release()
             self.state = "failed"
             return
-        if self.dataset is None:
-            try:
-                self.dataset = await asyncio.to_thread(self._load_dataset)
-            except SwarmdError as e:
-                self.error = str(e)
-                logger.error("Cannot train run %s: %s", self.spec.run_id, e)
-                return
+        if self.data is None and not self._data_opened():
+            return
         if not self.members_known():
             self.state = "waiting for the swarm's membership"
             return
@@ -212,6 +229,8 @@ class Trainer:
         first = self.servers.get((0, 0))
         if first is not None:
             self.progress.note(first.version)
+            if self.evaluation.due(first.version):
+                self.evaluation.start(first.version, self.trained_tokens(first.version), self.score_held_out)
         self.state = "training" if self.cells or self.servers else "idle"
 
     async def _step(self, event: Event, now: float) -> None:
@@ -234,10 +253,44 @@ class Trainer:
             pipelines=self.assignment.pipelines,
         )
 
-    def _load_dataset(self) -> Dataset:
+    def _data_opened(self) -> bool:
+        """Whether the run's data is open here; opens it in the background (it may be fetched)."""
+        task = self._opening_data
+        if task is None:
+            self._opening_data = asyncio.create_task(self.inputs.training_data(), name="open the run's data")
+            self.state = "opening the run's data"
+            return False
+        if not task.done():
+            return False
+        try:
+            self.data = task.result()
+        except (SwarmdError, OSError) as e:
+            self.error = str(e)
+            logger.error("Cannot train run %s: %s", self.spec.run_id, e)
+            return False
+        return True
+
+    def trained_tokens(self, version: int) -> int:
+        """Tokens trained on after ``version`` updates: a batch (H batches in local mode) each."""
         spec = self.spec.spec
-        train, _ = train_eval_split(load_corpus(spec.corpus), spec.model.seq_len, seed=run_seed(self.spec.run_id))
-        return train
+        per_update = spec.micro_batch * spec.model.seq_len
+        return version * per_update * (step_micro_batches(self.exchange_settings()) if self.assignment else 0)
+
+    async def score_held_out(self) -> tuple[list[int], float | None]:
+        """The swarm's newest weights, gathered here, scored on the held-out split."""
+        stages = await export.gather_stages(self)
+        return [version for version, _ in stages], await self.score([state for _, state in stages])
+
+    async def score(self, stages: list[dict[str, torch.Tensor]]) -> float | None:
+        """The held-out loss of the model these stage weights make (the model's forwards in a
+        thread); None when the run's data has no held-out split."""
+        assert self.data is not None
+        held_out = await self.data.held_out()
+        if held_out is None:
+            return None
+        spec = self.spec.spec
+        seed = run_seed(self.spec.run_id)
+        return await asyncio.to_thread(score_weights, spec.model, seed, stages, held_out, spec.eval_sequences)
 
     # --- what others ask of the pool ------------------------------------------------------------
 
@@ -282,15 +335,16 @@ class Trainer:
             raise NotHolder(f"this peer does not serve shard {key} (any more); read the shard leases again")
         return server
 
-    async def gather_weights(self) -> list[int]:
+    async def gather_weights(self) -> dict[str, Any]:
         """Every stage's newest committed weights, from its shards' holders, written here as
-        ``stage<s>.safetensors`` (for ``swarmd export``). Returns each stage's oldest shard version."""
+        ``stage<s>.safetensors`` with the tokenizer, and scored (for ``swarmd export``)."""
         return await export.gather_weights(self)
 
     # --- stopping and status ------------------------------------------------------------------
 
     async def release(self) -> None:
         """Stop every cell, flush and copy every shard, release every lease at once."""
+        await self.evaluation.stop()
         await self._step(Stopping(tuple(self.cells), tuple(self.servers)), time.time())
         self.state = "stopped"
 

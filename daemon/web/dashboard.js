@@ -4,7 +4,7 @@
 "use strict";
 
 const SVG = "http://www.w3.org/2000/svg";
-const CURVES = ["loss", "tokens_per_s", "updates_per_min", "peers"];
+const CURVES = ["loss", "held_out_loss", "tokens_per_s", "updates_per_min", "peers"];
 let refreshMs = 5000;
 
 function el(tag, text, cls) {

@@ -1,7 +1,7 @@
 """The dashboard's curves: a bounded ring of samples of this daemon's status, taken every few seconds.
 
-A sample is what a volunteer wants to see move: the training loss, tokens per second, committed
-updates per minute, and how many peers this one sees. The ring holds at most ``capacity``
+A sample is what a volunteer wants to see move: the training loss, the run's held-out loss,
+tokens per second, committed updates per minute, and how many peers this one sees. The ring holds at most ``capacity``
 samples (the oldest fall off), so a daemon that runs for weeks holds the last few hours only.
 """
 
@@ -32,6 +32,8 @@ class Sample:
     """Committed updates per minute since the previous sample (None: the first sample)."""
     peers: int
     """Other members this peer sees."""
+    held_out_loss: float | None = None
+    """The run's newest held-out loss this peer knows of (None: none scored yet)."""
 
 
 class History:
@@ -62,6 +64,7 @@ class History:
             updates=updates,
             updates_per_min=rate,
             peers=len(status.get("peers") or []),
+            held_out_loss=_number((training.get("held_out") or {}).get("loss")),
         )
         self._samples.append(sample)
         return sample

@@ -103,6 +103,13 @@ def _training(t: Status | None) -> Iterator[Metric]:
         updates_seen(t),
     )
     yield from _gauge("swarmd_loss", "Mean training loss of the last micro-batches this peer saw", t.get("loss"))
+    held_out = t.get("held_out") or {}
+    yield from _gauge("swarmd_held_out_loss", "The run's newest loss on its held-out data", held_out.get("loss"))
+    yield from _gauge(
+        "swarmd_held_out_version",
+        "Shard (0, 0)'s version the newest held-out loss was scored at",
+        held_out.get("version"),
+    )
     yield from _gauge(
         "swarmd_tokens_per_second",
         "Tokens the swarm trains per second, as shard (0, 0) applies them",

@@ -49,6 +49,8 @@ class PeerView:
             # by it; as of the heartbeat, two peers started a second apart swapped places).
             "uptime_s": round(hb.uptime_s + max(0.0, now - hb.issued_at), 3),
             "version": hb.version,
+            "holds": list(hb.holds),
+            "held_out": None if hb.held_out is None else [hb.held_out.version, hb.held_out.loss],
         }
 
 

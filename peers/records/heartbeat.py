@@ -27,6 +27,9 @@ MAX_TTL_S = 600.0
 MAX_ADDRS = 16
 ROLES = ("worker", "parameter_server", "relay", "paused")
 """``paused``: its owner (or ``[limits]``) paused its work; it is planned for nothing meanwhile."""
+HOLDS = ("dataset", "shards", "init")
+"""What of the run's files a peer holds and serves to members (``swarmd.data``): every file of
+the data manifest, some of its shards (fetched into its cache), the checkpoint the run starts from."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,6 +42,15 @@ class DeviceInfo:
     """Accelerator memory, or system memory for a CPU device."""
     cpus: int
     """Logical CPUs the daemon may use."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeldOut:
+    """The run's newest held-out score, as the peer that scores it (shard (0, 0)'s holder) made it."""
+
+    version: int
+    """Shard (0, 0)'s version the weights were scored at."""
+    loss: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,16 +73,21 @@ class Heartbeat(SignedRecord):
     join_token: str = ""
     """The peer's join token for a private run (``swarmd.peers.records.join_token``), unverified
     here: only the run's spec says whether one is needed and who must have signed it."""
+    holds: list[str] = field(default_factory=list)
+    """Which of ``HOLDS`` this peer serves: whom a member asks for the run's files first. A claim,
+    not a proof: every file is checked against its digest where it arrives."""
+    held_out: HeldOut | None = None
+    """The run's held-out loss, from the peer that scores it: shown in every member's status."""
 
     def sign(self, identity: Identity) -> bytes:
-        """As every record's, but without ``join_token`` when there is none: an open run's
-        heartbeat then reads the same to daemons from before private runs."""
-        if self.join_token:
-            return super().sign(identity)
+        """As every record's, but without ``join_token``, ``holds`` or ``held_out`` when they are
+        empty: such a heartbeat then reads the same to daemons from before them."""
         if identity.peer_id != self.peer_id:
             raise RecordError(f"cannot sign the heartbeat of {self.peer_id} with the key of {identity.peer_id}")
         body = asdict(self)
-        del body["join_token"]
+        for name in ("join_token", "holds", "held_out"):
+            if not body[name]:
+                del body[name]
         return sign_record(identity, self.KIND, body)
 
     def is_live(self, now: float) -> bool:
@@ -103,4 +120,18 @@ class Heartbeat(SignedRecord):
             "leaving": f.boolean("leaving"),
             # Absent from open runs' heartbeats, as from every heartbeat before private runs.
             "join_token": f.string("join_token", MAX_TOKEN_CHARS) if "join_token" in f.obj else "",
+            "holds": _holds(f, head) if "holds" in f.obj else [],
+            "held_out": _held_out(f.object("held_out")) if f.obj.get("held_out") is not None else None,
         }
+
+
+def _held_out(h: Fields) -> HeldOut:
+    h.only({"version", "loss"})
+    return HeldOut(version=h.integer("version", 0, 2**40), loss=h.number("loss", 0.0, 1e4))
+
+
+def _holds(f: Fields, head: Head) -> list[str]:
+    holds = f.strings("holds", len(HOLDS), 16)
+    if unknown := set(holds) - set(HOLDS):
+        raise RecordError(f"heartbeat of {head.peer_id} says it holds {sorted(unknown)}, not any of {HOLDS}")
+    return holds

@@ -12,12 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from swarmd.errors import RecordError, RunSpecError
-from swarmd.models.shape import FAMILIES, ModelError, ModelShape
+from swarmd.models.shape import FAMILIES, MAX_ROPE_SCALING_ENTRIES, ROPE_SCALING, ModelError, ModelShape
 from swarmd.peers.records.envelope import Fields, OpenedRecord, open_record, sign_record
 from swarmd.peers.records.identity import Identity
 from swarmd.peers.records.run_id import NAME, derive_run_id
@@ -36,6 +37,7 @@ AGGREGATIONS = ("mean", "centred-clip")
 """How a shard server combines a round's contributions: their mean, or centred clipping (each
 contribution clipped to a radius around the last update before averaging: a few outliers
 cannot drag the step, ``swarmd.models.robust_aggregation``)."""
+DEFAULT_EVAL = {"every": 50, "sequences": 64}
 MAX_ALLOWLIST = 400
 """Enough for a lab or a team, and small enough for the spec to stay one small DHT value; a larger
 private run admits by join token."""
@@ -46,7 +48,8 @@ class RunSpec:
     name: str
     model: ModelShape
     corpus: str
-    """Where training text comes from: ``builtin`` (ships with swarmd) or a local path on every peer."""
+    """Where training text comes from: ``builtin`` (ships with swarmd) or a local path on every
+    peer, read as bytes; empty when the run trains on a prepared dataset (``manifest_sha256``)."""
     batch_sequences: int
     """Sequences per optimizer step, across the whole swarm."""
     micro_batch: int
@@ -71,6 +74,18 @@ class RunSpec:
     """The peer IDs that may join when ``membership`` is ``allowlist``."""
     checkpoint_access: str = "public"
     """One of ``CHECKPOINT_ACCESS``."""
+    manifest_sha256: str = ""
+    """The prepared dataset's manifest (``swarmd data prepare``), which pins every token shard
+    and the tokenizer; empty for a corpus run."""
+    tokenizer_sha256: str = ""
+    """The tokenizer the manifest was prepared with (``tokenizer.json``); empty for bytes."""
+    init_sha256: str = ""
+    """The initial weights' manifest of the checkpoint the run starts from
+    (``swarmd.models.initial_weights``); empty: the run starts from its seed."""
+    eval_every: int = DEFAULT_EVAL["every"]
+    """Versions of shard (0, 0) between two held-out scores (0: never)."""
+    eval_sequences: int = DEFAULT_EVAL["sequences"]
+    """Held-out sequences a score averages over."""
 
     def to_body(self) -> dict[str, Any]:
         """The signed body. Settings at their defaults are left out, so that an open run's spec
@@ -85,19 +100,21 @@ class RunSpec:
         }
         if any(value != default for value, default in access.values()):
             body["access"] = {name: value for name, (value, default) in access.items() if value != default}
+        if self.manifest_sha256:
+            body["data"] = {"manifest": self.manifest_sha256}
+            if self.tokenizer_sha256:  # none: the dataset was prepared as bytes
+                body["data"]["tokenizer"] = self.tokenizer_sha256
+        evaluation = {"every": self.eval_every, "sequences": self.eval_sequences}
+        if evaluation != DEFAULT_EVAL:
+            body["eval"] = evaluation
         return body
 
     def _base_body(self) -> dict[str, Any]:
         return {
             "name": self.name,
-            "model": {
-                "family": self.model.family,
-                "layers": self.model.layers,
-                "hidden": self.model.hidden,
-                "heads": self.model.heads,
-                "vocab": self.model.vocab,
-                "seq_len": self.model.seq_len,
-            },
+            # The optional keys at their defaults are left out: a spec signed before they
+            # existed signs the same.
+            "model": self.model.to_dict() | ({"init": self.init_sha256} if self.init_sha256 else {}),
             "data": {"corpus": self.corpus},
             "batch": {"sequences": self.batch_sequences, "micro_batch": self.micro_batch},
             "optimizer": {
@@ -118,29 +135,14 @@ class RunSpec:
 def parse_spec_body(body: dict[str, Any]) -> RunSpec:
     """Check a spec's schema and ranges; raises RecordError naming the field."""
     f = Fields(body, "run spec")
-    f.only({"name", "model", "data", "batch", "optimizer", "stages", "exchange", "access"})
+    f.only({"name", "model", "data", "batch", "optimizer", "stages", "exchange", "access", "eval"})
     name = f.string("name", 40)
     if not NAME.fullmatch(name):
         raise RecordError(f"run spec: name {name!r} must be 1-40 characters of a-z, 0-9 and '-'")
-    m = f.object("model")
-    m.only({"family", "layers", "hidden", "heads", "vocab", "seq_len"})
-    family = m.string("family", 16)
-    if family not in MODEL_FAMILIES:
-        raise RecordError(f"run spec: model.family {family!r} is not one of {', '.join(MODEL_FAMILIES)}")
-    # Bounds first (a peer's numbers), then the shape's own rules (divisibility, rotary).
-    try:
-        model = ModelShape(
-            family=family,
-            layers=m.integer("layers", 1, 1024),
-            hidden=m.integer("hidden", 8, 65536),
-            heads=m.integer("heads", 1, 1024),
-            vocab=m.integer("vocab", 2, 1_000_000),
-            seq_len=m.integer("seq_len", 2, 1_000_000),
-        )
-    except ModelError as e:
-        raise RecordError(f"run spec: {e}") from None
-    d = f.object("data")
-    d.only({"corpus"})
+    model = _model(f.object("model"), body["model"])
+    data = _data(f.object("data"), body["data"])
+    if "init" in body["model"]:  # the initial weights' manifest of the checkpoint the run starts from
+        data["init_sha256"] = _sha256(f.object("model"), "init")
     b = f.object("batch")
     b.only({"sequences", "micro_batch"})
     sequences, micro_batch = b.integer("sequences", 1, 10_000_000), b.integer("micro_batch", 1, 100_000)
@@ -154,6 +156,12 @@ def parse_spec_body(body: dict[str, Any]) -> RunSpec:
     stages = f.integer("stages", 1, 1024)
     if stages > model.layers:
         raise RecordError(f"run spec: stages {stages} exceeds model.layers {model.layers}")
+    if model.tied and stages > 1:
+        raise RecordError(
+            f"run spec: model.tied is true but stages is {stages}: tied embeddings share one weight between "
+            f"the first stage's embedding and the last stage's head, which sit on different peers; "
+            f"set stages = 1, or model.tied = false (a tied checkpoint is untied on import)"
+        )
     exchange: dict[str, Any] = {"local_steps": 1, "outer_lr": 0.7, "outer_momentum": 0.9}
     if "exchange" in body:  # specs signed before local steps existed have none
         x = f.object("exchange")
@@ -167,10 +175,16 @@ def parse_spec_body(body: dict[str, Any]) -> RunSpec:
             exchange["aggregation"] = _one_of(x.string("aggregation", 32), AGGREGATIONS, "exchange.aggregation")
     if "access" in body:  # specs signed before private runs existed are open
         exchange.update(_access(f.object("access"), body["access"]))
+    if "eval" in body:
+        scores = f.object("eval")
+        scores.only(set(DEFAULT_EVAL))
+        exchange.update(
+            eval_every=scores.integer("every", 0, 10**9), eval_sequences=scores.integer("sequences", 1, 65536)
+        )
     return RunSpec(
         name=name,
         model=model,
-        corpus=d.string("corpus", 1024),
+        **data,
         batch_sequences=sequences,
         micro_batch=micro_batch,
         optimizer=optimizer,
@@ -180,6 +194,82 @@ def parse_spec_body(body: dict[str, Any]) -> RunSpec:
         stages=stages,
         **exchange,
     )
+
+
+def _data(d: Fields, raw: dict[str, Any]) -> dict[str, Any]:
+    """A corpus (bytes, on every peer) or a prepared dataset's manifest and its tokenizer."""
+    d.only({"corpus", "manifest", "tokenizer"})
+    if ("corpus" in raw) == ("manifest" in raw):
+        raise RecordError("run spec: data needs either corpus (text, as bytes) or manifest (a prepared dataset)")
+    if "corpus" in raw:
+        return {"corpus": d.string("corpus", 1024)}
+    tokenizer = _sha256(d, "tokenizer") if "tokenizer" in raw else ""
+    return {"corpus": "", "manifest_sha256": _sha256(d, "manifest"), "tokenizer_sha256": tokenizer}
+
+
+def _sha256(f: Fields, name: str) -> str:
+    value = f.string(name, 64)
+    if len(value) != 64 or set(value) - set("0123456789abcdef"):
+        raise RecordError(f"run spec: {f.what.removeprefix('run spec.')}.{name} must be a SHA-256 (64 hex digits)")
+    return value
+
+
+OPTIONAL_MODEL_KEYS: dict[str, Callable[[Fields, str], Any]] = {
+    "kv_heads": lambda m, key: m.integer(key, 1, 1024),
+    "rope_theta": lambda m, key: m.number(key, 0.0, 1e9),
+    "tied": lambda m, key: m.boolean(key),
+    "intermediate": lambda m, key: m.integer(key, 1, 1_000_000),
+    "positions": lambda m, key: m.integer(key, 2, 10_000_000),
+    "norm_eps": lambda m, key: m.number(key, 0.0, 1.0),
+}
+"""The model table's optional keys (``rope_scaling`` apart) and how each is read, bounded."""
+
+
+def _model(m: Fields, raw: dict[str, Any]) -> ModelShape:
+    """The model table: bounds first (a peer's numbers), then the shape's own rules
+    (divisibility, rotary, grouped-query heads, what each family has)."""
+    m.only({"family", "layers", "hidden", "heads", "vocab", "seq_len", "rope_scaling", "init", *OPTIONAL_MODEL_KEYS})
+    family = m.string("family", 16)
+    if family not in MODEL_FAMILIES:
+        raise RecordError(f"run spec: model.family {family!r} is not one of {', '.join(MODEL_FAMILIES)}")
+    optional: dict[str, Any] = {}
+    for key, read in OPTIONAL_MODEL_KEYS.items():
+        if key in raw:
+            optional[key] = read(m, key)
+    if "rope_theta" in optional and not optional["rope_theta"] > 0:
+        raise RecordError(f"run spec: model.rope_theta = {optional['rope_theta']} must be above 0 (Llama 3: 500000)")
+    if "norm_eps" in optional and not 0 < optional["norm_eps"] < 1:
+        raise RecordError(f"run spec: model.norm_eps = {optional['norm_eps']} must be in (0, 1), e.g. 1e-5")
+    if "rope_scaling" in raw:
+        optional["rope_scaling"] = _rope_scaling(m.object("rope_scaling"), raw["rope_scaling"])
+    try:
+        return ModelShape(
+            family=family,
+            layers=m.integer("layers", 1, 1024),
+            hidden=m.integer("hidden", 8, 65536),
+            heads=m.integer("heads", 1, 1024),
+            vocab=m.integer("vocab", 2, 1_000_000),
+            seq_len=m.integer("seq_len", 2, 1_000_000),
+            **optional,
+        )
+    except ModelError as e:
+        raise RecordError(f"run spec: {e}") from None
+
+
+def _rope_scaling(r: Fields, raw: dict[str, Any]) -> tuple[tuple[str, str | int | float], ...]:
+    """A small table: its rope_type a name, its other entries numbers (the shape checks which)."""
+    r.only({"rope_type", *(key for required, optional in ROPE_SCALING.values() for key in required | optional)})
+    if len(raw) > MAX_ROPE_SCALING_ENTRIES:
+        raise RecordError(f"run spec: model.rope_scaling has {len(raw)} entries, over {MAX_ROPE_SCALING_ENTRIES}")
+    table: dict[str, str | int | float] = {}
+    for key in raw:
+        if key == "rope_type":
+            table[key] = r.string(key, 16)
+        elif key == "original_max_position_embeddings":  # an integer: transformers compares it with positions
+            table[key] = r.integer(key, 1, 10_000_000)
+        else:
+            table[key] = r.number(key, 0.0, 1e6)
+    return tuple(sorted(table.items()))
 
 
 def _one_of(value: str, allowed: tuple[str, ...], name: str) -> str:
@@ -248,8 +338,8 @@ def verify_run_spec(raw: object, run_id: str) -> SignedRunSpec:
     return signed
 
 
-def load_spec_file(path: Path) -> RunSpec:
-    """Read a user's spec file (TOML, or JSON by extension) and check it."""
+def read_spec_file(path: Path) -> dict[str, Any]:
+    """A user's spec file (TOML, or JSON by extension) as a table, its size and syntax checked."""
     try:
         size = path.stat().st_size
         if size > MAX_SPEC_FILE_BYTES:
@@ -262,6 +352,12 @@ def load_spec_file(path: Path) -> RunSpec:
         raise RunSpecError(f"spec file {path} is not valid {path.suffix.lstrip('.') or 'TOML'}: {e}") from None
     if not isinstance(body, dict):
         raise RunSpecError(f"spec file {path} must hold an object (a table of settings), not {type(body).__name__}")
+    return body
+
+
+def load_spec_file(path: Path) -> RunSpec:
+    """Read a user's spec file and check it (its files already named by digest)."""
+    body = read_spec_file(path)
     try:
         return parse_spec_body(body)
     except RecordError as e:

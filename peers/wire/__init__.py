@@ -3,6 +3,7 @@
 - ``errors``         refusal codes and their typed exceptions; transport failures
 - ``protocol``       requests and answers as frozen dataclasses, checked against their annotations
 - ``messages``       every request and answer of the data path (``docs/data-path.md``), relaying, probes
+- ``file_messages``  a run's files between members: a chunk of a file by digest, a slice of the initial weights
 - ``framing``        one message on a stream: header, blobs, bounds checked before reading, deadlines
 - ``rpc``            requests over hivemind P2P streams: admitted, bounded, paced, dispatched, counted
 - ``quota``          each peer's share of the server: rates, in flight, bans; the byte budget; counters

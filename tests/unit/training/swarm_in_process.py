@@ -18,11 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from swarmd.data.training_data import CorpusData
 from swarmd.errors import RecordError
+from swarmd.models.data.corpus import load_corpus, train_eval_split
 from swarmd.models.presets import DEFAULT_RUN
 from swarmd.peers.records.identity import Identity
 from swarmd.peers.records.plan_record import PlanRecord
-from swarmd.peers.records.run_spec import SignedRunSpec, parse_spec_body, sign_run_spec
+from swarmd.peers.records.run_spec import SignedRunSpec, parse_spec_body, run_seed, sign_run_spec
 from swarmd.peers.taskpool.cells import CellLease
 from swarmd.peers.taskpool.lease import Lease
 from swarmd.peers.taskpool.servers import ShardLease
@@ -59,6 +61,26 @@ class MemoryDHT:
             with contextlib.suppress(RecordError):
                 out.append((ShardLease.parse(raw, run_id=self.run_id, now=now, peer_id=peer), raw))
         return out
+
+
+class CorpusInputs:
+    """The run's corpus read here, as every peer of a byte-level run reads it; no checkpoint."""
+
+    def __init__(self, spec: SignedRunSpec) -> None:
+        self.spec = spec
+        self._data: CorpusData | None = None
+
+    async def training_data(self) -> CorpusData:
+        if self._data is None:
+            seq_len, seed = self.spec.spec.model.seq_len, run_seed(self.spec.run_id)
+            self._data = CorpusData(*train_eval_split(load_corpus(self.spec.spec.corpus), seq_len, seed))
+        return self._data
+
+    async def initial_slice(self, stage: int, lo: int, hi: int) -> None:
+        return None
+
+    def tokenizer_file(self) -> None:
+        return None
 
 
 class Roles:
@@ -113,7 +135,8 @@ class Swarm:
             return self.send(own, peer, request, blobs)
 
         members = lambda: self._members_of(own)  # noqa: E731
-        trainer = Trainer(self.spec, identity, self.dht, folder, members, Roles(self, own), send)  # type: ignore[arg-type]
+        inputs = CorpusInputs(self.spec)
+        trainer = Trainer(self.spec, identity, self.dht, folder, members, Roles(self, own), send, inputs)  # type: ignore[arg-type]
         self.members[own] = Member(identity, trainer)
 
     @property

@@ -153,6 +153,8 @@ def test_snapshot_fields() -> None:
         "throughput_gflops": 1234.6,
         "uptime_s": 110.99,  # 99.99 s when it sent its heartbeat, 11 s ago
         "version": "0.1.0",
+        "holds": [],
+        "held_out": None,
     }
     assert snap[1]["rtt_ms"] is None
 

@@ -10,7 +10,7 @@ import pytest
 
 from swarmd.errors import RecordError
 from swarmd.peers.records.envelope import sign_record
-from swarmd.peers.records.heartbeat import KIND, MAX_HEARTBEAT_BYTES, MAX_TTL_S, ROLES, DeviceInfo, Heartbeat
+from swarmd.peers.records.heartbeat import KIND, MAX_HEARTBEAT_BYTES, MAX_TTL_S, ROLES, DeviceInfo, Heartbeat, HeldOut
 from swarmd.peers.records.identity import Identity
 from swarmd.peers.records.join_token import MAX_TOKEN_CHARS
 from swarmd.peers.records.signed import CLOCK_SKEW_S
@@ -240,3 +240,26 @@ def test_join_token_carried_and_absent_when_empty(identity: Identity) -> None:
 def test_heartbeat_with_the_largest_token_fits(identity: Identity) -> None:
     raw = make_heartbeat(identity, join_token="A" * MAX_TOKEN_CHARS).sign(identity)
     assert len(raw) < MAX_HEARTBEAT_BYTES
+
+
+def test_holds_carried_and_absent_when_empty(identity: Identity) -> None:
+    holding = make_heartbeat(identity, holds=["dataset", "init"])
+    assert Heartbeat.parse(holding.sign(identity), run_id=RUN_ID, now=NOW) == holding
+    # A peer that holds none of the run's files signs what daemons from before files signed.
+    raw = make_heartbeat(identity).sign(identity)
+    assert "holds" not in json.loads(json.loads(raw)["body"])
+    assert Heartbeat.parse(raw, run_id=RUN_ID, now=NOW).holds == []
+    with pytest.raises(RecordError, match=r"holds \['weights'\], not any of"):
+        Heartbeat.parse(signed_body(identity, holds=["weights"]), run_id=RUN_ID, now=NOW)
+    with pytest.raises(RecordError, match="'holds' has 4 items, over 3"):
+        Heartbeat.parse(signed_body(identity, holds=["dataset"] * 4), run_id=RUN_ID, now=NOW)
+
+
+def test_held_out_score_carried_and_checked(identity: Identity) -> None:
+    scoring = make_heartbeat(identity, held_out=HeldOut(version=120, loss=2.25))
+    assert Heartbeat.parse(scoring.sign(identity), run_id=RUN_ID, now=NOW) == scoring
+    assert "held_out" not in json.loads(json.loads(make_heartbeat(identity).sign(identity))["body"])
+    with pytest.raises(RecordError, match="'loss' = -1.0 is outside"):
+        Heartbeat.parse(signed_body(identity, held_out={"version": 1, "loss": -1.0}), run_id=RUN_ID, now=NOW)
+    with pytest.raises(RecordError, match="unknown fields"):
+        Heartbeat.parse(signed_body(identity, held_out={"version": 1, "loss": 1.0, "x": 1}), run_id=RUN_ID, now=NOW)

@@ -380,3 +380,62 @@ def test_the_specs_aggregations_are_the_ones_a_shard_applies() -> None:
     from swarmd.peers.records.run_spec import AGGREGATIONS
 
     assert AGGREGATIONS == APPLIED
+
+
+def test_a_prepared_dataset_and_a_held_out_score_are_pinned_and_signed(creator: Identity) -> None:
+    body = copy.deepcopy(DEFAULT_RUN)
+    body["data"] = {"manifest": "ab" * 32, "tokenizer": "cd" * 32}
+    body["eval"] = {"every": 10, "sequences": 128}
+    spec = parse_spec_body(body)
+    assert (spec.corpus, spec.manifest_sha256, spec.tokenizer_sha256) == ("", "ab" * 32, "cd" * 32)
+    assert (spec.eval_every, spec.eval_sequences) == (10, 128)
+    assert spec.to_body() == body
+    signed = sign_run_spec(creator, spec)
+    assert verify_run_spec(signed.raw, signed.run_id).spec == spec
+    # A dataset prepared as bytes has no tokenizer file to pin.
+    body["data"] = {"manifest": "ab" * 32}
+    assert parse_spec_body(body).to_body()["data"] == {"manifest": "ab" * 32}
+
+
+def test_the_default_run_signs_as_before_the_data_and_eval_tables(creator: Identity) -> None:
+    spec = parse_spec_body(copy.deepcopy(DEFAULT_RUN))
+    assert (spec.eval_every, spec.eval_sequences) == (50, 64)
+    assert spec.to_body() == DEFAULT_RUN  # no eval table, data as it was
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"corpus": "builtin", "manifest": "ab" * 32}, "either corpus .* or manifest"),
+        ({}, "either corpus .* or manifest"),
+        ({"manifest": "AB" * 32}, "data.manifest must be a SHA-256"),
+        ({"manifest": "ab" * 31}, "data.manifest must be a SHA-256"),
+        ({"manifest": "ab" * 32, "tokenizer": "x"}, "data.tokenizer must be a SHA-256"),
+        ({"manifest": "ab" * 32, "shards": []}, "unknown fields"),
+    ],
+)
+def test_a_malformed_data_table_is_refused(data: dict[str, Any], message: str) -> None:
+    body = copy.deepcopy(DEFAULT_RUN)
+    body["data"] = data
+    with pytest.raises(RecordError, match=message):
+        parse_spec_body(body)
+
+
+def test_eval_bounds() -> None:
+    body = copy.deepcopy(DEFAULT_RUN)
+    body["eval"] = {"every": 0, "sequences": 1}
+    assert parse_spec_body(body).eval_every == 0  # never scored
+    body["eval"] = {"every": 5, "sequences": 0}
+    with pytest.raises(RecordError, match="'sequences' = 0 is outside"):
+        parse_spec_body(body)
+
+
+def test_a_run_that_starts_from_a_checkpoint_pins_its_initial_weights(creator: Identity) -> None:
+    body = copy.deepcopy(DEFAULT_RUN)
+    body["model"] = {**body["model"], "init": "ef" * 32}
+    spec = parse_spec_body(body)
+    assert spec.init_sha256 == "ef" * 32 and spec.to_body() == body
+    assert verify_run_spec(sign_run_spec(creator, spec).raw, sign_run_spec(creator, spec).run_id).spec == spec
+    body["model"]["init"] = "/models/llama"  # a path is for the spec file: run create pins it
+    with pytest.raises(RecordError, match="model.init must be a SHA-256"):
+        parse_spec_body(body)
