@@ -29,7 +29,10 @@ from swarmd.models.stages import split_layers, stage_sizes
 
 FORMAT = "swarmd-initial-weights/1"
 CHUNK_ELEMENTS = 1 << 22
-"""4 Mi values: 16 MiB of float32 a chunk."""
+"""4 Mi values: 16 MiB of float32 a chunk (what ``describe`` uses; a manifest says its own)."""
+MIN_CHUNK_ELEMENTS = 1 << 10
+MAX_CHUNK_ELEMENTS = 1 << 22
+"""A chunk is fetched whole, in two requests at most (``swarmd.peers.wire.file_messages``)."""
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 MAX_CHUNKS = 200_000
 """A 800-billion-value model; far past anything a swarm starts from."""
@@ -93,10 +96,11 @@ class InitialWeights:
         expected = {"format", "checkpoint", "model", "stages", "sizes", "chunk_elements", "chunks"}
         if set(body) != expected:
             raise InitialWeightsError(f"initial weights' manifest has keys {sorted(body)}, expected {sorted(expected)}")
-        stages, sizes, chunks = body["stages"], body["sizes"], body["chunks"]
+        stages, sizes, chunks, per_chunk = body["stages"], body["sizes"], body["chunks"], body["chunk_elements"]
         ok = (
             _digest(body["checkpoint"])
-            and body["chunk_elements"] == CHUNK_ELEMENTS
+            and isinstance(per_chunk, int)
+            and MIN_CHUNK_ELEMENTS <= per_chunk <= MAX_CHUNK_ELEMENTS
             and isinstance(stages, int)
             and 1 <= stages <= 1024
             and isinstance(sizes, list)
@@ -109,14 +113,14 @@ class InitialWeights:
         if not ok:
             raise InitialWeightsError("initial weights' manifest: bad checkpoint digest, stages, sizes or chunks")
         for stage, (size, digests) in enumerate(zip(sizes, chunks, strict=True)):
-            count = -(-size // CHUNK_ELEMENTS)
+            count = -(-size // per_chunk)
             if not isinstance(digests, list) or len(digests) != count or not all(map(_digest, digests)):
                 raise InitialWeightsError(f"initial weights' manifest: stage {stage} needs {count} chunk digests")
         try:
             shape = ModelShape.from_dict(body["model"])
         except (SwarmdError, TypeError, ValueError) as e:
             raise InitialWeightsError(f"initial weights' manifest: model: {e}") from None
-        return cls(body["checkpoint"], shape, stages, tuple(sizes), tuple(tuple(c) for c in chunks))
+        return cls(body["checkpoint"], shape, stages, tuple(sizes), tuple(tuple(c) for c in chunks), per_chunk)
 
 
 def _digest(value: Any) -> bool:
@@ -137,21 +141,26 @@ def values_of(data: bytes) -> torch.Tensor:
 
 
 def describe(
-    folder: Path, shape: ModelShape, stages: int, progress: Callable[[float], None] | None = None
+    folder: Path,
+    shape: ModelShape,
+    stages: int,
+    progress: Callable[[float], None] | None = None,
+    *,
+    chunk_elements: int = CHUNK_ELEMENTS,
 ) -> InitialWeights:
     """The manifest of a checkpoint folder: every chunk read once and hashed (what ``swarmd run
     create`` does for a run that starts from it)."""
     sizes = stage_sizes(shape, split_layers(shape.layers, stages))
-    draft = InitialWeights(checkpoint_digest(folder), shape, stages, tuple(sizes), ())
-    total = sum(-(-n // CHUNK_ELEMENTS) for n in sizes)
+    draft = InitialWeights(checkpoint_digest(folder), shape, stages, tuple(sizes), (), chunk_elements)
+    total = sum(-(-n // chunk_elements) for n in sizes)
     chunks: list[tuple[str, ...]] = []
     done = 0
     for stage, size in enumerate(sizes):
         digests = []
-        for chunk in range(-(-size // CHUNK_ELEMENTS)):
+        for chunk in range(-(-size // chunk_elements)):
             digests.append(hashlib.sha256(chunk_bytes(folder, draft, stage, chunk)).hexdigest())
             done += 1
             if progress is not None:
                 progress(done / total)
         chunks.append(tuple(digests))
-    return InitialWeights(draft.checkpoint, shape, stages, tuple(sizes), tuple(chunks))
+    return InitialWeights(draft.checkpoint, shape, stages, tuple(sizes), tuple(chunks), chunk_elements)

@@ -78,6 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--data-via-relay", choices=RELAY_MODES, help="overrides [swarm] data_via_relay")
     run.add_argument("--threads", type=int, metavar="N", help="torch threads for compute (0: one per core)")
     run.add_argument("--dashboard", metavar="HOST:PORT", help="serve the dashboard and metrics, e.g. 127.0.0.1:9470")
+    run.add_argument(
+        "--data-dir",
+        action="append",
+        type=Path,
+        metavar="DIR",
+        help="a folder holding the run's prepared data or checkpoint (adds to [data] dirs; repeatable)",
+    )
     _add_common(run)
 
     for name, help_text in (

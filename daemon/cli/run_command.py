@@ -49,6 +49,9 @@ def with_run_flags(config: Any, args: argparse.Namespace) -> Any:
         config.limits = dataclasses.replace(config.limits, torch_threads=args.threads)  # re-validates
     if args.dashboard is not None:
         config.dashboard = dataclasses.replace(config.dashboard, listen=args.dashboard)  # re-validates
+    if args.data_dir:
+        folders = [*config.data.dirs, *(str(d) for d in args.data_dir if str(d) not in config.data.dirs)]
+        config.data = dataclasses.replace(config.data, dirs=folders)
     return config
 
 

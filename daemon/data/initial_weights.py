@@ -22,7 +22,6 @@ import torch
 from swarmd.data.fetching import Fetcher, Wanted
 from swarmd.data.store import DataError, FileStore
 from swarmd.models.initial_weights import (
-    CHUNK_ELEMENTS,
     MAX_MANIFEST_BYTES,
     InitialWeights,
     InitialWeightsError,
@@ -98,7 +97,7 @@ class InitialWeightsSource:
             data = await asyncio.to_thread(self.provide, digest)
             if data is None:
                 what = f"chunk {chunk} of stage {stage}'s initial weights"
-                wanted = Wanted(digest, "", 4 * CHUNK_ELEMENTS, what, ("init",))
+                wanted = Wanted(digest, "", 4 * weights.chunk_elements, what, ("init",))
                 path = await self.fetcher.get(wanted)
                 data = await asyncio.to_thread(path.read_bytes)
             c_lo, c_hi = weights.chunk_span(stage, chunk)
