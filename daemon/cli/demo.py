@@ -1,21 +1,22 @@
-"""``swarmd demo``: a local swarm of daemons on 127.0.0.1 that trains the default run together.
+"""``swarmd demo``: a local swarm of daemons on 127.0.0.1 that trains a preset run together.
 
-It creates the default run (``swarmd.models.presets.DEFAULT_RUN``) with a fresh identity,
-starts the creator's daemon, then the others bootstrapped from it, and shows the swarm as it
-forms, then training: which cells and shards each daemon holds, and the swarm's updates, loss
-(from the last stage's cells) and trained tokens/s (as the server of shard (0, 0) applied
-them), redrawn in place on a terminal; the first daemon also serves the dashboard on a free
-loopback port. The cores are split among the daemons. On Ctrl-C (or after ``--duration``) the first
-daemon gathers every stage's weights from the shards, so that the model can be exported from
-its state directory, and every daemon stops cleanly, all within ``STOP_BUDGET_S`` whatever
-the swarm's size (a second Ctrl-C stops them at once). The daemons die with the demo however
+It makes what the preset needs (``swarmd.models.presets``: for ``tiny-llama-bpe``, a BPE
+tokenizer and the built-in corpus in token shards, which only the first daemon holds: the
+others fetch the shards they need from it), creates the run with a fresh identity, starts the
+creator's daemon, then the others bootstrapped from it, and shows the swarm as it forms, then
+training: which cells and shards each daemon holds, and the swarm's updates, loss (from the
+last stage's cells), held-out loss, trained tokens/s (as the server of shard (0, 0) applied
+them) and the data each daemon fetched, redrawn in place on a terminal; the first daemon also
+serves the dashboard on a free loopback port. The cores are split among the daemons. On Ctrl-C
+(or after ``--duration``) the first daemon gathers every stage's weights from the shards, so that
+the model can be exported from its state directory, and every daemon stops cleanly, all within
+``STOP_BUDGET_S`` whatever the swarm's size (a second Ctrl-C stops them at once). The daemons die with the demo however
 it ends (a kill, a closed terminal): each is tied to it (``LocalDaemon(tied=True)``).
 Everything stays on loopback: no mDNS, no UPnP.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import tempfile
@@ -29,7 +30,7 @@ from rich.text import Text
 
 from swarmd.cli.status_view import format_status
 from swarmd.errors import ControlError
-from swarmd.models.presets import DEFAULT_RUN
+from swarmd.models.presets import PRESETS, materialize
 from swarmd.system.control import call
 from swarmd.system.local_swarm import LocalDaemon, create_run, stop_all, wait_for
 
@@ -42,14 +43,15 @@ daemon's own shutdown (its leases released, its shards checkpointed) the rest, a
 GATHER_SHARE = 0.5
 
 
-def run_demo(peers: int, duration_s: float) -> int:
-    if not 1 <= peers <= 16:
-        from swarmd.errors import ConfigError
+def run_demo(peers: int, duration_s: float, preset: str = "tiny-bytes") -> int:
+    from swarmd.errors import ConfigError
 
+    if not 1 <= peers <= 16:
         raise ConfigError(f"--peers {peers} is outside [1, 16]; a laptop runs a handful of daemons")
+    if preset not in PRESETS:
+        raise ConfigError(f"--run {preset!r} is no preset; choose one of {', '.join(PRESETS)}")
     root = Path(tempfile.mkdtemp(prefix="swarmd-demo-", dir="/tmp"))
-    spec_path = root / "run.json"
-    spec_path.write_text(json.dumps(DEFAULT_RUN))
+    spec_path = materialize(PRESETS[preset], root / "files", lambda line: print(line, flush=True))
     run_id = create_run(root / "d0", spec_path)
     print(f"run {run_id}  (state and logs in {root})")
     threads = max(1, (os.cpu_count() or 1) // peers)
@@ -125,7 +127,9 @@ def _gather(daemon: LocalDaemon, timeout: float) -> bool:
     except ControlError as e:
         print(f"could not gather the stages on d0 ({e}); each shard keeps its own checkpoint")
         return False
-    print(f"d0 gathered every stage's weights from the shards (versions {result['versions']})")
+    loss = result.get("held_out_loss")
+    scored = f", held-out loss {loss:.4f}" if loss is not None else ""
+    print(f"d0 gathered every stage's weights from the shards (versions {result['versions']}{scored})")
     return True
 
 
@@ -169,14 +173,17 @@ def _progress(daemons: list[LocalDaemon], started: float) -> tuple[list[str], bo
     if last is None:
         return [f"{elapsed} waiting for the pipelines to form"], False
     updates = max(t.get("updates") or 0 for t in statuses)
+    held_out = max((t["held_out"] for t in statuses if t.get("held_out")), key=lambda h: h["version"], default=None)
+    scored = f"  held-out {held_out['loss']:.3f} (update {held_out['version']})" if held_out else ""
     lines = [
-        f"{elapsed} update {updates:5d}  loss {last['loss']:.3f}  {counted.get('tokens_per_s') or 0:8.0f} "
+        f"{elapsed} update {updates:5d}  loss {last['loss']:.3f}{scored}  {counted.get('tokens_per_s') or 0:8.0f} "
         f"tokens/s  {counted.get('trained_tokens') or 0:9d} trained tokens"
     ]
     plan = _plan_line(full)
     if plan:
         lines.append(f"         {plan}")
-    lines += [f"         d{i}: {_describe(t)}" for i, t in enumerate(statuses)]
+    rows = zip(statuses, full, strict=True)
+    lines += [f"         d{i}: {_describe(t)}{_data(s.get('data'))}" for i, (t, s) in enumerate(rows)]
     return lines, True
 
 
@@ -195,6 +202,16 @@ def _plan_line(statuses: list[dict[str, Any]]) -> str:
         f"plan v{p['version']} ({p['kind']}) by {coordinator}: {p['pipelines']} pipeline(s) x {p['stages']} "
         f"stages, layers {p['layers_per_stage']}{figure}"
     )
+
+
+def _data(data: dict[str, Any] | None) -> str:
+    """What a daemon fetched and served of the run's files (nothing for a corpus run)."""
+    if not data or not data.get("manifest"):
+        return ""
+    fetched = sum((data["fetch"]["fetched_bytes"] or {}).values()) / 2**20
+    served = data["serve"]["served_bytes"] / 2**20
+    holds = ", ".join(data["holds"]) or "fetches what it reads"
+    return f"; data: {holds}, fetched {fetched:.1f} MiB, served {served:.1f} MiB"
 
 
 def _describe(training: dict[str, Any]) -> str:

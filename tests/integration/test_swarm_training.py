@@ -1,6 +1,10 @@
-"""Four daemons train the default run together, lose a worker to SIGKILL, and learn like the reference.
+"""Four daemons train the tiny-llama-bpe preset together, lose a worker to SIGKILL, and learn like
+the reference.
 
-One run serves both checks, because each costs minutes on two cores:
+The preset is a real run in miniature: a Llama with grouped-query attention, a BPE tokenizer of
+1,024 ids, the built-in corpus prepared into token shards. Only the creator (d0) holds the
+data: the others fetch the shards their work reads from a member, checked against the
+manifest. One run serves every check, because each costs minutes on two cores:
 
 - fault: a daemon that works a cell (and serves no shard, where the plan leaves such a worker;
   else its shard's standby must take it over) is SIGKILLed in the middle of a share. The
@@ -8,10 +12,13 @@ One run serves both checks, because each costs minutes on two cores:
   from its last holder's state); every micro-batch issued before the kill is trained in the
   end (completed, or issued again and recomputed: the ledger's data cursor never leaves a hole
   behind); restarted, the daemon rejoins and gets a cell again.
+- data: d1-d3 have no data folder and train on shards fetched from members (none refused),
+  and every daemon's status shows the run's held-out loss, which the export prints too.
 - correctness: at ``UPDATES`` updates, the swarm's weights (gathered from the running swarm's
-  shards and exported) score a held-out loss far below the start and within
-  ``TOLERANCE_NATS`` of a single-process synchronous reference of the same model, data and
-  seed after as many updates (equal tokens: an update is one batch in either).
+  shards and exported with the run's tokenizer) score a held-out loss far below the start and
+  within ``TOLERANCE_NATS`` of a single-process synchronous reference of the same model,
+  tokenizer, data and seed after as many updates (equal tokens: an update is one batch in
+  either).
 
 Two daemons send everything through the plan's relay, as peers whose outbound connections
 are filtered would: the relay path carries real training.
@@ -26,15 +33,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from swarmd.models.build import build_model
-from swarmd.models.data.corpus import load_corpus, train_eval_split
-from swarmd.models.presets import DEFAULT_RUN
+from swarmd.models.data.shard_files import open_prepared
+from swarmd.models.presets import PRESETS, materialize
 from swarmd.models.reference import TrainConfig, held_out_loss, train_reference
 from swarmd.models.shape import ModelShape
 from swarmd.peers.records.run_spec import run_seed
-from swarmd.system.local_swarm import LocalDaemon, wait_for
+from swarmd.system.local_swarm import LocalDaemon, create_run, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -150,9 +157,10 @@ def ledger(daemons: list[LocalDaemon]) -> dict[str, Any]:
 
 
 def test_four_daemons_train_like_the_reference_through_a_killed_worker(
-    workdir: Path, make_run: Callable[..., str], daemon_factory: Callable[..., LocalDaemon]
+    workdir: Path, daemon_factory: Callable[..., LocalDaemon]
 ) -> None:
-    run_id = make_run(workdir / "d0")
+    preset = PRESETS["tiny-llama-bpe"]
+    run_id = create_run(workdir / "d0", materialize(preset, workdir / "files"))  # d0 holds the data
     via_relay = ["--data-via-relay", "always"]
     daemons = [daemon_factory(workdir / f"d{i}", run_id, via_relay if i >= 2 else None, train=True) for i in range(4)]
     addrs = daemons[0].start().wait_running()["addrs"]
@@ -171,8 +179,9 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
 
         # The victim works a cell, and serves no shard if the plan left such a worker; else it
         # serves one too, and its standby must take the shard over with every committed step.
+        # Not d0: it alone holds the data the others fetch (a real run has mirrors besides).
         def victim_of() -> LocalDaemon | None:
-            found = [(s, d) for d, (c, s) in zip(daemons, cells_and_shards(), strict=True) if c]
+            found = [(s, d) for d, (c, s) in zip(daemons[1:], cells_and_shards()[1:], strict=True) if c]
             return min(found, key=lambda pair: pair[0])[1] if found else None
 
         victim = wait_for(victim_of, 120, "a daemon that works a cell")
@@ -209,21 +218,31 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
         print("the placement needed the relay:", watch.relay_needed)
         if watch.relay_needed:
             assert relayed_before + relayed(daemons) > 0 and forwarded_before + forwarded(daemons) > 0
+        # Every daemon but d0 trained on shards fetched from members; every status shows the
+        # run's held-out loss, scored at shard (0, 0)'s holder and carried in its heartbeats.
+        data = [(d.status() or {}).get("data") or {} for d in daemons]
+        print("data:", [(x.get("holds"), x.get("fetch"), x.get("serve")) for x in data])
+        assert data[0]["holds"][:1] == ["dataset"] and all(x["fetch"]["refused"] == 0 for x in data)
+        assert sum(x["fetch"]["fetched_files"].get("member", 0) for x in data[1:]) >= 3
+        wait_for(lambda: all(training(d).get("held_out") for d in daemons), 60, "every status to show a held-out loss")
         # The swarm's weights as they stand: every stage gathered from its shards by a running
         # daemon and exported (what a user does at the end of a run).
         exported = workdir / "exported"
-        versions = _export(daemons[0], exported)
+        versions, printed_loss = _export(daemons[0], exported)
     assert not watch.decreases, f"a shard's version went down: {watch.decreases}"
     for daemon in daemons:
         assert daemon.stop(timeout=60) == 0, daemon.log_tail()
 
-    # The reference: the same model, data and seed, trained synchronously in this process for
-    # as many updates as the swarm's stages made (the fewest of them: they differ by a step or two).
-    shape = ModelShape.from_dict(DEFAULT_RUN["model"])
+    # The reference: the same model, tokenizer, data and seed, trained synchronously in this
+    # process for as many updates as the swarm's stages made (the fewest of them: they differ by
+    # a step or two).
+    shape = ModelShape.from_dict(preset.spec["model"])
     seed = run_seed(run_id)
-    train, held_out = train_eval_split(load_corpus("builtin"), shape.seq_len, seed=seed)
-    mb, batch = DEFAULT_RUN["batch"]["micro_batch"], DEFAULT_RUN["batch"]["sequences"]
-    opt = DEFAULT_RUN["optimizer"]
+    prepared = open_prepared(workdir / "files" / "data", shape.seq_len, seed)
+    train, held_out = prepared.train, prepared.validation
+    assert held_out is not None
+    mb, batch = preset.spec["batch"]["micro_batch"], preset.spec["batch"]["sequences"]
+    opt = preset.spec["optimizer"]
     steps = min(versions)
     settings = TrainConfig(
         seed=seed, steps=steps, batch_sequences=batch, micro_batch=mb, lr=opt["lr"], weight_decay=opt["weight_decay"]
@@ -234,15 +253,20 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
     start_model.load_state_dict(reference_weights)
     ref_end = held_out_loss(start_model, held_out)
     swarm_end = held_out_loss(AutoModelForCausalLM.from_pretrained(exported), held_out)
+    prepared.close()
     print(
-        f"held-out loss: start {start:.3f}; after {steps} updates ({versions}) swarm {swarm_end:.3f}, "
-        f"reference {ref_end:.3f}, gap {swarm_end - ref_end:+.3f}"
+        f"held-out loss: start {start:.3f}; after {steps} updates ({versions}) swarm {swarm_end:.3f} "
+        f"(export printed {printed_loss:.3f}), reference {ref_end:.3f}, gap {swarm_end - ref_end:+.3f}"
     )
     assert swarm_end < start - 1.5, (start, swarm_end)
     assert abs(swarm_end - ref_end) < TOLERANCE_NATS, (swarm_end, ref_end)
+    tokenizer = AutoTokenizer.from_pretrained(exported)  # the run's BPE, exported beside the weights
+    assert tokenizer.eos_token == "<|endoftext|>" and len(tokenizer) == 1024
 
 
-def _export(daemon: LocalDaemon, out: Path) -> list[int]:
-    """``swarmd export`` against a running daemon; returns the exported stages' weight versions."""
+def _export(daemon: LocalDaemon, out: Path) -> tuple[list[int], float]:
+    """``swarmd export`` against a running daemon; returns the exported stages' weight versions
+    and the held-out loss it printed."""
     printed = daemon.export(out)
-    return [int(v) for v in printed.split("versions [")[1].split("]")[0].split(",")]
+    versions = [int(v) for v in printed.split("versions [")[1].split("]")[0].split(",")]
+    return versions, float(printed.split("held-out loss ")[1].split()[0])
