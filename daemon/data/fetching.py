@@ -58,12 +58,15 @@ class Wanted:
     """Its name under the manifest's sources; empty for a file no source has (a chunk of the
     initial weights, a manifest)."""
     max_bytes: int
+    """Its size (a shard: the manifest says it), or the most a file of its kind may be."""
     what: str
     """How logs and errors name it (``"train shard 12"``, ``"the tokenizer"``)."""
     holders: tuple[str, ...] = ("dataset", "shards")
     """Which ``Heartbeat.holds`` to ask, in order of preference."""
     anyone: bool = False
     """Ask any member after those (a small file every member that trains has read)."""
+    exact: bool = False
+    """Whether ``max_bytes`` is its very size: room is made for it before a byte comes."""
 
 
 @dataclass
@@ -157,7 +160,22 @@ class Fetcher:
         read: Callable[[Wanted, str, Path, Any], Awaitable[int]],
         why: list[str],
     ) -> Path | None:
-        self.store.make_room(wanted.max_bytes, wanted.what)  # the largest it may be: known before a byte comes
+        reserved = wanted.max_bytes if wanted.exact else 0
+        if reserved:  # room first: the cache never holds more than its bound, fetches in progress included
+            self.store.make_room(reserved, wanted.what)
+        try:
+            return await self._fetch_into_cache(wanted, where, kind, read, why)
+        finally:
+            self.store.release(reserved)
+
+    async def _fetch_into_cache(
+        self,
+        wanted: Wanted,
+        where: str,
+        kind: str,
+        read: Callable[[Wanted, str, Path, Any], Awaitable[int]],
+        why: list[str],
+    ) -> Path | None:
         tmp = self.store.temporary()
         digest = hashlib.sha256()
         started = time.monotonic()
@@ -183,13 +201,23 @@ class Fetcher:
             with contextlib.suppress(OSError):
                 tmp.unlink()
             return None
+        try:
+            if not wanted.exact:  # a small file whose size only its copy told
+                self.store.make_room(size, wanted.what)
+                self.store.release(size)  # admitted at once: the room is made, the file takes it
+        except DataError:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
         path = self.store.admit(wanted.digest, tmp)
         self._cooldown.pop(where, None)
         seconds = time.monotonic() - started
         self.counters.files[kind] += 1
         self.counters.bytes[kind] += size
         self.counters.seconds += seconds
-        logger.info("fetched %s (%.1f MiB) from %s in %.1f s", wanted.what, size / 2**20, _name(where, kind), seconds)
+        logger.info(
+            "fetched %s (%.1f MiB) from %s in %.1f s", wanted.what, size / 2**20, _name(where, kind), seconds
+        )
         return path
 
     def _failed(self, where: str) -> None:

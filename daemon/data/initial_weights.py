@@ -97,7 +97,8 @@ class InitialWeightsSource:
             data = await asyncio.to_thread(self.provide, digest)
             if data is None:
                 what = f"chunk {chunk} of stage {stage}'s initial weights"
-                wanted = Wanted(digest, "", 4 * weights.chunk_elements, what, ("init",))
+                c_lo, c_hi = weights.chunk_span(stage, chunk)
+                wanted = Wanted(digest, "", 4 * (c_hi - c_lo), what, ("init",), exact=True)
                 path = await self.fetcher.get(wanted)
                 data = await asyncio.to_thread(path.read_bytes)
             c_lo, c_hi = weights.chunk_span(stage, chunk)

@@ -13,23 +13,26 @@ sources or from members (``swarmd.data.fetching``). It serves what it holds to m
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from swarmd.data.fetching import Fetcher, Holders, Send, Wanted
-from swarmd.data.initial_weights import InitialWeightsSource, checkpoint_candidates
 from swarmd.data.serving import FileServer
 from swarmd.data.store import DataError, FileStore, sha256_file
-from swarmd.data.training_data import CorpusData, ShardedData, TrainingData
 from swarmd.models.bpe_tokenizer import MAX_TOKENIZER_BYTES
 from swarmd.models.data.manifest import MANIFEST_FILE, MAX_MANIFEST_BYTES, Manifest
 from swarmd.peers.records.run_spec import SignedRunSpec, run_seed
 from swarmd.system.state_dir import local_files_path, run_checkpoint_dir
+
+if TYPE_CHECKING:  # torch and transformers: imported in a worker thread when first needed (seconds)
+    import torch
+
+    from swarmd.data.initial_weights import InitialWeightsSource
+    from swarmd.data.training_data import TrainingData
 
 logger = logging.getLogger(__name__)
 
@@ -57,9 +60,7 @@ class RunFiles:
         self.fetcher = Fetcher(signed.run_id, self.store, send, holders)
         self.server = FileServer(self.store, is_member)
         self.initial: InitialWeightsSource | None = None
-        if self.spec.init_sha256:
-            self.initial = InitialWeightsSource(self.spec.init_sha256, self.store, self.fetcher)
-            self.server.providers.append(self.initial.provide)
+        """The checkpoint the run starts from (made in ``open``: it imports torch)."""
         self.manifest: Manifest | None = None
         self.tokenizer_path: Path | None = None
         self._data: TrainingData | None = None
@@ -71,9 +72,13 @@ class RunFiles:
         """Look through the data folders and the cache; then read the manifest (fetching it if
         no copy is here: this waits until a member or source gives it)."""
         await asyncio.to_thread(self._scan)
-        if self.initial is not None:
+        if self.spec.init_sha256:
+            # torch and transformers load in a worker thread: seconds the loop must not wait.
+            module = await asyncio.to_thread(importlib.import_module, "swarmd.data.initial_weights")
+            self.initial = initial = module.InitialWeightsSource(self.spec.init_sha256, self.store, self.fetcher)
+            self.server.providers.append(initial.provide)
             recorded = local_files_path(self.state_dir, self.signed.run_id)
-            await self.initial.open(await asyncio.to_thread(checkpoint_candidates, recorded, self.data_dirs))
+            await initial.open(await asyncio.to_thread(module.checkpoint_candidates, recorded, self.data_dirs))
         digest = self.spec.manifest_sha256
         if digest:
             wanted = Wanted(digest, MANIFEST_FILE, MAX_MANIFEST_BYTES, "the data manifest", anyone=True)
@@ -132,18 +137,19 @@ class RunFiles:
         """The run's training and held-out sequences on this peer (after ``open``)."""
         await self._opened.wait()
         if self._data is None:
-            seed = run_seed(self.signed.run_id)
-            seq_len = self.spec.model.seq_len
-            if self.manifest is None:
-                from swarmd.models.data.corpus import load_corpus, train_eval_split
-
-                train, held_out = train_eval_split(
-                    await asyncio.to_thread(load_corpus, self.spec.corpus), seq_len, seed
-                )
-                self._data = CorpusData(train, held_out)
-            else:
-                self._data = ShardedData(self.manifest, self.store, self.fetcher, seq_len, seed)
+            self._data = await asyncio.to_thread(self._open_data)
         return self._data
+
+    def _open_data(self) -> TrainingData:
+        """The datasets over the corpus or the shards (blocking: it loads torch, reads the corpus)."""
+        from swarmd.data.training_data import CorpusData, ShardedData
+
+        seed, seq_len = run_seed(self.signed.run_id), self.spec.model.seq_len
+        if self.manifest is None:
+            from swarmd.models.data.corpus import load_corpus, train_eval_split
+
+            return CorpusData(*train_eval_split(load_corpus(self.spec.corpus), seq_len, seed))
+        return ShardedData(self.manifest, self.store, self.fetcher, seq_len, seed)
 
     async def initial_slice(self, stage: int, lo: int, hi: int) -> torch.Tensor | None:
         """Values ``[lo, hi)`` of ``stage``'s flat vector as the run starts from its checkpoint;
@@ -181,7 +187,7 @@ class RunFiles:
         }
 
     async def stop(self) -> None:
-        if isinstance(self._data, ShardedData):
+        if self._data is not None:
             await self._data.stop()
         self.store.close()
 

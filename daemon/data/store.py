@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swarmd.errors import SwarmdError
-from swarmd.system.files import write_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +85,7 @@ class FileStore:
         self._candidates: dict[str, list[Path]] = {}
         self._recent: OrderedDict[str, None] = OrderedDict()  # cached digests, least recently used first
         self._pins: dict[str, int] = {}
+        self._reserved = 0  # bytes of fetches in progress, counted against the bound
         self._lock = threading.Lock()  # reads run in worker threads; bookkeeping on the loop
         self._fds: OrderedDict[str, int] = OrderedDict()
         self._memo_path = cache_dir / MEMO_FILE
@@ -179,8 +179,11 @@ class FileStore:
         self._memo[key] = entry
         if len(self._memo) > MAX_MEMO:
             self._memo.pop(next(iter(self._memo)))
+        # Renamed into place but not synced: losing it to a power cut costs a re-hash, not a file.
+        tmp = self._memo_path.with_name(f".{MEMO_FILE}.tmp")
         with contextlib.suppress(OSError):
-            write_atomically(self._memo_path, json.dumps(self._memo))
+            tmp.write_text(json.dumps(self._memo))
+            os.replace(tmp, self._memo_path)
 
     # --- the cache ---------------------------------------------------------------------------
 
@@ -206,13 +209,14 @@ class FileStore:
             self._recent.move_to_end(digest)
 
     def make_room(self, size: int, what: str) -> None:
-        """Evict unpinned cached files, least recently used first, until ``size`` more bytes fit."""
+        """Evict unpinned cached files, least recently used first, until ``size`` more bytes fit,
+        and reserve them for a fetch (``release`` them once it is admitted or has failed)."""
         if size > self.cache_bytes:
             raise DataError(
                 f"{what} is {size / 2**20:.0f} MiB, over the whole data cache of {self.cache_bytes / 2**30:.2f} GiB; "
                 "raise [limits] data_cache_gib, or give this peer the data in a --data-dir"
             )
-        used = self.cached_bytes()
+        used = self.cached_bytes() + self._reserved
         for digest in list(self._recent):
             if used + size <= self.cache_bytes:
                 break
@@ -224,6 +228,11 @@ class FileStore:
                 f"{what} ({size / 2**20:.0f} MiB) does not fit the data cache of {self.cache_bytes / 2**30:.2f} GiB "
                 f"beside the {used / 2**20:.0f} MiB of files training reads now; raise [limits] data_cache_gib"
             )
+        self._reserved += size
+
+    def release(self, size: int) -> None:
+        """A fetch's reservation ends (its file admitted, or the fetch failed)."""
+        self._reserved = max(0, self._reserved - size)
 
     def _evict(self, digest: str) -> int:
         with self._lock:

@@ -51,6 +51,9 @@ class TrainingData(Protocol):
     async def held_out(self) -> Dataset | None:
         """The held-out split, its files here (None: the data has none)."""
 
+    async def stop(self) -> None:
+        """End the fetches it started."""
+
     def status(self) -> dict[str, Any]: ...
 
 
@@ -69,6 +72,9 @@ class CorpusData:
 
     async def held_out(self) -> Dataset | None:
         return self._held_out
+
+    async def stop(self) -> None:
+        return None
 
     def status(self) -> dict[str, Any]:
         return {"kind": "corpus", "sequences": len(self.train), "held_out_sequences": len(self._held_out)}
@@ -104,7 +110,8 @@ class ShardedData:
 
     def _wanted(self, shard: int, entries: tuple[ShardEntry, ...] | None = None, what: str = "train shard") -> Wanted:
         entry = (entries or self.manifest.train)[shard]
-        return Wanted(entry.sha256, entry.file, entry.tokens * self._dtype.itemsize, f"{what} {shard} ({entry.file})")
+        size = entry.tokens * self._dtype.itemsize
+        return Wanted(entry.sha256, entry.file, size, f"{what} {shard} ({entry.file})", exact=True)
 
     async def ready(self, first: int, count: int, size: int, deadline_s: float | None = None) -> None:
         train = self.train

@@ -26,6 +26,7 @@ def fetched(store: FileStore, data: bytes) -> str:
     tmp = store.temporary()
     tmp.write_bytes(data)
     store.admit(digest, tmp)
+    store.release(len(data))
     return digest
 
 
@@ -108,3 +109,16 @@ def test_a_cached_copy_that_rotted_is_deleted_and_refused(tmp_path: Path) -> Non
     (tmp_path / "cache" / ".fetch-half").write_bytes(b"cut short")
     FileStore(tmp_path / "cache", 1 << 20).open()
     assert not (tmp_path / "cache" / ".fetch-half").exists()
+
+
+def test_room_reserved_for_a_fetch_in_progress_counts_against_the_bound(tmp_path: Path) -> None:
+    store = FileStore(tmp_path / "cache", 3000)
+    store.open()
+    a = fetched(store, b"a" * 1000)
+    store.pin(a)
+    store.make_room(1000, "shard 1")  # two fetches at once: each reserves its size first
+    store.make_room(1000, "shard 2")
+    with pytest.raises(DataError, match="does not fit"):
+        store.make_room(1000, "shard 3")
+    store.release(1000)
+    store.make_room(1000, "shard 3")
