@@ -8,6 +8,7 @@
 - ``bpe_tokenizer`` a ``tokenizers`` ``tokenizer.json``, bounded and pinned by digest; training a byte-level BPE
 - ``data/``         the data side: the built-in corpus, prepared token shards, deterministic sequences by data index
 - ``checkpoint``    atomic safetensors checkpoints, and export to a ``from_pretrained`` folder
+- ``files``         a file replaced in one step: a crash leaves the old one or the new one
 - ``pretrained``    a local Hugging Face checkpoint folder: its digest, its shape, any stage's slice
 - ``initial_weights`` a pretrained run's starting weights, chunk by chunk with their digests
 - ``parameter_shard`` one slice of a stage's parameters: its buffer, steps, replay, pulls and checkpoints

@@ -14,16 +14,15 @@ no peer can hold.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
-import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from swarmd.models.data.manifest import MAX_VOCAB
+from swarmd.models.files import write_atomically
 from swarmd.models.tokenizer import BYTES, ByteTokenizer, Tokenizer, TokenizerError
 
 if TYPE_CHECKING:
@@ -42,8 +41,6 @@ EOT_CANDIDATES = (EOT_TOKEN, "<|end_of_text|>", "</s>")
 """End-of-text tokens looked for among a file's special tokens, in order: GPT-2's (and this
 module's), Llama 3's, then SentencePiece models' (Llama 2, Mistral)."""
 
-MAX_VOCAB = 262_144
-"""Largest vocabulary accepted (Gemma's 256k fits); ids above 65,536 are stored as uint32."""
 
 MAX_TOKENIZER_BYTES = 64 * 1024 * 1024
 """Largest ``tokenizer.json`` read (Llama 3's is 9 MB, Gemma's about 33 MB)."""
@@ -211,21 +208,6 @@ def train_bpe(texts: Iterable[str], vocab_size: int, out: str | Path, *, overwri
     # vocabulary in id order: the same texts give the same bytes, whatever the thread count or
     # PYTHONHASHSEED (tests/unit/models/test_tokenizer.py checks it across processes).
     raw = tokenizer.to_str(pretty=True).encode("utf-8")
-    _write_atomically(out, raw)
+    write_atomically(out, raw)
     logger.info("trained a BPE of %d ids: %s", tokenizer.get_vocab_size(), out)
     return BpeTokenizer(raw, source=str(out))
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from swarmd.errors import ConfigError, ControlError
-from swarmd.system.files import write_atomically
+from swarmd.models.files import write_atomically
 
 SYSTEM_CONFIG = Path("/etc/swarmd/config.toml")
 _HEADER = re.compile(r"^\s*\[\s*([A-Za-z0-9_-]+)\s*\]\s*(#.*)?$")

@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from swarmd.errors import ConfigError
-
-MIN_VOCAB = 257
-MAX_VOCAB = 262_144
+from swarmd.models.bpe_tokenizer import MAX_VOCAB
+from swarmd.models.bpe_tokenizer import MIN_TRAIN_VOCAB as MIN_VOCAB
 
 
 def add_parser(sub: Any) -> None:

@@ -215,9 +215,7 @@ class Fetcher:
         self.counters.files[kind] += 1
         self.counters.bytes[kind] += size
         self.counters.seconds += seconds
-        logger.info(
-            "fetched %s (%.1f MiB) from %s in %.1f s", wanted.what, size / 2**20, _name(where, kind), seconds
-        )
+        logger.info("fetched %s (%.1f MiB) from %s in %.1f s", wanted.what, size / 2**20, _name(where, kind), seconds)
         return path
 
     def _failed(self, where: str) -> None:

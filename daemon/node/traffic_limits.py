@@ -19,8 +19,8 @@ from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from swarmd.models.files import write_atomically
 from swarmd.peers.wire.shaping import GIB, TRAFFIC, TrafficShaper
-from swarmd.system.files import write_atomically
 
 if TYPE_CHECKING:
     from swarmd.config import LimitsConfig

@@ -3,7 +3,6 @@
 - ``systemd``      sd_notify and the watchdog interval, in the standard library only
 - ``control``      the local control API: a Unix socket (mode 0600) in the state directory
 - ``state_dir``    what a daemon keeps on disk, and the lock that makes it one daemon's
-- ``files``        a file replaced in one step (a crash leaves the old one or the new one)
 - ``children``     ties child processes' lives to the daemon's
 - ``tasks``        asyncio tasks ended for sure (a cancel that was swallowed is sent again)
 - ``log_format``   log lines as text, with journald's priorities under systemd, or JSON

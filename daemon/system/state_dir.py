@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 
 from swarmd.errors import AlreadyRunningError, RunSpecError, SwarmdError
+from swarmd.models.files import write_atomically
 from swarmd.peers.records.run_spec import SignedRunSpec, verify_run_spec
-from swarmd.system.files import write_atomically
 
 logger = logging.getLogger(__name__)
 

@@ -48,7 +48,7 @@ MAX_SHARDS = 1_000_000
 MAX_SHARD_TOKENS = 2**36
 """Most tokens in one shard (256 GiB of uint32): a count beyond is a corrupt manifest."""
 MAX_VOCAB = 262_144
-"""Largest vocabulary (the limit of ``swarmd.models.bpe_tokenizer``)."""
+"""Largest vocabulary a run may use (Gemma's 256k fits); ids above 65,536 are stored as uint32."""
 MAX_SOURCES = 64
 MAX_SOURCE_CHARS = 2048
 MAX_FILE_NAME = 128

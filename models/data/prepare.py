@@ -20,9 +20,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import os
 import re
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -43,6 +41,7 @@ from swarmd.models.data.manifest import (
 )
 from swarmd.models.data.shard_writer import ShardWriter
 from swarmd.models.data.text_inputs import check_inputs, documents, total_bytes
+from swarmd.models.files import write_atomically
 from swarmd.models.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -156,7 +155,7 @@ def prepare(
             "give more text, or a smaller --validation-fraction"
         )
     if tokenizer.raw is not None:
-        _write_atomically(out / TOKENIZER_FILE, tokenizer.raw)
+        write_atomically(out / TOKENIZER_FILE, tokenizer.raw)
     manifest = Manifest(
         tokenizer=entry,
         dtype=dtype,
@@ -166,7 +165,7 @@ def prepare(
         sources=tuple(sources),
     )
     raw = manifest.to_json()
-    _write_atomically(out / MANIFEST_FILE, raw)
+    write_atomically(out / MANIFEST_FILE, raw)
     seconds = time.monotonic() - started
     tokens = manifest.tokens["train"] + manifest.tokens["validation"]
     logger.info(
@@ -268,23 +267,3 @@ def _batches(docs: Iterator[tuple[str, int]]) -> Iterator[tuple[list[str], int]]
             batch, chars = [], 0
     if batch:
         yield batch, read
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)

@@ -1,4 +1,7 @@
-"""Writing a file so that a crash leaves either the old one or the new one, never half of either."""
+"""Writing a file so that a crash leaves either the old one or the new one, never half of either.
+
+Here, at the bottom of the layers, so that the models' own writers (a trained tokenizer, a
+prepared dataset's manifest) and the daemon's (its config, its state) share one."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from pathlib import Path
 def write_atomically(path: Path, data: str | bytes) -> None:
     """Replace ``path`` with ``data`` in one step (a temporary file beside it, synced, renamed over
     it), keeping an existing file's mode (and owner, where allowed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     old = path.stat() if path.exists() else None
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
@@ -27,3 +31,10 @@ def write_atomically(path: Path, data: str | bytes) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    # The rename itself survives a power cut only once the folder's entry is on disk.
+    with contextlib.suppress(OSError):
+        folder = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
