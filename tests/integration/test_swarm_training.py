@@ -45,7 +45,7 @@ from swarmd.system.local_swarm import LocalDaemon, create_run, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-UPDATES = 120
+UPDATES = 100
 KILL_AT = 40
 TOLERANCE_NATS = 0.1
 """Gradient mode is synchronous SGD over the pipelines (docs/data-path.md): each update

@@ -169,8 +169,11 @@ def test_bytes_that_are_no_manifest_are_refused(raw: bytes, named: str) -> None:
         Manifest.parse(raw)
 
 
-def test_too_many_shards_are_refused() -> None:
+def test_too_many_shards_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import swarmd.models.data.manifest as manifest
+
+    monkeypatch.setattr(manifest, "MAX_SHARDS", 1000)  # the rule, without a million entries to build
     body = json.loads(_manifest().to_json())
-    body["train"] = [{"file": "a", "sha256": HEX, "tokens": 1}] * 1_000_001
-    with pytest.raises(ManifestError, match="1000001 shards, over the limit of 1000000"):
+    body["train"] = [{"file": "a", "sha256": HEX, "tokens": 1}] * 1001
+    with pytest.raises(ManifestError, match="1001 shards, over the limit of 1000"):
         Manifest.parse(json.dumps(body).encode())

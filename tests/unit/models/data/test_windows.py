@@ -104,11 +104,16 @@ def _single_buffer_window(total: int, seed: int, index: int) -> int:
 
 
 def test_the_orders_are_pinned_across_processes() -> None:
+    """A fresh interpreter (another PYTHONHASHSEED) picks the same shards and windows, for shards
+    and for the built-in corpus held whole (one shard: the default run's order)."""
     code = (
         "import numpy as np; from swarmd.models.data.windows import Dataset, memory_reader;"
+        "from swarmd.models.data.corpus import load_corpus;"
         f"t = {SHARD_TOKENS!r};"
         "d = Dataset(t, 64, 5, memory_reader([np.zeros(n, np.uint8) for n in t]));"
-        "print([d.locate(i) for i in range(0, 3 * len(d), 5)], d.shards_ahead(40, 3))"
+        "c = Dataset.from_tokens(load_corpus('builtin'), 128, 1234);"
+        "print([d.locate(i) for i in range(0, 3 * len(d), 5)], d.shards_ahead(40, 3),"
+        " [c.window(i) for i in range(8)], c.sequence(3).tolist()[:8])"
     )
     runs = {
         subprocess.run(
@@ -121,7 +126,9 @@ def test_the_orders_are_pinned_across_processes() -> None:
         for seed in ("1", "2")
     }
     d = _dataset()
-    assert runs == {f"{[d.locate(i) for i in range(0, 3 * len(d), 5)]} {d.shards_ahead(40, 3)}\n"}
+    c = Dataset.from_tokens(load_corpus("builtin"), 128, 1234)
+    corpus = f"{[c.window(i) for i in range(8)]} {c.sequence(3).tolist()[:8]}"
+    assert runs == {f"{[d.locate(i) for i in range(0, 3 * len(d), 5)]} {d.shards_ahead(40, 3)} {corpus}\n"}
 
 
 def test_the_orders_are_pinned_values() -> None:
