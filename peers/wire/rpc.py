@@ -118,6 +118,12 @@ STRANGER_SLOTS = 8
 """Requests of non-members (the few methods the admission lets them make) served at once, in
 slots of their own: however many keys a stranger makes, it never takes a member's slot."""
 MAX_PER_STRANGER = 2
+LINGER_BYTES = 64 * 1024
+LINGER_IDLE_S = 0.25
+"""After a refusal, what the server reads and drops of the rest of the request, and how long it
+waits for more, before it closes: a stream closed with bytes unread is reset, and a reset can
+overtake the refusal on its way back (the asker would hear "the stream broke", not why). A
+larger upload is cut off; its sender still tries to read the refusal (``request_on``)."""
 R = TypeVar("R", bound=Request[Any])
 A = TypeVar("A", bound=TypedAnswer)
 Handler = Callable[[str, R, list[bytes]], Awaitable[tuple[TypedAnswer, list[bytes]]]]
@@ -215,6 +221,7 @@ class RpcServer:
                 await self._serve_call(call, reader, writer)
             except Refused as e:
                 await self._refuse(call, writer, e)
+                await _linger(reader)
         except Exception:  # the stream broke while answering: nothing more to tell the peer
             logger.debug("Answering %s failed", peer_id, exc_info=True)
         finally:
@@ -392,6 +399,15 @@ class RpcServer:
         )
 
 
+async def _linger(reader: asyncio.StreamReader) -> None:
+    """Read and drop what more comes on a refused stream, until its end, ``LINGER_BYTES``, or
+    ``LINGER_IDLE_S`` without a byte (module constants' doc)."""
+    left = LINGER_BYTES
+    with contextlib.suppress(TimeoutError, ConnectionError):
+        while left > 0 and (chunk := await asyncio.wait_for(reader.read(left), LINGER_IDLE_S)):
+            left -= len(chunk)
+
+
 def max_request_bytes(request_type: type[Request[Any]]) -> int:
     """The most the server reads of one request of this type."""
     if request_type.MAX_BYTES is not None:
@@ -414,8 +430,16 @@ async def request_on(
     ``what`` (method and peer) opens the errors' messages; waits for our own caps are not late."""
     method = method_of(header)
     try:
-        async with asyncio.timeout(timeout_s) as deadline:
-            await write_message(writer, header, blobs, max_message_bytes, shaper=shaper, deadline=deadline)
+        try:
+            async with asyncio.timeout(timeout_s) as deadline:
+                await write_message(writer, header, blobs, max_message_bytes, shaper=shaper, deadline=deadline)
+        except ConnectionError as e:
+            # The server may have refused after the header and cut off the rest: its refusal can
+            # still be in the stream, and it says why; without one, the cut is what went wrong.
+            try:
+                return await read_message(reader, max_message_bytes, min(timeout_s, 5.0), shaper=shaper, method=method)
+            except (RpcError, ConnectionError, TimeoutError):
+                raise e from None
         return await read_message(reader, max_message_bytes, timeout_s, shaper=shaper, method=method)
     except ProtocolViolation as e:
         if e.code is Code.TIMEOUT:

@@ -330,3 +330,34 @@ def test_a_header_that_cannot_travel_is_refused_before_it_is_sent() -> None:
     ):
         with pytest.raises(Invalid, match=why):
             asyncio.run(send(header, blobs))
+
+
+def test_a_caller_cut_off_mid_upload_still_hears_the_refusal_sent_before_the_cut() -> None:
+    class CutOff:
+        """A stream the server reset after refusing the header: writes fail from the first drain."""
+
+        def write(self, data: bytes) -> None:
+            pass
+
+        async def drain(self) -> None:
+            raise ConnectionResetError("reset by peer")
+
+    async def scenario() -> rpc.Frame:
+        back = asyncio.StreamReader()
+        back.feed_data(frame(json.dumps({"ok": False, "code": "NOT_MEMBER", "detail": "x is no member"}).encode()))
+        back.feed_eof()
+        header, blobs = Scale(run_id=RUN, factor=1).encode([bytes(1 << 20)])
+        return await rpc.request_on(back, CutOff(), header, blobs, timeout_s=5, max_message_bytes=64 << 20)
+
+    answer, _ = asyncio.run(scenario())
+    assert answer == {"ok": False, "code": "NOT_MEMBER", "detail": "x is no member"}
+    with pytest.raises(rpc.StreamBroken, match="the stream broke"):  # no refusal to read: the cut is what it was
+
+        async def nothing() -> rpc.Frame:
+            back = asyncio.StreamReader()
+            back.feed_eof()
+            return await rpc.request_on(
+                back, CutOff(), *Scale(run_id=RUN, factor=1).encode([]), timeout_s=5, max_message_bytes=1 << 20
+            )
+
+        asyncio.run(nothing())

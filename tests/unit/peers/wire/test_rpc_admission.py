@@ -75,13 +75,30 @@ def test_a_stranger_is_refused_after_its_header_before_a_byte_of_its_blob_is_rea
         s = Stream(h.server, "x")
         s.client.write(head(Scale, 1, factor=1) + struct.pack("<I", 48 * MiB) + bytes(MiB))
         answer = await s.answer()
-        assert len(s.to_server._buffer) >= MiB  # type: ignore[attr-defined]  # unread: the blob was never read
+        # Unread but for what the refusal's lingering close drops: the blob was never taken in.
+        assert len(s.to_server._buffer) >= MiB - rpc.LINGER_BYTES  # type: ignore[attr-defined]
         return answer
 
     answer = asyncio.run(scenario())
     assert answer["code"] == "NOT_MEMBER" and "x is not a live member" in answer["detail"]
     assert h.seen == [] and h.server.budget.held == 0
     assert h.server.counters.offenders == {"x": {"NOT_MEMBER": 1}}
+
+
+def test_a_refused_stream_is_drained_until_the_asker_hangs_up_so_no_reset_overtakes_the_refusal() -> None:
+    h = Host(admit=Members("w"))
+
+    async def scenario() -> dict[str, Any]:
+        s = Stream(h.server, "x")
+        s.client.write(head(Scale, 1, factor=1))
+        await until(lambda: len(s.back._buffer) > 0)  # type: ignore[attr-defined]  # refused after the header
+        s.client.write(struct.pack("<I", 16) + bytes(16))  # the rest of the request, still on its way
+        s.client.close()  # the asker read its refusal and hangs up
+        answer = await s.answer()
+        assert len(s.to_server._buffer) == 0 and s.to_server.at_eof()  # type: ignore[attr-defined]
+        return answer
+
+    assert asyncio.run(scenario())["code"] == "NOT_MEMBER"
 
 
 def test_a_stranger_may_make_what_the_admission_opens_to_it_in_slots_of_its_own() -> None:
