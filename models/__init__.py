@@ -12,6 +12,7 @@
 - ``pretrained``    a local Hugging Face checkpoint folder: its digest, its shape, any stage's slice
 - ``initial_weights`` a pretrained run's starting weights, chunk by chunk with their digests
 - ``parameter_shard`` one slice of a stage's parameters: its buffer, steps, replay, pulls and checkpoints
+- ``lr_schedule``   the rate of each step: a linear warm-up, then constant or a cosine decay
 - ``shard_config``  a shard's settings, its step rule (AdamW or DiLoCo's outer Nesterov), its errors
 - ``shard_contribution`` a contribution's checks: its form, and the norm bound against the running median
 - ``robust_aggregation`` a median with one vote per sender, and centred clipping around the last aggregate

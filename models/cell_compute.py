@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from swarmd.models.build import ModelError
+from swarmd.models.lr_schedule import LrSchedule
 from swarmd.models.stages import StageModule
 
 logger = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ class CellCompute:
         weight_decay: float = 0.0,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
+        schedule: LrSchedule | None = None,
     ) -> None:
         if mode not in MODES:
             raise ModelError(f"mode {mode!r} is not one of {MODES}")
@@ -84,6 +86,8 @@ class CellCompute:
             raise ModelError(f"window {window} must be >= 1 micro-batch in flight")
         self.module = module
         self.mode = mode
+        self.schedule = schedule
+        """The inner steps' rates (local mode; gradient mode's steps are the servers')."""
         self.window = window
         self._params = [p for _, p in module.named_parameters()]
         self._global = flatten_parameters(module)
@@ -252,10 +256,11 @@ class CellCompute:
 
     # --- shares and rounds -----------------------------------------------------------------
 
-    def end_share(self) -> int:
+    def end_share(self, inner_step: int | None = None) -> int:
         """Close the share whose backwards have all run: gradient mode adds its gradient to the
-        round's sum; local mode takes one inner AdamW step on its mean gradient. Returns its
-        micro-batches."""
+        round's sum; local mode takes one inner AdamW step on its mean gradient, at the
+        schedule's rate for ``inner_step`` (the swarm's inner steps before this one) when both
+        are given, else at ``lr``. Returns its micro-batches."""
         if self._graphs:
             raise ModelError(f"micro-batches {list(self._graphs)[:8]} still wait for their backward; the share is open")
         count = len(self._share_done)
@@ -270,6 +275,9 @@ class CellCompute:
             for p in self._params:
                 if p.grad is not None:
                     p.grad.div_(count)
+            if self.schedule is not None and inner_step is not None:
+                for group in self._inner.param_groups:
+                    group["lr"] = self.schedule.at(inner_step)
             self._inner.step()
         self.module.zero_grad(set_to_none=True)
         self._share_done.clear()

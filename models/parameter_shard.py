@@ -335,6 +335,9 @@ class ParameterShard:
         self._param.grad = self._sum.div_(counted)
         if self._centred is not None:
             self._centred.recentre(self._param.grad)
+        if self.config.mode == "gradient":
+            for group in self._optimizer.param_groups:  # every peer derives it from the version alone
+                group["lr"] = self.config.lr_at(self.version)
         self._optimizer.step()
         self._param.grad = None
         with torch.no_grad():

@@ -177,6 +177,13 @@ class ModelShape:
         return self.intermediate or self.default_intermediate
 
     @property
+    def wire_half(self) -> str:
+        """The 16-bit type hidden states, their gradients and contributions travel in between
+        peers: bf16 for llama, whose activations can overflow fp16's range; fp16 (three more bits
+        of mantissa) for gpt2."""
+        return "bf16" if self.family == "llama" else "fp16"
+
+    @property
     def max_positions(self) -> int:
         """The positions the model covers (``positions``, or ``seq_len`` for 0)."""
         return self.positions or self.seq_len

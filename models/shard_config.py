@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from swarmd.errors import SwarmdError
+from swarmd.models.lr_schedule import LrSchedule
 from swarmd.models.robust_aggregation import AGGREGATIONS
 
 MODES = ("gradient", "local")
@@ -39,7 +40,9 @@ class ShardConfig:
     mode: str
     """``gradient`` (AdamW on mean gradients) or ``local`` (Nesterov on mean pseudo-gradients)."""
     lr: float
-    """AdamW learning rate (gradient mode)."""
+    """AdamW learning rate (gradient mode): the peak of ``schedule``, when there is one."""
+    schedule: LrSchedule | None = None
+    """The rate of each step by the shard's version (gradient mode); None: ``lr`` throughout."""
     betas: tuple[float, float] = (0.9, 0.999)
     """AdamW moment decay rates (gradient mode)."""
     eps: float = 1e-8
@@ -90,6 +93,10 @@ class ShardConfig:
         for name in ("keep_versions", "recent_share_ids", "norm_warmup", "norm_window"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} = {getattr(self, name)} must be >= 1")
+
+    def lr_at(self, version: int) -> float:
+        """The rate of the step from ``version`` to the next (gradient mode)."""
+        return self.lr if self.schedule is None else self.schedule.at(version)
 
     def make_optimizer(self, param: torch.nn.Parameter) -> torch.optim.Optimizer:
         """This mode's step rule over ``param`` (the slice)."""

@@ -120,6 +120,7 @@ class ShardOpener:
         return ShardConfig(
             mode=self.trainer.mode,
             lr=s.lr,
+            schedule=s.schedule,
             weight_decay=s.weight_decay,
             outer_lr=s.outer_lr,
             outer_momentum=s.outer_momentum,
@@ -420,6 +421,7 @@ def make_cell(trainer: Trainer, cell: Cell, assignment: Assignment, data: Traini
         window=window(trainer.stages),
         lr=s.lr,
         weight_decay=s.weight_decay,
+        schedule=s.schedule,
     )
     worker = CellWorker(
         cell,

@@ -60,7 +60,10 @@ class CellRounds:
         while share.round_end and not cell.stopped and not await cell.contributions.room():
             await cell.timed(cell.contributions.wait_for_room(1.0))  # backpressure: the last round is not delivered yet
         cell.stats.shares += 1
-        await cell.in_thread(cell.compute.end_share)
+        # Local mode's inner step, numbered as the swarm's: the rounds behind the weights here,
+        # H steps each, and the shares of this one.
+        inner_step = cell.puller.version * cell.settings.local_steps + len(self._shares)
+        await cell.in_thread(cell.compute.end_share, inner_step)
         self._shares.append(share.share_id)
         if share.round_end:
             await self._end_round()

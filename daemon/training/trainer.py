@@ -124,8 +124,8 @@ class Trainer:
         self.stages = spec.spec.stages
         self.batch_micro_batches = max(1, spec.spec.batch_sequences // spec.spec.micro_batch)
         self.mode = "gradient" if spec.spec.local_steps == 1 else "local"
-        self.half = "bf16" if spec.spec.model.family == "llama" else "fp16"
-        """The half precision tensors travel in (the model's own for llama)."""
+        self.half = spec.spec.model.wire_half
+        """The half precision tensors travel in (``ModelShape.wire_half``)."""
         self.state = "starting"
         self.error: str | None = None
         self.books = Books(own=self.own, live=frozenset({self.own}))

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from swarmd.errors import RecordError, RunSpecError
+from swarmd.models.lr_schedule import LrSchedule
 from swarmd.models.shape import FAMILIES, MAX_ROPE_SCALING_ENTRIES, ROPE_SCALING, ModelError, ModelShape
 from swarmd.peers.records.envelope import Fields, OpenedRecord, open_record, sign_record
 from swarmd.peers.records.identity import Identity
@@ -38,6 +39,7 @@ AGGREGATIONS = ("mean", "centred-clip")
 contribution clipped to a radius around the last update before averaging: a few outliers
 cannot drag the step, ``swarmd.models.robust_aggregation``)."""
 DEFAULT_EVAL = {"every": 50, "sequences": 64}
+DEFAULT_MIN_LR_RATIO = 0.1
 MAX_ALLOWLIST = 400
 """Enough for a lab or a team, and small enough for the spec to stay one small DHT value; a larger
 private run admits by join token."""
@@ -59,6 +61,11 @@ class RunSpec:
     weight_decay: float
     max_staleness: int
     """How many updates a micro-batch's weights may lag behind the parameter server's."""
+    warmup_steps: int = 0
+    """Steps over which the rate rises linearly to ``lr`` (``swarmd.models.lr_schedule``)."""
+    decay_steps: int = 0
+    """The step by which a cosine brings the rate down to ``min_lr_ratio * lr`` (0: no decay)."""
+    min_lr_ratio: float = DEFAULT_MIN_LR_RATIO
     stages: int
     local_steps: int = 1
     """H: 1 contributes gradients every share (the servers step AdamW); more runs that many inner
@@ -87,6 +94,12 @@ class RunSpec:
     eval_sequences: int = DEFAULT_EVAL["sequences"]
     """Held-out sequences a score averages over."""
 
+    @property
+    def schedule(self) -> LrSchedule | None:
+        """The rate of each step (None: ``lr`` throughout)."""
+        s = LrSchedule(self.lr, self.warmup_steps, self.decay_steps, self.min_lr_ratio)
+        return None if s.constant else s
+
     def to_body(self) -> dict[str, Any]:
         """The signed body. Settings at their defaults are left out, so that an open run's spec
         reads (and signs) as it did before private runs and robust aggregation existed."""
@@ -104,6 +117,12 @@ class RunSpec:
             body["data"] = {"manifest": self.manifest_sha256}
             if self.tokenizer_sha256:  # none: the dataset was prepared as bytes
                 body["data"]["tokenizer"] = self.tokenizer_sha256
+        schedule = {
+            "warmup_steps": (self.warmup_steps, 0),
+            "decay_steps": (self.decay_steps, 0),
+            "min_lr_ratio": (self.min_lr_ratio, DEFAULT_MIN_LR_RATIO),
+        }
+        body["optimizer"].update({name: value for name, (value, default) in schedule.items() if value != default})
         evaluation = {"every": self.eval_every, "sequences": self.eval_sequences}
         if evaluation != DEFAULT_EVAL:
             body["eval"] = evaluation
@@ -149,7 +168,7 @@ def parse_spec_body(body: dict[str, Any]) -> RunSpec:
     if micro_batch > sequences:
         raise RecordError(f"run spec: batch.micro_batch {micro_batch} exceeds batch.sequences {sequences}")
     o = f.object("optimizer")
-    o.only({"name", "lr", "weight_decay", "max_staleness"})
+    o.only({"name", "lr", "weight_decay", "max_staleness", "warmup_steps", "decay_steps", "min_lr_ratio"})
     optimizer = o.string("name", 16)
     if optimizer not in OPTIMIZERS:
         raise RecordError(f"run spec: optimizer.name {optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
@@ -181,6 +200,14 @@ def parse_spec_body(body: dict[str, Any]) -> RunSpec:
         exchange.update(
             eval_every=scores.integer("every", 0, 10**9), eval_sequences=scores.integer("sequences", 1, 65536)
         )
+    lr = o.number("lr", 0.0, 10.0)
+    warmup = o.integer("warmup_steps", 0, 10**9) if "warmup_steps" in o.obj else 0
+    decay = o.integer("decay_steps", 0, 10**12) if "decay_steps" in o.obj else 0
+    floor = o.number("min_lr_ratio", 0.0, 1.0) if "min_lr_ratio" in o.obj else DEFAULT_MIN_LR_RATIO
+    try:
+        LrSchedule(lr, warmup, decay, floor)
+    except ValueError as e:
+        raise RecordError(f"run spec: optimizer: {e}") from None
     return RunSpec(
         name=name,
         model=model,
@@ -188,9 +215,12 @@ def parse_spec_body(body: dict[str, Any]) -> RunSpec:
         batch_sequences=sequences,
         micro_batch=micro_batch,
         optimizer=optimizer,
-        lr=o.number("lr", 0.0, 10.0),
+        lr=lr,
         weight_decay=o.number("weight_decay", 0.0, 10.0),
         max_staleness=o.integer("max_staleness", 0, 1000),
+        warmup_steps=warmup,
+        decay_steps=decay,
+        min_lr_ratio=floor,
         stages=stages,
         **exchange,
     )

@@ -7,7 +7,8 @@ synchronous SGD over the pipelines; more: DiLoCo rounds of H inner steps and an 
 step on the pseudo-gradients), start the daemons on 127.0.0.1, train until shard (0, 0) has
 applied ``--batches`` batches' worth of tokens, gather and export the weights, and score them
 on held-out data beside the single-process synchronous reference trained on as many tokens
-(``--batches`` AdamW steps of the run's batch). Prints the gap per H, and the time it took.
+(``--batches`` AdamW steps of the run's batch, rounded to the wire's precision where the stages
+cut). Prints the gap per H, and the time it took.
 Figures only; nothing is asserted (tests/integration/test_swarm_training.py asserts H = 1).
 """
 
@@ -83,6 +84,8 @@ def reference_loss(run_id: str, batches: int) -> tuple[float, float]:
         micro_batch=b["micro_batch"],
         lr=opt["lr"],
         weight_decay=opt["weight_decay"],
+        stages=DEFAULT_RUN["stages"],
+        wire=shape.wire_half,
     )
     _, weights = train_reference(shape, train, settings)
     model = build_model(shape, seed)

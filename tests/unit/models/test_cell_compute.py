@@ -10,8 +10,9 @@ from swarmd.models.build import ModelError, ModelShape, build_model
 from swarmd.models.cell_compute import CellCompute, flatten_parameters, unflatten_parameters
 from swarmd.models.data.corpus import load_corpus, train_eval_split
 from swarmd.models.data.windows import Dataset
+from swarmd.models.lr_schedule import LrSchedule
 from swarmd.models.parameter_shard import ParameterShard
-from swarmd.models.reference import TrainConfig, train_reference
+from swarmd.models.reference import TrainConfig, round_at_stage_cuts, train_reference
 from swarmd.models.shard_config import ShardConfig
 from swarmd.models.stages import StageModule
 
@@ -69,8 +70,13 @@ def run_share(
     return losses
 
 
-def full_model_mean_gradient(family: str, data: Dataset, first: int, count: int) -> tuple[list[float], dict]:
+def full_model_mean_gradient(
+    family: str, data: Dataset, first: int, count: int, wire: str = "fp32"
+) -> tuple[list[float], dict]:
+    """The full model's losses and mean gradient (hidden states rounded to ``wire`` where PLAN
+    cuts, as the reference does)."""
     model = build_model(shape(family), 7)
+    round_at_stage_cuts(model, shape(family), len(PLAN), wire)
     losses = []
     for m in range(first, first + count):
         ids = data.micro_batch(m, 2)
@@ -109,6 +115,27 @@ def test_a_pipeline_of_two_cells_reproduces_the_full_model(family: str) -> None:
             names.add(name)
             torch.testing.assert_close(grad, expected[name], atol=2e-4, rtol=2e-2, msg=name)
     assert names == set(expected)
+
+
+@pytest.mark.parametrize(("family", "wire"), [("llama", torch.bfloat16), ("gpt2", torch.float16)])
+def test_the_reference_rounds_where_the_cells_cut_as_their_wire_does(family: str, wire: torch.dtype) -> None:
+    data = dataset()
+    pipeline = cells(family)
+    losses = run_share(pipeline, data, first=0, count=4, wire=wire)
+    half = shape(family).wire_half
+    assert {"bf16": torch.bfloat16, "fp16": torch.float16}[half] == wire  # the daemon's wire for the family
+    rounded_losses, rounded = full_model_mean_gradient(family, data, 0, 4, wire=half)
+    _, exact = full_model_mean_gradient(family, data, 0, 4)
+    assert losses == pytest.approx(rounded_losses, abs=1e-5)
+    # Stage 0 gets the gradient that came back through the cut: rounded alike on both sides, and
+    # closer to the pipeline's than the unrounded reference's is.
+    (first, _) = pipeline
+    grads = unflatten_parameters(first.module, first.contribution()[0])
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, rounded[name], atol=1e-6, rtol=1e-4, msg=name)
+    off = sum(float((grads[n] - rounded[n]).abs().sum()) for n in grads)
+    off_exact = sum(float((grads[n] - exact[n]).abs().sum()) for n in grads)
+    assert off < off_exact / 10, (off, off_exact)
 
 
 def test_in_fp32_the_pipeline_matches_the_full_model_tightly() -> None:
@@ -308,3 +335,26 @@ def test_a_tied_single_stage_cell_steps_its_one_shared_weight(family: str) -> No
     # A new vector (what a shard's step sends) moves the head with the embedding.
     cell.load_flat(cell.flat() + 1.0)
     assert torch.equal(cell.module.lm_head.weight, model.lm_head.weight + 1.0)
+
+
+def test_local_modes_inner_steps_take_the_schedules_rate_at_the_swarms_inner_step() -> None:
+    data = dataset()
+    moved = []
+    for schedule, inner_step in (
+        (None, None),
+        (LrSchedule(LR, warmup_steps=4), 0),
+        (LrSchedule(LR, warmup_steps=4), 9),
+    ):
+        model = build_model(shape(), 7)
+        cell = CellCompute(
+            StageModule(model, [(0, 2)], 0), mode="local", window=2, lr=LR, weight_decay=0.0, schedule=schedule
+        )
+        before = cell.flat()
+        ids = data.micro_batch(0, 2)
+        cell.forward_backward_last(0, ids, ids)
+        cell.end_share(inner_step)
+        moved.append(float((cell.flat() - before).abs().max()))
+    # Adam's first step moves a weight by about its rate: the peak, a quarter of it in the
+    # warm-up's first step, the peak again past the warm-up.
+    assert moved[0] == pytest.approx(LR, rel=1e-3)
+    assert moved[1] == pytest.approx(LR / 4, rel=1e-3) and moved[2] == pytest.approx(LR, rel=1e-3)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from swarmd.errors import SwarmdError
+from swarmd.models.lr_schedule import LrSchedule
 from swarmd.models.parameter_shard import Outcome, ParameterShard
 from swarmd.models.shard_config import ContributionError, ShardConfig, ShardError
 
@@ -334,3 +335,22 @@ def test_construction_and_config_are_validated() -> None:
     for kw in ({"mode": "sgd"}, {"lr": 0.0}, {"betas": (0.9, 1.0)}, {"outer_momentum": 1.0}, {"keep_versions": 0}):
         with pytest.raises(ValueError):
             adamw(**kw)
+
+
+def test_a_gradient_shard_steps_at_its_schedules_rate_by_version() -> None:
+    schedule = LrSchedule(1e-2, warmup_steps=4)
+    shards = two_shards(adamw(weight_decay=0.0, schedule=schedule), vector(0))
+    param = torch.nn.Parameter(vector(0))
+    reference = torch.optim.AdamW([param], lr=1e-2, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.0)
+    rates = torch.optim.lr_scheduler.LambdaLR(reference, lambda step: min(1.0, (step + 1) / 4))
+    for step in range(6):
+        grad = vector(100 + step, scale=0.01)
+        contribute_all(shards, grad, share_id=step)
+        param.grad = grad.clone()
+        reference.step()
+        rates.step()
+    torch.testing.assert_close(unrounded(shards), param.detach(), atol=1e-6, rtol=0)
+    # Adam's first step moves every weight by about its rate: a quarter of the peak here.
+    first = two_shards(adamw(weight_decay=0.0, schedule=schedule), vector(0))
+    contribute_all(first, vector(100, scale=0.01), share_id=0)
+    assert float((unrounded(first) - vector(0)).abs().max()) == pytest.approx(2.5e-3, rel=1e-3)

@@ -7,6 +7,8 @@ import torch
 
 from swarmd.models.build import ModelShape
 from swarmd.models.data.corpus import load_corpus, train_eval_split
+from swarmd.models.build import build_model
+from swarmd.models.lr_schedule import LrSchedule
 from swarmd.models.reference import TrainConfig, train_reference
 
 pytestmark = pytest.mark.timeout(120)
@@ -45,3 +47,24 @@ def test_settings_validation() -> None:
     for kw in ({"steps": 0}, {"micro_batch": 3}, {"batch_sequences": 2}):
         with pytest.raises(ValueError):
             settings(**kw)
+
+
+def test_the_reference_steps_at_its_schedules_rate() -> None:
+    train, _ = train_eval_split(load_corpus("builtin"), SHAPE.seq_len, seed=7)
+    schedule = LrSchedule(3e-3, warmup_steps=2, decay_steps=4, min_lr_ratio=0.5)
+    _, scheduled = train_reference(SHAPE, train, settings(steps=5, schedule=schedule))
+    model = build_model(SHAPE, 7)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1.0, weight_decay=0.0)
+    for step in range(5):  # by hand: the rate set before each step
+        for group in optimizer.param_groups:
+            group["lr"] = [1.5e-3, 3e-3, 3e-3, 2.25e-3, 1.5e-3][step]
+        optimizer.zero_grad()
+        for k in range(2):
+            ids = train.micro_batch(step * 2 + k, 4)
+            (model(input_ids=ids, labels=ids).loss / 2).backward()
+        optimizer.step()
+    for name, weight in model.state_dict().items():
+        torch.testing.assert_close(scheduled[name], weight, atol=1e-6, rtol=1e-5, msg=name)
+    _, constant = train_reference(SHAPE, train, settings(steps=5))
+    assert not all(torch.equal(constant[k], scheduled[k]) for k in constant)

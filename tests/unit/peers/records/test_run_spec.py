@@ -439,3 +439,19 @@ def test_a_run_that_starts_from_a_checkpoint_pins_its_initial_weights(creator: I
     body["model"]["init"] = "/models/llama"  # a path is for the spec file: run create pins it
     with pytest.raises(RecordError, match="model.init must be a SHA-256"):
         parse_spec_body(body)
+
+
+def test_the_rate_schedule_round_trips_and_stays_out_of_a_constant_runs_body() -> None:
+    body = copy.deepcopy(DEFAULT_RUN)
+    body["optimizer"] = {**body["optimizer"], "warmup_steps": 100, "decay_steps": 10_000, "min_lr_ratio": 0.05}
+    spec = parse_spec_body(body)
+    assert spec.schedule is not None and (spec.warmup_steps, spec.decay_steps, spec.min_lr_ratio) == (100, 10_000, 0.05)
+    assert spec.schedule.at(0) == pytest.approx(spec.lr / 100) and spec.schedule.at(10_000) == pytest.approx(
+        spec.lr * 0.05
+    )
+    assert parse_spec_body(spec.to_body()) == spec
+    constant = parse_spec_body(copy.deepcopy(DEFAULT_RUN))
+    assert constant.schedule is None and set(constant.to_body()["optimizer"]) == set(DEFAULT_RUN["optimizer"])
+    body["optimizer"]["decay_steps"] = 50
+    with pytest.raises(RecordError, match="optimizer: decay_steps = 50 must exceed warmup_steps = 100"):
+        parse_spec_body(body)
