@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from swarmd.models.build import ModelShape
+from swarmd.models.build import ModelShape, build_model
 from swarmd.models.data.corpus import load_corpus, train_eval_split
-from swarmd.models.build import build_model
 from swarmd.models.lr_schedule import LrSchedule
 from swarmd.models.reference import TrainConfig, train_reference
 
