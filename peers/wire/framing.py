@@ -17,13 +17,14 @@ is not late for it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import struct
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from swarmd.peers.wire.errors import Code, Invalid, ProtocolViolation, StreamBroken
-from swarmd.peers.wire.protocol import MAX_BLOBS
+from swarmd.peers.wire.protocol import MAX_BLOBS, Request
 from swarmd.peers.wire.shaping import OTHER_METHOD, TrafficShaper
 
 MAX_HEADER_BYTES = 256 * 1024
@@ -89,6 +90,34 @@ async def write_message(
                 shaper.count("sent", label, len(piece))
     await writer.drain()
     return total
+
+
+SMALL_REQUEST_BYTES = MAX_HEADER_BYTES + 8
+"""What a server reads at most of a request that carries no blobs."""
+
+
+def max_request_bytes(request_type: type[Request[Any]]) -> int:
+    """The most a server reads of one request of this type."""
+    if request_type.MAX_BYTES is not None:
+        return request_type.MAX_BYTES
+    return SMALL_REQUEST_BYTES if request_type.BLOBS == 0 else DEFAULT_MAX_MESSAGE_BYTES
+
+
+LINGER_BYTES = 64 * 1024
+LINGER_IDLE_S = 0.25
+"""After a refusal, what a server reads and drops of the rest of the request, and how long it
+waits for more, before it closes: a stream closed with bytes unread is reset, and a reset can
+overtake the refusal on its way back (the asker would hear "the stream broke", not why). A
+larger upload is cut off; its sender still tries to read the refusal (``rpc.request_on``)."""
+
+
+async def linger(reader: asyncio.StreamReader) -> None:
+    """Read and drop what more comes on a refused stream, until its end, ``LINGER_BYTES``, or
+    ``LINGER_IDLE_S`` without a byte."""
+    left = LINGER_BYTES
+    with contextlib.suppress(TimeoutError, ConnectionError):
+        while left > 0 and (chunk := await asyncio.wait_for(reader.read(left), LINGER_IDLE_S)):
+            left -= len(chunk)
 
 
 def method_of(header: dict[str, Any]) -> str:

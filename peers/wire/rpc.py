@@ -65,6 +65,8 @@ from swarmd.peers.wire.framing import (
     MAX_HEADER_BYTES,
     Frame,
     MIN_RATE_Bps,
+    linger,
+    max_request_bytes,
     method_of,
     no_constants,
     read_head,
@@ -91,9 +93,6 @@ __all__ = [
     "exchange",
     "request_on",
     "answer_of",
-    "read_message",
-    "write_message",
-    "max_request_bytes",
     "RpcError",
     "Unreachable",
     "StreamBroken",
@@ -103,8 +102,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 PROTOCOL = "/swarmd/wire/2.0.0"
-SMALL_REQUEST_BYTES = MAX_HEADER_BYTES + 8
-"""What the server reads at most of a request that carries no blobs."""
 HEADER_TIMEOUT_S = 5.0
 """A request's header and blob count must be in this soon after its stream opens (the largest
 header in 5 s is 400 kbit/s): a stream that stalls before it says what it asks holds a slot no
@@ -118,12 +115,6 @@ STRANGER_SLOTS = 8
 """Requests of non-members (the few methods the admission lets them make) served at once, in
 slots of their own: however many keys a stranger makes, it never takes a member's slot."""
 MAX_PER_STRANGER = 2
-LINGER_BYTES = 64 * 1024
-LINGER_IDLE_S = 0.25
-"""After a refusal, what the server reads and drops of the rest of the request, and how long it
-waits for more, before it closes: a stream closed with bytes unread is reset, and a reset can
-overtake the refusal on its way back (the asker would hear "the stream broke", not why). A
-larger upload is cut off; its sender still tries to read the refusal (``request_on``)."""
 R = TypeVar("R", bound=Request[Any])
 A = TypeVar("A", bound=TypedAnswer)
 Handler = Callable[[str, R, list[bytes]], Awaitable[tuple[TypedAnswer, list[bytes]]]]
@@ -221,7 +212,7 @@ class RpcServer:
                 await self._serve_call(call, reader, writer)
             except Refused as e:
                 await self._refuse(call, writer, e)
-                await _linger(reader)
+                await linger(reader)  # the refusal must not be lost to a reset
         except Exception:  # the stream broke while answering: nothing more to tell the peer
             logger.debug("Answering %s failed", peer_id, exc_info=True)
         finally:
@@ -397,22 +388,6 @@ class RpcServer:
         return await write_message(
             writer, *frame, self.max_message_bytes, shaper=self.shaper, method=call.method, deadline=deadline
         )
-
-
-async def _linger(reader: asyncio.StreamReader) -> None:
-    """Read and drop what more comes on a refused stream, until its end, ``LINGER_BYTES``, or
-    ``LINGER_IDLE_S`` without a byte (module constants' doc)."""
-    left = LINGER_BYTES
-    with contextlib.suppress(TimeoutError, ConnectionError):
-        while left > 0 and (chunk := await asyncio.wait_for(reader.read(left), LINGER_IDLE_S)):
-            left -= len(chunk)
-
-
-def max_request_bytes(request_type: type[Request[Any]]) -> int:
-    """The most the server reads of one request of this type."""
-    if request_type.MAX_BYTES is not None:
-        return request_type.MAX_BYTES
-    return SMALL_REQUEST_BYTES if request_type.BLOBS == 0 else DEFAULT_MAX_MESSAGE_BYTES
 
 
 async def request_on(

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 from swarmd.peers.dht.swarm_dht import cells_key, shards_key
 from swarmd.peers.records.identity import Identity
 from swarmd.peers.records.plan_record import KIND as PLAN_KIND
+from swarmd.peers.wire.framing import read_message
 from swarmd.peers.wire.messages import Contribute, Pull
-from swarmd.peers.wire.rpc import PROTOCOL, read_message
+from swarmd.peers.wire.rpc import PROTOCOL
 from tests.integration.hostile import forgery
 from tests.integration.hostile.wire_attacks import FAKE_SHARE, shard_holder
 

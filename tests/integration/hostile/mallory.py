@@ -35,8 +35,9 @@ from typing import Any
 from swarmd.peers.dht.swarm_dht import SwarmDHT
 from swarmd.peers.records.identity import Identity, write_p2pd_identity
 from swarmd.peers.wire.errors import RpcError
+from swarmd.peers.wire.framing import read_message, write_message
 from swarmd.peers.wire.messages import LedgerIssue
-from swarmd.peers.wire.rpc import PROTOCOL, read_message, write_message
+from swarmd.peers.wire.rpc import PROTOCOL
 from tests.integration.hostile import flood_attacks, forgery, placement, wire_attacks
 
 Outcome = dict[str, Any]

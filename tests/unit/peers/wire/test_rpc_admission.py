@@ -76,7 +76,7 @@ def test_a_stranger_is_refused_after_its_header_before_a_byte_of_its_blob_is_rea
         s.client.write(head(Scale, 1, factor=1) + struct.pack("<I", 48 * MiB) + bytes(MiB))
         answer = await s.answer()
         # Unread but for what the refusal's lingering close drops: the blob was never taken in.
-        assert len(s.to_server._buffer) >= MiB - rpc.LINGER_BYTES  # type: ignore[attr-defined]
+        assert len(s.to_server._buffer) >= MiB - framing.LINGER_BYTES  # type: ignore[attr-defined]
         return answer
 
     answer = asyncio.run(scenario())
