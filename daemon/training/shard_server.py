@@ -420,6 +420,7 @@ class ShardServer:
             "shard": self.key[1],
             "shards": self.shards,
             "version": self.version,
+            "committed": self.shard.committed_version,  # logged at the standby: what pulls see
             "buffered_micro_batches": self.shard.buffered_micro_batches,
             "steps": s.steps,
             "dropped_steps": self.shard.counters.dropped_steps,

@@ -134,7 +134,7 @@ class Trainer:
         self.cell_tasks: dict[Cell, asyncio.Task[None]] = {}
         self.servers: dict[Shard, ShardServer] = {}
         self.replicas = ReplicaStore(self.shard_holder)
-        self.seen = SeenVersions()
+        self.seen = SeenVersions(self.own)
         self.handed_over: dict[Shard, tuple[int, Path]] = {}
         """Shards this peer served and closed: their final state, for whoever holds them next."""
         self.data: TrainingData | None = None

@@ -136,9 +136,17 @@ def resolve_shards(
 
 class SeenVersions:
     """The highest version each shard's rightful holders have shown in their signed leases:
-    the bound on any checkpoint or replica a new holder may take (``MAX_UNSEEN_STEPS`` past it)."""
+    the bound on any checkpoint or replica a new holder may take (``MAX_UNSEEN_STEPS`` past it).
 
-    def __init__(self) -> None:
+    This peer's own leases are not counted: a lease it publishes for a shard it does not serve
+    yet shows this very bound (or its last checkpoint's version), so counting it would anchor the
+    bound on what this peer already had. A restarted peer named a shard's server did just that:
+    its fresh lease at version 0 was taken at its word, the live holder's lease at 70 could then
+    raise the bound by one step, and it opened the shard from its own checkpoint of version 9
+    (CI: "shard (1, 0): 70 -> 9")."""
+
+    def __init__(self, own: str = "") -> None:
+        self.own = own
         self._seen: dict[Shard, tuple[int, float]] = {}  # shard -> (version, when noted)
 
     def note(self, holders: Mapping[Shard, ShardLease], now: float) -> None:
@@ -147,6 +155,8 @@ class SeenVersions:
         holder's lease at version 10^6 moves it by a few steps, so that a take-over does not
         wait for a state nobody has."""
         for key, lease in holders.items():
+            if lease.peer_id == self.own:
+                continue
             known = self._seen.get(key)
             if known is None:
                 self._seen[key] = (lease.version, now)

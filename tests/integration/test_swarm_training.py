@@ -73,7 +73,7 @@ def alive(daemon: LocalDaemon) -> bool:
 
 
 class VersionWatch:
-    """Samples every shard's version at whichever daemon serves it and records any decrease;
+    """Samples every shard's committed version at whichever daemon serves it and records any decrease;
     and whether the placement ever gave the relay something to carry: a daemon told to relay
     everything (``via_relay``), not the relay itself, holding a cell whose neighbour cell, or a
     shard of whose stage (or the ledger's shard, for stage 0), is held by a third daemon, and
@@ -123,7 +123,9 @@ class VersionWatch:
                         working.add((c["pipeline"], c["stage"]))
                     self._worked[key] = done
                 for shard in t.get("shards") or []:
-                    key, version = (shard["stage"], shard["shard"]), shard["version"]
+                    # Committed (logged at the standby): a step its standby refused to log, once
+                    # the standby took the shard over, was never seen by a pull and is not lost.
+                    key, version = (shard["stage"], shard["shard"]), shard["committed"]
                     shards[key] = i
                     if version < self.highest.get(key, 0):
                         self.decreases.append(f"shard {key}: {self.highest[key]} -> {version}")

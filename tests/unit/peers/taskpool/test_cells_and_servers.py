@@ -140,6 +140,14 @@ def test_a_holder_cannot_raise_the_seen_version_faster_than_training_could() -> 
     assert seen.of((0, 0)) == rise
 
 
+def test_this_peers_own_lease_does_not_anchor_the_seen_version() -> None:
+    seen = SeenVersions(own=B.peer_id)
+    seen.note({(0, 0): shard(B, version=0)}, T0)  # B named the server, its lease not yet serving
+    seen.note({(0, 0): shard(A, version=70)}, T0)  # the live holder it takes the shard from
+    assert seen.of((0, 0)) == 70  # so B's own checkpoint at 9 is no reason to open the shard
+    assert SeenVersions().of((0, 0)) == 0
+
+
 def test_provisional_assignment_spreads_members_and_one_holds_everything_alone() -> None:
     alone = provisional(["x"], stages=3, batch_micro_batches=8)
     assert alone.version == PROVISIONAL and alone.cells == (("x", "x", "x"),) and alone.servers == (("x",),) * 3
