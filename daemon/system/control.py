@@ -347,6 +347,10 @@ class _Transient(Exception):
     """The daemon could not take this request now (full backlog, busy): worth retrying."""
 
 
+class _TimedOut(ControlError):
+    """The call's deadline fell before the daemon answered."""
+
+
 def call(path: Path, command: str, timeout: float = 5.0, **args: Any) -> Any:
     """Send one command to the daemon whose control socket is ``path``; return its result.
 
@@ -367,19 +371,28 @@ def call(path: Path, command: str, timeout: float = 5.0, **args: Any) -> Any:
         try:
             response = _exchange(path, request, deadline, timeout)
             break
+        except _TimedOut as e:
+            if attempts == 1:
+                raise
+            # Turned away before: the deadline fell in the last try, and busy is what it was.
+            raise _busy(path, timeout, attempts, e) from None
         except _Transient as e:
             # Full jitter: clients turned away together do not all come back together.
             pause = random.uniform(0, backoff)
             if time.monotonic() + pause >= deadline:
-                raise ControlError(
-                    f"daemon on {path} stayed busy for {timeout:g} s over {attempts} attempts ({e}); "
-                    "try again, and look for a local process holding many connections to it"
-                ) from None
+                raise _busy(path, timeout, attempts, e) from None
             time.sleep(pause)
             backoff = min(2 * backoff, RETRY_MAX_S)
     if not response.get("ok"):
         raise ControlError(f"daemon refused {command}: {response.get('error')}")
     return response.get("result")
+
+
+def _busy(path: Path, timeout: float, attempts: int, last: Exception) -> ControlError:
+    return ControlError(
+        f"daemon on {path} stayed busy for {timeout:g} s over {attempts} attempts ({last}); "
+        "try again, and look for a local process holding many connections to it"
+    )
 
 
 def _no_permission(path: Path) -> str:
@@ -404,7 +417,7 @@ def _exchange(path: Path, request: bytes, deadline: float, timeout: float) -> di
         except (BrokenPipeError, ConnectionResetError):
             raise _Transient("it closed the connection before answering") from None
         except TimeoutError:
-            raise ControlError(f"daemon did not answer on {path} within {timeout:.0f} s") from None
+            raise _TimedOut(f"daemon did not answer on {path} within {timeout:g} s") from None
     if not data:
         raise ControlError(f"daemon closed the connection on {path} without answering; see its log")
     try:

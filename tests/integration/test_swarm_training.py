@@ -56,9 +56,9 @@ precision where the swarm's stages cut the model (alone, that rounding moves thi
 by up to 0.17 nats at 100 updates). Two daemons and no kill end 0.012 nats from it (114
 updates). Around a kill the swarm is not synchronous for a while: a round goes on after
 ``SYNC_WAIT_S``, a contribution up to ``max_staleness`` versions old counts in full, a share is
-recomputed into another batch; on this model, steep at 100 updates, that ended the swarm
-*below* the reference in each of four runs (by 0.004 and 0.19 nats with the warm-up; 0.02 and
-0.33 before it): stale gradients act as momentum."""
+recomputed into another batch. On this model, steep at 100 updates, seven runs ended -0.19 to
++0.06 nats from the reference (-0.192, -0.143, -0.045, -0.041, -0.004, +0.011, +0.061): stale
+gradients act as momentum, more often ahead than behind."""
 BETTER_BOUND_NATS = 0.4
 """Ending further below the reference than this would mean the swarm learned from what the
 reference never saw (a held-out sequence, a micro-batch counted twice)."""

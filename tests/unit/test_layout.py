@@ -23,6 +23,15 @@ TOP = {"daemon": "swarmd", "peers": "swarmd.peers", "models": "swarmd.models"}
 SKIP_DIRS = {".git", ".venv", "venv", "build", "dist", "__pycache__", "node_modules"}
 
 
+def parse(source: str, filename: str = "<unknown>") -> ast.Module:
+    """``ast.parse``, tried twice: CPython 3.11 can raise a spurious "AST constructor recursion
+    depth mismatch" SystemError (python/cpython#106905), which CI met once in this file."""
+    try:
+        return ast.parse(source, filename)
+    except SystemError:
+        return ast.parse(source, filename)
+
+
 def _setuptools() -> dict[str, object]:
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())
     section: dict[str, object] = data["tool"]["setuptools"]
@@ -103,7 +112,7 @@ def _daemon_modules() -> set[str]:
 def _imports(path: Path, module: str) -> Iterator[tuple[int, str]]:
     """(line, imported module) pairs; ``from a import b`` yields both a and a.b."""
     is_package = path.name == "__init__.py"
-    tree = ast.parse(path.read_text(), str(path))
+    tree = parse(path.read_text(), str(path))
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
@@ -170,7 +179,7 @@ def test_no_bare_top_level_folder_imports() -> None:
         rel = path.relative_to(ROOT)
         if any(part in SKIP_DIRS or part.startswith(".") or part.endswith(".egg-info") for part in rel.parts):
             continue
-        tree = ast.parse(path.read_text(), str(path))
+        tree = parse(path.read_text(), str(path))
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
@@ -223,7 +232,7 @@ def test_peers_layers() -> None:
 
 def _runtime_imports(path: Path, module: str) -> Iterator[tuple[int, str]]:
     """``_imports`` without those under ``if TYPE_CHECKING:`` (annotations only, never run)."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = parse(path.read_text(), str(path))
     typing_only = {
         id(node)
         for block in ast.walk(tree)
@@ -299,7 +308,7 @@ def test_cycle_check_finds_cycles() -> None:
 
 def _mapped_names(package_dir: Path) -> set[str]:
     """The names an ``__init__`` docstring's map lists: each ``- ``name`` `` entry (a folder as ``name/``)."""
-    doc = ast.get_docstring(ast.parse((package_dir / "__init__.py").read_text())) or ""
+    doc = ast.get_docstring(parse((package_dir / "__init__.py").read_text())) or ""
     names = set()
     for line in doc.splitlines():
         stripped = line.strip()
@@ -354,7 +363,7 @@ def test_no_module_over_500_lines_and_no_class_over_300() -> None:
         lines = len(text.splitlines())
         if lines > MAX_MODULE_LINES:
             found.append(f"{path.relative_to(ROOT)}: {lines} lines (at most {MAX_MODULE_LINES})")
-        for node in ast.walk(ast.parse(text, str(path))):
+        for node in ast.walk(parse(text, str(path))):
             if isinstance(node, ast.ClassDef):
                 length = (node.end_lineno or node.lineno) - node.lineno + 1
                 if length > MAX_CLASS_LINES:
@@ -365,7 +374,7 @@ def test_no_module_over_500_lines_and_no_class_over_300() -> None:
 def test_no_two_classes_of_one_name() -> None:
     where: dict[str, list[str]] = {}
     for path in _source_files():
-        for node in ast.parse(path.read_text(), str(path)).body:
+        for node in parse(path.read_text(), str(path)).body:
             if isinstance(node, ast.ClassDef):
                 where.setdefault(node.name, []).append(str(path.relative_to(ROOT)))
     assert {name: paths for name, paths in where.items() if len(paths) > 1} == {}
