@@ -14,6 +14,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from swarmd.errors import SwarmdError
 
@@ -53,23 +54,35 @@ def _read_folder(path: Path, out: Path, max_bytes: int, on_chunk: Callable[[byte
         size = path.stat().st_size
         if size > max_bytes:
             raise MirrorError(f"{path} is {size} bytes, over the {max_bytes} the run's manifest allows for it")
-        total = 0
         with path.open("rb") as src, out.open("wb") as dst:
-            while chunk := src.read(CHUNK):
-                total += len(chunk)
-                if total > max_bytes:
-                    raise MirrorError(f"{path} grew past {max_bytes} bytes while it was read")
-                on_chunk(chunk)
-                dst.write(chunk)
-        return total
+            return _copy(src.read, dst, 0, max_bytes, on_chunk, f"{path} grew past {max_bytes} bytes while it was read")
     except OSError as e:
         raise MirrorError(f"cannot read {path}: {e.strerror or e}") from None
 
 
+def _copy(
+    read: Callable[[int], bytes],
+    dst: BinaryIO,
+    total: int,
+    max_bytes: int,
+    on_chunk: Callable[[bytes], None],
+    over: str,
+) -> int:
+    """Copy ``read``'s chunks to ``dst`` after the ``total`` bytes already there, each handed to
+    ``on_chunk``; returns the new total. Raises ``MirrorError(over)`` past ``max_bytes``."""
+    while chunk := read(CHUNK):
+        total += len(chunk)
+        if total > max_bytes:
+            raise MirrorError(over)
+        on_chunk(chunk)
+        dst.write(chunk)
+    return total
+
+
 def _read_url(url: str, out: Path, max_bytes: int, on_chunk: Callable[[bytes], None]) -> int:
-    total = 0
     with out.open("wb") as dst:
         for attempt in range(RESUMES + 1):
+            total = dst.tell()  # what earlier attempts wrote: a resume asks for the rest
             request = urllib.request.Request(url, headers={"User-Agent": "swarmd"})
             if total:
                 request.add_header("Range", f"bytes={total}-")
@@ -80,17 +93,13 @@ def _read_url(url: str, out: Path, max_bytes: int, on_chunk: Callable[[bytes], N
                     length = answer.headers.get("Content-Length")
                     if length is not None and length.isdigit() and total + int(length) > max_bytes:
                         raise MirrorError(f"{describe(url)} offers {total + int(length)} bytes, over {max_bytes}")
-                    while chunk := answer.read(CHUNK):
-                        total += len(chunk)
-                        if total > max_bytes:
-                            raise MirrorError(f"{describe(url)} sent over {max_bytes} bytes")
-                        on_chunk(chunk)
-                        dst.write(chunk)
-                return total
+                    return _copy(
+                        answer.read, dst, total, max_bytes, on_chunk, f"{describe(url)} sent over {max_bytes} bytes"
+                    )
             except urllib.error.HTTPError as e:
                 raise MirrorError(f"{describe(url)} answered HTTP {e.code} {e.reason}") from None
             except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:
                 if attempt == RESUMES:
                     reason = getattr(e, "reason", e)
-                    raise MirrorError(f"{describe(url)} failed after {total} bytes: {reason}") from None
+                    raise MirrorError(f"{describe(url)} failed after {dst.tell()} bytes: {reason}") from None
     raise AssertionError("unreachable")

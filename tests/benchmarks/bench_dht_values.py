@@ -79,7 +79,7 @@ worker.join(timeout + 5)
 outcome["seconds"] = round(time.perf_counter() - started, 3)
 if worker.is_alive():
     outcome["error"] = "the caller's thread is still blocked (in a pipe write or waiting for the answer)"
-time.sleep(1.0)  # let a dying DHT process finish dying before we look
+time.sleep(1.0)  # sync-ok: let a dying DHT process finish dying before we look
 outcome["dht_alive"] = dht.is_alive()
 print(json.dumps(outcome), flush=True)
 if dht.is_alive():

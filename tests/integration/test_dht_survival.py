@@ -107,7 +107,7 @@ def test_sybil_heartbeat_flood_leaves_daemons_answering(
     while flood.poll() is None:
         for daemon in (d0, d1):
             answers(daemon)
-        time.sleep(0.5)  # pacing the status calls, not synchronising: the loop ends on the flood's exit
+        time.sleep(0.5)  # sync-ok: pacing the status calls, not synchronising: the loop ends on the flood's exit
     out, err = flood.communicate(timeout=30)
     assert flood.returncode == 0, err[-3000:]
     assert json.loads(out.strip().splitlines()[-1])["stored"] > 0  # the flood reached the swarm
