@@ -15,7 +15,7 @@ import torch
 
 from swarmd.data.fetching import DataUnavailable
 from swarmd.data.run_files import RunFiles
-from swarmd.data.training_data import ShardedData
+from swarmd.data.training_data import AHEAD, ShardedData
 from swarmd.models.data.shard_files import open_prepared
 from swarmd.models.presets import PRESETS, materialize
 from swarmd.peers.records.identity import Identity
@@ -80,9 +80,12 @@ def test_a_peer_without_the_data_fetches_what_it_reads_from_a_member(tmp_path: P
     tokens, creator, joiner = asyncio.run(main())
     local = open_prepared(prepared, spec.spec.model.seq_len, run_seed(spec.run_id))
     assert torch.equal(tokens, local.train.micro_batch(2, 4))  # the same tokens as the holder reads
+    # The run ID is fresh, so its seed orders the shards anew: micro-batches 0-3 may span two.
+    read = {local.train.shard_of(i) for i in range(4 * 4)}
+    ahead = local.train.shards_ahead(4 * 4 - 1, AHEAD)
     local.close()
     assert creator["holds"] == ["dataset"] and joiner["holds"] == ["shards"]
-    assert joiner["fetch"]["fetched_files"]["member"] == 2 + 3  # manifest, tokenizer, a shard and two ahead
+    assert joiner["fetch"]["fetched_files"]["member"] == 2 + len(read) + len(ahead)  # manifest, tokenizer, shards
     assert joiner["fetch"]["refused"] == 0 and creator["serve"]["served_peers"] == 1
     assert pair.joiner.tokenizer_file() is not None
 

@@ -1,0 +1,28 @@
+"""What every test shares: the root logger as the test found it.
+
+Tests that run the CLI in-process (``main([...])``) configure logging to the ``sys.stderr`` of
+that moment, which pytest captures and closes after the test; a later test that logs would then
+print "--- Logging error --- I/O operation on closed file" with a whole stack. Each test's
+changes to the root logger are undone when it ends.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def root_logger_restored() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        if handler not in handlers:
+            root.removeHandler(handler)
+    for handler in handlers:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    root.setLevel(level)
