@@ -2,11 +2,12 @@
 
 Opt-in (``[dashboard] listen``, ``swarmd run --dashboard``) and for this machine only: the
 config accepts loopback hosts alone, and a request whose ``Host`` header names anything but a
-loopback host is refused with 403, so that a web page the owner visits cannot reach it through
-DNS rebinding (a name of the page's own that resolves to 127.0.0.1). It only reads: GET and
-HEAD, one request per connection (``Connection: close``), its head at most ``MAX_HEAD_BYTES``
-and read within ``READ_TIMEOUT_S``, at most ``MAX_CONNECTIONS`` at once (past that the oldest
-one still sending its head is dropped), so a stuck or hostile local client costs little.
+loopback host (read strictly: ``host[:port]``, sent once) is refused, so that a web page the
+owner visits cannot reach it through DNS rebinding (a name of the page's own that resolves to
+127.0.0.1). It only reads: GET and HEAD, one request per connection (``Connection: close``),
+its head at most ``MAX_HEAD_BYTES`` and read within ``READ_TIMEOUT_S``, at most
+``MAX_CONNECTIONS`` at once (past that the oldest one still sending its head is dropped), so a
+stuck or hostile local client costs little.
 
 Routes: ``/`` the page (``dashboard.html``, ``dashboard.js``), ``/metrics`` Prometheus's text
 format from a registry of its own (``swarmd.web.metrics``), ``/api/status`` the status answer
@@ -34,6 +35,8 @@ from swarmd.web.metrics import StatusCollector
 
 logger = logging.getLogger(__name__)
 
+SINGLE_HEADERS = frozenset({"host", "content-length"})
+"""Headers a request may carry once at most."""
 MAX_HEAD_BYTES = 8192
 """The request line and headers together."""
 READ_TIMEOUT_S = 5.0
@@ -88,13 +91,31 @@ def parse_head(head: bytes) -> tuple[str, str, dict[str, str]]:
         name, sep, value = line.partition(":")
         if not sep or not name or name != name.strip():
             raise ValueError(f"header line {line[:80]!r} is not 'Name: value'")
+        if name.lower() in SINGLE_HEADERS and name.lower() in headers:
+            # Two Hosts: which one a check reads and which one a proxy acts on may differ.
+            raise ValueError(f"header {name[:40]!r} sent twice; a request has one")
         headers[name.lower()] = value.strip()
     return parts[0], parts[1].split("?", 1)[0], headers
 
 
 def loopback_host(host: str) -> bool:
-    """Whether a ``Host`` header names this machine (any port: an SSH tunnel may pick its own)."""
-    name = host[1 : host.find("]")] if host.startswith("[") else host.rsplit(":", 1)[0]
+    """Whether a ``Host`` header names this machine (any port: an SSH tunnel may pick its own).
+
+    Read strictly as ``name[:port]`` or ``[v6][:port]``, the port digits only: anything else
+    (``localhost:80@evil``, a userinfo, a path, spaces) is no host a browser sends, and what a
+    lax reading takes for the name may not be what something behind it acts on."""
+    port: str | None = None
+    if host.startswith("["):
+        name, _, rest = host[1:].partition("]")
+        if rest:
+            if not rest.startswith(":"):
+                return False
+            port = rest[1:]
+    else:
+        name, sep, after = host.partition(":")
+        port = after if sep else None
+    if port is not None and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+        return False
     return name.lower() in LOOPBACK_HOSTS
 
 

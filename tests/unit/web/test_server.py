@@ -166,8 +166,12 @@ def test_request_heads_and_hosts_are_parsed_strictly() -> None:
     for bad in (b"GET /\r\n\r\n", b"GET / SPDY/3\r\n\r\n", b"GET / HTTP/1.1\r\nno colon\r\n\r\n"):
         with pytest.raises(ValueError):
             parse_head(bad)
+    with pytest.raises(ValueError, match="sent twice"):
+        parse_head(b"GET / HTTP/1.1\r\nHost: localhost\r\nhost: evil.example\r\n\r\n")
     assert all(loopback_host(h) for h in ("127.0.0.1", "localhost:9470", "LOCALHOST", "[::1]:80", "127.0.0.1:1"))
     assert not any(loopback_host(h) for h in ("127.0.0.1.evil.example", "evil.example:9470", "[::2]:80", ""))
+    hostile = ("localhost:80@evil", "localhost@evil", "localhost:", "localhost:0", "localhost:99999", "[::1]x")
+    assert not any(loopback_host(h) for h in (*hostile, "localhost:80/x", "127.0.0.1:8 0", "[::1]:", "localhost:٣"))
 
 
 def test_without_listen_the_server_stays_off() -> None:
