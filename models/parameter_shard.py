@@ -15,9 +15,11 @@ its own: two shards stepping side by side equal one optimizer over the whole vec
   ``step_micro_batches``.
 - **Deltas** go to cells in fp16 with error feedback kept here (``shard_deltas``): a cell that
   adds them in order holds the shard's weights bit for bit.
-- **Share IDs** make contributions idempotent (``shard_share_ids``): one naming a share already
-  applied or already buffered is not applied again (DUPLICATE: the server refuses it
-  ``AlreadyApplied``, a recompute after a failure and a replay alike).
+- **Share IDs** make contributions idempotent (``shard_share_ids``): one naming only shares
+  already applied or buffered is not applied again (DUPLICATE: the server refuses it
+  ``AlreadyApplied``, a recompute after a failure and a replay alike); one naming some taken and
+  some not is refused whole (``overlap``), and settles nothing: an ID is done here only when its
+  own contribution is applied (or dropped as stale), never because another named it.
 - **Confirmation.** An applied step is *committed* once the caller has logged it at the
   standby and says so (:meth:`ParameterShard.confirm`); pulls see committed versions only,
   so no cell ever holds weights that a failover could lose.
@@ -91,7 +93,7 @@ class ShardStep:
     """fp16, the slice's length: authoritative weights = previous + ``delta.float()``. Not to be modified."""
     share_ids: tuple[int, ...]
     """Every share ID settled since the previous step: the applied ones, and those acknowledged
-    without being applied (duplicates' new IDs, dropped ones), so that a standby knows them all."""
+    without being applied (dropped as stale), so that a standby knows them all."""
     micro_batches: int
     """The micro-batches the step averaged over (unweighted)."""
 
@@ -262,10 +264,11 @@ class ParameterShard:
         weighted ``weight`` (from the caller's staleness rule; 0 drops it).
 
         Raises ContributionError (nothing changes but ``counters.refused``) for a malformed
-        contribution; returns DUPLICATE when a share ID is already buffered or applied (its new
-        IDs, if any, are settled with it), DROPPED for weight 0 (its IDs settled), else BUFFERED,
-        with the step when this one completed it. ``parts``: the cells' contributions this one
-        sums (a reduction head's); such a sum is taken whole or refused (``overlap``). ``sender``:
+        contribution, and for one whose shares are partly taken here (``overlap``: nothing of it
+        is settled); returns DUPLICATE when every share ID is already buffered or applied,
+        DROPPED for weight 0 (its IDs settled), else BUFFERED, with the step when this one
+        completed it. ``parts``: the cells' contributions this one sums (a reduction head's).
+        ``sender``:
         who sent it, so that each sender has one vote in the adaptive bounds (``VoteMedian``)."""
         # Every refusal, whichever check makes it, is counted here and nowhere else.
         try:
@@ -273,17 +276,19 @@ class ParameterShard:
                 vector, base_version, micro_batches, share_ids, weight, lo=self.lo, hi=self.hi, version=self.version
             )
             if taken := self._share_ids.taken(ids):
-                if parts > 1:
-                    # A reduction head's sum, some of whose shares came in by themselves (a member
-                    # that gave up on its head): no part of a sum can be taken out, so none is
-                    # settled; the head sends the parts one by one.
+                if len(taken) < len(ids):
+                    # Some of its shares are in and some are not: a reduction head's sum some of
+                    # whose parts came in by themselves (a member that gave up on its head; the
+                    # head then sends the parts one by one), or a round with a share issued again
+                    # that another pipeline trained first. Nothing of it is applied, and none of
+                    # its fresh IDs is settled: a share is done here only once its own
+                    # contribution is applied, so naming another's shares cannot mark them done.
                     raise ContributionError(
                         "overlap",
-                        f"a sum of {parts} contributions names shares already taken here ({taken[:3]}); "
-                        "send its parts one by one",
+                        f"a contribution of {parts} part(s) names {len(taken)} share(s) already taken here "
+                        f"({taken[:3]}) and {len(ids) - len(taken)} not; a sum's parts go one by one",
                     )
                 self.counters.duplicates += 1
-                self._share_ids.settle(self._share_ids.fresh(ids), self.committed_version)
                 return ContributeResult(Outcome.DUPLICATE, self.version)
             vector = vector.detach().to(device=self._sum.device, dtype=torch.float32)
             vector, norm, clipped = self._norms.screen(vector, ids)
@@ -416,7 +421,7 @@ class ParameterShard:
 
     def committed(self, share_ids: Sequence[int]) -> set[int]:
         """Which of ``share_ids`` this shard is done with: applied in a committed step, or
-        acknowledged without being applied (a duplicate's, a dropped one's)."""
+        acknowledged without being applied (dropped as too stale)."""
         return self._share_ids.committed(share_ids, self.committed_version)
 
     @property

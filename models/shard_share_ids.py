@@ -2,7 +2,7 @@
 
 A recompute after a failure sends a share again under the same ID. An ID is *buffered* while
 its contribution waits for the step, *settled* when it is acknowledged without being applied
-(a duplicate's new IDs, a dropped one's), and *done* from then on, with the version that
+(a contribution dropped as too stale), and *done* from then on, with the version that
 settled it: an applied share is done at the step that took it, so a pull sees it as committed
 only once that version is. Settled and applied IDs travel with the next step to the standby's
 log, so that a replica knows them all. Only the most recent ``recent_share_ids`` done IDs are

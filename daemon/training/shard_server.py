@@ -240,14 +240,19 @@ class ShardServer:
             except ContributionError as e:
                 self._refuse(e.reason)
                 if e.reason == "overlap":
-                    raise AlreadyApplied(f"shard {self.key}: {e}") from None
+                    # A head's sum: it sends the parts one by one. A cell's own round with some
+                    # shares in already (one issued again that another pipeline trained first):
+                    # dropped like a stale one, never resent for ever.
+                    if request.parts > 1:
+                        raise AlreadyApplied(f"shard {self.key}: {e}") from None
+                    raise Stale(f"shard {self.key}: {e}; drop this slice") from None
                 raise BadRequest(f"shard {self.key}: {e} ({e.reason})") from None
             self.stats.contributions += 1
             if result.outcome is Outcome.DUPLICATE:
                 self.stats.duplicates += 1
                 raise AlreadyApplied(
-                    f"shard {self.key} has shares of this contribution in already ({request.share_ids[:3]}): "
-                    "not applied again (its other shares, if any, are settled with them)"
+                    f"shard {self.key} has the shares of this contribution in already ({request.share_ids[:3]}): "
+                    "not applied again"
                 )
             self.stats.staleness[staleness] = self.stats.staleness.get(staleness, 0) + 1
             if result.outcome is Outcome.DROPPED:

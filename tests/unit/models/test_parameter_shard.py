@@ -163,16 +163,30 @@ def test_a_standby_replaying_the_log_on_an_older_checkpoint_matches_bit_for_bit(
 def test_duplicates_are_acknowledged_not_applied() -> None:
     shard = ParameterShard(0, SIZE, vector(6), adamw(), step_micro_batches=4)
     assert shard.contribute(vector(1, 0.01), 0, 2, [1, 2], 1.0).outcome is Outcome.BUFFERED
-    buffered_again = shard.contribute(vector(1, 0.01), 0, 2, [2, 3], 1.0)  # 2 is in the buffer
-    assert buffered_again.outcome is Outcome.DUPLICATE and shard.buffered_micro_batches == 2
-    assert shard.committed([3]) == {3}  # its new ID is settled: its sender stops resending it
+    assert shard.contribute(vector(1, 0.01), 0, 2, [2, 1], 1.0).outcome is Outcome.DUPLICATE  # a resend
     step = shard.contribute(vector(2, 0.01), 0, 2, [4], 1.0).step
-    assert step is not None and set(step.share_ids) == {1, 2, 3, 4}
+    assert step is not None and set(step.share_ids) == {1, 2, 4}
     assert shard.committed([1, 2, 4]) == set()  # applied, not yet logged at the standby
     shard.confirm(step.version)
     assert shard.committed([1, 2, 4, 5]) == {1, 2, 4}
     assert shard.contribute(vector(3, 0.01), 1, 1, [4], 1.0).outcome is Outcome.DUPLICATE
     assert shard.counters.duplicates == 2 and shard.counters.applied == 2 and shard.version == 1
+
+
+def test_a_contribution_naming_shares_partly_taken_is_refused_and_settles_nothing() -> None:
+    # Issue 26's squat: one contribution naming a share already in and the next 1,023 IDs was
+    # answered ALREADY_APPLIED and its fresh IDs settled, so every honest contribution for them
+    # was a duplicate and nothing trained on them. Now it is refused whole and settles nothing.
+    shard = ParameterShard(0, SIZE, vector(6), adamw(), step_micro_batches=4)
+    assert shard.contribute(vector(1, 0.01), 0, 2, [1], 1.0).outcome is Outcome.BUFFERED
+    squat = [1, *range(2, 1025)]
+    with pytest.raises(ContributionError) as refused:
+        shard.contribute(vector(2, 0.01), 0, 1, squat, 1.0)
+    assert refused.value.reason == "overlap" and shard.counters.refused_by == {"overlap": 1}
+    assert shard.unknown(list(range(2, 1025))) == list(range(2, 1025)) and shard.buffered_micro_batches == 2
+    honest = shard.contribute(vector(3, 0.01), 0, 2, [2], 1.0)  # the share's own contribution is taken
+    assert honest.outcome is Outcome.BUFFERED and honest.step is not None
+    assert set(honest.step.share_ids) == {1, 2}  # only what was applied is logged as done
 
 
 def test_a_sum_of_several_cells_is_taken_whole_or_refused_never_in_part() -> None:
