@@ -31,6 +31,7 @@ from swarmd.peers.membership.election import ElectionConfig, elect_standby
 from swarmd.peers.membership.probation import Plannable, plannable
 from swarmd.peers.membership.reliability import KIND as OBSERVATIONS_KIND
 from swarmd.peers.membership.reliability import Observations
+from swarmd.peers.membership.standing import Silence, coordinator_deadline_s, electable, trusted_observers
 from swarmd.peers.planning.snapshot import Member
 from swarmd.peers.records.identity import Identity
 from swarmd.peers.records.links import KIND as LINKS_KIND
@@ -77,6 +78,10 @@ class Coordination:
         self._roles: set[str] = set()  # the elected roles this peer held at the last round
         self.own_works: Callable[[], bool] = lambda: True
         """Whether this peer may be planned now (its work is not paused): set by the node."""
+        self.silence = Silence(coordinator_deadline_s(probation_s))
+        """Coordinators passed over for publishing no plan in time."""
+        self.electable: frozenset[str] = frozenset()
+        self._started = time.monotonic()
 
     async def coordinate(self) -> None:
         now = time.time()
@@ -90,9 +95,20 @@ class Coordination:
         tflops, memory_gib = self.own_device()
         observed: list[Observations] = [r for r in observations if r.observer in live]
         links_records = {r.peer_id: r for r in links if r.peer_id in live}
-        self.view = read_view(self.spec, Member(self.own, memory_gib, tflops), members, links_records, observed)
+        # Who may stand, and whose word counts (``swarmd.peers.membership.standing``).
+        planned = self.plan.devices if self.plan is not None and self.plan.expires_at > now else None
+        creator = self.spec.creator
+        trusted = trusted_observers(live, planned, creator)
+        own = Member(self.own, memory_gib, tflops)
+        self.view = read_view(self.spec, own, members, links_records, observed, trusted)
+        first_seen = {p: float(v.get("seen_for_s") or 0.0) for p, v in members.items()}
+        first_seen[self.own] = time.monotonic() - self._started
+        passed = self.silence.passed_over(now)
+        self.electable = electable(
+            live, planned, creator, self.view.observed_up_s, first_seen, self.probation_s, passed
+        )
         admitted, refused = screen(plans, live, self.plan, now)
-        self.coordinator = elect(self.view, admitted, live, now, self.thresholds)
+        self.coordinator = elect(self.view, admitted, live, now, self.thresholds, self.electable)
         in_force, passed_over = plan_to_follow(
             admitted, self.coordinator, self.own, self.publisher.published, self.plan
         )
@@ -103,7 +119,6 @@ class Coordination:
             links = set(links_records)
             chosen = plannable(members, planned, links, self.own, self.probation_s, self.own_works())
             self.plannable = chosen
-            own = Member(self.own, memory_gib, tflops)
             view = narrowed(self.view, self.spec, own, members, links_records, chosen.peers)
             await self.publisher.round(view, self.plan, now)
             in_force, passed_over = plan_to_follow(
@@ -111,6 +126,13 @@ class Coordination:
             )
         self.plan = in_force
         self._count(refused + passed_over)
+        if self.silence.note(self.coordinator, None if in_force is None else in_force.peer_id, now):
+            logger.warning(
+                "Coordinator %s published no plan within %.0f s of its election; passed over for %.0f s",
+                self.coordinator,
+                self.silence.deadline_s,
+                self.silence.pass_over_s,
+            )
         self._log_roles()
 
     def _log_roles(self) -> None:
@@ -211,6 +233,8 @@ class Coordination:
             if self.plannable is None
             else {"waiting": self.plannable.waiting, "no_node": self.plannable.no_node},
             "plans_refused": dict(sorted(self.plans_refused.items())),
+            "electable": len(self.electable),
+            "passed_over": sorted(self.silence.passed_over(time.time())),
             "reliability": {p: round(r.score, 3) for p, r in sorted(self.view.reliability.items())},
             "links": self.measurements.status(snap.measured if snap else 0, snap.filled if snap else 0),
         }

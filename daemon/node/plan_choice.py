@@ -15,6 +15,8 @@ knows the run ID can sign a plan and a heartbeat, so a plan is only a claim:
   newest plan's publisher among them; a stranger's key is not eligible, whatever version it
   signs. With none eligible (a young swarm), the most senior publisher (observed uptime, in
   wide classes), then the lowest peer ID: a fresh key cannot outrank members watched longer.
+- **Who may stand** at all is ``swarmd.peers.membership.standing``'s: with a plan in force, its
+  members; before any, the run's creator; a coordinator that never plans is passed over.
 - **Following** (``plan_to_follow``): only the elected coordinator's plan; the plan in force
   while the coordinator has published none. Every plan passed over, and why, is returned so
   that the status can count it.
@@ -80,7 +82,7 @@ def incumbent(
     view: SwarmView, plans: list[PlanRecord], live: set[str], now: float, thresholds: ElectionConfig
 ) -> str | None:
     """The coordinator the swarm follows now, as every peer reads the screened plans (module
-    doc); None when no live peer has an unexpired plan."""
+    doc); None when no live (electable) peer has an unexpired plan."""
     current = [p for p in plans if p.peer_id in live and p.expires_at > now]
     established = [p for p in current if eligible(view.candidate(p.peer_id), thresholds, incumbent=True)]
     if established:  # two that published the same version at once: the lower peer ID
@@ -90,12 +92,20 @@ def incumbent(
 
 
 def elect(
-    view: SwarmView, plans: list[PlanRecord], live: set[str], now: float, thresholds: ElectionConfig
+    view: SwarmView,
+    plans: list[PlanRecord],
+    live: set[str],
+    now: float,
+    thresholds: ElectionConfig,
+    electable: frozenset[str] | None = None,
 ) -> str | None:
-    """The coordinator among the ``live`` peers, from screened ``plans``: the incumbent while it
-    passes the thresholds (``swarmd.peers.membership.election.elect_coordinator``)."""
-    candidates = [view.candidate(peer) for peer in sorted(live)]
-    return elect_coordinator(candidates, incumbent(view, plans, live, now, thresholds), thresholds)
+    """The coordinator among the ``live`` peers that are ``electable`` (None: all of them;
+    ``swarmd.peers.membership.standing``), from screened ``plans``: the incumbent while it
+    passes the thresholds (``swarmd.peers.membership.election.elect_coordinator``). A plan's
+    publisher that may not be elected is no incumbent either, whatever it signed."""
+    running = live if electable is None else live & electable
+    candidates = [view.candidate(peer) for peer in sorted(running)]
+    return elect_coordinator(candidates, incumbent(view, plans, running, now, thresholds), thresholds)
 
 
 def plan_to_follow(

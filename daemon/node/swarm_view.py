@@ -34,7 +34,7 @@ class SwarmView:
     matrix: Matrix | None = None
     """The snapshot's latency and bandwidth by peer ID: the router asks on every request."""
     connectivity: dict[str, float] = field(default_factory=dict)
-    """Median bandwidth from each member to the others, of the snapshot."""
+    """Each member's median bandwidth as the trusted others measured it (``connectivity_from``)."""
 
     def candidate(self, peer: str) -> RoleCandidate:
         """``peer`` as a candidate for a role: its reliability, connectivity and observed uptime."""
@@ -72,12 +72,19 @@ def read_view(
     members: dict[str, dict[str, Any]],
     links: dict[str, LinksRecord],
     observations: list[Observations],
+    trusted: frozenset[str] | None = None,
 ) -> SwarmView:
     """The view of the live swarm: ``own`` and the other ``members`` (heartbeat fields), with
-    the links records and observations the live peers published."""
-    reliability = swarm_reliability(observations, sorted({*members, own.peer_id}))
+    the links records and observations the live peers published. Reliability and connectivity,
+    which elect, come only from ``trusted`` observers (None: all;
+    ``swarmd.peers.membership.standing``); the scenario the coordinator plans from takes every
+    live peer's links, its own included (planning needs the whole matrix; electing must not
+    rest on a peer's word about itself)."""
+    believed = [r for r in observations if trusted is None or r.observer in trusted]
+    subjects = sorted({*members, own.peer_id})
+    reliability = swarm_reliability(believed, subjects)
     snapshot = _snapshot(spec, own, members, links, reliability)
-    return SwarmView(reliability, snapshot, matrix_of(snapshot), connectivity_of(snapshot))
+    return SwarmView(reliability, snapshot, matrix_of(snapshot), connectivity_from(links, trusted, subjects))
 
 
 def narrowed(
@@ -92,7 +99,7 @@ def narrowed(
     the coordinator plans from. Elections keep the whole view: every peer must see the same."""
     kept = {p: m for p, m in members.items() if p in peers}
     snapshot = _snapshot(spec, own, kept, {p: r for p, r in links.items() if p in peers}, view.reliability)
-    return replace(view, snapshot=snapshot, matrix=matrix_of(snapshot), connectivity=connectivity_of(snapshot))
+    return replace(view, snapshot=snapshot, matrix=matrix_of(snapshot))
 
 
 def _snapshot(
@@ -124,13 +131,18 @@ def matrix_of(snap: Snapshot | None) -> Matrix | None:
     return Matrix({p: i for i, p in enumerate(sc.ids)}, sc.latency_s, sc.bandwidth_Bps)
 
 
-def connectivity_of(snap: Snapshot | None) -> dict[str, float]:
-    """Median measured (or filled) bandwidth from each member to the others."""
-    if snap is None:
-        return {}
-    sc = snap.scenario
-    out = {}
-    for i, peer in enumerate(sc.ids):
-        row = [float(sc.bandwidth_Bps[i, j]) for j in range(sc.n) if j != i]
-        out[peer] = statistics.median(row) if row else 0.0
-    return out
+def connectivity_from(
+    links: dict[str, LinksRecord], trusted: frozenset[str] | None, subjects: list[str]
+) -> dict[str, float]:
+    """Each subject's median bandwidth as measured by the others (their links records' entries
+    for it), only by ``trusted`` ones (None: all), never the subject's own record: a made-up
+    links record raises no one's connectivity but, as one vote of many, others'. 0.0 where no
+    one measured it (unknown is not trusted)."""
+    measured: dict[str, list[float]] = {}
+    for observer, record in links.items():
+        if trusted is not None and observer not in trusted:
+            continue
+        for subject, (_, bandwidth, _) in record.links.items():
+            if subject != observer and bandwidth > 0:
+                measured.setdefault(subject, []).append(bandwidth)
+    return {s: statistics.median(measured[s]) if s in measured else 0.0 for s in subjects}

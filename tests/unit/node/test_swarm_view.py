@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from swarmd.node.swarm_view import SwarmView, connectivity_of, matrix_of
+from swarmd.node.swarm_view import SwarmView, connectivity_from, matrix_of
 from swarmd.peers.membership.reliability import Reliability
-from swarmd.peers.planning.snapshot import DEFAULT_BANDWIDTH_BPS, Member, build_snapshot, model_for_scenario
+from swarmd.peers.planning.snapshot import Member, build_snapshot, model_for_scenario
+from swarmd.peers.records.links import LinksRecord
 from swarmd.peers.wire.routing import Matrix
 
 pytestmark = pytest.mark.timeout(30)
@@ -18,7 +19,7 @@ def test_an_empty_view_knows_nothing_but_answers_everything() -> None:
     view = SwarmView()
     assert view.score_of("a") == 0.0 and view.link_Bps("a", "b") == 0.0
     assert view.candidate("a").reliability == 0.0 and view.candidate("a").connectivity_Bps == 0.0
-    assert view.matrix is None and connectivity_of(None) == {} and matrix_of(None) is None
+    assert view.matrix is None and matrix_of(None) is None
 
 
 def test_scores_are_rounded_so_that_noise_does_not_reorder_peers() -> None:
@@ -34,11 +35,30 @@ def test_link_bandwidth_is_read_from_the_live_matrix() -> None:
     assert view.link_Bps("a", "a") == 0.0 and view.link_Bps("a", "gone") == 0.0
 
 
-def test_connectivity_is_each_members_median_link_to_the_others() -> None:
+def links(by: str, bandwidth: dict[str, float]) -> LinksRecord:
+    table = {p: (0.01, b, 1.0) for p, b in bandwidth.items()}
+    return LinksRecord(
+        run_id="r.x", peer_id=by, issued_at=0.0, expires_at=60.0, tflops=1.0, memory_gib=1.0, links=table
+    )
+
+
+def test_connectivity_is_what_the_trusted_others_measured_never_a_peers_own_word() -> None:
+    records = {
+        "a": links("a", {"b": 4e6, "c": 8e6}),
+        "b": links("b", {"a": 2e6, "c": 6e6}),
+        "c": links("c", {"a": 6e6}),
+        # a made-up record: it raises its signer nothing, and is one vote among the others'
+        "s": links("s", {"a": 1e12, "b": 1e12, "c": 1e12}),
+    }
+    subjects = ["a", "b", "c", "s"]
+    assert connectivity_from(records, None, subjects) == {"a": 6e6, "b": (4e6 + 1e12) / 2, "c": 8e6, "s": 0.0}
+    trusted = frozenset({"a", "b", "c"})
+    assert connectivity_from(records, trusted, subjects) == {"a": 4e6, "b": 4e6, "c": 7e6, "s": 0.0}
+
+
+def test_the_matrix_indexes_the_snapshots_members() -> None:
     members = [Member(p, 16.0, 10.0) for p in ("a", "b", "c")]
     model = model_for_scenario(4, 64, 256, 32)
     snap = build_snapshot("r.x", members, {}, {}, model, {"sequences": 8, "micro_batch": 2})
-    # nothing measured: every link is filled with the default, and so is every median
-    assert connectivity_of(snap) == {p: DEFAULT_BANDWIDTH_BPS for p in ("a", "b", "c")}
     matrix = matrix_of(snap)
     assert matrix is not None and dict(matrix.index) == {"a": 0, "b": 1, "c": 2}
