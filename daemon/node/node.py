@@ -260,14 +260,15 @@ class Node:
         self.rpc = RpcServer(run_id=self.run_id, is_relay=coordination.is_relay, admit=admit)
         self.rpc.register(Probe, measurements.handle_probe)
         self.rpc.register(Forward, self.relay.handle)
-        presence, membership = self.presence, self.membership
-        assert presence is not None and membership is not None
+        membership = self.membership
+        assert membership is not None
 
         def addrs_of(peer: str) -> list[str] | None:
             view = membership.peers.get(peer)
             return view.heartbeat.addrs if view is not None and measurements.is_member(peer) else None
 
-        self.dial_back = DialBackService(self.run_id, addrs_of, lambda: presence.addrs)
+        # Only the host a member's stream comes from, public unless we listen only on a LAN or loopback.
+        self.dial_back = DialBackService(self.run_id, addrs_of, self.rpc.seen_at, self.config.swarm.host_maddrs)
         self.rpc.register(DialBack, self.dial_back.handle)
         await self.rpc.attach(self._p2p)
         measurements.p2p = self.dial_back.p2p = self._p2p

@@ -19,8 +19,9 @@ answered with a ``Code`` and counted by code and by peer; a peer whose faults pi
 for a while (its streams closed unread). A request a relay passes on (``Relayed``) is unwrapped
 as soon as its header is read, believed only from a relay of the plan, admitted and counted as
 from the peer it speaks for, and handed to the inner method's handler as from that peer:
-handlers never see relaying. ``call`` sends a request and returns its typed answer, or raises
-the refusal's own exception (``swarmd.peers.wire.errors``).
+handlers never see relaying; the one that must know where a speaker is (dial-back) asks
+``seen_at``: the remote address of its latest stream, ``p2p-circuit`` when relayed. ``call``
+sends a request and returns its typed answer, or raises the refusal's own exception (``errors``).
 
 Both sides count every byte by method and pace blobs chunk by chunk under the owner's caps
 (``swarmd.peers.wire.shaping.TRAFFIC``); waiting for one's own cap makes nobody late.
@@ -82,22 +83,8 @@ from swarmd.peers.wire.protocol import Request
 from swarmd.peers.wire.quota import ByteBudget, PeerQuotas, QuotaLimits, RpcCounters
 from swarmd.peers.wire.shaping import OTHER_METHOD, TRAFFIC, TrafficShaper
 
-__all__ = [
-    "PROTOCOL",
-    "MAX_HEADER_BYTES",
-    "RpcServer",
-    "RpcCounters",
-    "Admit",
-    "Handler",
-    "call",
-    "exchange",
-    "request_on",
-    "answer_of",
-    "RpcError",
-    "Unreachable",
-    "StreamBroken",
-    "ProtocolViolation",
-]
+__all__ = ["PROTOCOL", "MAX_HEADER_BYTES", "RpcServer", "RpcCounters", "Admit", "Handler", "call", "exchange"]
+__all__ += ["request_on", "answer_of", "RpcError", "Unreachable", "StreamBroken", "ProtocolViolation"]
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +102,8 @@ STRANGER_SLOTS = 8
 """Requests of non-members (the few methods the admission lets them make) served at once, in
 slots of their own: however many keys a stranger makes, it never takes a member's slot."""
 MAX_PER_STRANGER = 2
+MAX_SEEN = 4096
+"""Speakers whose latest stream's address is remembered (``seen_at``); the least recent goes first."""
 R = TypeVar("R", bound=Request[Any])
 A = TypeVar("A", bound=TypedAnswer)
 Handler = Callable[[str, R, list[bytes]], Awaitable[tuple[TypedAnswer, list[bytes]]]]
@@ -180,6 +169,7 @@ class RpcServer:
         self._routes: dict[str, _Route] = {}
         self._slots = asyncio.Semaphore(MAX_CONCURRENT_REQUESTS)
         self._stranger_slots = asyncio.Semaphore(STRANGER_SLOTS)
+        self._seen: dict[str, str] = {}  # in order of the latest stream, oldest first
 
     def register(
         self,
@@ -198,7 +188,17 @@ class RpcServer:
         await p2p.add_binary_stream_handler(PROTOCOL, self._serve_p2p)
 
     async def _serve_p2p(self, info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await self.serve(str(info.peer_id), reader, writer)
+        peer = str(info.peer_id)
+        self._seen.pop(peer, None)
+        self._seen[peer] = str(info.addr)  # libp2p's, as it saw the connection: not the peer's word
+        if len(self._seen) > MAX_SEEN:
+            del self._seen[next(iter(self._seen))]
+        await self.serve(peer, reader, writer)
+
+    def seen_at(self, peer: str) -> str | None:
+        """The remote multiaddr of ``peer``'s latest stream here (``.../p2p-circuit`` when it came
+        through a relay), or None when none is remembered."""
+        return self._seen.get(peer)
 
     async def serve(self, peer_id: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Answer one request from ``peer_id`` (authenticated by the transport) on a stream."""
