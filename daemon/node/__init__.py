@@ -18,6 +18,7 @@
 - ``plan_choice``     who coordinates and which plan every peer follows: rules all compute alike
 - ``plan_publisher``  the elected coordinator's plans: made, repaired, compared, published
 - ``coordination``    the coordination round, and the roles and plan in force that others ask about
+- ``silent_members``  the coordinator's check that planned members took their cells and shards
 - ``device``          what this machine offers: device model, memory, measured throughput
 - ``relay``           forwarding others' requests when elected a relay, and routing our own
 - ``request_gate``    whom the request server serves: live members, and strangers only the public reads

@@ -26,6 +26,7 @@ from typing import Any
 from swarmd.node.measurements import Measurements
 from swarmd.node.plan_choice import PlanRefusal, elect, plan_to_follow, screen, within_reach
 from swarmd.node.plan_publisher import PlanPublisher
+from swarmd.node.silent_members import SilentWatch
 from swarmd.node.swarm_view import SwarmView, narrowed, read_view
 from swarmd.peers.membership.election import ElectionConfig, elect_standby
 from swarmd.peers.membership.probation import Plannable, plannable
@@ -81,6 +82,8 @@ class Coordination:
         self.silence = Silence(coordinator_deadline_s(probation_s))
         """Coordinators passed over for publishing no plan in time."""
         self.electable: frozenset[str] = frozenset()
+        self.silent = SilentWatch(self.own)
+        """Planned members that took up no work, left out of this coordinator's plans."""
         self._started = time.monotonic()
 
     async def coordinate(self) -> None:
@@ -114,10 +117,15 @@ class Coordination:
         )
         self.publisher.note(within_reach(admitted, in_force))
         if self.coordinator == self.own:
-            # Heartbeats alone do not put a peer in the plan (``swarmd.peers.membership.probation``).
-            planned = self.plan.devices if self.plan is not None else ()
-            links = set(links_records)
-            chosen = plannable(members, planned, links, self.own, self.probation_s, self.own_works())
+            # Heartbeats alone do not put a peer in the plan (``swarmd.peers.membership.probation``),
+            # and a planned member that took up no work is planned out (``silent_members``).
+            ours = self.plan if self.plan is not None and self.plan.peer_id == self.own else None
+            await self.silent.check(self.dht, ours, live, now)
+            out = self.silent.excluded(now)
+            workers = {p: v for p, v in members.items() if p not in out}
+            kept = [p for p in (self.plan.devices if self.plan is not None else ()) if p not in out]
+            links = set(links_records) - out
+            chosen = plannable(workers, kept, links, self.own, self.probation_s, self.own_works())
             self.plannable = chosen
             view = narrowed(self.view, self.spec, own, members, links_records, chosen.peers)
             await self.publisher.round(view, self.plan, now)
@@ -234,6 +242,7 @@ class Coordination:
             else {"waiting": self.plannable.waiting, "no_node": self.plannable.no_node},
             "plans_refused": dict(sorted(self.plans_refused.items())),
             "electable": len(self.electable),
+            "silent_members": self.silent.status(time.time()),
             "passed_over": sorted(self.silence.passed_over(time.time())),
             "reliability": {p: round(r.score, 3) for p, r in sorted(self.view.reliability.items())},
             "links": self.measurements.status(snap.measured if snap else 0, snap.filled if snap else 0),

@@ -6,5 +6,6 @@
 - ``admission``    who the run's spec lets in (open, allowlist, join tokens), before any work
 - ``reliability``  reliability from others' observations, never a peer's word on itself
 - ``probation``    who the coordinator plans: members with a node behind them, a few a round
+- ``standing``     who may stand for a role and whose word counts; a coordinator that never plans
 - ``election``     elected roles: coordinator, shard server and its standby, relay
 """
