@@ -147,4 +147,5 @@ def create(spec_path: Path, state_dir: Path) -> tuple[str, Path]:
     if local:
         record_local_files(state_dir, signed.run_id, local)
     print(f"Signed by {identity.peer_id}; saved to {path}.", file=sys.stderr)
+    print(f"Access: {spec.access_summary()}.", file=sys.stderr)
     return signed.run_id, path

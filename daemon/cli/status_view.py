@@ -23,6 +23,7 @@ def format_status(result: dict[str, Any]) -> str:
         f"peer      {result['peer_id']}",
         f"state     {result['state']}, up {fmt_duration(result['uptime_s'])}, swarmd {result['version']}",
         f"run       {run_text}",
+        *([f"access    {run['access']}"] if run and run.get("access") else []),
         f"roles     {', '.join(result['roles'])}",
         f"device    {device['kind']}: {device['name']}, {device['memory_bytes'] / 2**30:.1f} GiB, "
         f"{result['throughput_gflops']:.1f} GFLOP/s",

@@ -1,8 +1,11 @@
 """Serving the run's files this peer holds to the members that ask (``FileFetch``).
 
-Only members are served (the request server admits no stranger for it, and the handler asks
-again), only files of this run's store (each checked against its digest before it was ever
-used), and only in chunks of at most ``MAX_CHUNK_BYTES``. At most ``CONCURRENT_READS``
+Only members are served, in every run, open or private, whatever its spec says of who may pull
+the weights (``access.checkpoints`` opens ``Pull`` alone): data shards, the manifest, the
+tokenizer and the initial weights' chunks are a member's business (the request server admits
+no stranger for ``FileFetch``, ``swarmd.node.request_gate``, and the handler asks again). Only
+files of this run's store are sent (each checked against its digest before it was ever used),
+and only in chunks of at most ``MAX_CHUNK_BYTES``. At most ``CONCURRENT_READS``
 chunks are read from disk at once; the bytes sent are paced by the owner's ``[limits]`` caps
 on training traffic like every other answer (``swarmd.peers.wire.shaping``), and count
 towards its daily cap. Files computed rather than stored (a chunk of the initial weights,

@@ -151,6 +151,7 @@ class ControlApi:
                 "hidden": spec.model.hidden,
                 "stages": spec.stages,
                 "creator": node.spec.creator if node.spec else None,
+                "access": spec.access_summary(),
             },
             **node.presence.status(now),
             "training": node.trainer.status() if node.trainer is not None else None,

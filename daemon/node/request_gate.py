@@ -8,8 +8,11 @@ request. A member is a peer whose signed heartbeat was live in the run at the la
 scan (the set the relay and the training handlers trust too; a private run's allowlist or join
 token is checked where heartbeats become members), or this peer itself. A stranger may only
 pull a shard's weights (``Pull``: "read a checkpoint"), and only when the run spec's
-``checkpoint_access`` is ``public``, as it is for an open run by default; any other request of
-a stranger is refused NOT_MEMBER.
+``checkpoint_access`` is ``public``: an open run's by default, a private run's (allowlist or
+join token) only when its creator signed ``checkpoints = "public"``
+(``swarmd.peers.records.run_spec.default_checkpoint_access``). Any other request of a stranger
+(a reduction head's pull, a replica, a data file or a chunk of the initial weights, work,
+probes, relaying) is refused NOT_MEMBER, in every run.
 """
 
 from __future__ import annotations

@@ -33,11 +33,14 @@ MEMBERSHIP = ("open", "allowlist", "token")
 """Who may join: anyone with the run ID; the peers the spec lists; holders of a join token the
 creator signed (``swarmd.peers.records.join_token``)."""
 CHECKPOINT_ACCESS = ("public", "members")
-"""Who may fetch a stage's checkpoint: anyone (an open run's weights are public), or members only."""
+"""Who may pull a stage's weights: anyone, or members only. The default follows ``membership``
+(``default_checkpoint_access``): an open run's weights are public, a private run's are its
+members'. A run's data files, optimizer state and replicas are members' in every run."""
 AGGREGATIONS = ("mean", "centred-clip")
 """How a shard server combines a round's contributions: their mean, or centred clipping (each
 contribution clipped to a radius around the last update before averaging: a few outliers
-cannot drag the step, ``swarmd.models.robust_aggregation``)."""
+cannot drag the step, ``swarmd.models.robust_aggregation``). The default follows
+``membership`` (``default_aggregation``)."""
 DEFAULT_EVAL = {"every": 50, "sequences": 64}
 DEFAULT_MIN_LR_RATIO = 0.1
 MAX_ALLOWLIST = 400
@@ -73,14 +76,17 @@ class RunSpec:
     0 leaves H to the planner (``docs/data-path.md``)."""
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
-    aggregation: str = "mean"
-    """One of ``AGGREGATIONS``: the rule every shard server of the run applies."""
+    aggregation: str = ""
+    """One of ``AGGREGATIONS``: the rule every shard server of the run applies; left empty,
+    ``default_aggregation(membership)``."""
     membership: str = "open"
     """One of ``MEMBERSHIP``."""
     allowlist: tuple[str, ...] = ()
     """The peer IDs that may join when ``membership`` is ``allowlist``."""
-    checkpoint_access: str = "public"
-    """One of ``CHECKPOINT_ACCESS``."""
+    checkpoint_access: str = ""
+    """One of ``CHECKPOINT_ACCESS``; left empty, ``default_checkpoint_access(membership)``.
+    Both defaults are filled in when the spec is made: ``dataclasses.replace`` that changes
+    ``membership`` keeps the old run's values, so name them again."""
     manifest_sha256: str = ""
     """The prepared dataset's manifest (``swarmd data prepare``), which pins every token shard
     and the tokenizer; empty for a corpus run."""
@@ -94,6 +100,29 @@ class RunSpec:
     eval_sequences: int = DEFAULT_EVAL["sequences"]
     """Held-out sequences a score averages over."""
 
+    def __post_init__(self) -> None:
+        if not self.aggregation:
+            object.__setattr__(self, "aggregation", default_aggregation(self.membership))
+        if not self.checkpoint_access:
+            object.__setattr__(self, "checkpoint_access", default_checkpoint_access(self.membership))
+
+    @property
+    def private(self) -> bool:
+        return self.membership != "open"
+
+    def access_summary(self) -> str:
+        """Who may join, who may pull the weights, and the aggregation rule, in one line (``swarmd
+        run create`` and ``swarmd status`` print it)."""
+        who = {
+            "open": "open to anyone with the run ID",
+            "allowlist": "private: its allowlist",
+            "token": "private: join-token holders",
+        }[self.membership]
+        if self.membership == "allowlist":
+            who += f" ({len(self.allowlist)} peer{'' if len(self.allowlist) == 1 else 's'})"
+        weights = "anyone" if self.checkpoint_access == "public" else "members only"
+        return f"{who}; weights and checkpoints to {weights}, data to members only; aggregation {self.aggregation}"
+
     @property
     def schedule(self) -> LrSchedule | None:
         """The rate of each step (None: ``lr`` throughout)."""
@@ -102,14 +131,16 @@ class RunSpec:
 
     def to_body(self) -> dict[str, Any]:
         """The signed body. Settings at their defaults are left out, so that an open run's spec
-        reads (and signs) as it did before private runs and robust aggregation existed."""
+        reads (and signs) as it did before private runs and robust aggregation existed; a
+        private run's ``checkpoints`` is always written, so that a peer of a version that read
+        a missing one as ``public`` reads it as meant."""
         body = self._base_body()
-        if self.aggregation != "mean":
+        if self.aggregation != default_aggregation(self.membership):
             body["exchange"]["aggregation"] = self.aggregation
         access = {
             "membership": (self.membership, "open"),
             "allowlist": (list(self.allowlist), []),
-            "checkpoints": (self.checkpoint_access, "public"),
+            "checkpoints": (self.checkpoint_access, None if self.private else "public"),
         }
         if any(value != default for value, default in access.values()):
             body["access"] = {name: value for name, (value, default) in access.items() if value != default}
@@ -300,6 +331,24 @@ def _rope_scaling(r: Fields, raw: dict[str, Any]) -> tuple[tuple[str, str | int 
         else:
             table[key] = r.number(key, 0.0, 1e6)
     return tuple(sorted(table.items()))
+
+
+def default_checkpoint_access(membership: str) -> str:
+    """Who may pull the weights when the spec does not say: anyone in an open run (anyone can
+    join it in seconds anyway), members in a private one (a spec signed before this default
+    existed, private and silent on it, meant ``public`` then and means ``members`` now: the
+    safe reading; its creator can sign ``checkpoints = "public"`` again)."""
+    return "public" if membership == "open" else "members"
+
+
+def default_aggregation(membership: str) -> str:
+    """The rule when the spec does not say: centred clipping in an open run, where any key can
+    become a member and send what it likes (``tests/benchmarks/bench_robust.py`` measures its
+    cost and what it saves), the mean in a private one, whose members are vouched for. An open
+    spec signed before this default existed and silent on it meant the mean and now means
+    centred clipping: the rule is each shard server's, not part of the model, so the weights
+    carry on either way (a server of an older version still applies the mean)."""
+    return "centred-clip" if membership == "open" else "mean"
 
 
 def _one_of(value: str, allowed: tuple[str, ...], name: str) -> str:

@@ -8,11 +8,20 @@ one without is refused with a clear error; strangers' heartbeats never make memb
   to ask the creator for; it never shows up among the creator's members;
 - a stranger writes valid heartbeats of its own into the run's DHT key (no token; a token it
   signed itself): the DHT accepts them (they are well-formed and signed), the creator's
-  membership refuses them and counts the refusals in its status, and never lists the stranger.
+  membership refuses them and counts the refusals in its status, and never lists the stranger;
+- a stranger (a fresh key) asks the members for what a private run keeps to itself by default
+  (the spec says nothing of ``checkpoints``): a shard's weights (``shard.pull``, and a reduction
+  head's ``cell.pull``), a standby's replica (optimizer state), the data manifest, the tokenizer
+  and a token shard (``data.fetch``). Each is refused NOT_MEMBER with no blob, while the joiner,
+  a member, fetched the same files from the creator.
+
+The run is the ``tiny-llama-bpe`` preset, made private: the creator holds its prepared data,
+the joiner fetches what it trains on.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -22,8 +31,11 @@ from typing import Any
 
 import pytest
 
-from swarmd.models.presets import DEFAULT_RUN
+from swarmd.models.data.manifest import Manifest
+from swarmd.models.presets import PRESETS, materialize
 from swarmd.peers.records.identity import load_or_create_identity
+from swarmd.peers.wire.file_messages import MAX_CHUNK_BYTES, FileFetch
+from swarmd.peers.wire.messages import Pull, PullFromHead, ReplicaFetch
 from swarmd.system.local_swarm import LocalDaemon, create_run, wait_for
 from swarmd.system.state_dir import prepare_state_dir
 
@@ -62,6 +74,39 @@ dht.shutdown()
 """
 
 
+# Runs in its own interpreter too: a fresh key's hivemind p2pd sends each request (a header the
+# test made) to the member named, and prints what came back: the refusal's code, or the blobs.
+STRANGER_READS = r"""
+import asyncio, json, sys, tempfile
+from pathlib import Path
+from swarmd.peers.dht.swarm_dht import SwarmDHT
+from swarmd.peers.records.identity import Identity, write_p2pd_identity
+from swarmd.peers.wire.rpc import exchange
+
+job = json.loads(sys.argv[1])
+async def ask(dht):
+    p2p, out = await dht.replicate_p2p(), {}
+    for peer in job["peers"]:
+        await dht.add_peers(peer["peer_id"], peer["addrs"])
+    for name, (peer_id, header) in job["requests"].items():
+        answer, blobs = await exchange(p2p, peer_id, header, timeout_s=30)
+        out[name] = {"code": answer.get("code") if answer.get("ok") is False else "OK", "blobs": len(blobs),
+                     "bytes": sum(map(len, blobs))}
+    return out
+with tempfile.TemporaryDirectory(prefix="stranger-") as folder:
+    stranger = Identity.generate()
+    dht = SwarmDHT(job["run_id"], identity_path=str(write_p2pd_identity(stranger, Path(folder))),
+                   initial_peers=job["peers"][0]["addrs"], host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+                   nat_port_map=False, relay=False)
+    dht.start()
+    try:
+        answers = asyncio.run(ask(dht))
+    finally:
+        dht.shutdown()
+print(json.dumps({"stranger": stranger.peer_id, "answers": answers}), flush=True)
+"""
+
+
 def training(daemon: LocalDaemon) -> dict[str, Any]:
     return (daemon.status() or {}).get("training") or {}
 
@@ -86,8 +131,8 @@ def swarmd(*args: str) -> subprocess.CompletedProcess[str]:
 def test_a_token_run_admits_the_token_holder_and_no_one_else(
     workdir: Path, daemon_factory: Callable[..., LocalDaemon]
 ) -> None:
-    spec = workdir / "private.json"
-    spec.write_text(json.dumps({**DEFAULT_RUN, "name": "private", "access": {"membership": "token"}}))
+    spec = materialize(PRESETS["tiny-llama-bpe"], workdir / "files")  # its data, held by the creator
+    spec.write_text(json.dumps({**json.loads(spec.read_text()), "name": "private", "access": {"membership": "token"}}))
     creator_dir, joiner_dir, outsider_dir = workdir / "a", workdir / "b", workdir / "c"
     run_id = create_run(creator_dir, spec)
     issued = swarmd(
@@ -142,3 +187,64 @@ def test_a_token_run_admits_the_token_holder_and_no_one_else(
 
     wait_for(trained_on, 180, "training to go on over the creator and the joiner", poll_s=0.5)
     assert creator.seen_peers() == {joiner_id}
+
+    # A stranger asks for the weights, a replica and the data; the joiner fetched the same data.
+    fetched = (joiner.status() or {}).get("data") or {}
+    assert sum(fetched["fetch"]["fetched_files"].values()) >= 2, fetched  # the manifest, the tokenizer, shards
+    answers = stranger_reads(workdir, run_id, [creator, joiner])
+    print(f"a stranger's reads: {answers}")
+    assert answers and all(a == {"code": "NOT_MEMBER", "blobs": 0, "bytes": 0} for a in answers.values()), answers
+
+
+def stranger_reads(workdir: Path, run_id: str, members: list[LocalDaemon]) -> dict[str, dict[str, Any]]:
+    """What a fresh key gets back when it asks ``members`` for a shard's weights (its holder),
+    a replica (its standby, else any member), and the data files (the creator, ``members[0]``)."""
+    statuses = [m.status() or {} for m in members]
+    holder = next(s for s in statuses if training_of(s).get("shards"))
+    shard = training_of(holder)["shards"][0]
+    where = {k: shard[k] for k in ("stage", "shard", "shards")}
+    key = f"{shard['stage']}/{shard['shard']}"
+    standby = next(
+        (s for s in statuses if key in (training_of(s).get("replicas") or {}).get("shards", {})), statuses[-1]
+    )
+    pull = {"run_id": run_id, **where, "have_version": -1, "pending_share_ids": [], "wait_s": 0.0}
+    manifest_file = workdir / "files" / "data" / "manifest.json"
+    manifest = Manifest.parse(manifest_file.read_bytes())
+    files = {
+        "manifest": hashlib.sha256(manifest_file.read_bytes()).hexdigest(),
+        "tokenizer": manifest.tokenizer.sha256,
+        "train_shard": manifest.train[0].sha256,
+    }
+    requests = {
+        "shard.pull": (holder["peer_id"], Pull(**pull).encode()[0]),
+        "cell.pull": (holder["peer_id"], PullFromHead(**pull, pipeline=0).encode()[0]),
+        "replica.fetch": (
+            standby["peer_id"],
+            ReplicaFetch(run_id=run_id, stage=shard["stage"], shard=shard["shard"], after_version=-1).encode()[0],
+        ),
+        **{
+            f"data.fetch {name}": (
+                statuses[0]["peer_id"],
+                FileFetch(run_id=run_id, sha256=digest, offset=0, length=MAX_CHUNK_BYTES).encode()[0],
+            )
+            for name, digest in files.items()
+            if digest
+        },
+    }
+    job = {"run_id": run_id, "peers": [{"peer_id": s["peer_id"], "addrs": s["addrs"]} for s in statuses]}
+    out = subprocess.run(
+        [sys.executable, "-c", STRANGER_READS, json.dumps({**job, "requests": requests})],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    # The member counted the stranger's refusals (the request server's gate, before any blob).
+    offenders = ((members[0].status() or {}).get("rpc") or {}).get("offenders") or {}
+    assert offenders.get(report["stranger"], {}).get("NOT_MEMBER", 0) >= 1, offenders
+    return dict(report["answers"])
+
+
+def training_of(status: dict[str, Any]) -> dict[str, Any]:
+    return status.get("training") or {}
