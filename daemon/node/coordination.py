@@ -124,8 +124,7 @@ class Coordination:
             out = self.silent.excluded(now)
             workers = {p: v for p, v in members.items() if p not in out}
             kept = [p for p in (self.plan.devices if self.plan is not None else ()) if p not in out]
-            links = set(links_records) - out
-            chosen = plannable(workers, kept, links, self.own, self.probation_s, self.own_works())
+            chosen = plannable(workers, kept, self.own, self.probation_s, self.own_works())
             self.plannable = chosen
             view = narrowed(self.view, self.spec, own, members, links_records, chosen.peers)
             await self.publisher.round(view, self.plan, now)

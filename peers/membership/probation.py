@@ -6,8 +6,9 @@ pipelines of Sybils and stop training. A member enters the plan only when the co
 itself (first hand: nothing a peer says of itself or of others counts here)
 
 - has seen its heartbeat for ``probation_s`` (a few heartbeats: it stays), and
-- found a node behind it: the peer answered this coordinator's ping, or published the links
-  record that a running daemon measures and signs;
+- found a node behind it: the peer answered this coordinator's own ping. (A links record once
+  counted too, but it is the peer's word: five fresh keys with made-up links records were
+  planned, and could then stand for election.)
 
 and at most ``max(MIN_NEWCOMERS, NEWCOMER_FRACTION x planned)`` newcomers join per round, the
 longest seen first: a flood of real nodes grows the plan by a quarter a round, not at once.
@@ -43,20 +44,19 @@ class Plannable:
     waiting: int
     """Members still in probation or waiting for room."""
     no_node: int
-    """Members past probation with no node found behind them (no ping answered, no links)."""
+    """Members past probation with no node found behind them (no ping of ours answered)."""
 
 
 def plannable(
     members: Mapping[str, Mapping[str, Any]],
     planned: Collection[str],
-    published_links: Collection[str],
     own: str,
     probation: float,
     own_works: bool = True,
 ) -> Plannable:
     """Which ``members`` (peer -> the membership view: ``roles``, ``seen_for_s``, ``rtt_ms``) the
     coordinator ``own`` may plan, by the module doc's rule; ``planned``: the devices of the
-    plan in force; ``published_links``: peers whose links record is live."""
+    plan in force."""
     workers = {p: view for p, view in members.items() if "paused" not in (view.get("roles") or ())}
     kept = {p for p in workers if p in planned}
     ready, waiting, no_node = [], 0, 0
@@ -66,7 +66,7 @@ def plannable(
         seen = float(view.get("seen_for_s") or 0.0)
         if seen < probation:
             waiting += 1
-        elif view.get("rtt_ms") is None and peer not in published_links:
+        elif view.get("rtt_ms") is None:
             no_node += 1
         else:
             ready.append((-seen, peer))
