@@ -17,8 +17,9 @@
 - ``puller``         a cell's weights: a whole pull, then committed deltas by long poll
 - ``contributions``  a cell's one contribution per round, a slice per shard, kept until committed
 - ``shard_server``   one slice of a stage's parameters served: contributions in, deltas out, steps logged
+- ``contributors``   who may contribute to a shard, and which pipelines' ticketed shares
 - ``reducer``        a reduction group's head: members' slices summed, sent to the server once
-- ``ledger_host``    the share ledger, served by the holder of shard (0, 0)
+- ``ledger_host``    the share ledger, served by the holder of shard (0, 0), and its signed tickets
 - ``replicas``       a standby's replicas of the shards it stands by for
 - ``handlers``       the data path's requests, routed to what this peer holds
 """

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from swarmd.peers.taskpool.exchange import shard_range
+from swarmd.peers.taskpool.tickets import TICKET_BYTES, TicketError, pack_tickets
 from swarmd.peers.wire.codecs import ErrorFeedback
 from swarmd.peers.wire.errors import AlreadyApplied, BadRequest, RpcError, Stale
 from swarmd.peers.wire.messages import Contribute, Contributed, LedgerComplete, Reduce
@@ -52,6 +53,8 @@ RETRY_S = (0.25, 4.0)
 @dataclass
 class _Round:
     share_ids: list[int]
+    tickets: bytes
+    """The shares' tickets, packed, in the order of ``share_ids`` (b"": some share had none)."""
     micro_batches: int
     bases: list[int]
     blobs: list[bytes]
@@ -110,9 +113,16 @@ class Contributions:
 
     # --- the cell's side ----------------------------------------------------------------------
 
-    def add(self, share_ids: list[int], vector: torch.Tensor, micro_batches: int, bases: list[int]) -> None:
-        """A round's contribution: cut, encode and queue one slice per shard."""
+    def add(
+        self, share_ids: list[int], tickets: list[str], vector: torch.Tensor, micro_batches: int, bases: list[int]
+    ) -> None:
+        """A round's contribution (its shares, their tickets): cut, encode and queue one slice per shard."""
         shards = len(bases)
+        try:
+            packed = pack_tickets(tickets)
+        except TicketError as e:  # a share fed with no ticket: its servers refuse the round
+            logger.warning("cell %s: the round of shares %s lacks tickets (%s)", self.cell.cell, share_ids[:4], e)
+            packed = b""
         blobs, codecs = [], []
         for k in range(shards):
             lo, hi = shard_range(vector.numel(), shards, k)
@@ -123,6 +133,7 @@ class Contributions:
         self.rounds.append(
             _Round(
                 list(share_ids),
+                packed,
                 micro_batches,
                 list(bases),
                 blobs,
@@ -236,12 +247,14 @@ class Contributions:
             micro_batches=r.micro_batches,
             kind="gradient" if cell.settings.mode == "gradient" else "pseudo",
             codec=r.codecs[k],
+            tickets=len(r.tickets) // TICKET_BYTES,
         )
         head = None if r.direct[k] else self._head(k)
         request = Contribute(**fields) if head is None else Reduce(**fields, pipeline=cell.pipeline)
         again = r.delivered_to[k] is not None
         try:
-            answer, _ = await cell.send(head or server, request, [r.blobs[k]], DELIVER_TIMEOUT_S)
+            blobs = [r.blobs[k], r.tickets] if r.tickets else [r.blobs[k]]
+            answer, _ = await cell.send(head or server, request, blobs, DELIVER_TIMEOUT_S)
         except AlreadyApplied:
             # The server has this round's shares already (our first try got there and its answer
             # was lost, or the shard's new holder took them from the old one's log): delivered;

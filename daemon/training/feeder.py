@@ -50,14 +50,14 @@ class Feeder:
             if issued is None:
                 await cell.sleep(ISSUE_RETRY_S)
                 continue
-            share_id, first, count = issued
+            share_id, first, count, ticket = issued
             cell.rounds.share_begins()
             round_end = cell.rounds.issued()
             epoch = cell.view.epoch
             assert epoch is not None
             # Increasing across this cell's restarts too: a downstream cell may still hold an older try.
             self._attempts = max(self._attempts + 1, int(time.time() * 10))
-            share = ShareInFlight(share_id, first, count, round_end, epoch, self._attempts)
+            share = ShareInFlight(share_id, first, count, round_end, epoch, self._attempts, ticket)
             cell.flight.open(share)
             for m in range(first, first + count):
                 if not await cell.flight.feed(share, m):
@@ -83,7 +83,9 @@ class Feeder:
             and await cell.contributions.room()
         )
 
-    async def _issue(self) -> tuple[int, int, int] | None:
+    async def _issue(self) -> tuple[int, int, int, str] | None:
+        """The next share from the ledger, and its ticket (which every cell of the pipeline sends
+        with its contribution)."""
         cell = self.cell
         ledger = cell.view.ledger
         if ledger is None:
@@ -99,7 +101,7 @@ class Feeder:
         if not answer.shares:
             return None
         share_id, first, count = answer.shares[0]
-        return share_id, first, count
+        return share_id, first, count, answer.tickets[0] if answer.tickets else ""
 
     async def _idle(self) -> None:
         """Stage 0 cannot feed yet: wait for what it lacks (room to contribute, weights, a view),

@@ -48,6 +48,11 @@ if TYPE_CHECKING:
 Handler = Callable[[str, Any, list[bytes]], Awaitable[tuple[Any, list[bytes]]]]
 
 
+def _tickets(blobs: list[bytes]) -> bytes:
+    """A contribution's share tickets: its second blob (none: no tickets, refused)."""
+    return blobs[1] if len(blobs) > 1 else b""
+
+
 class TrainingHandlers:
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
@@ -84,12 +89,13 @@ class TrainingHandlers:
     async def contribute(self, sender: str, request: Contribute, blobs: list[bytes]) -> tuple[Contributed, list[bytes]]:
         self._member(sender)
         server = self.trainer.server((request.stage, request.shard))
-        server.admit(sender, request, self.trainer)  # only a cell of this stage, before decoding
+        # Only a cell of this stage, for its pipelines' ticketed shares, before decoding.
+        await server.admit(sender, request, _tickets(blobs), self.trainer)
         return await server.contribute(request, blobs[0], sender=sender), []
 
     async def reduce(self, sender: str, request: Reduce, blobs: list[bytes]) -> tuple[Contributed, list[bytes]]:
         self._member(sender)
-        return await self.trainer.reducer.reduce(sender, request, blobs[0]), []
+        return await self.trainer.reducer.reduce(sender, request, blobs[0], _tickets(blobs)), []
 
     async def pull_from_head(
         self, sender: str, request: PullFromHead, blobs: list[bytes]

@@ -38,6 +38,8 @@ class ShareInFlight:
     round_end: bool
     epoch: str
     attempt: int
+    ticket: str = ""
+    """The ledger's signed ticket for the share, as stage 0 got it (``swarmd.peers.taskpool.tickets``)."""
     done: set[int] = field(default_factory=set)
     started: set[int] = field(default_factory=set)
     progress_at: float = field(default_factory=time.monotonic)
@@ -53,6 +55,7 @@ class ShareInFlight:
             message.round_end,
             message.epoch,
             message.attempt,
+            message.ticket,
         )
 
 

@@ -5,8 +5,11 @@ pipeline's stage-0 cell asks for shares (renewing those it still trains or waits
 committed), reports them complete once its contribution is committed at every shard of stage
 0, or abandons them when its pipeline lost a cell. Only the live holder of that pipeline's
 stage-0 cell may speak for it (``stage0_holder``), and it may hold at most a round of shares
-and one more open. The ledger's state travels with every step of shard (0, 0) to its standby
-(``state``), and comes back with a take-over (``from_state``).
+and one more open. Every share issued comes with a ticket this peer signs
+(``swarmd.peers.taskpool.tickets``): the pipeline's cells send it with their contributions, and
+every shard server takes a contribution only for shares ticketed to the sender's pipeline. The
+ledger's state travels with every step of shard (0, 0) to its standby (``state``), and comes
+back with a take-over (``from_state``).
 """
 
 from __future__ import annotations
@@ -14,11 +17,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from swarmd.peers.taskpool.shares import LedgerError, ShareLedger
+from swarmd.peers.taskpool.shares import LedgerError, Share, ShareLedger
 from swarmd.peers.wire.errors import NotHolder, OverQuota
 from swarmd.peers.wire.messages import Completed, Issued, LedgerAbandon, LedgerComplete, LedgerIssue
 
 logger = logging.getLogger(__name__)
+
+SignTicket = Callable[[Share, int, float], str]
+"""A share's ticket for a pipeline at a time, as text (``ShareTicket.sign(...).text()``)."""
 
 LEASE_S = 600.0
 """How long an issued share stays a pipeline's without a renewal (a round of H shares renews it
@@ -27,11 +33,16 @@ at every share it asks for, and while it waits for its contribution to be commit
 
 class LedgerHost:
     def __init__(
-        self, ledger: ShareLedger, stage0_holder: Callable[[int], str | None], open_limit: Callable[[], int]
+        self,
+        ledger: ShareLedger,
+        stage0_holder: Callable[[int], str | None],
+        open_limit: Callable[[], int],
+        sign_ticket: SignTicket,
     ) -> None:
         self.ledger = ledger
         self.stage0_holder = stage0_holder
         self.open_limit = open_limit
+        self.sign_ticket = sign_ticket
 
     @classmethod
     def from_state(
@@ -40,13 +51,14 @@ class LedgerHost:
         share_micro_batches: int,
         stage0_holder: Callable[[int], str | None],
         open_limit: Callable[[], int],
+        sign_ticket: SignTicket,
     ) -> LedgerHost:
         ledger = (
             ShareLedger.from_metadata(state, share_micro_batches, LEASE_S)
             if state
             else ShareLedger(share_micro_batches, LEASE_S)
         )
-        return cls(ledger, stage0_holder, open_limit)
+        return cls(ledger, stage0_holder, open_limit, sign_ticket)
 
     def state(self) -> str:
         return self.ledger.to_metadata()
@@ -77,7 +89,11 @@ class LedgerHost:
         except LedgerError as e:
             if not shares:
                 raise OverQuota(str(e)) from None
-        return Issued(shares=[[s.share_id, s.first, s.count] for s in shares], kept=kept)
+        return Issued(
+            shares=[[s.share_id, s.first, s.count] for s in shares],
+            kept=kept,
+            tickets=[self.sign_ticket(s, request.pipeline, now) for s in shares],
+        )
 
     def complete(self, sender: str, request: LedgerComplete) -> Completed:
         self._holder(sender, request.pipeline)

@@ -62,6 +62,7 @@ class Neighbours:
             "attempt": share.attempt,
             "micro_batch": m,
             "version": self.cell.puller.version,
+            "ticket": share.ticket,
         }
 
     async def _deliver(self, peer: str | None, message: CellForward | CellBackward, frame: bytes) -> None:

@@ -161,6 +161,7 @@ class ShardOpener:
                 assignment.share_micro_batches,
                 trainer.stage0_holder,
                 lambda: trainer.exchange_settings().local_steps + 2,
+                trainer.sign_ticket,
             )
             trainer.handlers.ledger = ledger
             server.ledger_state = ledger.state

@@ -50,6 +50,7 @@ from swarmd.peers.taskpool.reduction import (
     reduce_wait_s,
     summable,
 )
+from swarmd.peers.taskpool.tickets import TicketVerifier
 from swarmd.peers.wire.codecs import ErrorFeedback, decode_vector
 from swarmd.peers.wire.errors import AlreadyApplied, BadRequest, FrameError, NotHolder, RpcError, Stale, Unavailable
 from swarmd.peers.wire.messages import (
@@ -62,6 +63,7 @@ from swarmd.peers.wire.messages import (
     Reduce,
 )
 from swarmd.peers.wire.sizes import codec_for
+from swarmd.training.contributors import ticket_error
 
 if TYPE_CHECKING:
     from swarmd.training.cell import CellWorker
@@ -84,6 +86,8 @@ class _Part:
     request: Reduce
     blob: bytes
     vector: torch.Tensor
+    tickets: bytes
+    """Its shares' tickets, packed: they go with it, alone or in a sum."""
     waiters: list[asyncio.Future[Contributed]] = field(default_factory=list)
 
 
@@ -157,10 +161,11 @@ class Reducer:
         self._feedback = ErrorFeedback()
         self._tasks: set[asyncio.Task[None]] = set()
         self.relays: dict[tuple[int, int], _Relay] = {}
+        self.tickets = TicketVerifier()
 
     # --- members' slices ----------------------------------------------------------------------
 
-    async def reduce(self, sender: str, request: Reduce, blob: bytes) -> Contributed:
+    async def reduce(self, sender: str, request: Reduce, blob: bytes, tickets: bytes) -> Contributed:
         head_cell, head = self._head_for(request)
         if sender != self.trainer.cell_holder((request.pipeline, request.stage)):
             raise NotHolder(
@@ -178,6 +183,11 @@ class Reducer:
                 f"a slice for {len(request.share_ids)} share(s) claims {request.micro_batches} micro-batches; "
                 f"at most {most} per share"
             )
+        # The server refuses a sum with one member's bad tickets, and counts it against the head:
+        # the member's are checked here first (the shares of its own pipeline only).
+        keepers = self.trainer.ledger_keepers()
+        if (error := await ticket_error(self.tickets, request, tickets, [request.pipeline], keepers)) is not None:
+            raise BadRequest(f"slice of shard ({request.stage}, {request.shard}): {error} ({error.reason})")
         lo, hi = shard_range(self.trainer.opener.initial_vector(request.stage).numel(), request.shards, request.shard)
         try:
             vector = await asyncio.to_thread(decode_vector, blob, hi - lo, request.codec)
@@ -195,7 +205,7 @@ class Reducer:
         if part is None or part.request.share_ids != request.share_ids:
             if part is not None:  # a newer round of the same member: the older goes by itself
                 self._spawn(self._send_parts([part], request.stage, request.shard))
-            part = bucket.parts[request.pipeline] = _Part(request, blob, vector)
+            part = bucket.parts[request.pipeline] = _Part(request, blob, vector, tickets)
         waiter: asyncio.Future[Contributed] = asyncio.get_running_loop().create_future()
         part.waiters.append(waiter)  # a resend of the same slice waits on the same sum
         self.stats.slices += 1
@@ -286,21 +296,10 @@ class Reducer:
         await asyncio.gather(*(self._send_single(part, stage, shard) for part in parts))
 
     async def _send_single(self, part: _Part, stage: int, shard: int) -> None:
-        r = part.request
-        request = Contribute(
-            run_id=r.run_id,
-            stage=r.stage,
-            shard=r.shard,
-            shards=r.shards,
-            share_ids=r.share_ids,
-            base_version=r.base_version,
-            micro_batches=r.micro_batches,
-            kind=r.kind,
-            codec=r.codec,
-        )
+        request = Contribute(**{k: v for k, v in part.request.to_fields().items() if k != "pipeline"})
         try:
             answer, _ = await self.trainer.send(
-                _server(self.trainer, stage, shard), request, [part.blob], FORWARD_TIMEOUT_S
+                _server(self.trainer, stage, shard), request, [part.blob, part.tickets], FORWARD_TIMEOUT_S
             )
         except RpcError as e:
             _fail(part, e)
@@ -331,9 +330,11 @@ class Reducer:
             kind=first.kind,
             codec=codec,
             parts=len(parts),
+            tickets=sum(p.request.tickets for p in parts),
         )
+        tickets = b"".join(p.tickets for p in parts)
         try:
-            answer, _ = await self.trainer.send(server, request, [blob], FORWARD_TIMEOUT_S)
+            answer, _ = await self.trainer.send(server, request, [blob, tickets], FORWARD_TIMEOUT_S)
         except RpcError:
             self._feedback.put_back(key, before)  # the sum was not taken: neither is its rounding
             raise

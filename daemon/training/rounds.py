@@ -36,6 +36,7 @@ class CellRounds:
     def __init__(self, cell: CellWorker) -> None:
         self.cell = cell
         self._shares: list[int] = []  # the shares done here this round
+        self._tickets: list[str] = []  # and their tickets, in the same order
         self._issued = 0  # stage 0: the shares fed this round, less those abandoned
         self._sync_after: list[int] | None = None  # gradient mode: the bases of the round just contributed
 
@@ -65,6 +66,7 @@ class CellRounds:
         inner_step = cell.puller.version * cell.settings.local_steps + len(self._shares)
         await cell.in_thread(cell.compute.end_share, inner_step)
         self._shares.append(share.share_id)
+        self._tickets.append(share.ticket)
         if share.round_end:
             await self._end_round()
 
@@ -72,13 +74,13 @@ class CellRounds:
         cell = self.cell
         vector, micro_batches = await cell.in_thread(cell.compute.contribution)
         cell.stats.rounds += 1
-        share_ids, self._shares, self._issued = self._shares, [], 0
+        share_ids, tickets, self._shares, self._tickets, self._issued = self._shares, self._tickets, [], [], 0
         non_finite = await cell.in_thread(_non_finite, vector)
         if non_finite:
             self._drop(share_ids, non_finite, vector.numel())
             return
         bases = cell.puller.round_bases()
-        cell.contributions.add(share_ids, vector, micro_batches, bases)
+        cell.contributions.add(share_ids, tickets, vector, micro_batches, bases)
         if cell.settings.mode == "gradient":
             self._sync_after = bases
 

@@ -6,7 +6,11 @@ what the network sees of it (``docs/data-path.md``):
 - ``admit``: a contribution is heard only from a peer that holds a cell of the shard's stage
   (named by the assignment in force, or the holder the pool resolved), a sum of several cells'
   only from the reduction head of a group of them, and for no more micro-batches than its
-  shares can hold (``NotHolder`` / ``BadRequest`` otherwise).
+  shares can hold (``NotHolder`` / ``BadRequest`` otherwise); and only for shares
+  the ledger ticketed to a pipeline whose cell of the stage the sender holds (or whose group it
+  heads), for no more micro-batches than the tickets' shares hold
+  (``swarmd.peers.taskpool.tickets``): a made-up share, or another pipeline's, is refused
+  ``BadRequest``, which counts against the sender toward a ban.
 - ``contribute``: a cell's gradient or pseudo-gradient slice, decoded and checked (codec,
   length, finite, norm; ``swarmd.models.shard_contribution``), weighed by its staleness
   (``swarmd.peers.taskpool.exchange``), buffered (or clipped around the last aggregate first,
@@ -42,21 +46,19 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 import torch
 
 from swarmd.errors import SwarmdError
 from swarmd.models.parameter_shard import Outcome, ParameterShard, ShardStep
 from swarmd.models.shard_config import ContributionError
-from swarmd.peers.taskpool.assignment import Assignment
-from swarmd.peers.taskpool.cells import Cell
 from swarmd.peers.taskpool.exchange import ExchangeConfig, staleness_weight
-from swarmd.peers.taskpool.reduction import group_of, head_of
 from swarmd.peers.taskpool.servers import Shard
+from swarmd.peers.taskpool.tickets import TicketVerifier
 from swarmd.peers.wire.codecs import decode_vector, encode_vector
-from swarmd.peers.wire.errors import AlreadyApplied, BadRequest, FrameError, NotHolder, RpcError, Stale, Unavailable
+from swarmd.peers.wire.errors import AlreadyApplied, BadRequest, FrameError, RpcError, Stale, Unavailable
 from swarmd.peers.wire.messages import Contribute, Contributed, Pull, Pulled
+from swarmd.training.contributors import ContributorPool, contributor_refusal, ticket_error, ticket_pipelines
 
 logger = logging.getLogger(__name__)
 
@@ -72,15 +74,6 @@ SendCheckpoint = Callable[[int, bytes], Awaitable[bool]]
 """Sends a checkpoint (its version and bytes) to the standby; False: no standby."""
 
 
-class ContributorPool(Protocol):
-    """What ``admit`` reads of the pool (the trainer has it)."""
-
-    @property
-    def assignment(self) -> Assignment | None: ...
-
-    def cell_holder(self, cell: Cell) -> str | None: ...
-
-
 @dataclass
 class ServerStats:
     contributions: int = 0
@@ -92,8 +85,10 @@ class ServerStats:
     """Every refusal, those counted below included."""
     refused_by: dict[str, int] = field(default_factory=dict)
     """Refusals by reason: ``not_holder`` (the sender holds no cell of the stage, or sends a
-    sum without heading a group), ``micro_batches``, ``codec``, and the shard's own
-    (``finite``, ``norm``, ``length``, ...)."""
+    sum without heading a group), ``micro_batches``, ``codec``, the tickets' (``ticket``: a
+    share without one; ``ticket_pipeline``: another pipeline's share; ``ticket_signature``:
+    signed by no ledger keeper; ``ticket_age``), and the shard's own (``finite``, ``norm``,
+    ``length``, ``overlap``, ...)."""
     steps: int = 0
     unreplicated: int = 0
     """Steps applied without reaching a standby: lost if this server dies before the next copy."""
@@ -101,51 +96,6 @@ class ServerStats:
     """Micro-batches of the contributions applied in committed steps (trained tokens' count)."""
     pulls: int = 0
     staleness: dict[int, int] = field(default_factory=dict)
-
-
-def contributor_refusal(
-    key: Shard,
-    settings: ExchangeConfig,
-    a: Assignment,
-    sender: str,
-    request: Contribute,
-    cell_holder: Callable[[Cell], str | None],
-) -> tuple[str, RpcError] | None:
-    """Why shard ``key`` refuses ``sender``'s contribution (the reason counted, the error to
-    raise), or None: it holds a cell of the stage, sends a sum only as a head of a group of
-    that size at most, and claims no more micro-batches than its shares hold."""
-    stage = request.stage
-    if stage >= a.stages:
-        return "not_holder", NotHolder(f"the assignment here has {a.stages} stages; there is no stage {stage}")
-    # The plan's holder, or the one the pool resolved (a spare standing in): a new holder is
-    # heard once this peer's view has it; until then it gets NotHolder and sends again.
-    own = [p for p in range(a.pipelines) if sender in (a.cells[p][stage], cell_holder((p, stage)))]
-    if not own:
-        return "not_holder", NotHolder(
-            f"{sender[:16]} holds no cell of stage {stage} here; only the stage's cells contribute to shard {key}"
-        )
-    size = a.group_size(stage)
-    if request.parts > 1:
-        groups = [len(group_of(p, a.pipelines, size)) for p in own if head_of(p, a.pipelines, size, key[1]) == p]
-        if not groups:
-            return "not_holder", NotHolder(
-                f"a sum of {request.parts} contributions to shard {key} comes only from its reduction head; "
-                f"{sender[:16]} heads no group of stage {stage} for it"
-            )
-        if request.parts > max(groups):
-            return "parts", BadRequest(
-                f"a sum of {request.parts} contributions to shard {key}: the head's group has only {max(groups)} cells"
-            )
-    # A contribution's weight in the step is its micro-batches: a claim its shares cannot hold
-    # would outweigh everyone else's. A share issued before a re-plan keeps its old k, so the
-    # bound is generous (the batch, when that is more: the planner's k never exceeds it).
-    k = max(a.share_micro_batches, settings.share_micro_batches, settings.batch_micro_batches)
-    if request.micro_batches > k * len(request.share_ids):
-        return "micro_batches", BadRequest(
-            f"shard {key}: a contribution for {len(request.share_ids)} share(s) claims "
-            f"{request.micro_batches} micro-batches; at most {k} per share"
-        )
-    return None
 
 
 class ShardServer:
@@ -178,6 +128,7 @@ class ShardServer:
         self._copying: asyncio.Task[None] | None = None
         self._warned_at = -WARN_EVERY_S
         self.closed = False
+        self.tickets = TicketVerifier()
 
     @property
     def version(self) -> int:
@@ -185,19 +136,22 @@ class ShardServer:
 
     # --- requests ---------------------------------------------------------------------------
 
-    def admit(self, sender: str, request: Contribute, pool: ContributorPool) -> None:
-        """Refuse a contribution from anyone but a cell of this stage (``contributor_refusal``),
-        counted, before its tensor is decoded. The caller has checked that ``sender`` is a live
-        member."""
+    async def admit(self, sender: str, request: Contribute, tickets: bytes, pool: ContributorPool) -> None:
+        """Refuse, counted and before decoding, a live member's contribution unless it holds a cell
+        of this stage (``contributor_refusal``) and its ``tickets`` vouch for it (module doc)."""
         self._check_shape(request.stage, request.shard, request.shards)
         a = pool.assignment
         if a is None:
             raise Unavailable(f"shard {self.key}: no assignment is in force here yet; send again shortly")
         refusal = contributor_refusal(self.key, self.settings, a, sender, request, pool.cell_holder)
+        if refusal is None:
+            pipelines = ticket_pipelines(self.key, a, sender, pool.cell_holder)
+            error = await ticket_error(self.tickets, request, tickets, pipelines, list(pool.ledger_keepers()))
+            if error is not None:
+                refusal = error.reason, BadRequest(f"shard {self.key}: {error} ({error.reason})")
         if refusal is not None:
-            reason, error = refusal
-            self._refuse(reason)
-            raise error
+            self._refuse(refusal[0])
+            raise refusal[1]
 
     def _refuse(self, reason: str) -> None:
         self.stats.refused += 1

@@ -31,6 +31,8 @@ from swarmd.peers.taskpool.assignment import Assignment
 from swarmd.peers.taskpool.cells import Cell
 from swarmd.peers.taskpool.exchange import ExchangeConfig, step_micro_batches
 from swarmd.peers.taskpool.servers import SeenVersions, Shard, ShardLease
+from swarmd.peers.taskpool.shares import Share
+from swarmd.peers.taskpool.tickets import LedgerKeepers, ShareTicket
 from swarmd.peers.wire.errors import NotHolder
 from swarmd.peers.wire.protocol import Request
 from swarmd.training import export
@@ -144,6 +146,7 @@ class Trainer:
         spec_ = spec.spec
         self.evaluation = Evaluation(spec_.eval_every, spec_.eval_sequences)
         self._extra_pipelines: set[int] = set()  # asked about by the ledger, not scanned last round
+        self._keepers = LedgerKeepers()
         self.opener = ShardOpener(self)
         self.handlers = TrainingHandlers(self)
         self.reducer = Reducer(self)
@@ -308,6 +311,22 @@ class Trainer:
         """Who holds shard ``key``, as of the last scan of the pool."""
         lease = self.books.shard_holders.get(key)
         return None if lease is None else lease.peer_id
+
+    def ledger_keepers(self) -> list[str]:
+        """Whose share tickets this peer believes: shard (0, 0)'s holder and standby, every peer
+        with a lease of it, the plan's named holder, and those seen so lately (a failover)."""
+        key = (0, 0)
+        lease = self.books.shard_holders.get(key)
+        now = [lease.peer_id, lease.standby] if lease is not None else []
+        now += [held.peer_id for held in self.lease_holders.get(key, ())]
+        if self.assignment is not None:
+            now.append(self.assignment.named_shards().get(key))
+        return self._keepers.trusted(now, time.time())
+
+    def sign_ticket(self, share: Share, pipeline: int, now: float) -> str:
+        """The ticket of a share this peer's ledger issues to ``pipeline``."""
+        fields = dict(share_id=share.share_id, first=share.first, count=share.count, pipeline=pipeline, now=now)
+        return ShareTicket.sign(self.identity, self.spec.run_id, **fields).text()
 
     def cell_holder(self, cell: Cell) -> str | None:
         """Who holds ``cell``, as of the last scan of the pool."""

@@ -3,6 +3,7 @@
 
 - ``exchange``  shares, rounds, shards, staleness and when a server steps: the exchange schedule
 - ``shares``    the ledger of shares: data issued, renewed, completed, issued again
+- ``tickets``   the ledger keeper's signed share tickets, and what a server checks of them
 - ``lease``     what every lease is: a signed, expiring, renewable claim by one peer
 - ``cells``     cell leases, the pool's rule (live members, the assignment, spares), pipeline epochs
 - ``servers``   shard leases, take-over by the named standby, the versions the swarm has seen

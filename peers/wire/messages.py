@@ -8,9 +8,8 @@
   standby;
 - relaying: ``Forward`` (a peer to a relay) and ``Relayed`` (the relay to the target, which
   ``swarmd.peers.wire.rpc`` unwraps before any handler sees it);
-- ``Probe``: the bandwidth probe (``swarmd.peers.records.links``); ``DialBack``: a member asks
-  another to dial it back at the addresses its own heartbeat announces (``swarmd doctor``'s
-  reachability check, ``swarmd.node.dial_back``).
+- ``Probe``: the bandwidth probe; ``DialBack``: a member asks another to dial it back at the
+  addresses its heartbeat announces (``swarmd doctor``'s check, ``swarmd.node.dial_back``).
 
 Bounds come from the contract: a stage < 1024, a shard < 4096, a pipeline < 100,000,
 micro-batch indices, share IDs and versions < 2**40, at most 4,096 share IDs in one message.
@@ -26,6 +25,7 @@ from typing import Any, ClassVar
 from swarmd.peers.records.links import MAX_PROBE_BYTES
 from swarmd.peers.records.plan_record import MAX_GROUP
 from swarmd.peers.taskpool.reduction import REDUCE_WAIT_S
+from swarmd.peers.taskpool.tickets import TICKET_CHARS
 from swarmd.peers.wire.errors import SchemaError
 from swarmd.peers.wire.protocol import MAX_BLOBS, Ack, Answer, Request, bound
 from swarmd.peers.wire.sizes import CODECS
@@ -97,7 +97,7 @@ def _shard_of(message: Any) -> None:
         raise SchemaError(f"{type(message).__name__}.shard", message.shard, f"must be below shards = {message.shards}")
 
 
-# --- between the cells of a pipeline -------------------------------------------------------------
+# --- the data path: cells, shard servers, the ledger --------------------------------------------
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,6 +123,9 @@ class _CellTensor(Request[Ack]):
     micro_batch: int = _index()
     version: int = _index(-1)
     """The sender's weights version, for status."""
+    ticket: str = bound(max_len=TICKET_CHARS, default="")
+    """The ledger's signed ticket for the share (``swarmd.peers.taskpool.tickets``): every cell
+    of the pipeline sends it with its contribution."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -148,9 +151,6 @@ class CellBackward(_CellTensor):
     METHOD = "cell.backward"
 
 
-# --- between a cell and a shard server ----------------------------------------------------------
-
-
 @dataclass(frozen=True, kw_only=True)
 class Contributed(Answer):
     version: int = _index()
@@ -171,7 +171,7 @@ class Contribute(Request[Contributed]):
     """A cell's gradient or pseudo-gradient slice for one shard (one frame in ``codec``)."""
 
     METHOD = "shard.contribute"
-    BLOBS = 1
+    BLOBS = (1, 2)
     RELAYABLE = True
 
     stage: int = _stage()
@@ -186,10 +186,16 @@ class Contribute(Request[Contributed]):
     parts: int = bound(min_value=1, max_value=MAX_GROUP, default=1)
     """The cells' contributions this one sums: more than one from a reduction group's head
     (taken whole or refused ``AlreadyApplied``, never in part)."""
+    tickets: int = bound(min_value=0, max_value=MAX_SHARE_IDS, default=0)
+    """The share tickets in the second blob (one per share ID, in order, packed: ``tickets``);
+    0: no second blob (and the server refuses it)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _shard_of(self)
+
+    def expected_blobs(self) -> int:
+        return 2 if self.tickets else 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -292,9 +298,6 @@ class Pull(Request[Pulled]):
         return self.wait_s
 
 
-# --- at the ledger -------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True, kw_only=True)
 class PullFromHead(Pull):
     """A pull of one shard from the head of the cell's reduction group, which relays the deltas
@@ -314,6 +317,8 @@ class Issued(Answer):
     """Each ``[share_id, first, count]``: the micro-batches ``first .. first + count - 1``."""
     kept: list[int] = bound(max_items=MAX_RENEW, min_value=0, max_value=MAX_INDEX, check=_distinct)
     """Those of the renewed shares still held by the asker."""
+    tickets: list[str] = bound(max_items=MAX_WANT, max_len=TICKET_CHARS, default_factory=list)
+    """Each share's ticket, signed by the ledger's keeper, in the order of ``shares``."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -342,7 +347,6 @@ class LedgerComplete(Request[Completed]):
     RELAYABLE = True
 
     pipeline: int = _pipeline()
-
     share_ids: list[int] = _share_ids()
 
 

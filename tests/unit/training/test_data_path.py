@@ -243,11 +243,11 @@ def test_a_head_killed_during_a_reduction_loses_no_update_and_its_members_go_to_
         killed = asyncio.Event()
         original = reducer.reduce
 
-        async def reduce_then_die(sender: str, request: Any, blob: bytes) -> Any:
+        async def reduce_then_die(sender: str, request: Any, blob: bytes, tickets: bytes) -> Any:
             if sender != head and not killed.is_set():
                 killed.set()
                 asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(swarm.kill(head)))
-            return await original(sender, request, blob)
+            return await original(sender, request, blob, tickets)
 
         reducer.reduce = reduce_then_die  # type: ignore[method-assign]
         await asyncio.wait_for(killed.wait(), left())

@@ -1,12 +1,14 @@
 """daemon/training/shard_server.py: the periodic checkpoint copy to the standby travels while
 steps go on, and the standby's replica (its older copy, the log, then the new copy) rebuilds
 the committed weights whichever arrives first; only the stage's cells contribute (a sum only
-from a group's head), and a replay is refused ``AlreadyApplied``."""
+from a group's head), only for shares the ledger ticketed to the sender's pipelines, and a
+replay is refused ``AlreadyApplied``."""
 
 from __future__ import annotations
 
 import asyncio
 import struct
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,8 +18,10 @@ import torch
 from swarmd.errors import SwarmdError
 from swarmd.models.parameter_shard import ParameterShard, ShardStep
 from swarmd.models.shard_config import ShardConfig
+from swarmd.peers.records.identity import Identity
 from swarmd.peers.taskpool.assignment import Assignment
 from swarmd.peers.taskpool.exchange import ExchangeConfig
+from swarmd.peers.taskpool.tickets import ShareTicket
 from swarmd.peers.wire.codecs import encode_vector
 from swarmd.peers.wire.errors import AlreadyApplied, BadRequest, NotHolder, Unavailable
 from swarmd.peers.wire.messages import Contribute, Pull
@@ -150,15 +154,24 @@ def test_a_failed_background_copy_makes_the_next_step_copy_first(tmp_path: Path)
 # --- who may contribute, and replays ------------------------------------------------------------
 
 
+KEEPER = Identity.generate()
+"""The ledger's keeper (shard (0, 0)'s holder): it signs the shares' tickets."""
+
+
 @dataclass
 class Pool:
-    """What ``admit`` reads of the trainer: the assignment in force and the resolved holders."""
+    """What ``admit`` reads of the trainer: the assignment in force, the resolved holders and
+    whose tickets it believes."""
 
     assignment: Assignment | None
     holders: dict[tuple[int, int], str] = field(default_factory=dict)
+    keepers: list[str] = field(default_factory=lambda: [KEEPER.peer_id])
 
     def cell_holder(self, cell: tuple[int, int]) -> str | None:
         return self.holders.get(cell)
+
+    def ledger_keepers(self) -> list[str]:
+        return self.keepers
 
 
 def grid(pipelines: int, group: int = 1) -> Assignment:
@@ -166,6 +179,12 @@ def grid(pipelines: int, group: int = 1) -> Assignment:
     cells = tuple((f"cell-{p}",) for p in range(pipelines))
     groups = (group,) if group > 1 else ()
     return Assignment(0, cells, ((HOLDER,),), 1, 2, reduce_groups=groups)
+
+
+def ticket(share_id: int, pipeline: int, *, count: int = 2, by: Identity = KEEPER) -> bytes:
+    return ShareTicket.sign(
+        by, RUN_ID, share_id=share_id, first=count * share_id, count=count, pipeline=pipeline, now=time.time()
+    ).pack()
 
 
 def contribution(share_ids: list[int], micro_batches: int = 1, parts: int = 1, base: int = 0) -> Contribute:
@@ -180,30 +199,69 @@ def contribution(share_ids: list[int], micro_batches: int = 1, parts: int = 1, b
         kind="gradient",
         codec="fp32",
         parts=parts,
+        tickets=len(share_ids),
     )
+
+
+def admit(srv: ShardServer, sender: str, request: Contribute, pool: Pool, pipelines: list[int] | None = None) -> None:
+    """``request`` with its tickets: each share issued to ``pipelines`` (the sender's cell's by
+    default: ``cell-p`` holds pipeline p's)."""
+    own = int(sender.rsplit("-", 1)[1]) if sender.startswith("cell-") else 3
+    at = pipelines or [own] * len(request.share_ids)
+    tickets = b"".join(ticket(i, p) for i, p in zip(request.share_ids, at, strict=True))
+    asyncio.run(srv.admit(sender, request, tickets, pool))
 
 
 def test_only_a_cell_of_the_stage_contributes_and_only_a_head_sends_a_sum(tmp_path: Path) -> None:
     srv = server(tmp_path, Standby(), every=100)
     pool = Pool(grid(4, group=2), {(3, 0): "spare"})
-    srv.admit("cell-1", contribution([1]), pool)  # named by the plan
-    srv.admit("spare", contribution([1]), pool)  # resolved by the pool (a spare standing in)
+    admit(srv, "cell-1", contribution([1]), pool)  # named by the plan
+    admit(srv, "spare", contribution([1]), pool)  # resolved by the pool (a spare standing in)
     with pytest.raises(NotHolder, match="holds no cell of stage 0"):
-        srv.admit("stranger", contribution([1]), pool)
+        admit(srv, "stranger", contribution([1]), pool)
     # Shard 0's head in the group {0, 1} is pipeline 0, in {2, 3} pipeline 2.
-    srv.admit("cell-0", contribution([1, 2], micro_batches=2, parts=2), pool)
+    admit(srv, "cell-0", contribution([1, 2], micro_batches=2, parts=2), pool, [0, 1])
     with pytest.raises(NotHolder, match="only from its reduction head"):
-        srv.admit("cell-1", contribution([1, 2], micro_batches=2, parts=2), pool)
+        admit(srv, "cell-1", contribution([1, 2], micro_batches=2, parts=2), pool)
     with pytest.raises(BadRequest, match="has only 2 cells"):
-        srv.admit("cell-0", contribution([1, 2, 3], micro_batches=3, parts=3), pool)
+        admit(srv, "cell-0", contribution([1, 2, 3], micro_batches=3, parts=3), pool)
     # k = 2 (the batch is 1): one share holds two micro-batches at most.
-    srv.admit("cell-1", contribution([1], micro_batches=2), pool)
+    admit(srv, "cell-1", contribution([1], micro_batches=2), pool)
     with pytest.raises(BadRequest, match="claims 1000 micro-batches; at most 2 per share"):
-        srv.admit("cell-1", contribution([1], micro_batches=1000), pool)
+        admit(srv, "cell-1", contribution([1], micro_batches=1000), pool)
     with pytest.raises(Unavailable):
-        srv.admit("cell-1", contribution([1]), Pool(None))
+        admit(srv, "cell-1", contribution([1]), Pool(None))
     assert srv.stats.refused_by == {"not_holder": 2, "parts": 1, "micro_batches": 1}
     assert srv.info()["refused_by"] == srv.stats.refused_by and srv.stats.refused == 4
+
+
+def test_only_shares_the_ledger_ticketed_to_the_senders_pipelines_are_taken(tmp_path: Path) -> None:
+    # Issue 26: a member contributed made-up share IDs (in [2^39, 2^40)) claiming 4 x 1024
+    # micro-batches, and squatted the next 1,023 IDs; every such contribution is refused now,
+    # counted by reason, before its tensor is read.
+    srv = server(tmp_path, Standby(), every=100)
+    pool = Pool(grid(4, group=2))
+    made_up = 2**39 + 5
+    cases: list[tuple[str, Contribute, bytes, str]] = [
+        ("cell-1", contribution([made_up]), b"", "ticket"),  # no ticket at all
+        ("cell-1", contribution([made_up]), ticket(made_up, 1, by=Identity.generate()), "ticket_signature"),
+        ("cell-1", contribution([7]), ticket(7, 2), "ticket_pipeline"),  # pipeline 2's share: a squat
+        ("cell-1", contribution([7], micro_batches=2), ticket(7, 1, count=1), "micro_batches"),
+        ("cell-1", contribution([7, 8]), ticket(8, 1) + ticket(7, 1), "ticket"),  # tickets of other shares
+        ("cell-1", contribution([7]), ticket(7, 1), ""),  # its own: taken
+        ("cell-0", contribution([7, 8], parts=2), ticket(7, 0) + ticket(8, 1), ""),  # the head: its group's
+        ("cell-0", contribution([7, 9], parts=2), ticket(7, 0) + ticket(9, 2), "ticket_pipeline"),  # not its group
+    ]
+    for sender, request, tickets, reason in cases:
+        if not reason:
+            asyncio.run(srv.admit(sender, request, tickets, pool))
+            continue
+        with pytest.raises(BadRequest, match=reason):
+            asyncio.run(srv.admit(sender, request, tickets, pool))
+    assert srv.stats.refused_by == {"ticket": 2, "ticket_signature": 1, "ticket_pipeline": 2, "micro_batches": 1}
+    # A ticket of a keeper this server no longer believes is refused too.
+    with pytest.raises(BadRequest, match="ticket_signature"):
+        asyncio.run(srv.admit("cell-1", contribution([7]), ticket(7, 1), Pool(grid(4, group=2), keepers=["other"])))
 
 
 def test_a_replayed_contribution_is_refused_as_already_applied_and_counted(tmp_path: Path) -> None:
