@@ -319,8 +319,8 @@ class Trainer:
         lease = self.books.shard_holders.get(key)
         now = [lease.peer_id, lease.standby] if lease is not None else []
         now += [held.peer_id for held in self.lease_holders.get(key, ())]
-        if self.assignment is not None:
-            now.append(self.assignment.named_shards().get(key))
+        if self.assignment is not None and self.assignment.servers and self.assignment.servers[0]:
+            now.append(self.assignment.servers[0][0])  # the plan's named holder of (0, 0)
         return self._keepers.trusted(now, time.time())
 
     def sign_ticket(self, share: Share, pipeline: int, now: float) -> str:
