@@ -271,10 +271,30 @@ def _member_allowed(step: str, outcome: dict[str, Any]) -> bool:
     return False
 
 
+def _share_checks(
+    findings: Findings, daemons: list[LocalDaemon], report: dict[str, Any], codes: dict[str, int]
+) -> None:
+    """Issue 26: made-up shares, self-signed tickets and the squat of the next 1,023 IDs are each
+    refused (NOT_HOLDER where Mallory holds no cell of the stage, else BAD_REQUEST by the tickets'
+    checks), counted against Mallory, and the squatted IDs stay free for the honest cells."""
+    steps = {k: v for k, v in report["steps"].items() if k.startswith("shares.") and not k.endswith("placement")}
+    findings.check("member shares: every step ran", len(steps) >= 6, sorted(steps))
+    for step, outcome in steps.items():
+        findings.check(f"member {step}: refused", outcome.get("code") in ("NOT_HOLDER", "BAD_REQUEST"), outcome)
+    now = refused(daemons)
+    counted = sum(now.get(c, 0) - codes.get(c, 0) for c in ("NOT_HOLDER", "BAD_REQUEST"))
+    findings.check("member shares: refusals counted by code", counted >= len(steps), f"{codes} -> {now}")
+
+
 def test_a_member_is_contained(swarm: Swarm) -> None:
     daemons = swarm.daemons
     findings = Findings()
     try:
+        before, codes = updates(daemons), refused(daemons)
+        report = swarm.run(["shares"], "--member")
+        _share_checks(findings, daemons, report, codes)
+        _progress(findings, daemons, "member's made-up, self-ticketed and squatted shares", before)
+
         before = updates(daemons)
         attacks = ["wire", "replay", "relayed", "poison", "leases", "plan"]
         report = swarm.run(attacks, "--member", "--count", "10")

@@ -38,7 +38,7 @@ from swarmd.peers.wire.errors import RpcError
 from swarmd.peers.wire.framing import read_message, write_message
 from swarmd.peers.wire.messages import LedgerIssue
 from swarmd.peers.wire.rpc import PROTOCOL
-from tests.integration.hostile import election_attacks, flood_attacks, forgery, placement, wire_attacks
+from tests.integration.hostile import election_attacks, flood_attacks, forgery, placement, share_attacks, wire_attacks
 
 Outcome = dict[str, Any]
 Attack = Callable[["Mallory", dict[str, Any], argparse.Namespace], Awaitable[dict[str, Outcome]]]
@@ -159,6 +159,7 @@ ATTACKS: dict[str, Attack] = {
     "spin": flood_attacks.spin,
     "big_requests": flood_attacks.big_requests,
     "poison": wire_attacks.poison,
+    "shares": share_attacks.shares,
     "elect": election_attacks.elect,
 }
 
