@@ -8,7 +8,8 @@ coordinator's plan, lets it warm up for a minute, measures its updates per minut
 (a claim flood; the same flood with Mallory at ``nice -n 19``, and held to a quarter core by a
 cgroup, ``QUARTER_CORE``, beside the same quarter core burnt sending nothing (the control: what
 the machine's share costs alone); a DHT node that idles on a quarter core, or is frozen by SIGSTOP;
-slow-loris streams; a member's poisoned contributions; a Sybil flood of 500 keys), each followed
+slow-loris streams; a member's poisoned contributions; 5 and 50 keys running for coordinator; a
+planned member that never works; a Sybil flood of 500 keys), each followed
 by a window unattacked again, and prints each attack's rate against the mean of the unattacked
 windows on either side of it (a swarm's rate drifts by tens of per cent over minutes, so one
 baseline at the start says little). Beside each rate: the CPU the daemons (with their DHT
@@ -62,6 +63,9 @@ ATTACKS = {  # name: (prefix, attacks, arguments); the Sybil flood last: its hea
     "a frozen DHT node (SIGSTOP)": (FREEZE, ["lurk"], ["--duration", "{window}"]),
     "slow-loris (40 streams a peer)": ([], ["slowloris"], ["--duration", "{window}"]),
     "poisoned contributions (member)": ([], ["poison"], ["--member", "--count", "100000"]),
+    "5 keys running for coordinator": ([], ["elect"], ["--count", "5", "--duration", "{window}"]),
+    "50 keys running for coordinator": ([], ["elect"], ["--count", "50", "--duration", "{window}"]),
+    "a planned member that never works": ([], ["lurk"], ["--member", "--await-cell", "60", "--duration", "{window}"]),
     "Sybil flood (500 keys)": ([], ["sybil"], ["--count", "500"]),
 }
 JOIN_S = 8.0
