@@ -1,22 +1,34 @@
 """What robust aggregation costs in loss, and what it saves under a poisoner: the default run.
 
     .venv/bin/python tests/benchmarks/bench_robust.py [--steps 150] [--threads 1]
+        [--scenarios clean sign-flip liar] [--aggregations mean centred-clip] [--seeds 1234]
 
 Trains the default run's model (``tiny-bytes``) as one stage held by one real
 ``ParameterShard`` in gradient mode (AdamW at the run's lr): every step, each of the batch's
-micro-batches is one honest cell's contribution (its mean gradient, in data-index order, as the
-swarm hands them out), and the shard steps on them with ``aggregation = mean`` or
-``centred-clip``. With ``poisoned``, one more contribution per round comes from a liar: the
-round's honest mean gradient flipped and scaled by ``--flip`` (it points uphill, within the norm
-bound's refusal: the norm bound alone only clips it). Prints the held-out loss at the start and
-after the steps for each of the four runs, and the time each took. Figures only; nothing is
-asserted (``tests/unit/models/test_robust_aggregation.py`` asserts the bound on a poisoner).
-No network, no daemon: a few minutes on one CPU core.
+micro-batches is one contribution (its mean gradient, in data-index order, as the swarm hands
+them out), and the shard steps on them with each ``--aggregations`` rule. The scenarios:
+
+- ``clean``: three honest members compute the micro-batches in turn (micro-batch ``j`` is
+  member ``j % 3``'s), each one a contribution of its own;
+- ``sign-flip``: the same three, but member 2 sends each of its gradients negated (a third of
+  every round's contributions point uphill, each with an honest norm, so no norm bound sees it);
+- ``absent``: the same three, but member 2 sends nothing (its micro-batches are lost): the
+  best any defence against ``sign-flip`` can do, short of training its micro-batches again;
+- ``liar``: the four micro-batches from four honest cells, and one more contribution per round
+  from a liar: the round's honest mean gradient flipped and scaled by ``--flip`` (it points
+  uphill, within the norm bound's refusal: the norm bound alone only clips it).
+
+Prints the held-out loss at the start and after the steps of each run, the time each took and
+the shard's counters (``centre_clipped``: contributions centred clipping cut), then, per
+scenario, the gap of each rule to the clean mean. Figures only; nothing is asserted
+(``tests/unit/models/test_robust_aggregation.py`` asserts the bound on a poisoner). No network,
+no daemon: about a minute a run on one CPU core.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -31,6 +43,10 @@ from swarmd.models.shape import ModelShape
 from swarmd.models.shard_config import ShardConfig
 
 SEED = 1234
+SCENARIOS = ("clean", "sign-flip", "absent", "liar")
+MEMBERS = 3
+"""Members in ``clean``, ``sign-flip`` and ``absent``; the last one lies in ``sign-flip``, is
+silent in ``absent``."""
 
 
 def gradient(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
@@ -40,18 +56,24 @@ def gradient(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     return torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
 
 
-def train(aggregation: str, poisoned: bool, steps: int, flip: float) -> tuple[float, float, dict[str, int]]:
+def train(
+    aggregation: str, scenario: str, steps: int, flip: float, seed: int, radius_factor: float | None
+) -> tuple[float, float, dict[str, int]]:
     """(held-out loss before, after ``steps``; the shard's counters)."""
     shape = ModelShape.from_dict(DEFAULT_RUN["model"])
-    train_set, held_out = train_eval_split(load_corpus("builtin"), shape.seq_len, seed=SEED)
+    train_set, held_out = train_eval_split(load_corpus("builtin"), shape.seq_len, seed=seed)
     batch, optimizer = DEFAULT_RUN["batch"], DEFAULT_RUN["optimizer"]
     per_step = batch["sequences"] // batch["micro_batch"]
-    model = build_model(shape, SEED)
+    model = build_model(shape, seed)
     model.train()
     start = held_out_loss(model, held_out)
     initial = flatten_parameters(model)
     config = ShardConfig(
-        mode="gradient", lr=optimizer["lr"], weight_decay=optimizer["weight_decay"], aggregation=aggregation
+        mode="gradient",
+        lr=optimizer["lr"],
+        weight_decay=optimizer["weight_decay"],
+        aggregation=aggregation,
+        **({} if radius_factor is None else {"clip_radius_factor": radius_factor}),
     )
     shard = ParameterShard(0, initial.numel(), initial, config, step_micro_batches=10**6)
     share = 0
@@ -59,13 +81,22 @@ def train(aggregation: str, poisoned: bool, steps: int, flip: float) -> tuple[fl
         honest = []
         for k in range(per_step):
             honest.append(gradient(model, train_set.micro_batch(step * per_step + k, batch["micro_batch"])))
-        if poisoned:  # first in the round, as a liar that does not wait would be
+        if scenario == "liar":  # first in the round, as a liar that does not wait would be
             share += 1
             lie = -flip * torch.stack(honest).mean(0)
             shard.contribute(lie, shard.version, 1, [share], 1.0, sender="liar")
         for k, g in enumerate(honest):
             share += 1
-            shard.contribute(g, shard.version, 1, [share], 1.0, sender=f"cell-{k}")
+            if scenario == "liar":
+                sender = f"cell-{k}"
+            else:
+                member = (step * per_step + k) % MEMBERS
+                sender = f"member-{member}"
+                if member == MEMBERS - 1 and scenario == "absent":
+                    continue
+                if member == MEMBERS - 1 and scenario == "sign-flip":
+                    g = -g
+            shard.contribute(g, shard.version, 1, [share], 1.0, sender=sender)
         made = shard.flush()
         assert made is not None
         shard.confirm(made.version)
@@ -82,17 +113,37 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--flip", type=float, default=8.0, help="the liar's contribution: -flip x the honest mean")
+    parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
+    parser.add_argument("--aggregations", nargs="+", choices=("mean", "centred-clip"), default=["mean", "centred-clip"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[SEED], help="the model's and the data's seeds")
+    parser.add_argument("--radius-factor", type=float, default=None, help="centred clipping's (default: the shard's)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    torch.manual_seed(SEED)
-    print(f"default run, one shard, {args.steps} steps, liar = -{args.flip:g} x the honest mean gradient", flush=True)
-    print(f"{'aggregation':<13} {'poisoned':<9} {'seconds':>8} {'start':>7} {'final':>7}  counters", flush=True)
-    for poisoned in (False, True):
-        for aggregation in ("mean", "centred-clip"):
-            started = time.monotonic()
-            start, final, counters = train(aggregation, poisoned, args.steps, args.flip)
-            seconds = time.monotonic() - started
-            print(f"{aggregation:<13} {poisoned!s:<9} {seconds:8.0f} {start:7.3f} {final:7.3f}  {counters}", flush=True)
+    print(
+        f"default run, one shard, {args.steps} steps, seeds {args.seeds}, radius factor "
+        f"{args.radius_factor or ShardConfig(mode='gradient', lr=1.0).clip_radius_factor:g}; "
+        f"liar = -{args.flip:g} x the honest mean gradient",
+        flush=True,
+    )
+    print(f"{'scenario':<10} {'aggregation':<13} {'seed':>5} {'seconds':>8} {'start':>7} {'final':>7}  counters")
+    finals: dict[tuple[str, str], list[float]] = {}
+    for scenario in args.scenarios:
+        for aggregation in args.aggregations:
+            for seed in args.seeds:
+                torch.manual_seed(seed)
+                started = time.monotonic()
+                start, final, counters = train(aggregation, scenario, args.steps, args.flip, seed, args.radius_factor)
+                seconds = time.monotonic() - started
+                finals.setdefault((scenario, aggregation), []).append(final)
+                print(
+                    f"{scenario:<10} {aggregation:<13} {seed:>5} {seconds:8.0f} {start:7.3f} {final:7.3f}  {counters}",
+                    flush=True,
+                )
+    clean = finals.get(("clean", "mean"))
+    print("\nmean final over the seeds, and its gap to the clean mean's:")
+    for (scenario, aggregation), values in finals.items():
+        gap = f"{statistics.fmean(values) - statistics.fmean(clean):+7.3f}" if clean else "      -"
+        print(f"{scenario:<10} {aggregation:<13} {statistics.fmean(values):7.3f} {gap}")
 
 
 if __name__ == "__main__":

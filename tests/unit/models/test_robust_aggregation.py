@@ -1,5 +1,6 @@
 """models/robust_aggregation.py: a median that gives each sender one vote, centred clipping as
-Karimireddy et al. define it, and a shard that aggregates with it when its config says so."""
+Karimireddy et al. define it, each sender's trust from its agreement with the aggregates, and a
+shard that aggregates with them when its config says so."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from swarmd.models.parameter_shard import Outcome, ParameterShard
-from swarmd.models.robust_aggregation import CentredClip, VoteMedian
+from swarmd.models.robust_aggregation import TRUST_WARMUP, CentredClip, SenderTrust, VoteMedian, judge_round
 from swarmd.models.shard_config import ShardConfig
 
 pytestmark = pytest.mark.timeout(60)
@@ -136,3 +137,84 @@ def test_aggregation_is_validated() -> None:
     with pytest.raises(ValueError, match="clip_radius_factor"):
         config("centred-clip", clip_radius_factor=-1.0)
     assert ParameterShard(0, SIZE, torch.zeros(SIZE), config("mean"), step_micro_batches=1).clip_radius() is None
+
+
+def test_a_sender_that_points_against_the_others_loses_its_weight() -> None:
+    trust = SenderTrust(window=8, warmup=4, max_senders=7)
+    for _ in range(4):
+        for sender, cosine in (("a", 0.2), ("b", 0.2), ("c", 0.2), ("doubter", -0.1), ("liar", -0.3)):
+            trust.add(sender, cosine)
+    # The typical sender's mean is 0.2: a mean of -0.1 keeps half its weight, -0.3 none.
+    assert [trust.weight(s) for s in ("a", "b", "c")] == [1.0, 1.0, 1.0]
+    assert trust.weight("doubter") == pytest.approx(0.5)
+    assert trust.weight("liar") == 0.0
+    assert trust.weight("newcomer") == 1.0  # nothing known of it yet
+    for _ in range(3):
+        trust.add("newcomer", -1.0)
+    assert trust.weight("newcomer") == 1.0  # below the warm-up
+    for _ in range(8):
+        trust.add("liar", 0.2)  # it mends its ways: only its recent window counts
+    assert trust.weight("liar") == 1.0
+    trust.add("f", 0.1)
+    trust.add("g", 0.1)  # over seven senders: the least recently heard ("a") is forgotten
+    assert trust.mean("a") is None and trust.mean("b") == pytest.approx(0.2)
+    with pytest.raises(ValueError, match="too small"):
+        SenderTrust(window=0, warmup=1)
+
+
+def flip_rounds(aggregation: str, steps: int) -> tuple[float, ParameterShard]:
+    """``steps`` rounds of three members (noisy copies of one pseudo-gradient), the third one
+    sending its own negated; outer SGD with lr 1. Returns the drift from the honest path."""
+    shard = ParameterShard(0, SIZE, torch.zeros(SIZE), config(aggregation, norm_warmup=4), step_micro_batches=99)
+    truth = noise(0, 0.05)
+    honest_path = torch.zeros(SIZE)
+    share = 0
+    for r in range(steps):
+        for member in range(3):
+            share += 1
+            vector = truth + noise(100 * r + member, 0.05)
+            vector = -vector if member == 2 else vector
+            shard.contribute(vector, shard.version, 1, [share], 1.0, sender=f"member-{member}")
+        step = shard.flush()
+        assert step is not None
+        shard.confirm(step.version)
+        honest_path -= truth
+    weights = shard.weights()
+    assert weights is not None
+    return float((weights[1] - honest_path).norm()), shard
+
+
+def test_a_sign_flipper_is_given_no_weight_where_the_mean_lets_it_cancel_a_member() -> None:
+    early, late = 2 * TRUST_WARMUP, 4 * TRUST_WARMUP
+    truth_norm = float(noise(0, 0.05).norm())
+    mean_early, mean_late = (flip_rounds("mean", steps)[0] for steps in (early, late))
+    (clip_early, _), (clip_late, shard) = (flip_rounds("centred-clip", steps) for steps in (early, late))
+    # The mean steps a third of the way (2 honest, 1 against): it loses two thirds of each step.
+    assert mean_late - mean_early > 0.6 * (late - early) * truth_norm
+    # Once its warm-up is over and its mean agreement is negative, the flipper's contributions
+    # count for the centre (the last aggregate): the drift stops growing.
+    assert clip_late - clip_early < 0.1 * (mean_late - mean_early)  # measured: 0.7 against 10.5
+    assert shard.counters.centre_clipped >= late - TRUST_WARMUP - 2  # measured: 23
+
+
+def test_a_round_is_judged_by_cosines_with_the_other_senders_one_unit_vote_each() -> None:
+    truth = noise(0, 0.05)
+    honest = {f"cell-{k}": truth + noise(k + 1, 0.05) for k in range(4)}
+    mean = torch.stack(list(honest.values())).mean(0)
+    # One liar, large and twice in the round: against the plain sum of the others, the honest
+    # cells would score -0.8 and the liar +1.0 (its two contributions agree).
+    sent = [(s, x, 1.0) for s, x in honest.items()]
+    sent += [("liar", -8 * mean, 1.0), ("liar", -8 * mean + noise(9, 0.01), 1.0)]
+    centre = torch.zeros(SIZE)
+    agreement = judge_round(sent, centre)
+    assert all(agreement[cell] > 0.3 for cell in honest), agreement
+    assert agreement["liar"] < -0.7
+    # Two honest members and one that negates: the honest ones' agreement is near 0 until the
+    # liar is given no weight; it then votes for the centre (the last aggregate), and they agree.
+    three = [("a", honest["cell-0"], 1.0), ("b", honest["cell-1"], 1.0), ("liar", -honest["cell-2"], 1.0)]
+    before = judge_round(three, mean)
+    after = judge_round([*three[:2], ("liar", -honest["cell-2"], 0.0)], mean)
+    assert before["liar"] < -0.3 and after["liar"] < -0.3
+    assert after["a"] > before["a"] + 0.2 and after["b"] > before["b"] + 0.2, (before, after)
+    assert judge_round([("a", truth, 1.0), ("a", truth, 1.0)], centre) == {}  # nobody else to agree with
+    assert judge_round([("a", truth, 1.0), ("b", torch.zeros(SIZE), 1.0)], centre) == {}  # no direction
