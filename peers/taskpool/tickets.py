@@ -37,10 +37,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from swarmd.peers.records.identity import Identity
 
-TICKET_LIFE_S = 3 * 3600.0
-"""How long a ticket is taken after it was issued: a round of the longest plans (H shares)
-waits for its contribution a few minutes, and a share not contributed by then is issued again
-(with a new ticket) long before. Bounds how old a ticket a replay may use."""
+TICKET_LIFE_S = 6 * 3600.0
+"""How long a ticket is taken after it was issued: longer than any round (H shares on a slow
+volunteer, then the contribution and its resends), since a round's first ticket must still be
+good when the round ends. Bounds how old a ticket a replay may use (a replay of a share the
+server still remembers is refused anyway)."""
 CLOCK_SKEW_S = 300.0
 KEEPER_MEMORY_S = TICKET_LIFE_S
 """How long a peer seen keeping the ledger is still believed for tickets it signed then."""
