@@ -1,24 +1,29 @@
 """Issue 26 against the daemon's own trainers (swarm_in_process.py): a member that holds a cell
 contributes made-up share IDs, another pipeline's shares, and squats the next 1,023 IDs; every
 such contribution is refused and counted by reason, and the swarm goes on training the very
-shares it squatted."""
+shares it squatted; a reduction head checks its members' tickets before it sums them."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import torch
 
 from swarmd.peers.records.identity import Identity
+from swarmd.peers.taskpool.assignment import Assignment
+from swarmd.peers.taskpool.exchange import ExchangeConfig
 from swarmd.peers.taskpool.tickets import ShareTicket
 from swarmd.peers.wire.codecs import encode_vector
 from swarmd.peers.wire.errors import BadRequest
-from swarmd.peers.wire.messages import Contribute
+from swarmd.peers.wire.messages import Contribute, Reduce
+from swarmd.training.reducer import Reducer
 from tests.unit.training.swarm_in_process import Swarm
+from tests.unit.training.test_shard_server import grid
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -106,3 +111,53 @@ def test_a_keeper_is_believed_only_for_its_own_signature() -> None:
     keeper, other = Identity.generate(), Identity.generate()
     t = ShareTicket.sign(keeper, "tiny." + "a" * 24, share_id=1, first=0, count=4, pipeline=0, now=time.time())
     assert t.signed_by("tiny." + "a" * 24, keeper.peer_id) and not t.signed_by("tiny." + "a" * 24, other.peer_id)
+
+
+@dataclass
+class HeadTrainer:
+    """What a reduction head's ``Reducer.reduce`` reads of its trainer before it takes a slice."""
+
+    assignment: Assignment
+    keeper: str
+    cells: dict[tuple[int, int], object] = field(default_factory=lambda: {(0, 0): object()})
+
+    def cell_holder(self, cell: tuple[int, int]) -> str:
+        return f"cell-{cell[0]}"
+
+    def exchange_settings(self) -> ExchangeConfig:
+        return ExchangeConfig(batch_micro_batches=1, share_micro_batches=2)
+
+    def ledger_keepers(self) -> list[str]:
+        return [self.keeper]
+
+
+def test_a_head_refuses_a_members_slice_for_shares_not_ticketed_to_its_pipeline() -> None:
+    # One member's bad tickets in a head's sum would make the server refuse the sum and count
+    # it against the head: the head checks each member's tickets for the member's own pipeline.
+    keeper = Identity.generate()
+    run_id = "tiny." + "a" * 24
+    head = Reducer(HeadTrainer(grid(2, group=2), keeper.peer_id))  # type: ignore[arg-type]
+
+    def ticket(share_id: int, pipeline: int) -> bytes:
+        fields = dict(share_id=share_id, first=2 * share_id, count=2, pipeline=pipeline)
+        return ShareTicket.sign(keeper, run_id, **fields, now=time.time()).pack()
+
+    def reduce(tickets: bytes, count: int) -> None:
+        request = Reduce(
+            run_id=run_id,
+            stage=0,
+            shard=0,
+            shards=1,
+            share_ids=[5],
+            base_version=0,
+            micro_batches=2,
+            kind="gradient",
+            codec="fp32",
+            pipeline=1,
+            tickets=count,
+        )
+        asyncio.run(head.reduce("cell-1", request, b"", tickets))
+
+    for tickets, count, reason in ((b"", 0, r"\(ticket\)"), (ticket(5, 0), 1, r"\(ticket_pipeline\)")):
+        with pytest.raises(BadRequest, match=reason):
+            reduce(tickets, count)
