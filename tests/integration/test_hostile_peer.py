@@ -1,9 +1,9 @@
 """A hostile peer (``tests.integration.hostile.mallory``) attacks a training swarm of two real
 daemons: as a stranger (a fresh key that never published a heartbeat), as a member (a valid
-heartbeat first), then as a crowd of 500 fresh keys; the daemons must refuse or contain every
-attack.
+heartbeat first), as five keys running for coordinator, then as a crowd of 500 fresh keys; the
+daemons must refuse or contain every attack.
 
-The three tests share one swarm (started once, and trained until it follows its
+The four tests share one swarm (started once, and trained until it follows its
 coordinator's plan, so that attacks meet the plan's rules rather than the provisional
 assignment of a swarm's first minute) and run in this order: the Sybil flood last, since its
 heartbeats stay in the DHT for minutes; the last test also stops the daemons. Each attack's
@@ -309,6 +309,42 @@ def test_a_member_is_contained(swarm: Swarm) -> None:
         findings.note("member poison", report["steps"]["poison.poison"])
         _holders(findings, daemons, "member leases and plan at version 2^53")
         _progress(findings, daemons, "member data plane, poison, leases and plan", before)
+        _logs_and_checkpoints(findings, daemons)
+        _conclude(findings)
+    finally:  # the table so far, also when an attack could not run
+        print(findings.table())
+
+
+def test_keys_running_for_coordinator_win_no_role(swarm: Swarm) -> None:
+    """Five fresh keys, the lowest peer IDs Mallory could grind, publish heartbeats, made-up
+    observations (each other up for 10^6 s, the daemons gone 50 times), links records of
+    10^12 B/s and plans a version past the one in force, for 30 s (once: elected within 4 s,
+    and training stopped). The daemons' coordinator, plan and roles stay their own."""
+    daemons = swarm.daemons
+    findings = Findings()
+    try:
+        honest = {status(d).get("peer_id") for d in daemons}
+        before = updates(daemons)
+        report = swarm.run(["elect"], "--count", "5", "--duration", "30", timeout=150)
+        ran = report["steps"]["elect.elect"]
+        keys = set(str(ran.get("keys", "")).split(","))
+        swarm.mallories |= keys
+        findings.check("elect: records stored", ran.get("plan", 0) > 0 and ran.get("observations", 0) > 0, ran)
+        views = [status(d).get("swarm") or {} for d in daemons]
+        findings.check(
+            "elect: the coordinator stays a daemon",
+            all(v.get("coordinator") in honest for v in views),
+            [str(v.get("coordinator"))[-8:] for v in views],
+        )
+        plans = [v.get("plan") or {} for v in views]
+        findings.check(
+            "elect: no key is planned, relays or serves",
+            not any(keys & {p.get("by"), *(p.get("devices") or []), *(p.get("relays") or [])} for p in plans),
+            [{k: p.get(k) for k in ("version", "by", "relays")} for p in plans],
+        )
+        findings.note("elect: updates during the attack", f"{before} -> {updates(daemons)}")
+        _holders(findings, daemons, "keys running for coordinator")
+        _progress(findings, daemons, "keys running for coordinator", updates(daemons))
         _logs_and_checkpoints(findings, daemons)
         _conclude(findings)
     finally:  # the table so far, also when an attack could not run
