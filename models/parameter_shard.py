@@ -320,6 +320,11 @@ class ParameterShard:
         """Centred clipping's radius now (None: not centred clipping, or too few seen yet)."""
         return None if self._centred is None else self._centred.radius()
 
+    def distrusted(self) -> dict[str, float]:
+        """Senders centred clipping weighs down for pointing against the others, and the weight
+        each gets (``SenderTrust``); empty for the mean."""
+        return {} if self._centred is None else self._centred.trust.distrusted()
+
     # --- steps -----------------------------------------------------------------------------
 
     def flush(self) -> ShardStep | None:

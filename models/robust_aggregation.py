@@ -125,6 +125,12 @@ class SenderTrust:
             return None
         return found[1][0] / len(found[0])
 
+    def distrusted(self, limit: int = 16) -> dict[str, float]:
+        """The senders given less than their whole weight now, the least trusted first (at
+        most ``limit``): 0 is a sender excluded, whose contributions count for the centre."""
+        weights = sorted((w, s) for s in self._senders if (w := self.weight(s)) < 1.0)
+        return {s: round(w, 3) for w, s in weights[:limit]}
+
     def weight(self, sender: str) -> float:
         """1 for a sender that agrees (or is not known well enough to say), less for one that
         disagrees: ``clamp(1 + own / typical, 0, 1)``, ``typical`` the median of the senders'

@@ -159,6 +159,11 @@ def fmt_training(t: dict[str, Any]) -> list[str]:
             f"{s['contributions']} contribution(s) ({s['duplicates']} duplicate, {s['dropped_stale']} too "
             f"stale, {s['refused']} refused), {s['unreplicated']} step(s) unreplicated"
         )
+        if distrusted := s.get("distrusted"):  # senders that point against the others
+            weighed = ", ".join(
+                f"{peer[-8:]} x{w:g}" + (" (excluded)" if w == 0 else "") for peer, w in distrusted.items()
+            )
+            lines.append(f"          weighed down: {weighed}")
     ledger = t.get("ledger")
     if ledger:
         lines.append(

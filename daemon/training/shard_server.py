@@ -392,6 +392,7 @@ class ShardServer:
             "centre_clipped": self.shard.counters.centre_clipped,
             "norm_bound": self.shard.norm_bound(),
             "clip_radius": self.shard.clip_radius(),
+            "distrusted": self.shard.distrusted(),  # sender -> weight (0: excluded)
             "aggregation": self.shard.config.aggregation,
             "unreplicated": s.unreplicated,
             "pulls": s.pulls,

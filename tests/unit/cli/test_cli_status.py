@@ -64,7 +64,11 @@ def test_a_cell_and_a_shard_say_what_they_did() -> None:
     assert "cell      (1, 0): 12 share(s), 3 round(s), 1 abandoned; weights [7, 7]" in text
     assert "contributions 6 sent (1 again, 0 refused), 1 waiting to be committed" in text
     assert "shard     (0, 1) of 2: version 7, 9 contribution(s) (1 duplicate, 2 too stale" in text
-    assert "ledger" not in text and "trained tokens" not in text
+    assert "ledger" not in text and "trained tokens" not in text and "weighed down" not in text
+    liar, doubter = "12D3KooW" + "L" * 44, "12D3KooW" + "D" * 44
+    shard = {**SHARD, "distrusted": {liar: 0.0, doubter: 0.5}}
+    text = "\n".join(fmt_training(training(shards=[shard])))
+    assert "weighed down: LLLLLLLL x0 (excluded), DDDDDDDD x0.5" in text
 
 
 def test_the_holder_of_shard_0_0_shows_the_ledger_and_the_swarms_tokens() -> None:

@@ -149,6 +149,7 @@ def test_a_sender_that_points_against_the_others_loses_its_weight() -> None:
     assert trust.weight("doubter") == pytest.approx(0.5)
     assert trust.weight("liar") == 0.0
     assert trust.weight("newcomer") == 1.0  # nothing known of it yet
+    assert trust.distrusted() == {"liar": 0.0, "doubter": pytest.approx(0.5)}  # what status shows
     for _ in range(3):
         trust.add("newcomer", -1.0)
     assert trust.weight("newcomer") == 1.0  # below the warm-up
@@ -195,6 +196,7 @@ def test_a_sign_flipper_is_given_no_weight_where_the_mean_lets_it_cancel_a_membe
     # count for the centre (the last aggregate): the drift stops growing.
     assert clip_late - clip_early < 0.1 * (mean_late - mean_early)  # measured: 0.7 against 10.5
     assert shard.counters.centre_clipped >= late - TRUST_WARMUP - 2  # measured: 23
+    assert shard.distrusted() == {"member-2": 0.0}  # excluded, as the shard's status shows
 
 
 def test_a_round_is_judged_by_cosines_with_the_other_senders_one_unit_vote_each() -> None:
