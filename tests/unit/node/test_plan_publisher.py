@@ -3,10 +3,20 @@ which the coordinator repairs and compares with a fresh one."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from swarmd.node.plan_publisher import record_plan
+from swarmd.models.presets import DEFAULT_RUN
+from swarmd.node.plan_publisher import PlanPublisher, record_plan
+from swarmd.node.swarm_view import read_view
+from swarmd.peers.membership.election import ElectionConfig
+from swarmd.peers.planning.plan_cost import Plan
+from swarmd.peers.planning.planner import plan
+from swarmd.peers.planning.snapshot import Member
+from swarmd.peers.records.identity import Identity
 from swarmd.peers.records.plan_record import PlanRecord
+from swarmd.peers.records.run_spec import parse_spec_body, sign_run_spec
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -37,3 +47,31 @@ def test_a_published_plan_goes_back_to_the_planner_unchanged() -> None:
     assert (p.local_steps, p.share_micro_batches) == (4, 2)
     # into another scenario's indices (the live one orders its members by peer ID too)
     assert record_plan(record).remapped([4, 3, 2, 1, 0]).pipelines == ((4, 3), (2, 1))
+
+
+def test_a_repair_far_slower_than_a_full_plan_gives_way_to_it() -> None:
+    """A repair keeps cells in place, worth a little speed, not half of it: one that puts stage 0
+    on a device a thousand times slower than the rest is replaced by a full plan; the planner's
+    own plan is kept as the repair it is."""
+    me = Identity.generate()
+    spec = sign_run_spec(me, parse_spec_body(dict(DEFAULT_RUN)))
+    device = {"memory_bytes": 16 << 30}
+    members = {f"p{i}": {"peer_id": f"p{i}", "device": device, "throughput_gflops": 1000.0} for i in range(7)}
+    members["p6"]["throughput_gflops"] = 1.0
+    snap = read_view(spec, Member(me.peer_id, 16.0, 1.0), members, {}, []).snapshot
+    assert snap is not None
+    publisher = PlanPublisher(spec, me, None, ElectionConfig())
+    settings = publisher._settings()
+    full = plan(snap.scenario, settings)
+    slow = snap.scenario.ids.index("p6")
+    mended = Plan(
+        ((slow, full.pipelines[0][1]),),
+        full.layers_per_stage,
+        full.parameter_servers,
+        shard_servers=full.shard_servers,
+        local_steps=full.local_steps,
+        share_micro_batches=full.share_micro_batches,
+    )
+    chosen, kind = asyncio.run(publisher._repair_or_full(snap, mended, settings))
+    assert kind == "full" and slow not in {d for row in chosen.pipelines for d in row}
+    assert asyncio.run(publisher._repair_or_full(snap, full, settings)) == (full, "repair")
