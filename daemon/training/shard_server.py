@@ -369,8 +369,7 @@ class ShardServer:
         return self.version
 
     def weights(self) -> torch.Tensor | None:
-        found = self.shard.weights()
-        return None if found is None else found[1]
+        return None if (found := self.shard.weights()) is None else found[1]
 
     def info(self) -> dict[str, object]:
         s = self.stats
