@@ -42,7 +42,7 @@ def signed_before(identity: Identity, body: dict[str, Any]) -> bytes:
 
 
 def test_the_defaults_follow_membership() -> None:
-    assert (default_checkpoint_access("open"), default_aggregation("open")) == ("public", "centred-clip")
+    assert (default_checkpoint_access("open"), default_aggregation("open")) == ("public", "mean")
     for membership in ("token", "allowlist"):
         assert (default_checkpoint_access(membership), default_aggregation(membership)) == ("members", "mean")
 
@@ -63,17 +63,17 @@ def test_a_private_runs_weights_are_its_members_unless_it_says_public(access: di
     assert parse_spec_body(public.to_body()) == public
 
 
-def test_an_open_run_signs_as_before_and_now_means_public_weights_and_centred_clipping() -> None:
+def test_an_open_run_signs_as_before_with_public_weights_and_the_mean() -> None:
     spec = parse_spec_body(copy.deepcopy(DEFAULT_RUN))
-    assert (spec.membership, spec.checkpoint_access, spec.aggregation) == ("open", "public", "centred-clip")
+    assert (spec.membership, spec.checkpoint_access, spec.aggregation) == ("open", "public", "mean")
     assert spec.to_body() == DEFAULT_RUN
 
 
-def test_an_open_run_that_asks_for_the_mean_or_private_weights_says_so() -> None:
-    mean = parse_spec_body(body_with(aggregation="mean"))
-    assert mean.aggregation == "mean"
-    assert mean.to_body()["exchange"]["aggregation"] == "mean"
-    assert parse_spec_body(mean.to_body()) == mean
+def test_an_open_run_that_asks_for_centred_clipping_or_private_weights_says_so() -> None:
+    robust = parse_spec_body(body_with(aggregation="centred-clip"))
+    assert robust.aggregation == "centred-clip"
+    assert robust.to_body()["exchange"]["aggregation"] == "centred-clip"
+    assert parse_spec_body(robust.to_body()) == robust
 
     closed = parse_spec_body(body_with({"checkpoints": "members"}))
     assert (closed.membership, closed.checkpoint_access) == ("open", "members")
