@@ -98,7 +98,9 @@ def test_a_coordinator_plans_from_measurements_and_repairs_after_a_departure(
     repaired = wait_for(
         lambda: (p := agreed_plan(rest, members)) and p["version"] > plan["version"] and p, 90, "a repaired plan"
     )
-    assert repaired["kind"] == "repair" and repaired["by"] == plan["by"]
+    coordinator = daemons[ids.index(plan["by"])]
+    plans_logged = [line for line in coordinator.log_tail(400).splitlines() if "Plan v" in line or "repair" in line]
+    assert repaired["kind"] == "repair" and repaired["by"] == plan["by"], plans_logged
     assert ids[victim] not in {peer for row in repaired["grid"] for peer in row}
     assert all(row in repaired["grid"] for row in untouched), (untouched, repaired["grid"])
     assert len(repaired["relays"]) == 1 and ids[victim] not in repaired["relays"]
