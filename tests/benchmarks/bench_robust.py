@@ -18,6 +18,11 @@ them out), and the shard steps on them with each ``--aggregations`` rule. The sc
   from a liar: the round's honest mean gradient flipped and scaled by ``--flip`` (it points
   uphill, within the norm bound's refusal: the norm bound alone only clips it).
 
+``--pipelines P`` shapes a round as the swarm's shard sees it: P contributions, each the mean
+of its pipeline's share of the batch (not one per micro-batch), sent by the members in turn;
+``--staleness S`` computes each on the weights of up to S versions before (drawn uniformly, as
+an asynchronous pipeline's share lands on a shard that stepped meanwhile).
+
 Prints the held-out loss at the start and after the steps of each run, the time each took and
 the shard's counters (``centre_clipped``: contributions centred clipping cut), then, per
 scenario, the gap of each rule to the clean mean. Figures only; nothing is asserted
@@ -28,10 +33,15 @@ no daemon: about a minute a run on one CPU core.
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from swarmd.models.build import build_model
 from swarmd.models.cell_compute import flatten_parameters
@@ -56,9 +66,45 @@ def gradient(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     return torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
 
 
+@dataclass(frozen=True)
+class RoundShape:
+    """How a round reaches the shard: ``pipelines`` contributions (0: one per micro-batch), each
+    on weights up to ``staleness`` versions old."""
+
+    pipelines: int = 0
+    staleness: int = 0
+
+
+def round_gradients(
+    model: torch.nn.Module,
+    past: deque[torch.Tensor],
+    batches: list[torch.Tensor],
+    rounds: RoundShape,
+    rng: random.Random,
+) -> list[torch.Tensor]:
+    """The round's contributions before any member lies: one per micro-batch, or one per
+    pipeline (the mean of its share of ``batches``), each on weights drawn from ``past``."""
+    every = rounds.pipelines or len(batches)
+    groups = [batches[p::every] for p in range(every)]
+    newest = parameters_to_vector(model.parameters()).detach().clone()
+    out = []
+    for group in groups:
+        if rounds.staleness:
+            vector_to_parameters(past[-1 - rng.randint(0, min(rounds.staleness, len(past) - 1))], model.parameters())
+        out.append(torch.stack([gradient(model, ids) for ids in group]).mean(0))
+    vector_to_parameters(newest, model.parameters())
+    return out
+
+
 def train(
-    aggregation: str, scenario: str, steps: int, flip: float, seed: int, radius_factor: float | None
-) -> tuple[float, float, dict[str, int]]:
+    aggregation: str,
+    scenario: str,
+    steps: int,
+    flip: float,
+    seed: int,
+    radius_factor: float | None,
+    rounds: RoundShape = RoundShape(),
+) -> tuple[float, float, dict[str, Any]]:
     """(held-out loss before, after ``steps``; the shard's counters)."""
     shape = ModelShape.from_dict(DEFAULT_RUN["model"])
     train_set, held_out = train_eval_split(load_corpus("builtin"), shape.seq_len, seed=seed)
@@ -77,10 +123,11 @@ def train(
     )
     shard = ParameterShard(0, initial.numel(), initial, config, step_micro_batches=10**6)
     share = 0
+    rng = random.Random(seed)
+    past: deque[torch.Tensor] = deque([initial.clone()], maxlen=rounds.staleness + 1)
     for step in range(steps):
-        honest = []
-        for k in range(per_step):
-            honest.append(gradient(model, train_set.micro_batch(step * per_step + k, batch["micro_batch"])))
+        batches = [train_set.micro_batch(step * per_step + k, batch["micro_batch"]) for k in range(per_step)]
+        honest = round_gradients(model, past, batches, rounds, rng)
         if scenario == "liar":  # first in the round, as a liar that does not wait would be
             share += 1
             lie = -flip * torch.stack(honest).mean(0)
@@ -90,7 +137,7 @@ def train(
             if scenario == "liar":
                 sender = f"cell-{k}"
             else:
-                member = (step * per_step + k) % MEMBERS
+                member = (step * len(honest) + k) % MEMBERS
                 sender = f"member-{member}"
                 if member == MEMBERS - 1 and scenario == "absent":
                     continue
@@ -102,9 +149,12 @@ def train(
         shard.confirm(made.version)
         weights = shard.weights()
         assert weights is not None
-        torch.nn.utils.vector_to_parameters(weights[1], model.parameters())
+        vector_to_parameters(weights[1], model.parameters())
+        past.append(weights[1].detach().clone())
     c = shard.counters
     counters = {"clipped": c.clipped, "centre_clipped": c.centre_clipped, "refused": c.refused}
+    if distrusted := shard.distrusted():
+        counters["distrusted"] = distrusted
     return start, held_out_loss(model, held_out), counters
 
 
@@ -117,11 +167,15 @@ def main() -> None:
     parser.add_argument("--aggregations", nargs="+", choices=("mean", "centred-clip"), default=["mean", "centred-clip"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[SEED], help="the model's and the data's seeds")
     parser.add_argument("--radius-factor", type=float, default=None, help="centred clipping's (default: the shard's)")
+    parser.add_argument("--pipelines", type=int, default=0, help="contributions per round (0: one per micro-batch)")
+    parser.add_argument("--staleness", type=int, default=0, help="versions a contribution's weights may lag")
     args = parser.parse_args()
+    rounds = RoundShape(args.pipelines, args.staleness)
     torch.set_num_threads(args.threads)
     print(
         f"default run, one shard, {args.steps} steps, seeds {args.seeds}, radius factor "
         f"{args.radius_factor or ShardConfig(mode='gradient', lr=1.0).clip_radius_factor:g}; "
+        f"{args.pipelines or 'one per micro-batch'} contribution(s) a round, staleness up to {args.staleness}; "
         f"liar = -{args.flip:g} x the honest mean gradient",
         flush=True,
     )
@@ -132,7 +186,9 @@ def main() -> None:
             for seed in args.seeds:
                 torch.manual_seed(seed)
                 started = time.monotonic()
-                start, final, counters = train(aggregation, scenario, args.steps, args.flip, seed, args.radius_factor)
+                start, final, counters = train(
+                    aggregation, scenario, args.steps, args.flip, seed, args.radius_factor, rounds
+                )
                 seconds = time.monotonic() - started
                 finals.setdefault((scenario, aggregation), []).append(final)
                 print(
