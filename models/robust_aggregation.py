@@ -21,11 +21,15 @@ weighted mean lets one contribution move the step as far as it likes; three defe
 - :class:`SenderTrust`: clipping bounds a contribution's distance, but a member that sends its
   own gradients negated stays within the honest spread (micro-batch gradients are noisy: their
   distances from the centre look alike), and the mean of two honest members and one such is a
-  third of a step. What gives it away is direction: at each round's end, each contribution's
-  cosine with the other senders' of that round, one unit vote each (gradients taken on the
-  same weights agree; :func:`judge_round`), is added to its sender's record; a sender whose
-  recent mean is negative is given less weight (its difference from the centre scaled down,
-  to nothing: it then counts for the centre).
+  third of a step. What gives it away is direction: each contribution's cosine with each other
+  sender's recent direction (:class:`RecentVotes`; gradients taken on nearby weights agree on
+  average) is added to its sender's record of that pair, and a sender agrees when it agrees
+  with at least half of the others; a sender whose recent
+  mean is negative is given less weight (its difference from the centre scaled down, to
+  nothing: it then counts for the centre). The votes span rounds, not one: in an asynchronous
+  swarm most rounds of a shard hold one contribution (234 of 246 in the four-daemon test), and
+  a judgement within the round saw no one to compare with. A stage that only one sender ever
+  works cannot be judged so; nothing but history is there to compare with.
   ``tests/benchmarks/bench_robust.py`` measures both with and without such a member.
 
 A contribution may be a reduction head's mean of several cells' (``parts``); it is clipped as
@@ -40,6 +44,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import OrderedDict, defaultdict, deque
+from collections.abc import Mapping
 
 import torch
 
@@ -52,13 +57,21 @@ TRUST_WARMUP = 8
 AGREEMENT_FLOOR = 0.05
 """The least mean agreement taken as the typical sender's: with two honest members and one
 that negates its gradients, an honest one's agreement is near 0 until the liar is found out."""
+MAX_PAIRS = 32
+"""Other senders whose agreement with one sender is kept (the most recently met)."""
+EXCLUSION_SLOPE = 2.0
+"""A sender is given no weight once its mean agreement is ``1 / EXCLUSION_SLOPE`` of the typical
+sender's below zero. A negated honest gradient scores as far below as the honest ones score
+above (the agreement is symmetric), so at a slope of 1 a sign-flipper kept a few per cent of
+its weight, by noise."""
 SKETCH_COORDINATES = 16_384
 """At most this many coordinates of each contribution (every k-th) are kept until the round's
 end, when its agreement with the others is judged: a cosine over a strided sample of a vector
 spread over many coordinates is close to the whole one's, at a small part of the memory."""
-MAX_JUDGED_PER_ROUND = 256
-"""Contributions of one round kept for judgement (bounded memory: 16 MiB; later ones are taken
-unjudged)."""
+VOTES_WINDOW = 32
+"""Recent contributions each new one is judged against (bounded memory: 2 MiB a shard). Long
+enough to hold several other senders where a few take turns; short enough that the weights
+they were taken on are near the new one's."""
 
 
 class VoteMedian:
@@ -90,40 +103,51 @@ class VoteMedian:
 
 
 class SenderTrust:
-    """How far each sender's recent contributions agree with the run's direction of descent: the
-    mean cosine of its last ``window`` contributions with the reference they met, and from it
-    the weight its next one gets.
+    """How far each sender's recent contributions agree with the others', pair by pair: for each
+    other sender, the running mean of the cosines of its contributions with that sender's recent
+    direction (over about ``window`` of them); its standing is the upper median of those pair
+    means (it agrees when it agrees with at least half of the others), and from it the weight its
+    next one gets. Pairs, not one score a contribution: with three senders, one of whom negates
+    his gradients, an honest one agrees with one of its two others and disagrees with the
+    other, and only means over many contributions tell the two pairs apart (the upper median
+    of one contribution's two noisy cosines is their larger, high for the negator too).
 
-    A sender whose contributions point, on average, against the reference is given less weight,
-    down to none once its mean is as far below zero as the median sender's is above (or
-    ``AGREEMENT_FLOOR``); a sender whose mean is positive, however small, keeps all of its
-    weight (honest gradients of small micro-batches are noisy, but agree on average). Bounded:
-    ``window`` values for each of at most ``max_senders`` senders."""
+    A sender whose standing is below zero is given less weight, down to none once it is half as
+    far below zero as the median sender's is above (or ``AGREEMENT_FLOOR``), and only while the
+    median sender's is above zero (a majority that agrees); one above zero, however little,
+    keeps all of its weight (honest gradients of small micro-batches are noisy, but agree on
+    average). Bounded: at most ``max_senders`` senders, each with at most ``MAX_PAIRS`` others."""
 
     def __init__(self, window: int, warmup: int, max_senders: int = 1024) -> None:
         if window < 1 or warmup < 1 or max_senders < 2:
             raise ValueError(f"window = {window}, warmup = {warmup} and max_senders = {max_senders} are too small")
         self._window, self._warmup, self._max_senders = window, warmup, max_senders
-        # sender -> (its recent cosines, their sum); the least recently heard forgotten first.
-        self._senders: OrderedDict[str, tuple[deque[float], list[float]]] = OrderedDict()
+        # sender -> (contributions judged, other -> [running mean, count]); the least recently
+        # heard forgotten first, in both.
+        self._senders: OrderedDict[str, tuple[list[int], OrderedDict[str, list[float]]]] = OrderedDict()
 
-    def add(self, sender: str, cosine: float) -> None:
-        found = self._senders.pop(sender) if sender in self._senders else None
-        recent, total = found or (deque(maxlen=self._window), [0.0])
-        if len(recent) == self._window:
-            total[0] -= recent[0]
-        recent.append(cosine)
-        total[0] += cosine
-        self._senders[sender] = (recent, total)
+    def add(self, sender: str, cosines: Mapping[str, float]) -> None:
+        """One contribution's cosines with each other sender's recent direction."""
+        judged, pairs = self._senders.pop(sender) if sender in self._senders else ([0], OrderedDict())
+        judged[0] += 1
+        for other, cosine in cosines.items():
+            mean, count = pairs.pop(other) if other in pairs else [0.0, 0.0]
+            count += 1
+            mean += (cosine - mean) / min(count, self._window)  # a mean, then an exponential one
+            pairs[other] = [mean, count]
+            while len(pairs) > MAX_PAIRS:
+                pairs.popitem(last=False)
+        self._senders[sender] = (judged, pairs)
         while len(self._senders) > self._max_senders:
             self._senders.popitem(last=False)
 
     def mean(self, sender: str) -> float | None:
-        """The sender's mean cosine (None: fewer than ``warmup`` seen from it)."""
+        """The sender's standing: the upper median of its pair means (None: fewer than
+        ``warmup`` of its contributions judged)."""
         found = self._senders.get(sender)
-        if found is None or len(found[0]) < self._warmup:
+        if found is None or found[0][0] < self._warmup or not found[1]:
             return None
-        return found[1][0] / len(found[0])
+        return statistics.median_high(mean for mean, _ in found[1].values())
 
     def distrusted(self, limit: int = 16) -> dict[str, float]:
         """The senders given less than their whole weight now, the least trusted first (at
@@ -133,19 +157,55 @@ class SenderTrust:
 
     def weight(self, sender: str) -> float:
         """1 for a sender that agrees (or is not known well enough to say), less for one that
-        disagrees: ``clamp(1 + own / typical, 0, 1)``, ``typical`` the median of the senders'
+        disagrees: ``clamp(1 + EXCLUSION_SLOPE * own / typical, 0, 1)``, ``typical`` the median of the senders'
         means, one vote each, and at least ``AGREEMENT_FLOOR``."""
         own = self.mean(sender)
         if own is None or own >= 0:
             return 1.0
         typical = statistics.median(m for s in self._senders if (m := self.mean(s)) is not None)
-        return min(1.0, max(0.0, 1.0 + own / max(typical, AGREEMENT_FLOOR)))
+        if typical <= 0:
+            # No majority agrees: nothing to stand against. Down-weighting then fed on itself
+            # (a sender given no weight votes for the centre, which in one-contribution rounds
+            # is the last step): once all three members of a run went to 0 and the shard
+            # repeated its last aggregate for every step after (bench_robust, --pipelines 1).
+            return 1.0
+        return min(1.0, max(0.0, 1.0 + EXCLUSION_SLOPE * own / max(typical, AGREEMENT_FLOOR)))
+
+
+class RecentVotes:
+    """The directions of the last ``VOTES_WINDOW`` contributions, as taken (``centre + w * (x -
+    centre)``: a sender given no weight votes for the centre, so that two honest members do not
+    look as if they disagreed because a third negates its gradients), each a unit vector of a
+    strided sample of the vector."""
+
+    def __init__(self, window: int = VOTES_WINDOW) -> None:
+        self._votes: deque[tuple[str, torch.Tensor]] = deque(maxlen=window)
+
+    def agreement(self, sender: str, sample: torch.Tensor) -> dict[str, float]:
+        """The cosine of ``sample`` with each other sender's recent direction (its votes in the
+        window averaged: one voice a sender, however large or frequent); empty when no other
+        sender is in the window or ``sample`` has no direction."""
+        by_sender: dict[str, torch.Tensor] = {}
+        for voter, vote in self._votes:
+            if voter != sender:
+                by_sender[voter] = by_sender[voter] + vote if voter in by_sender else vote.clone()
+        own = float(torch.linalg.vector_norm(sample))
+        return {
+            voter: float(torch.dot(sample, v)) / (own * n)
+            for voter, v in by_sender.items()
+            if (n := float(torch.linalg.vector_norm(v))) > 0 and own > 0
+        }
+
+    def add(self, sender: str, taken: torch.Tensor) -> None:
+        norm = float(torch.linalg.vector_norm(taken))
+        if norm > 0:
+            self._votes.append((sender, taken / norm))
 
 
 class CentredClip:
     """One shard's centred clipping: the centre (its last aggregate), the adaptive radius, and
-    each sender's trust (``SenderTrust``), judged at the end of each round by how its
-    contributions agreed with the rest of that round's."""
+    each sender's trust (``SenderTrust``), judged as each contribution comes by how it agrees
+    with the other senders' recent ones (``RecentVotes``)."""
 
     def __init__(self, size: int, radius_factor: float, window: int, warmup: int) -> None:
         if not radius_factor > 0:
@@ -154,11 +214,9 @@ class CentredClip:
         """The previous step's aggregate (zeros before the first: plain norm clipping)."""
         self.radius_factor = radius_factor
         self.trust = SenderTrust(TRUST_WINDOW, TRUST_WARMUP)
+        self.votes = RecentVotes()
         self._distances = VoteMedian(window, warmup)
         self._stride = max(1, math.ceil(size / SKETCH_COORDINATES))
-        self._round: list[tuple[str, torch.Tensor, float]] = []
-        """This round's contributions so far: sender, a strided sample of the vector as sent (on
-        the CPU), and the weight its difference from the centre was taken with."""
 
     def radius(self) -> float | None:
         """``tau`` now: ``radius_factor`` times the median recent distance (None: too few seen;
@@ -169,7 +227,7 @@ class CentredClip:
     def clip(self, vector: torch.Tensor, sender: str) -> tuple[torch.Tensor, bool]:
         """``centre + clip(w * (vector - centre), tau)``, ``w`` the sender's trust, and whether
         it was cut (``w`` below 1, or clipped); the distance, as clipped, is recorded toward the
-        radius, and a sample of the vector kept for the round's judgement (``recentre``)."""
+        radius, and the contribution judged against the other senders' recent votes."""
         centre = self.centre.to(vector.device)
         difference = vector - centre
         weight = self.trust.weight(sender)
@@ -179,47 +237,20 @@ class CentredClip:
             weight *= tau / distance
             distance = tau
         self._distances.add(sender, distance)
-        if len(self._round) < MAX_JUDGED_PER_ROUND:
-            # A copy: a view would keep the whole vector alive until the round's end.
-            sample = vector[:: self._stride].detach().to(device="cpu", dtype=torch.float32, copy=True)
-            self._round.append((sender, sample, min(weight, 1.0)))
+        self._judge(sender, vector, min(weight, 1.0))
         if weight >= 1.0:
             return vector, False
         return centre + difference * weight, True
 
+    def _judge(self, sender: str, vector: torch.Tensor, weight: float) -> None:
+        """Its cosine with the others' votes goes to the sender's record; its direction, as
+        taken, joins the votes."""
+        sample = vector[:: self._stride].detach().to(device="cpu", dtype=torch.float32)
+        if cosines := self.votes.agreement(sender, sample):
+            self.trust.add(sender, cosines)
+        centre = self.centre[:: self._stride].cpu()
+        self.votes.add(sender, centre + (sample - centre) * weight)
+
     def recentre(self, aggregate: torch.Tensor) -> None:
-        """The step's aggregate becomes the next round's centre, and the round's senders are
-        judged (``judge_round``)."""
-        sent, self._round = self._round, []
-        for sender, agreement in judge_round(sent, self.centre[:: self._stride].cpu()).items():
-            self.trust.add(sender, agreement)
+        """The step's aggregate becomes the next round's centre."""
         self.centre = aggregate.detach().to(torch.float32).clone()
-
-
-def judge_round(sent: list[tuple[str, torch.Tensor, float]], centre: torch.Tensor) -> dict[str, float]:
-    """Each sender's agreement with one round's other senders: the cosine of each of its
-    contributions (as sent) with the other senders' votes, averaged over its own.
-
-    A sender's vote is the direction of its contributions as they were taken (``centre + w *
-    (x - centre)``: a sender already given no weight votes for the centre, so two honest members
-    do not look as if they disagreed because a third negates its gradients), each one a unit
-    vector, so that one large liar weighs no more than any other sender. Gradients taken on the
-    same weights agree on average, however noisy: an honest sender's agreement is above zero, a
-    negated one's below. A sender's own contributions do not count for it."""
-    votes: dict[str, torch.Tensor] = {}
-    for sender, sample, weight in sent:
-        taken = centre + (sample - centre) * weight
-        norm = float(torch.linalg.vector_norm(taken))
-        if norm > 0:
-            votes[sender] = votes.get(sender, torch.zeros_like(taken)) + taken / norm
-    votes = {sender: vote / n for sender, vote in votes.items() if (n := float(torch.linalg.vector_norm(vote))) > 0}
-    if len(votes) < 2:
-        return {}
-    total = torch.stack(list(votes.values())).sum(0)
-    by_sender: defaultdict[str, list[float]] = defaultdict(list)
-    for sender, sample, _ in sent:
-        others = total - votes.get(sender, 0.0)
-        scale = float(torch.linalg.vector_norm(sample)) * float(torch.linalg.vector_norm(others))
-        if scale > 0:
-            by_sender[sender].append(float(torch.dot(sample, others)) / scale)
-    return {sender: statistics.fmean(values) for sender, values in by_sender.items()}

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from swarmd.models.parameter_shard import Outcome, ParameterShard
-from swarmd.models.robust_aggregation import TRUST_WARMUP, CentredClip, SenderTrust, VoteMedian, judge_round
+from swarmd.models.robust_aggregation import TRUST_WARMUP, CentredClip, RecentVotes, SenderTrust, VoteMedian
 from swarmd.models.shard_config import ShardConfig
 
 pytestmark = pytest.mark.timeout(60)
@@ -142,25 +142,36 @@ def test_aggregation_is_validated() -> None:
 def test_a_sender_that_points_against_the_others_loses_its_weight() -> None:
     trust = SenderTrust(window=8, warmup=4, max_senders=7)
     for _ in range(4):
-        for sender, cosine in (("a", 0.2), ("b", 0.2), ("c", 0.2), ("doubter", -0.1), ("liar", -0.3)):
-            trust.add(sender, cosine)
-    # The typical sender's mean is 0.2: a mean of -0.1 keeps half its weight, -0.3 none.
+        for sender, cosine in (("a", 0.2), ("b", 0.2), ("c", 0.2), ("doubter", -0.05), ("liar", -0.1)):
+            trust.add(sender, {"others": cosine})
+    # The typical sender's mean is 0.2: a mean of -0.05 keeps half its weight, -0.1 none.
     assert [trust.weight(s) for s in ("a", "b", "c")] == [1.0, 1.0, 1.0]
     assert trust.weight("doubter") == pytest.approx(0.5)
     assert trust.weight("liar") == 0.0
     assert trust.weight("newcomer") == 1.0  # nothing known of it yet
     assert trust.distrusted() == {"liar": 0.0, "doubter": pytest.approx(0.5)}  # what status shows
     for _ in range(3):
-        trust.add("newcomer", -1.0)
+        trust.add("newcomer", {"others": -1.0})
     assert trust.weight("newcomer") == 1.0  # below the warm-up
     for _ in range(8):
-        trust.add("liar", 0.2)  # it mends its ways: only its recent window counts
+        trust.add("liar", {"others": 0.2})  # it mends its ways: only its recent window counts
     assert trust.weight("liar") == 1.0
-    trust.add("f", 0.1)
-    trust.add("g", 0.1)  # over seven senders: the least recently heard ("a") is forgotten
+    trust.add("f", {"others": 0.1})
+    trust.add("g", {"others": 0.1})  # over seven senders: the least recently heard ("a") is forgotten
     assert trust.mean("a") is None and trust.mean("b") == pytest.approx(0.2)
     with pytest.raises(ValueError, match="too small"):
         SenderTrust(window=0, warmup=1)
+
+
+def test_no_one_loses_weight_where_no_majority_agrees() -> None:
+    """Where the median sender disagrees too there is nothing to stand against: down-weighting
+    then fed on itself (the excluded vote for the centre, the last step) until every member had
+    none and the shard repeated its last step for good."""
+    trust = SenderTrust(window=8, warmup=4)
+    for _ in range(4):
+        for sender, cosine in (("a", -0.1), ("b", -0.2), ("c", 0.3)):
+            trust.add(sender, {"others": cosine})
+    assert [trust.weight(s) for s in "abc"] == [1.0, 1.0, 1.0] and trust.distrusted() == {}
 
 
 def flip_rounds(aggregation: str, steps: int) -> tuple[float, ParameterShard]:
@@ -199,24 +210,61 @@ def test_a_sign_flipper_is_given_no_weight_where_the_mean_lets_it_cancel_a_membe
     assert shard.distrusted() == {"member-2": 0.0}  # excluded, as the shard's status shows
 
 
-def test_a_round_is_judged_by_cosines_with_the_other_senders_one_unit_vote_each() -> None:
+def test_a_sender_agrees_when_it_agrees_with_at_least_half_of_the_others_pair_by_pair() -> None:
     truth = noise(0, 0.05)
     honest = {f"cell-{k}": truth + noise(k + 1, 0.05) for k in range(4)}
     mean = torch.stack(list(honest.values())).mean(0)
-    # One liar, large and twice in the round: against the plain sum of the others, the honest
-    # cells would score -0.8 and the liar +1.0 (its two contributions agree).
-    sent = [(s, x, 1.0) for s, x in honest.items()]
-    sent += [("liar", -8 * mean, 1.0), ("liar", -8 * mean + noise(9, 0.01), 1.0)]
-    centre = torch.zeros(SIZE)
-    agreement = judge_round(sent, centre)
-    assert all(agreement[cell] > 0.3 for cell in honest), agreement
-    assert agreement["liar"] < -0.7
-    # Two honest members and one that negates: the honest ones' agreement is near 0 until the
-    # liar is given no weight; it then votes for the centre (the last aggregate), and they agree.
-    three = [("a", honest["cell-0"], 1.0), ("b", honest["cell-1"], 1.0), ("liar", -honest["cell-2"], 1.0)]
-    before = judge_round(three, mean)
-    after = judge_round([*three[:2], ("liar", -honest["cell-2"], 0.0)], mean)
-    assert before["liar"] < -0.3 and after["liar"] < -0.3
-    assert after["a"] > before["a"] + 0.2 and after["b"] > before["b"] + 0.2, (before, after)
-    assert judge_round([("a", truth, 1.0), ("a", truth, 1.0)], centre) == {}  # nobody else to agree with
-    assert judge_round([("a", truth, 1.0), ("b", torch.zeros(SIZE), 1.0)], centre) == {}  # no direction
+    # One liar, large and twice among the votes: it is one voice (its directions averaged).
+    votes = RecentVotes(window=8)
+    for sender, x in honest.items():
+        votes.add(sender, x)
+    votes.add("liar", -8 * mean)
+    votes.add("liar", -8 * mean + noise(9, 0.01))
+    cosines = votes.agreement("cell-0", honest["cell-0"])
+    assert set(cosines) == {"cell-1", "cell-2", "cell-3", "liar"}
+    assert cosines["liar"] < -0.2 and all(cosines[c] > 0.2 for c in ("cell-1", "cell-2", "cell-3"))
+    # Two honest members and one that negates its gradients, pair by pair: each honest one
+    # agrees with one of its two others (half), the negator with neither; the negator is given
+    # no weight and the honest ones keep theirs.
+    trust = SenderTrust(window=16, warmup=4)
+    for r in range(16):
+        x = {m: truth + noise(100 * r + k, 0.05) for k, m in enumerate("ab")} | {
+            "liar": -truth - noise(100 * r + 7, 0.05)
+        }
+        for sender in x:
+            others = [o for o in x if o != sender]
+            trust.add(sender, {o: float(torch.nn.functional.cosine_similarity(x[sender], x[o], dim=0)) for o in others})
+    assert trust.distrusted() == {"liar": 0.0}
+    # Two senders, one against the other: each disagrees with half; which one lies, no one can say.
+    two = SenderTrust(window=16, warmup=4)
+    for _ in range(8):
+        two.add("a", {"liar": -0.3})
+        two.add("liar", {"a": -0.3})
+    assert two.distrusted() == {}
+    # Votes span rounds but not forever: the window keeps the last ones only.
+    lone = RecentVotes(window=2)
+    lone.add("a", truth)
+    assert lone.agreement("a", truth) == {}  # nobody else to agree with
+    lone.add("b", -truth)
+    lone.add("a", truth)
+    lone.add("a", truth)  # b's vote has left the window
+    assert lone.agreement("c", truth) == {"a": pytest.approx(1.0)}
+    lone.add("b", torch.zeros(SIZE))  # no direction: not a vote
+    assert lone.agreement("b", truth) == {"a": pytest.approx(1.0)}
+    assert lone.agreement("a", truth) == {}
+
+
+def test_a_sign_flipper_is_found_where_every_round_holds_one_contribution() -> None:
+    """The asynchronous swarm's shape: members in turn, one contribution a round. Judged within
+    its round, no contribution had anyone to agree with; judged against the recent votes, the
+    flipper loses its weight and the honest members keep theirs."""
+    shard = ParameterShard(0, SIZE, torch.zeros(SIZE), config("centred-clip", norm_warmup=4), step_micro_batches=1)
+    truth = noise(0, 0.05)
+    for r in range(4 * TRUST_WARMUP * 3):
+        member = r % 3
+        vector = truth + noise(r + 1, 0.05)
+        vector = -vector if member == 2 else vector
+        result = shard.contribute(vector, shard.version, 1, [r + 1], 1.0, sender=f"member-{member}")
+        assert result.step is not None
+        shard.confirm(result.step.version)
+    assert shard.distrusted() == {"member-2": 0.0}
