@@ -9,7 +9,7 @@ coordinator's plan, lets it warm up for a minute, measures its updates per minut
 cgroup, ``QUARTER_CORE``, beside the same quarter core burnt sending nothing (the control: what
 the machine's share costs alone); a DHT node that idles on a quarter core, or is frozen by SIGSTOP;
 slow-loris streams; a member's poisoned contributions; 5 and 50 keys running for coordinator; a
-planned member that never works; a Sybil flood of 500 keys), each followed
+planned member that never works; 500 keys running for coordinator), each followed
 by a window unattacked again, and prints each attack's rate against the mean of the unattacked
 windows on either side of it (a swarm's rate drifts by tens of per cent over minutes, so one
 baseline at the start says little). Beside each rate: the CPU the daemons (with their DHT
@@ -54,7 +54,7 @@ FREEZE: list[str] = []
 """Mallory and its DHT process stopped (SIGSTOP) once joined: a DHT node that never answers."""
 CGROUP = ["sh", "-c", f'echo $$ > {QUARTER_CORE}/cgroup.procs && exec "$@"', "mallory"]
 PY_SPY = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-ATTACKS = {  # name: (prefix, attacks, arguments); the Sybil flood last: its heartbeats outlive it
+ATTACKS = {  # name: (prefix, attacks, arguments); the crowd of 500 last: its records outlive it
     "claim flood": ([], ["claim_flood"], ["--duration", "{window}"]),
     "claim flood, Mallory at nice 19": (NICE, ["claim_flood"], ["--duration", "{window}"]),
     "claim flood, Mallory on 1/4 core": (CGROUP, ["claim_flood"], ["--duration", "{window}"]),
@@ -66,7 +66,7 @@ ATTACKS = {  # name: (prefix, attacks, arguments); the Sybil flood last: its hea
     "5 keys running for coordinator": ([], ["elect"], ["--count", "5", "--duration", "{window}"]),
     "50 keys running for coordinator": ([], ["elect"], ["--count", "50", "--duration", "{window}"]),
     "a planned member that never works": ([], ["lurk"], ["--member", "--await-cell", "60", "--duration", "{window}"]),
-    "Sybil flood (500 keys)": ([], ["sybil"], ["--count", "500"]),
+    "500 keys running for coordinator": ([], ["elect"], ["--count", "500", "--duration", "1"]),
 }
 JOIN_S = 8.0
 WARM_UP_S = 60.0

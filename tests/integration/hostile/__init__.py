@@ -11,7 +11,7 @@ run's DHT with a fresh key and attacks the daemons, printing what each step got 
   others' identities;
 - ``share_attacks``: contributions for shares the ledger never issued to Mallory (made-up
   IDs, self-signed tickets, a squat of the next 1,023 IDs: issue 26);
-- ``flood_attacks``: the DHT (leases, plans, claim and Sybil floods) and the transport
+- ``flood_attacks``: the DHT (leases, plans, claim floods) and the transport
   (oversized frames, slow-loris streams, large requests);
 - ``harness``: what the test and the benchmark share, without hivemind: a training swarm's
   description for Mallory, Mallory run as a subprocess, and the checks that the daemons held.

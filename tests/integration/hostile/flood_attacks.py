@@ -1,4 +1,4 @@
-"""Mallory on the DHT and the transport: forged leases and plans, claim and Sybil floods,
+"""Mallory on the DHT and the transport: forged leases and plans, claim floods,
 oversized frames, slow-loris streams and large requests. Each attack returns
 ``{step: outcome}`` (``mallory.summary``'s forms)."""
 
@@ -12,7 +12,6 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from swarmd.peers.dht.swarm_dht import cells_key, shards_key
-from swarmd.peers.records.identity import Identity
 from swarmd.peers.records.plan_record import KIND as PLAN_KIND
 from swarmd.peers.wire.framing import read_message
 from swarmd.peers.wire.messages import Contribute, Pull
@@ -82,28 +81,6 @@ async def claim_flood(mallory: Mallory, swarm: dict[str, Any], args: argparse.Na
         sent += len(results)
         stored += sum(results)
     return {"claim_flood": {"ok": True, "sent": sent, "stored": stored}}
-
-
-async def sybil(mallory: Mallory, swarm: dict[str, Any], args: argparse.Namespace) -> dict[str, Outcome]:
-    """``--count`` fresh keys (500 by default), each a valid worker and server heartbeat."""
-    count, stored, started = args.count or 500, 0, time.monotonic()
-    for first in range(0, count, 50):
-        batch = [Identity.generate() for _ in range(min(50, count - first))]
-        beats = [
-            (
-                k.peer_id,
-                forgery.heartbeat(
-                    k, mallory.run_id, [f"/ip4/127.0.0.1/tcp/9/p2p/{k.peer_id}"], ["worker", "parameter_server"], 120.0
-                ),
-            )
-            for k in batch
-        ]
-        expires = time.time() + 100  # within the records' own lifetime (the validator checks)
-        results = await asyncio.gather(
-            *(mallory.swarm_dht.publish_heartbeat(peer, raw, expires) for peer, raw in beats)
-        )
-        stored += sum(results)
-    return {"sybil": {"ok": True, "keys": count, "stored": stored, "seconds": round(time.monotonic() - started, 1)}}
 
 
 async def _raw_stream(mallory: Mallory, peer_id: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

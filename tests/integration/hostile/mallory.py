@@ -152,7 +152,6 @@ ATTACKS: dict[str, Attack] = {
     "leases": flood_attacks.leases,
     "plan": flood_attacks.plan_takeover,
     "claim_flood": flood_attacks.claim_flood,
-    "sybil": flood_attacks.sybil,
     "oversized": flood_attacks.oversized,
     "slowloris": flood_attacks.slowloris,
     "lurk": flood_attacks.lurk,
