@@ -218,7 +218,11 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
         statuses = [training(d) for d in daemons]
         for i, t in enumerate(statuses):
             cells = [(c["pipeline"], c["stage"], c["shares"], c["abandoned"]) for c in t["cells"]]
-            shards = [(s["stage"], s["shard"], s["version"], s["staleness"]) for s in t["shards"]]
+            shards = [
+                (s["stage"], s["shard"], s["version"], s["staleness"], s["contributions"], s["aggregation"])
+                + ((s["centre_clipped"], s["distrusted"]) if s["aggregation"] != "mean" else ())
+                for s in t["shards"]
+            ]
             print(f"d{i}: cells {cells}, shards {shards}")
         print("ledger:", ledger(daemons))
         routes = [(d.status() or {}).get("routes") or {} for d in daemons]
