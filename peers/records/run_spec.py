@@ -343,12 +343,13 @@ def default_checkpoint_access(membership: str) -> str:
 
 def default_aggregation(membership: str) -> str:
     """The rule when the spec does not say: the mean, for now, in every run. Centred clipping
-    (with its sender-trust rule) costs nothing in one process (``bench_robust.py``: -0.030 nats)
-    but measured a held-out loss +0.02 to +0.31 above the synchronous reference in the
-    asynchronous four-daemon swarm (``test_swarm_training.py``: 2 of 9 runs past its 0.1 bound,
-    one in CI), where the mean stayed at or below it; an open run's creator who expects
-    attackers signs ``aggregation = "centred-clip"``. Kept a function of ``membership``: the
-    default open runs should have is the robust one, once its cost there is understood."""
+    (with its sender-trust rule) costs nothing in one process (``bench_robust.py``: -0.030 nats;
+    -0.105 in rounds shaped as the swarm's) but not yet in the asynchronous four-daemon swarm
+    (``test_swarm_training.py``): with the radius over 64 distances it ended +0.148, +0.225 and
+    +0.785 above the synchronous reference, over 16 (``RADIUS_WINDOW``) +0.038 and -0.209, where
+    the mean ends within about 0.05; two runs are not enough to make it every open run's rule. An
+    open run's creator who expects attackers signs ``aggregation = "centred-clip"``. Kept a
+    function of ``membership``: open runs should get the robust rule once its cost is known."""
     return "mean"
 
 
