@@ -325,8 +325,9 @@ def test_keys_running_for_coordinator_win_no_role(swarm: Swarm) -> None:
 
 
 def test_a_sybil_crowd_wins_no_role_and_the_daemons_stop_cleanly(swarm: Swarm) -> None:
-    """The same with 500 keys (each key's records name 32 of the others: within the DHT's value
-    size), one round of records; then the daemons stop under what the crowd left behind."""
+    """The same with 500 keys, one round of records (the first 32 publish every record, the rest
+    their heartbeats and plans: ``election_attacks``); then the daemons stop under what the crowd
+    left behind."""
     _run_for_coordinator(swarm, 500, 1.0, stop=True)
 
 
@@ -353,7 +354,7 @@ def _run_for_coordinator(swarm: Swarm, count: int, duration: float, stop: bool) 
             not any(keys & {p.get("by"), *(p.get("devices") or []), *(p.get("relays") or [])} for p in plans),
             [{k: p.get(k) for k in ("version", "by", "relays")} for p in plans],
         )
-        findings.note(f"{what}: updates during the attack", f"{before} -> {updates(daemons)}")
+        findings.note(f"{what}: updates during the attack", f"{before} -> {updates(daemons)} in {ran.get('seconds')} s")
         findings.note(f"{what}: peers seen", max(len(status(d).get("peers") or []) for d in daemons))
         swarm.mallories |= keys
         _holders(findings, daemons, f"{what} running for coordinator")
