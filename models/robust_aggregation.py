@@ -24,9 +24,9 @@ weighted mean lets one contribution move the step as far as it likes; three defe
   third of a step. What gives it away is direction: each contribution's cosine with each other
   sender's recent direction (:class:`RecentVotes`; gradients taken on nearby weights agree on
   average) is added to its sender's record of that pair, and a sender agrees when it agrees
-  with at least half of the others; a sender whose recent
-  mean is negative is given less weight (its difference from the centre scaled down, to
-  nothing: it then counts for the centre). The votes span rounds, not one: in an asynchronous
+  with at least half of the others; one that does not, against a majority that agrees, is
+  given less weight (its difference from the centre scaled down, to nothing: it then counts
+  for the centre). The votes span rounds, not one: in an asynchronous
   swarm most rounds of a shard hold one contribution (234 of 246 in the four-daemon test), and
   a judgement within the round saw no one to compare with. A stage that only one sender ever
   works cannot be judged so; nothing but history is there to compare with.
@@ -55,8 +55,9 @@ TRUST_WINDOW = 64
 TRUST_WARMUP = 8
 """Contributions seen from a sender before its trust is judged."""
 AGREEMENT_FLOOR = 0.05
-"""The least mean agreement taken as the typical sender's: with two honest members and one
-that negates its gradients, an honest one's agreement is near 0 until the liar is found out."""
+"""The least standing taken as the typical sender's: where honest senders barely agree (small,
+noisy micro-batches), a sender a little below zero is not excluded for being as far below as
+they are above."""
 RADIUS_WINDOW = 16
 """Recent distances (at most) the radius is the median of. Distances grow while a run is steep
 (0.12 to 1.2 over a shard's first 40 steps in the four-daemon swarm), and one contribution a
@@ -115,7 +116,7 @@ class SenderTrust:
     direction (over about ``window`` of them); its standing is the upper median of those pair
     means (it agrees when it agrees with at least half of the others), and from it the weight its
     next one gets. Pairs, not one score a contribution: with three senders, one of whom negates
-    his gradients, an honest one agrees with one of its two others and disagrees with the
+    its gradients, an honest one agrees with one of its two others and disagrees with the
     other, and only means over many contributions tell the two pairs apart (the upper median
     of one contribution's two noisy cosines is their larger, high for the negator too).
 
