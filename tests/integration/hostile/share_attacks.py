@@ -14,9 +14,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from swarmd.peers.taskpool.tickets import ShareTicket
-from swarmd.peers.wire.messages import Contribute
 from tests.integration.hostile import forgery
-from tests.integration.hostile.wire_attacks import FAKE_SHARE, _whole_slice, shard_holder, to_holder
+from tests.integration.hostile.wire_attacks import FAKE_SHARE, _whole_slice, contribution, shard_holder, to_holder
 
 if TYPE_CHECKING:
     from tests.integration.hostile.mallory import Mallory, Outcome
@@ -25,20 +24,6 @@ SQUAT = 1023
 """The share IDs after the newest one issued that the squat names (one applied ID with them)."""
 CLAIMED = 4 * 1024
 """The micro-batches the made-up contribution claims (a share holds a few)."""
-
-
-def _contribution(mallory: Mallory, shard: dict[str, Any], version: int, share_ids: list[int], **extra: Any) -> Any:
-    return Contribute(
-        run_id=mallory.run_id,
-        stage=shard["stage"],
-        shard=shard["shard"],
-        shards=shard["shards"],
-        share_ids=share_ids,
-        base_version=version,
-        kind="gradient",
-        codec="fp32",
-        **extra,
-    )
 
 
 def _ticket(mallory: Mallory, share_id: int, pipeline: int) -> bytes:
@@ -58,17 +43,17 @@ async def shares(mallory: Mallory, swarm: dict[str, Any], args: argparse.Namespa
         _, n, version = await _whole_slice(mallory, server, shard)
         blob = forgery.frame(forgery.vector(n, 1.0e-3))
         made_up = FAKE_SHARE + 7000 + stage
-        request = _contribution(mallory, shard, version, [made_up], micro_batches=CLAIMED)
+        request = contribution(mallory, shard, version, [made_up], micro_batches=CLAIMED)
         steps[f"made_up_work_stage_{stage}"] = await to_holder(
             mallory, swarm, server, request.encode([blob])[0], [blob]
         )
         tickets = _ticket(mallory, made_up, pipeline)
-        request = _contribution(mallory, shard, version, [made_up], micro_batches=CLAIMED, tickets=1)
+        request = contribution(mallory, shard, version, [made_up], micro_batches=CLAIMED, tickets=1)
         header = request.encode([blob, tickets])[0]
         steps[f"self_ticketed_stage_{stage}"] = await to_holder(mallory, swarm, server, header, [blob, tickets])
         squat = [max(0, newest - 8), *range(newest + 1, newest + 1 + SQUAT)]
         tickets = b"".join(_ticket(mallory, i, pipeline) for i in squat)
-        request = _contribution(mallory, shard, version, squat, micro_batches=len(squat), tickets=len(squat))
+        request = contribution(mallory, shard, version, squat, micro_batches=len(squat), tickets=len(squat))
         header = request.encode([blob, tickets])[0]
         steps[f"squat_next_{SQUAT}_stage_{stage}"] = await to_holder(mallory, swarm, server, header, [blob, tickets])
     return steps

@@ -303,22 +303,29 @@ async def replay(mallory: Mallory, swarm: dict[str, Any], args: argparse.Namespa
     _, cell = cell_holder(swarm, 0)
     first = max(8, cell.get("share") or 8) - 8  # shares issued a while ago: committed by now
     done = [first + i for i in range(4)]
-    request = Contribute(
-        run_id=mallory.run_id,
-        stage=shard["stage"],
-        shard=shard["shard"],
-        shards=shard["shards"],
-        share_ids=done,
-        base_version=version,
-        micro_batches=4 * len(done),
-        kind="gradient",
-        codec="fp32",
-    )
+    request = contribution(mallory, shard, version, done, micro_batches=4 * len(done))
     blob = forgery.frame(forgery.vector(n, 1.0))
     steps["contribute_replayed_shares"] = await to_holder(mallory, swarm, server, request.encode([blob])[0], [blob])
     complete = LedgerComplete(run_id=mallory.run_id, pipeline=cell["pipeline"], share_ids=done)
     steps["ledger_complete_replayed"] = await to_holder(mallory, swarm, ledger_peer(swarm), complete.encode()[0], [])
     return steps
+
+
+def contribution(
+    mallory: Mallory, shard: dict[str, Any], version: int, share_ids: list[int], **extra: Any
+) -> Contribute:
+    """Mallory's fp32 gradient contribution to ``shard`` for ``share_ids`` on ``version``."""
+    return Contribute(
+        run_id=mallory.run_id,
+        stage=shard["stage"],
+        shard=shard["shard"],
+        shards=shard["shards"],
+        share_ids=share_ids,
+        base_version=version,
+        kind="gradient",
+        codec="fp32",
+        **extra,
+    )
 
 
 async def forged_relay(mallory: Mallory, swarm: dict[str, Any], args: argparse.Namespace) -> dict[str, Outcome]:
