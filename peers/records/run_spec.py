@@ -130,10 +130,12 @@ class RunSpec:
         return None if s.constant else s
 
     def to_body(self) -> dict[str, Any]:
-        """The signed body. Settings at their defaults are left out, so that an open run's spec
-        reads (and signs) as it did before private runs and robust aggregation existed; a
-        private run's ``checkpoints`` is always written, so that a peer of a version that read
-        a missing one as ``public`` reads it as meant."""
+        """The signed body. Settings at their defaults are left out, so that the default run's
+        spec reads (and signs) as it always did; a private run's ``checkpoints`` is always
+        written, so that a peer of a version that read a missing one as ``public`` reads it as
+        meant. An open run's missing ``aggregation`` was read as the mean before centred
+        clipping became its default: such a peer, serving a shard, averages (weaker against a
+        poisoner, not a leak), and a run that wants the mean writes it."""
         body = self._base_body()
         if self.aggregation != default_aggregation(self.membership):
             body["exchange"]["aggregation"] = self.aggregation
@@ -342,15 +344,13 @@ def default_checkpoint_access(membership: str) -> str:
 
 
 def default_aggregation(membership: str) -> str:
-    """The rule when the spec does not say: the mean, for now, in every run. Centred clipping
-    (with its sender-trust rule) costs nothing in one process (``bench_robust.py``: -0.030 nats;
-    -0.105 in rounds shaped as the swarm's) but not yet in the asynchronous four-daemon swarm
-    (``test_swarm_training.py``): with the radius over 64 distances it ended +0.148, +0.225 and
-    +0.785 above the synchronous reference, over 16 (``RADIUS_WINDOW``) +0.038 and -0.209, where
-    the mean ends within about 0.05; two runs are not enough to make it every open run's rule. An
-    open run's creator who expects attackers signs ``aggregation = "centred-clip"``. Kept a
-    function of ``membership``: open runs should get the robust rule once its cost is known."""
-    return "mean"
+    """The rule when the spec does not say: centred clipping (with its sender-trust rule) for an
+    open run, which anyone with a key may join; the mean for a private one, whose members the
+    creator chose. Measured on the swarm's own code (``bench_robust_swarm.py``, the default run,
+    6 members, 4 paired runs to version 150): centred clipping ended -0.145 +/- 0.091 nats from
+    the mean with honest members (it costs nothing; it gains), and with one member negating
+    every contribution +0.050 from its own clean run, the negator given weight 0."""
+    return "centred-clip" if membership == "open" else "mean"
 
 
 def _one_of(value: str, allowed: tuple[str, ...], name: str) -> str:

@@ -115,16 +115,24 @@ class Member:
 
 class Swarm:
     def __init__(
-        self, folder: Path, peers: int, spec_changes: dict[str, Any] | None = None, link_Bps: float = 0.0
+        self,
+        folder: Path,
+        peers: int,
+        spec_changes: dict[str, Any] | None = None,
+        link_Bps: float = 0.0,
+        identities: list[Identity] | None = None,
     ) -> None:
+        """``identities``: the peers' keys, the first the run's creator (the same keys and spec
+        make the same run ID, so the same weights and data order: a paired comparison)."""
         body = {**DEFAULT_RUN, **(spec_changes or {})}
-        creator = Identity.generate()
-        self.spec: SignedRunSpec = sign_run_spec(creator, parse_spec_body(body))
+        keys = identities or [Identity.generate() for _ in range(peers)]
+        if len(keys) != peers:
+            raise ValueError(f"{len(keys)} identities for {peers} peers")
+        self.spec: SignedRunSpec = sign_run_spec(keys[0], parse_spec_body(body))
         self.dht = MemoryDHT(self.spec.run_id)
         self.link_Bps = link_Bps
         self.members: dict[str, Member] = {}
-        for i in range(peers):
-            identity = creator if i == 0 else Identity.generate()
+        for i, identity in enumerate(keys):
             self._add(identity, folder / f"p{i}")
 
     def _add(self, identity: Identity, folder: Path) -> None:

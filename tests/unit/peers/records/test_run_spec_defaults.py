@@ -42,7 +42,7 @@ def signed_before(identity: Identity, body: dict[str, Any]) -> bytes:
 
 
 def test_the_defaults_follow_membership() -> None:
-    assert (default_checkpoint_access("open"), default_aggregation("open")) == ("public", "mean")
+    assert (default_checkpoint_access("open"), default_aggregation("open")) == ("public", "centred-clip")
     for membership in ("token", "allowlist"):
         assert (default_checkpoint_access(membership), default_aggregation(membership)) == ("members", "mean")
 
@@ -63,18 +63,27 @@ def test_a_private_runs_weights_are_its_members_unless_it_says_public(access: di
     assert parse_spec_body(public.to_body()) == public
 
 
-def test_an_open_run_signs_as_before_with_public_weights_and_the_mean() -> None:
+def test_an_open_run_signs_as_before_with_public_weights_and_centred_clipping() -> None:
     spec = parse_spec_body(copy.deepcopy(DEFAULT_RUN))
-    assert (spec.membership, spec.checkpoint_access, spec.aggregation) == ("open", "public", "mean")
+    assert (spec.membership, spec.checkpoint_access, spec.aggregation) == ("open", "public", "centred-clip")
     assert spec.to_body() == DEFAULT_RUN
 
 
-def test_an_open_run_that_asks_for_centred_clipping_or_private_weights_says_so() -> None:
-    robust = parse_spec_body(body_with(aggregation="centred-clip"))
-    assert robust.aggregation == "centred-clip"
-    assert robust.to_body()["exchange"]["aggregation"] == "centred-clip"
-    assert parse_spec_body(robust.to_body()) == robust
+def test_an_open_run_may_keep_the_mean_and_says_so() -> None:
+    spec = parse_spec_body(body_with(aggregation="mean"))
+    assert spec.aggregation == "mean"
+    assert spec.to_body()["exchange"]["aggregation"] == "mean"  # missing reads as centred clipping
+    assert parse_spec_body(spec.to_body()) == spec
 
+
+def test_an_open_spec_signed_before_the_robust_default_is_read_with_it() -> None:
+    creator = Identity.generate()
+    raw = signed_before(creator, copy.deepcopy(DEFAULT_RUN))
+    signed = verify_run_spec(raw, derive_run_id(DEFAULT_RUN["name"], creator.public_key))
+    assert signed.raw == raw and signed.spec.aggregation == "centred-clip"
+
+
+def test_an_open_run_with_private_weights_says_so() -> None:
     closed = parse_spec_body(body_with({"checkpoints": "members"}))
     assert (closed.membership, closed.checkpoint_access) == ("open", "members")
     assert closed.to_body()["access"] == {"checkpoints": "members"}
