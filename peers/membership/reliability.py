@@ -67,6 +67,9 @@ for no one. The daemon passes three of its scan intervals."""
 PRIOR_UP_S = 60.0
 PRIOR_WATCHED_S = 600.0
 SESSION_SCALE_S = 1800.0
+PRIOR_SESSION_S = 1800.0
+"""A newcomer's session length until its departures say otherwise (``uptime_estimates``): the
+session scale of the score, half an hour, about what a volunteer's machine stays at least."""
 MIN_WATCHED_S = 30.0
 """An observer's figures about a subject count once it has watched the subject this long."""
 MAX_SECONDS = 1e10
@@ -93,11 +96,17 @@ def score(watched_s: float, up_s: float, departures: int) -> float:
 
 def uptime_estimates(watched_s: float, up_s: float, departures: int) -> tuple[float, float]:
     """(mean uptime h, mean downtime h) as the scenario format wants them: a session is the
-    up time per departure (one more than observed: the current one), a gap the down time per
-    departure."""
+    up time per departure, with one ``PRIOR_SESSION_S`` session counted beside the ones observed
+    (the current one), a gap the down time per departure.
+
+    The prior is what keeps a young swarm plannable: without it a peer seen up for a minute and
+    never gone was taken to leave every minute, so every plan's churn term ate all of its
+    throughput, each plan was predicted at 0 tokens/s, and a newcomer never replaced anyone
+    (the coordinator found no plan faster than 0). Each departure observed outweighs it soon:
+    gone 30 times in an hour up, a peer's session is under three minutes all the same."""
     sessions = departures + 1
     down = max(0.0, watched_s - up_s)
-    return up_s / sessions / 3600.0, (down / departures / 3600.0) if departures else 0.0
+    return (up_s + PRIOR_SESSION_S) / sessions / 3600.0, (down / departures / 3600.0) if departures else 0.0
 
 
 class ObservationBook:

@@ -118,7 +118,14 @@ def test_self_reports_are_ignored_and_a_lying_minority_cannot_lift_a_flapper() -
     assert result["x"].observers == 5  # its own word is not among them
     assert result["x"].score == pytest.approx(score(*flapper)) and result["x"].score < 0.5
     assert result["nobody"].score == 0.0 and result["nobody"].mean_uptime_h is None
-    assert result["x"].mean_uptime_h == pytest.approx(1800 / 31 / 3600)
+    assert result["x"].mean_uptime_h == pytest.approx((1800 + rel.PRIOR_SESSION_S) / 31 / 3600)
+
+
+def test_a_peer_never_seen_leaving_is_not_taken_to_leave_every_minute() -> None:
+    # Up a minute, never gone: a session of about the prior, not of one minute.
+    assert rel.uptime_estimates(60.0, 60.0, 0)[0] == pytest.approx((60 + rel.PRIOR_SESSION_S) / 3600)
+    # Gone 30 times in an hour up: its departures outweigh the prior.
+    assert rel.uptime_estimates(3600.0, 3600.0, 30)[0] * 3600 < 180
 
 
 T = ElectionConfig(min_reliability=0.5, min_relay_reliability=0.6, min_connectivity_Bps=1e6, hysteresis=0.1)
