@@ -14,5 +14,7 @@ run's DHT with a fresh key and attacks the daemons, printing what each step got 
 - ``flood_attacks``: the DHT (leases, plans, claim floods) and the transport
   (oversized frames, slow-loris streams, large requests);
 - ``harness``: what the test and the benchmark share, without hivemind: a training swarm's
-  description for Mallory, Mallory run as a subprocess, and the checks that the daemons held.
+  description for Mallory, Mallory run as a subprocess, and the checks that the daemons held;
+- ``silent_daemon``: a real daemon, patched in its own process to claim a fast device and
+  never take work (the silent member; ``tests/integration/test_silent_member.py``).
 """

@@ -1,0 +1,108 @@
+"""A planned member that heartbeats and never works is found and planned out (issue 26).
+
+Two honest daemons train the default run under their coordinator's plan; a third joins that
+is a real daemon patched to announce a fast device and never take work
+(``tests/integration/hostile/silent_daemon.py``). Before the silent-member watch a run sat
+near 0 updates a minute for three minutes behind one such member. Here the coordinator plans
+work for it (the fast device), finds within a lease interval or two that it holds no lease on
+any of its tasks, plans it out (``swarmd.node.silent_members``), and training goes on. Prints
+the updates a minute before the silent member, while it was planned and after the repair.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from swarmd.models.presets import DEFAULT_RUN
+from swarmd.system.local_swarm import LocalDaemon, create_run, wait_for
+from tests.integration.conftest import TRAINING
+from tests.integration.hostile.harness import planned, status, tracebacks, updates, wait_updates
+
+pytestmark = pytest.mark.timeout(480)
+
+SILENT = Path(__file__).parent / "hostile" / "silent_daemon.py"
+START_S = 240.0
+PLANNED_S = 150.0
+"""How long the coordinator may take to plan the newcomer in (it measures its links first)."""
+FOUND_S = 120.0
+"""From the first plan naming it: the watch's grace (one cell lease, 30 s) plus its rounds."""
+MORE = 5
+MEASURED = [a for a in TRAINING if a != "--no-benchmark"]
+"""Every daemon measures its device (half a second): against measured devices the silent
+member's claim is what gets it planned, as it would in a real swarm."""
+
+
+def _plan(daemons: list[LocalDaemon]) -> dict[str, Any]:
+    """The newest plan the honest daemons follow, as their status shows it."""
+    plans = [(status(d).get("swarm") or {}).get("plan") or {} for d in daemons]
+    return max(plans, key=lambda p: p.get("version") or 0)
+
+
+def _tasks_of(plan: dict[str, Any], peer: str) -> int:
+    cells = sum(row.count(peer) for row in plan.get("grid") or [])
+    shards = sum(row.count(peer) for row in plan.get("shard_servers") or [])
+    return cells + shards + (plan.get("parameter_servers") or []).count(peer)
+
+
+def _coordination(daemons: list[LocalDaemon]) -> list[dict[str, Any]]:
+    keys = ("coordinator", "plan_error", "newcomers", "silent_members", "electable", "links", "reliability")
+    return [{k: (status(d).get("swarm") or {}).get(k) for k in keys} for d in daemons]
+
+
+def _found_silent(daemons: list[LocalDaemon]) -> set[str]:
+    found: set[str] = set()
+    for daemon in daemons:
+        found.update(((status(daemon).get("swarm") or {}).get("silent_members") or {}).get("silent") or [])
+    return found
+
+
+def _rate(daemons: list[LocalDaemon], seconds: float) -> float:
+    """Updates a minute over the next ``seconds`` (a measurement window, not a sync)."""
+    start, t0 = updates(daemons), time.monotonic()
+    wait_for(lambda: time.monotonic() - t0 >= seconds, seconds + 5, "the measurement window", 0.5)
+    return (updates(daemons) - start) * 60 / (time.monotonic() - t0)
+
+
+def test_a_silent_member_is_planned_out_and_training_goes_on(workdir: Path) -> None:
+    spec = workdir / "run.json"
+    spec.write_text(json.dumps(DEFAULT_RUN))
+    run_id = create_run(workdir / "d0", spec)
+    honest = [LocalDaemon(workdir / f"d{i}", run_id, MEASURED) for i in range(2)]
+    silent = LocalDaemon(workdir / "silent", run_id, MEASURED, command_prefix=[sys.executable, str(SILENT)])
+    try:
+        addrs = honest[0].start().wait_running()["addrs"]
+        honest[1].start(addrs).wait_running()
+        wait_for(lambda: updates(honest) >= 3 and planned(honest), START_S, "two daemons to train under a plan", 0.5)
+        clean = _rate(honest, 30)
+
+        silent.start(addrs)
+        peer = silent.wait_running()["peer_id"]
+        try:
+            wait_for(lambda: _tasks_of(_plan(honest), peer), PLANNED_S, "a plan that gives the silent member work", 0.5)
+        except TimeoutError as e:
+            raise AssertionError(f"{e}; the coordinator's view: {_coordination(honest)}") from None
+        named_at, plan = time.monotonic(), _plan(honest)
+        print(f"\nplan {plan['version']} names the silent member for {_tasks_of(plan, peer)} task(s): {plan['grid']}")
+        stalled = updates(honest)
+
+        wait_for(lambda: peer in _found_silent(honest), FOUND_S, "the coordinator to find the member silent", 0.5)
+        found_s = time.monotonic() - named_at
+        wait_for(lambda: not _tasks_of(_plan(honest), peer), 60, "a plan without the silent member", 0.5)
+        repaired_s, during = time.monotonic() - named_at, updates(honest) - stalled
+        after = wait_updates(honest, updates(honest) + MORE, 120, "training after the silent member is planned out")
+        repaired = _rate(honest, 30)
+        print(
+            f"updates a minute: {clean:.1f} before the silent member; {during} updates in the {repaired_s:.0f} s "
+            f"it was planned (found silent after {found_s:.0f} s); {repaired:.1f} after the repair (updates {after})"
+        )
+        assert silent.proc is not None and silent.proc.poll() is None  # it stayed, heartbeating, throughout
+        assert not tracebacks([*honest, silent])
+    finally:
+        for daemon in [silent, *honest]:
+            daemon.stop(timeout=20)
