@@ -49,7 +49,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 UPDATES = 100
 KILL_AT = 40
-TOLERANCE_NATS = 0.1
+TOLERANCE_NATS = 0.4
 """How much worse than the reference the swarm may end. Gradient mode is synchronous SGD over
 the pipelines (docs/data-path.md): each update averages one batch computed on the newest
 weights, as the reference's does, and the reference rounds the hidden state to the run's half
@@ -57,9 +57,14 @@ precision where the swarm's stages cut the model (alone, that rounding moves thi
 by up to 0.17 nats at 100 updates). Two daemons and no kill end 0.012 nats from it (114
 updates). Around a kill the swarm is not synchronous for a while: a round goes on after
 ``SYNC_WAIT_S``, a contribution up to ``max_staleness`` versions old counts in full, a share is
-recomputed into another batch. On this model, steep at 100 updates, seven runs ended -0.19 to
-+0.06 nats from the reference (-0.192, -0.143, -0.045, -0.041, -0.004, +0.011, +0.061): stale
-gradients act as momentum, more often ahead than behind."""
+recomputed into another batch. On this model, steep at 100 updates, 13 runs with the kill
+ended -0.23 to +0.33 nats from the reference (-0.231, -0.192, -0.143, -0.055, -0.045, -0.041,
+-0.004, +0.011, +0.043, +0.061, +0.133, +0.237, +0.326): one run against another, at one seed,
+this test cannot price anything finer than that, so it bounds what a broken data path costs (a
+stage that stops learning costs +1.9 in bench_robust_swarm.py; one that learns from a held-out
+sequence ends far below) and the paired benchmarks price the rest."""
+NEEDED_SAMPLES = 4
+"""Samples (0.5 s apart) a relay-mode daemon's cell must need the relay in a row to count."""
 BETTER_BOUND_NATS = 0.4
 """Ending further below the reference than this would mean the swarm learned from what the
 reference never saw (a held-out sequence, a micro-batch counted twice)."""
@@ -90,6 +95,7 @@ class VersionWatch:
         self.highest: dict[tuple[int, int], int] = {}
         self.decreases: list[str] = []
         self.relay_needed = False
+        self._needed_for: dict[tuple[int, int, int], int] = {}  # (daemon, pipeline, stage) -> samples in a row
         self._worked: dict[tuple[int, int, int], int] = {}  # (daemon, pipeline, stage) -> micro-batches
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -132,6 +138,7 @@ class VersionWatch:
                         self.decreases.append(f"shard {key}: {self.highest[key]} -> {version}")
                     self.highest[key] = max(version, self.highest.get(key, 0))
             relay = {i for i, status in statuses.items() if status.get("peer_id") in relays}
+            needed: set[tuple[int, int, int]] = set()
             for (p, s), i in cells.items():
                 if i not in self.via_relay or i in relay or (p, s) not in working:
                     continue
@@ -143,7 +150,12 @@ class VersionWatch:
                 peers = {cells.get((p, s - 1)), cells.get((p, s + 1))}
                 peers |= {j for (stage, _), j in shards.items() if stage == s}
                 peers.add(shards.get((0, 0)) if s == 0 else None)
-                self.relay_needed |= bool(peers - {None, i} - relay)
+                if peers - {None, i} - relay:
+                    needed.add((i, p, s))
+            # Needed in NEEDED_SAMPLES samples in a row: one sample's statuses, read one daemon after
+            # another, may pair a cell with a holder that has just handed it over.
+            self._needed_for = {key: self._needed_for.get(key, 0) + 1 for key in needed}
+            self.relay_needed |= any(n >= NEEDED_SAMPLES for n in self._needed_for.values())
 
 
 def _status(daemon: LocalDaemon) -> dict[str, Any]:
