@@ -18,7 +18,8 @@ manifest. One run serves every check, because each costs minutes on two cores:
   shards and exported with the run's tokenizer) score a held-out loss far below the start and
   no more than ``TOLERANCE_NATS`` above a single-process synchronous reference of the same model,
   tokenizer, data, seed and wire precision after as many updates (equal tokens: an update is one batch in
-  either).
+  either). Two daemons without a kill (a second test) stay within ``NO_KILL_TOLERANCE_NATS`` of
+  it, either side.
 
 Two daemons send everything through the plan's relay, as peers whose outbound connections
 are filtered would: the relay path carries real training.
@@ -47,8 +48,13 @@ from swarmd.system.local_swarm import LocalDaemon, create_run, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
+PRESET = PRESETS["tiny-llama-bpe"]
 UPDATES = 100
 KILL_AT = 40
+NO_KILL_TOLERANCE_NATS = 0.1
+"""Issue 25's bound, both ways, for a swarm that stays synchronous (no kill): the reference
+rounds the hidden state at the stage cut as the swarm does, so only the order of
+floating-point sums differs (+0.012 at 114 updates, two daemons)."""
 TOLERANCE_NATS = 0.4
 """How much worse than the reference the swarm may end. Gradient mode is synchronous SGD over
 the pipelines (docs/data-path.md): each update averages one batch computed on the newest
@@ -184,18 +190,40 @@ def ledger(daemons: list[LocalDaemon]) -> dict[str, Any]:
     return found[0] if found else {}
 
 
-def test_four_daemons_train_like_the_reference_through_a_killed_worker(
-    workdir: Path, daemon_factory: Callable[..., LocalDaemon]
-) -> None:
-    preset = PRESETS["tiny-llama-bpe"]
-    spec_path = materialize(preset, workdir / "files")
-    # The mean, as the reference steps: this test measures that the swarm computes the synchronous
-    # algorithm. An open run's default, centred clipping, deliberately steps otherwise; what it
-    # costs is measured paired, in the swarm's own code (tests/benchmarks/bench_robust_swarm.py).
+def _preset_run(workdir: Path) -> str:
+    """The preset's run, created in d0's state directory (d0 holds the data), with the mean, as
+    the reference steps: these tests measure that the swarm computes the synchronous algorithm.
+    An open run's default, centred clipping, deliberately steps otherwise; what it costs is
+    measured paired, in the swarm's own code (tests/benchmarks/bench_robust_swarm.py)."""
+    spec_path = materialize(PRESET, workdir / "files")
     spec = json.loads(spec_path.read_text())
     spec["exchange"] = {**spec.get("exchange", {}), "aggregation": "mean"}
     spec_path.write_text(json.dumps(spec))
-    run_id = create_run(workdir / "d0", spec_path)  # d0 holds the data
+    return create_run(workdir / "d0", spec_path)
+
+
+def test_two_daemons_train_within_a_tenth_of_a_nat_of_the_reference(
+    workdir: Path, daemon_factory: Callable[..., LocalDaemon]
+) -> None:
+    """Without a kill the swarm is synchronous SGD over its pipeline: the preset's held-out loss
+    at equal tokens stays within ``NO_KILL_TOLERANCE_NATS`` of the reference, either side."""
+    run_id = _preset_run(workdir)
+    daemons = [daemon_factory(workdir / f"d{i}", run_id, train=True) for i in range(2)]
+    daemons[1].start(daemons[0].start().wait_running()["addrs"])
+    daemons[1].wait_running()
+    wait_for(lambda: updates(daemons) >= UPDATES, 300, f"{UPDATES} updates", 0.5)
+    exported = workdir / "exported"
+    versions, printed_loss = _export(daemons[0], exported)
+    for daemon in daemons:
+        assert daemon.stop(timeout=60) == 0, daemon.log_tail()
+    gap = _gap_to_reference(workdir, run_id, exported, versions, printed_loss)
+    assert -NO_KILL_TOLERANCE_NATS < gap < NO_KILL_TOLERANCE_NATS, gap
+
+
+def test_four_daemons_train_like_the_reference_through_a_killed_worker(
+    workdir: Path, daemon_factory: Callable[..., LocalDaemon]
+) -> None:
+    run_id = _preset_run(workdir)
     via_relay = ["--data-via-relay", "always"]
     daemons = [daemon_factory(workdir / f"d{i}", run_id, via_relay if i >= 2 else None, train=True) for i in range(4)]
     addrs = daemons[0].start().wait_running()["addrs"]
@@ -272,16 +300,23 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
     for daemon in daemons:
         assert daemon.stop(timeout=60) == 0, daemon.log_tail()
 
-    # The reference: the same model, tokenizer, data and seed, trained synchronously in this
-    # process for as many updates as the swarm's stages made (the fewest of them: they differ by
-    # a step or two).
-    shape = ModelShape.from_dict(preset.spec["model"])
+    gap = _gap_to_reference(workdir, run_id, exported, versions, printed_loss)
+    assert -BETTER_BOUND_NATS < gap < TOLERANCE_NATS, gap
+    tokenizer = AutoTokenizer.from_pretrained(exported)  # the run's BPE, exported beside the weights
+    assert tokenizer.eos_token == "<|endoftext|>" and len(tokenizer) == 1024
+
+
+def _gap_to_reference(workdir: Path, run_id: str, exported: Path, versions: list[int], printed_loss: float) -> float:
+    """The exported swarm's held-out loss less the reference's: the same model, tokenizer, data
+    and seed, trained synchronously in this process for as many updates as the swarm's stages
+    made (the fewest of them: they differ by a step or two). Checks that the swarm learned."""
+    shape = ModelShape.from_dict(PRESET.spec["model"])
     seed = run_seed(run_id)
     prepared = open_prepared(workdir / "files" / "data", shape.seq_len, seed)
     train, held_out = prepared.train, prepared.validation
     assert held_out is not None
-    mb, batch = preset.spec["batch"]["micro_batch"], preset.spec["batch"]["sequences"]
-    opt = preset.spec["optimizer"]
+    mb, batch = PRESET.spec["batch"]["micro_batch"], PRESET.spec["batch"]["sequences"]
+    opt = PRESET.spec["optimizer"]
     steps = min(versions)
     settings = TrainConfig(
         seed=seed,
@@ -291,7 +326,7 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
         lr=opt["lr"],
         weight_decay=opt["weight_decay"],
         schedule=LrSchedule(opt["lr"], opt.get("warmup_steps", 0), opt.get("decay_steps", 0)),
-        stages=preset.spec["stages"],
+        stages=PRESET.spec["stages"],
         wire=shape.wire_half,
     )
     _, reference_weights = train_reference(shape, train, settings)
@@ -306,9 +341,7 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
         f"(export printed {printed_loss:.3f}), reference {ref_end:.3f}, gap {swarm_end - ref_end:+.3f}"
     )
     assert swarm_end < start - 1.5, (start, swarm_end)
-    assert -BETTER_BOUND_NATS < swarm_end - ref_end < TOLERANCE_NATS, (swarm_end, ref_end)
-    tokenizer = AutoTokenizer.from_pretrained(exported)  # the run's BPE, exported beside the weights
-    assert tokenizer.eos_token == "<|endoftext|>" and len(tokenizer) == 1024
+    return swarm_end - ref_end
 
 
 def _export(daemon: LocalDaemon, out: Path) -> tuple[list[int], float]:
