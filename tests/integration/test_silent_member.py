@@ -45,9 +45,9 @@ def _plan(daemons: list[LocalDaemon]) -> dict[str, Any]:
 
 
 def _tasks_of(plan: dict[str, Any], peer: str) -> int:
+    """The cells and shards ``plan`` names ``peer`` for."""
     cells = sum(row.count(peer) for row in plan.get("grid") or [])
-    shards = sum(row.count(peer) for row in plan.get("shard_servers") or [])
-    return cells + shards + (plan.get("parameter_servers") or []).count(peer)
+    return cells + sum(row.count(peer) for row in plan.get("shard_servers") or [])
 
 
 def _coordination(daemons: list[LocalDaemon]) -> list[dict[str, Any]]:
