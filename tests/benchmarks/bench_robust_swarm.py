@@ -11,8 +11,9 @@ the aggregation differs (the run ID does not depend on it). The asynchronous sch
 differs run to run, which is why the gaps are given per pair and as a mean over pairs.
 
 - ``clean``: every member honest;
-- ``sign-flip``: the member holding the last pipeline's cells sends every contribution negated
-  (same norm: no norm bound sees it), as the member of issue 26 did.
+- ``sign-flip``: one member (the last key; the provisional assignment places members by peer
+  ID, so its cell differs pair to pair) sends every contribution negated (same norm: no norm
+  bound sees it), as the member of issue 26 did.
 
 Prints, per run, the held-out loss when shard (0, 0) reaches ``--updates`` versions (the
 swarm's own evaluation: the same held-out sequences every time), the seconds it took and what
@@ -75,7 +76,7 @@ async def run(
 ) -> tuple[float, float, dict[str, Any]]:
     """(held-out loss at version 0, at ``updates``; what the servers and the liar did)."""
     changes = {
-        "exchange": {**_default_exchange(), "aggregation": aggregation},
+        "exchange": {**DEFAULT_RUN["exchange"], "aggregation": aggregation},
         "eval": {"every": updates, "sequences": EVAL_SEQUENCES},
     }
     with tempfile.TemporaryDirectory(prefix="swd-robust-") as folder, SignFlip() as flip:
@@ -103,10 +104,6 @@ async def run(
             await swarm.stop()
         first, last = scores()[0], next(s for s in scores() if s.version >= updates)
         return first.loss, last.loss, {"flipped": flip.flipped, "servers": servers, "version": last.version}
-
-
-def _default_exchange() -> dict[str, Any]:
-    return dict(DEFAULT_RUN["exchange"])
 
 
 def main() -> None:
