@@ -21,7 +21,7 @@ a failover (its first holder may still finish it; the servers then take one of t
 from __future__ import annotations
 
 import json
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import asdict, dataclass
 
 MAX_METADATA_SHARES = 100_000
@@ -73,7 +73,7 @@ class ShareLedger:
         self.next_id = 0
         self._open: dict[int, _Open] = {}
         self._held: Counter[str] = Counter()  # holder -> its open shares (issue checks it per share)
-        self._again: OrderedDict[int, Share] = OrderedDict()  # to be issued again, oldest first
+        self._again: dict[int, Share] = {}  # to be issued again, the earliest data first
         self.counters = LedgerCounters()
 
     # --- requests ---------------------------------------------------------------------------
@@ -83,8 +83,8 @@ class ShareLedger:
         held = self._held[holder]
         if held >= limit:
             raise LedgerError(f"{holder[:16]} holds {held} open shares; the limit is {limit}")
-        if self._again:
-            _, share = self._again.popitem(last=False)
+        if self._again:  # in data order: a swarm that drops a share trains the batches as one process would
+            share = self._again.pop(min(self._again))
             self.counters.reissued += 1
         else:
             share = Share(self.next_id, self.cursor, self.share_micro_batches)

@@ -38,3 +38,16 @@ def test_issued_shares_carry_tickets_for_the_asking_pipeline() -> None:
     )
     with pytest.raises(NotHolder):  # only the pipeline's stage-0 cell gets its shares (and tickets)
         host.issue("cell-1", LedgerIssue(run_id=RUN_ID, pipeline=0, renew=[], want=1), NOW)
+
+
+def test_a_pipeline_whose_stage_0_moved_gets_its_dropped_share_before_a_new_one() -> None:
+    """The share open at the pipeline's old stage-0 holder (its abandon lost as the cell moved)
+    is issued to the new holder first, before the tick has run."""
+    holders = {0: "old", 1: "other"}
+    host = LedgerHost.from_state("", 4, holders.get, lambda: 3, sign)
+    dropped = host.issue("old", LedgerIssue(run_id=RUN_ID, pipeline=0, renew=[], want=1), NOW).shares[0]
+    busy = host.issue("other", LedgerIssue(run_id=RUN_ID, pipeline=1, renew=[], want=1), NOW).shares[0]
+    holders[0] = "new"
+    issued = host.issue("new", LedgerIssue(run_id=RUN_ID, pipeline=0, renew=[], want=2), NOW).shares
+    assert [s[0] for s in issued] == [dropped[0], 2]  # pipeline 1's open share stays its own
+    assert [(share.share_id, holder) for share, holder in host.ledger.open_shares()][0] == (busy[0], "1/other")

@@ -45,3 +45,13 @@ def test_a_checkpointed_ledger_issues_its_open_shares_again_and_never_skips() ->
     assert restored.open_shares()[2][0].first == 12
     with pytest.raises(LedgerError, match="corrupt"):
         ShareLedger.from_metadata('{"cursor": 3, "next_id": 1, "again": [[0, 0, 9]]}', 3, 10)
+
+
+def test_shares_given_back_are_issued_again_in_data_order() -> None:
+    """Whatever order shares come back in, the earliest data goes out first: a swarm that drops
+    shares trains its batches in the order one process would."""
+    ledger = ShareLedger(share_micro_batches=2, lease_s=60)
+    shares = [ledger.issue("p", 0.0, limit=4) for _ in range(3)]
+    assert ledger.abandon([shares[2].share_id], "p") == [shares[2].share_id]
+    assert ledger.abandon([shares[0].share_id], "p") == [shares[0].share_id]
+    assert [ledger.issue("q", 1.0, limit=4).first for _ in range(3)] == [0, 4, 6]
