@@ -14,6 +14,13 @@ Where the plan groups the stage's pipelines, a slice goes to its group's head fo
 (``Reduce``, ``swarmd.training.reducer``), which answers with what the server answered the
 group's sum; a slice whose head fails it goes to the server itself from then on.
 
+A cell that stops (the plan moved it) with slices not yet delivered hands them over to
+``deliver_rest``: it goes on sending them to their shards' holders as the pool shows them, for
+up to ``REST_DELIVERY_S``. Before, a slice whose shard was moving at the same moment had no
+holder to go to while the cell drained, and it was dropped with no word; its stage-0 twin was
+committed and its shares completed, so that stage never learned from that batch (a two-daemon
+run left the reference's trajectory there, and ended 0.11 nats behind it).
+
 Backpressure: a cell may start a round only when the previous one is delivered (``room``): a
 slow link slows its cell rather than piling contributions up. Rounds may wait to be committed
 for long (a server steps once the whole batch is in, from every pipeline), so only the newest
@@ -26,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +56,10 @@ MAX_TRACKED = 256
 """Rounds waiting to be committed at most (their share IDs only: a few bytes each)."""
 DELIVER_TIMEOUT_S = 120.0
 RETRY_S = (0.25, 4.0)
+REST_DELIVERY_S = 120.0
+"""How long a stopped cell's undelivered slices are offered to their shards' holders: a shard
+that moves opens at its new holder within ``OPEN_GRACE_S`` (60 s)."""
+REST_POLL_S = 0.5
 
 
 @dataclass
@@ -107,6 +119,8 @@ class Contributions:
         self._changed = asyncio.Event()
         self.progress = asyncio.Event()
         """Set whenever a slice is delivered or a round committed: what a cell waiting for room waits on."""
+        self._servers: Callable[[], list[str | None]] = lambda: self.cell.view.servers
+        self._rest = False  # the cell stopped: its slices go straight to the servers the pool shows
 
     def start(self) -> list[asyncio.Task[None]]:
         return [asyncio.create_task(self._deliver_loop(), name=f"cell {self.cell.cell} contributions")]
@@ -188,6 +202,36 @@ class Contributions:
         while self._undelivered():
             await asyncio.sleep(0.1)
 
+    def undelivered(self) -> int:
+        """Rounds with a slice no shard holder has taken yet."""
+        return sum(not r.delivered for r in self.rounds)
+
+    async def deliver_rest(self, servers: Callable[[], list[str | None]], within_s: float = REST_DELIVERY_S) -> bool:
+        """The cell has stopped: deliver what it left undelivered to each shard's holder as
+        ``servers`` shows it now (the trainer's view of the pool; the cell's own view no longer
+        changes), straight to the server, for up to ``within_s``. True once all is delivered;
+        False, with a warning naming the shares, when time ran out."""
+        self._servers, self._rest = servers, True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_s
+        while self._undelivered():
+            if loop.time() > deadline:
+                left = [sid for r in self.rounds if not r.delivered for sid in r.share_ids]
+                logger.warning(
+                    "cell %s stopped; its contribution for shares %s found no holder of its shards in %.0f s: "
+                    "stage %d does not learn from them",
+                    self.cell.cell,
+                    left[:8],
+                    within_s,
+                    self.cell.stage,
+                )
+                return False
+            for r in list(self.rounds):
+                await self._deliver(r)
+            if self._undelivered():
+                await asyncio.sleep(REST_POLL_S)
+        return True
+
     # --- delivery -----------------------------------------------------------------------------
 
     async def _deliver_loop(self) -> None:
@@ -214,7 +258,7 @@ class Contributions:
 
     async def _deliver(self, r: _Round) -> bool:
         """Send every slice not yet at its shard's current holder; False if one failed."""
-        servers = self.cell.view.servers
+        servers = self._servers()
         todo = [
             k
             for k in range(len(r.committed))
@@ -229,6 +273,8 @@ class Contributions:
         return all(results)
 
     def _head(self, k: int) -> str | None:
+        if self._rest:
+            return None  # the group's round is over for this cell: straight to the server
         heads = self.cell.view.heads
         return heads[k] if k < len(heads) else None
 

@@ -151,6 +151,22 @@ class Lifecycle:
         if task is not None:
             await asyncio.gather(task, return_exceptions=True)
         logger.info("Stopped working cell %s", cell)
+        if worker.contributions.undelivered():
+            self._deliver_rest(worker)
+
+    def _deliver_rest(self, worker: CellWorker) -> None:
+        """What the stopped cell could not deliver goes on to its shards' holders as the pool
+        shows them (``Contributions.deliver_rest``): a shard moving with it has a new holder
+        within seconds, and a slice dropped now is a batch that stage never learns from."""
+        trainer, stage = self.trainer, worker.stage
+
+        def servers() -> list[str | None]:
+            counts = trainer.assignment.shard_counts() if trainer.assignment is not None else []
+            return [trainer.shard_holder((stage, k)) for k in range(counts[stage] if stage < len(counts) else 0)]
+
+        task = asyncio.create_task(worker.contributions.deliver_rest(servers), name=f"cell {worker.cell} rest")
+        trainer.rest_deliveries.add(task)
+        task.add_done_callback(trainer.rest_deliveries.discard)
 
     async def close_shard(self, key: Shard) -> None:
         """Close ``key``'s server, keeping its final state for whoever holds the shard next."""

@@ -35,6 +35,7 @@ from swarmd.peers.taskpool.shares import Share
 from swarmd.peers.taskpool.tickets import LedgerKeepers, ShareTicket
 from swarmd.peers.wire.errors import NotHolder
 from swarmd.peers.wire.protocol import Request
+from swarmd.system.tasks import cancel_all
 from swarmd.training import export
 from swarmd.training.bookkeeping import (
     Books,
@@ -66,6 +67,10 @@ if TYPE_CHECKING:  # hivemind loads only where the DHT runs (it cannot share a p
 logger = logging.getLogger(__name__)
 
 Send = Callable[[str, Request, list[bytes], float], Awaitable[tuple[Any, list[bytes]]]]
+
+
+REST_CANCEL_S = 5.0
+"""How long stopping waits for the cancelled deliveries of stopped cells' contributions."""
 
 
 class RunInputs(Protocol):
@@ -134,6 +139,8 @@ class Trainer:
         """What this peer claims and last read of the pool (``bookkeeping``)."""
         self.cells: dict[Cell, CellWorker] = {}
         self.cell_tasks: dict[Cell, asyncio.Task[None]] = {}
+        self.rest_deliveries: set[asyncio.Task[bool]] = set()
+        """Stopped cells' contributions still on their way (``Lifecycle.close_cell``)."""
         self.servers: dict[Shard, ShardServer] = {}
         self.replicas = ReplicaStore(self.shard_holder)
         self.seen = SeenVersions(self.own)
@@ -365,6 +372,8 @@ class Trainer:
         """Stop every cell, flush and copy every shard, release every lease at once."""
         await self.evaluation.stop()
         await self._step(Stopping(tuple(self.cells), tuple(self.servers)), time.time())
+        # Our servers are closed: what is still on its way goes nowhere now.
+        await cancel_all(list(self.rest_deliveries), REST_CANCEL_S, "rest deliveries")
         self.state = "stopped"
 
     def status(self) -> dict[str, Any]:

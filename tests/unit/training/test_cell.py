@@ -8,12 +8,13 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 
 from swarmd.models.presets import DEFAULT_RUN
 from swarmd.models.shape import ModelShape
 from swarmd.peers.taskpool.exchange import ExchangeConfig
-from swarmd.peers.wire.errors import BadRequest, WrongEpoch
-from swarmd.peers.wire.messages import CellBackward, CellForward
+from swarmd.peers.wire.errors import BadRequest, NotHolder, WrongEpoch
+from swarmd.peers.wire.messages import CellBackward, CellForward, Contributed
 from swarmd.training.cell import CellView, CellWorker
 
 pytestmark = pytest.mark.timeout(60)
@@ -71,5 +72,41 @@ def test_a_neighbours_tensor_is_queued_only_from_the_neighbour_for_a_share_of_th
         await cell.handle("prev", forward(), b"frame")
         item = await cell.flight.next_item(1.0)
         assert (item.kind, item.micro_batch, item.blob) == ("forward", 8, b"frame")
+
+    asyncio.run(scenario())
+
+
+def test_a_stopped_cells_contribution_reaches_its_shards_next_holder() -> None:
+    """The plan moved the cell and the shard at once: the slice the cell could not deliver to the
+    shard's old holder goes to the new one as soon as the pool shows it, and once only."""
+    holders = ["old", "old", None, "new"]  # what each look at the pool shows
+    sent: list[str] = []
+
+    async def send(peer: str, request: Any, blobs: list[bytes], timeout_s: float) -> Any:
+        sent.append(peer)
+        if peer != "new":
+            raise NotHolder(f"{peer} does not hold shard 0 (any more)")
+        return Contributed(version=3, accepted=True, staleness=0, weight=1.0, duplicate=False, committed=True), []
+
+    def servers() -> list[str | None]:
+        return [holders.pop(0) if len(holders) > 1 else holders[0]]
+
+    async def scenario() -> None:
+        cell = worker()
+        cell._send = send
+        cell.contributions.add([5], ["t"], torch.ones(100), 2, [3])
+        assert cell.contributions.undelivered() == 1
+        assert await cell.contributions.deliver_rest(servers, within_s=30)
+        assert cell.contributions.undelivered() == 0 and sent.count("new") == 1 and "old" in sent
+
+    asyncio.run(scenario())
+
+
+def test_a_stopped_cells_contribution_with_no_holder_is_given_up_in_time() -> None:
+    async def scenario() -> None:
+        cell = worker()
+        cell.contributions.add([5], ["t"], torch.ones(100), 2, [3])
+        assert not await cell.contributions.deliver_rest(lambda: [None], within_s=1)
+        assert cell.contributions.undelivered() == 1
 
     asyncio.run(scenario())
