@@ -19,6 +19,7 @@ import torch
 from swarmd.models.build import ModelShape, build_model
 from swarmd.models.data.windows import Dataset
 from swarmd.models.lr_schedule import LrSchedule
+from swarmd.models.shard_deltas import FP16_MAX
 from swarmd.models.stages import split_layers
 
 logger = logging.getLogger(__name__)
@@ -83,10 +84,19 @@ class TrainConfig:
     its numerics. Rounding a small model's hidden state to bf16 moves its held-out loss after
     100 steps by as much as 0.17 nats either way (tiny-llama-bpe), 10x what a lost micro-batch
     does."""
+    contribution: str = "fp32"
+    """What each step's mean gradient is rounded to on its way from the cells to the shard
+    servers, the rounding repaid in the next step (``codecs.ErrorFeedback``): the run's half on a
+    fast link (``sizes.codec_for``)."""
+    fp16_deltas: bool = False
+    """Each step lands as an fp16 delta, what rounding left out carried into the next (the shard
+    server's ``DeltaLog``: cells add exactly those deltas). With ``contribution`` and ``wire``
+    this is the swarm's arithmetic: a daemon alone scores what this does to 1e-4."""
 
     def __post_init__(self) -> None:
-        if self.wire not in WIRE_DTYPES:
-            raise ValueError(f"wire {self.wire!r} is not one of {sorted(WIRE_DTYPES)}")
+        for name, codec in (("wire", self.wire), ("contribution", self.contribution)):
+            if codec not in WIRE_DTYPES:
+                raise ValueError(f"{name} {codec!r} is not one of {sorted(WIRE_DTYPES)}")
         if self.steps < 1 or self.micro_batch < 1 or self.batch_sequences < self.micro_batch:
             raise ValueError(
                 f"need steps >= 1 and batch_sequences >= micro_batch >= 1; got steps={self.steps}, "
@@ -100,6 +110,32 @@ class TrainConfig:
     @property
     def micro_batches_per_step(self) -> int:
         return self.batch_sequences // self.micro_batch
+
+
+class _Exchange:
+    """A step as the swarm takes it: the gradient rounded to the contribution's codec and the
+    change to fp16, each with its rounding carried into the next step (``TrainConfig``)."""
+
+    def __init__(self, params: list[torch.nn.Parameter], contribution: str, fp16_deltas: bool) -> None:
+        self.params = params
+        self.dtype = None if contribution == "fp32" else WIRE_DTYPES[contribution]
+        self.feedback = [torch.zeros_like(p) for p in params] if self.dtype is not None else []
+        self.residual = [torch.zeros_like(p) for p in params] if fp16_deltas else []
+
+    @torch.no_grad()
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        for p, left in zip(self.params, self.feedback, strict=False):
+            if p.grad is not None:
+                left.add_(p.grad)
+                p.grad.copy_(left.to(self.dtype))
+                left.sub_(p.grad)
+        before = [p.detach().clone() for p in self.params] if self.residual else []
+        optimizer.step()
+        for p, old, left in zip(self.params, before, self.residual, strict=False):
+            left.add_(p - old)
+            delta = left.clamp(-FP16_MAX, FP16_MAX).to(torch.float16).to(torch.float32)
+            left.sub_(delta)
+            p.copy_(old.add_(delta))
 
 
 @dataclass(frozen=True)
@@ -128,6 +164,7 @@ def train_reference(
     round_at_stage_cuts(model, shape, settings.stages, settings.wire)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    exchange = _Exchange(list(model.parameters()), settings.contribution, settings.fp16_deltas)
     per_step = settings.micro_batches_per_step
     results: list[StepResult] = []
     tokens = 0
@@ -144,7 +181,7 @@ def train_reference(
             (loss / per_step).backward()
             total += float(loss.detach())
             tokens += ids.numel()
-        optimizer.step()
+        exchange.step(optimizer)
         result = StepResult(step, total / per_step, tokens, time.perf_counter() - started)
         results.append(result)
         if on_step is not None:

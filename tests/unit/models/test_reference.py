@@ -67,3 +67,20 @@ def test_the_reference_steps_at_its_schedules_rate() -> None:
         torch.testing.assert_close(scheduled[name], weight, atol=1e-6, rtol=1e-5, msg=name)
     _, constant = train_reference(SHAPE, train, settings(steps=5))
     assert not all(torch.equal(constant[k], scheduled[k]) for k in constant)
+
+
+def test_the_swarms_exchange_rounding_lands_every_step_as_an_fp16_delta() -> None:
+    """``contribution`` and ``fp16_deltas``: each weight moves by an fp16 number per step (the
+    shard server's delta), the rounding carried on, so the run stays within rounding of fp32's."""
+    train, _ = train_eval_split(load_corpus("builtin"), SHAPE.seq_len, seed=7)
+    start = build_model(SHAPE, 7).state_dict()
+    _, plain_one = train_reference(SHAPE, train, settings(steps=1))
+    _, one = train_reference(SHAPE, train, settings(steps=1, fp16_deltas=True))
+    for name, before in start.items():  # the first step: nothing carried yet
+        assert torch.equal(one[name], before + (plain_one[name] - before).to(torch.float16).to(torch.float32)), name
+    plain, _ = train_reference(SHAPE, train, settings(steps=10))
+    swarm, _ = train_reference(SHAPE, train, settings(steps=10, contribution="bf16", fp16_deltas=True))
+    assert [r.loss for r in swarm] == pytest.approx([r.loss for r in plain], abs=0.02)
+    assert [r.loss for r in swarm] != [r.loss for r in plain]
+    with pytest.raises(ValueError, match="contribution"):
+        settings(contribution="int8")
