@@ -61,8 +61,20 @@ def make_run(workdir: Path) -> Callable[..., str]:
     return make
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Keep each phase's report on the test item, for fixtures that report on a failure."""
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
+FAILURE_LOG_LINES = 30
+"""Lines of each daemon's log printed when a test fails: CI keeps no state directory."""
+
+
 @pytest.fixture
-def daemon_factory() -> Iterator[Callable[..., LocalDaemon]]:
+def daemon_factory(request: pytest.FixtureRequest) -> Iterator[Callable[..., LocalDaemon]]:
     mine: list[LocalDaemon] = []
 
     def make(state_dir: Path, run_id: str, extra_args: list[str] | None = None, train: bool = False) -> LocalDaemon:
@@ -72,6 +84,10 @@ def daemon_factory() -> Iterator[Callable[..., LocalDaemon]]:
         return daemon
 
     yield make
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed:
+        for daemon in mine:
+            print(f"--- {daemon.log_path} (last {FAILURE_LOG_LINES} lines) ---\n{daemon.log_tail(FAILURE_LOG_LINES)}")
     for daemon in mine:
         daemon.stop(timeout=20)
 
