@@ -91,7 +91,7 @@ class TrainConfig:
     fp16_deltas: bool = False
     """Each step lands as an fp16 delta, what rounding left out carried into the next (the shard
     server's ``DeltaLog``: cells add exactly those deltas). With ``contribution`` and ``wire``
-    this is the swarm's arithmetic: a daemon alone scores what this does to 1e-4."""
+    this is the swarm's arithmetic: two daemons score what this does to 1e-4 until a cell moves."""
 
     def __post_init__(self) -> None:
         for name, codec in (("wire", self.wire), ("contribution", self.contribution)):
