@@ -115,10 +115,11 @@ class LedgerHost:
 
     def _drop_changed_hands(self, gone: Callable[[int, str], bool]) -> None:
         """Put the open shares of (pipeline, peer) holders that are ``gone`` back first in line.
-        Issuing asks it too, of the asking pipeline's earlier holders: a stage-0 cell that moved
-        with the ledger (its abandon lost as both closed) would otherwise be issued the next
-        share before the one it dropped, and the swarm would train two batches out of order
-        (on a model in a plateau, that alone moves the loss at 114 updates by 0.3 nats)."""
+        Issuing asks it too, of the asking pipeline's earlier holders: a pipeline whose stage-0
+        cell moved (its abandon lost as the cell closed) would otherwise be issued the next share
+        before the one it dropped, and the swarm would train two batches out of order (on this
+        project's miniature model, that alone moves the loss at 114 updates by up to 0.3 nats).
+        A ledger that moves issues every share open in it again anyway (``from_metadata``)."""
         for holder in {holder for _, holder in self.ledger.open_shares()}:
             pipeline, peer = holder.split("/", 1)
             if gone(int(pipeline), peer):
