@@ -50,28 +50,41 @@ class Feeder:
             if issued is None:
                 await cell.sleep(ISSUE_RETRY_S)
                 continue
-            share_id, first, count, ticket = issued
-            cell.rounds.share_begins()
-            round_end = cell.rounds.issued()
-            epoch = cell.view.epoch
-            assert epoch is not None
-            # Increasing across this cell's restarts too: a downstream cell may still hold an older try.
-            self._attempts = max(self._attempts + 1, int(time.time() * 10))
-            share = ShareInFlight(share_id, first, count, round_end, epoch, self._attempts, ticket)
-            cell.flight.open(share)
-            for m in range(first, first + count):
+            share = self._open(*issued)
+            if share is None:
+                continue
+            for m in range(share.first, share.first + share.count):
                 if not await cell.flight.feed(share, m):
                     break
             await cell.flight.settled()
-            finished = cell.flight.abandoned_at != share_id
+            finished = cell.flight.abandoned_at != share.share_id
             backoff = 0.0 if finished else min(max(2 * backoff, ABANDON_BACKOFF_S[0]), ABANDON_BACKOFF_S[1])
 
-    def give_back(self, share_ids: list[int]) -> None:
-        """Tell the ledger these shares will not be finished here: it issues them again."""
+    def _open(self, share_id: int, first: int, count: int, ticket: str, ledger: str) -> ShareInFlight | None:
+        """The share the ledger issued, opened here; None when the pool's view lost this
+        pipeline while the ledger answered (its epoch is gone): the share goes back to that
+        ledger at once, else it would wait out its lease before anyone trained it."""
         cell = self.cell
-        if cell.view.ledger is not None:
+        epoch = cell.view.epoch
+        if epoch is None:
+            self.give_back([share_id], ledger)
+            return None
+        cell.rounds.share_begins()
+        round_end = cell.rounds.issued()
+        # Increasing across this cell's restarts too: a downstream cell may still hold an older try.
+        self._attempts = max(self._attempts + 1, int(time.time() * 10))
+        share = ShareInFlight(share_id, first, count, round_end, epoch, self._attempts, ticket)
+        cell.flight.open(share)
+        return share
+
+    def give_back(self, share_ids: list[int], ledger: str | None = None) -> None:
+        """Tell the ledger (``ledger``, else the one the view names) these shares will not be
+        finished here: it issues them again."""
+        cell = self.cell
+        ledger = ledger or cell.view.ledger
+        if ledger is not None:
             request = LedgerAbandon(run_id=cell.run_id, pipeline=cell.pipeline, share_ids=list(share_ids))
-            cell.tell(cell.view.ledger, request)
+            cell.tell(ledger, request)
 
     async def _ready(self) -> bool:
         cell, v = self.cell, self.cell.view
@@ -83,9 +96,9 @@ class Feeder:
             and await cell.contributions.room()
         )
 
-    async def _issue(self) -> tuple[int, int, int, str] | None:
-        """The next share from the ledger, and its ticket (which every cell of the pipeline sends
-        with its contribution)."""
+    async def _issue(self) -> tuple[int, int, int, str, str] | None:
+        """The next share from the ledger, its ticket (which every cell of the pipeline sends
+        with its contribution), and the ledger that issued it."""
         cell = self.cell
         ledger = cell.view.ledger
         if ledger is None:
@@ -101,7 +114,7 @@ class Feeder:
         if not answer.shares:
             return None
         share_id, first, count = answer.shares[0]
-        return share_id, first, count, answer.tickets[0] if answer.tickets else ""
+        return share_id, first, count, answer.tickets[0] if answer.tickets else "", ledger
 
     async def _idle(self) -> None:
         """Stage 0 cannot feed yet: wait for what it lacks (room to contribute, weights, a view),

@@ -110,3 +110,28 @@ def test_a_stopped_cells_contribution_with_no_holder_is_given_up_in_time() -> No
         assert cell.contributions.undelivered() == 1
 
     asyncio.run(scenario())
+
+
+def test_a_share_issued_as_the_view_lost_the_pipeline_goes_back_to_its_ledger_at_once() -> None:
+    """The pool's view dropped this pipeline (no epoch) while the ledger answered: stage 0 neither
+    opens the share nor keeps it until its lease lapses, it gives it back to the ledger that
+    issued it (the view names none any more)."""
+    told: list[tuple[str, Any]] = []
+
+    async def send(peer: str, request: Any, blobs: list[bytes], timeout_s: float) -> Any:
+        told.append((peer, request))
+        return None, []
+
+    async def scenario() -> None:
+        shape = ModelShape.from_dict(DEFAULT_RUN["model"])
+        settings = ExchangeConfig(batch_micro_batches=4, share_micro_batches=2)
+        compute: Any = SimpleNamespace(size=100)
+        cell = CellWorker((0, 0), 2, settings, compute, None, 4, RUN_ID, send, lambda _: 1e9, shape=shape, shards=1)  # type: ignore[arg-type]
+        cell.update(CellView())  # no epoch, no ledger
+        assert cell.feeder is not None
+        assert cell.feeder._open(7, 28, 2, "ticket", "ledger-peer") is None
+        await asyncio.sleep(0)  # the background send
+        assert cell.flight.share is None
+        assert [(peer, type(r).__name__, r.share_ids) for peer, r in told] == [("ledger-peer", "LedgerAbandon", [7])]
+
+    asyncio.run(scenario())
