@@ -79,8 +79,8 @@ async def _whole_slice(trainer: Trainer, key: Shard, shards: int, size: int) -> 
     delay = GATHER_BACKOFF_S[0]
     while True:
         server = trainer.servers.get(key)
-        if server is not None and (weights := server.weights()) is not None:
-            return server.version, weights
+        if server is not None and (found := server.weights()) is not None:
+            return found
         holder = trainer.shard_holder(key)
         why = "it has no holder right now"
         if holder is not None:

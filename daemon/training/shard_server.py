@@ -368,8 +368,13 @@ class ShardServer:
             self._new_version.notify_all()
         return self.version
 
-    def weights(self) -> torch.Tensor | None:
-        return None if (found := self.shard.weights()) is None else found[1]
+    def weights(self) -> tuple[int, torch.Tensor] | None:
+        """The committed version and a copy of its weights; None while a step holds the lock (it
+        changes the weights in place on a worker thread: a copy then could mix two versions, and
+        an export or a score of it would belong to neither) or awaits its log."""
+        if self.lock.locked():
+            return None
+        return self.shard.weights()
 
     def info(self) -> dict[str, object]:
         s = self.stats

@@ -57,10 +57,10 @@ class Progress:
         for key, server in sorted(trainer.servers.items()):
             known = self._finite.get(key)
             if known is None or known[0] != server.version:  # checked once a version: a pass over the slice
-                weights = server.weights()
-                if weights is None:  # a step awaits its log: judged at the next call
+                found = server.weights()
+                if found is None:  # a step is being taken: judged at the next call
                     continue
-                known = self._finite[key] = (server.version, bool(torch.isfinite(weights).all()))
+                known = self._finite[key] = (found[0], bool(torch.isfinite(found[1]).all()))
             if not known[1]:
                 why.append(
                     f"shard {key}'s weights hold NaN or Inf at version {known[0]}: no contribution can be applied"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,6 +97,12 @@ async def step(srv: ShardServer, share_id: int) -> None:
     assert answer.accepted
 
 
+def weights_of(srv: ShardServer) -> torch.Tensor:
+    found = srv.weights()
+    assert found is not None and found[0] == srv.version
+    return found[1]
+
+
 def rebuilt(standby: Standby, srv: ShardServer) -> torch.Tensor:
     replica = standby.store.newest(KEY)
     assert replica is not None and replica.version == srv.version
@@ -116,12 +123,12 @@ def test_steps_go_on_while_a_periodic_copy_travels_and_the_standby_rebuilds_ever
         for share in range(4, 8):  # steps commit while it is in flight (under the lock they waited)
             await asyncio.wait_for(step(srv, share), 5)
         assert srv.version == 7 and standby.copies_started == [1, 3] and standby.copies_ended == 1
-        assert torch.equal(rebuilt(standby, srv), srv.weights())  # old copy + the log
+        assert torch.equal(rebuilt(standby, srv), weights_of(srv))  # old copy + the log
         standby.gate.set()
         await asyncio.wait_for(srv.close(), 10)
         replica = standby.store.newest(KEY)
         assert replica is not None and replica.checkpoint_version >= 3
-        assert torch.equal(rebuilt(standby, srv), srv.weights())  # new copy + the log after it
+        assert torch.equal(rebuilt(standby, srv), weights_of(srv))  # new copy + the log after it
 
     asyncio.run(scenario())
 
@@ -145,7 +152,7 @@ def test_a_failed_background_copy_makes_the_next_step_copy_first(tmp_path: Path)
         await step(srv, 5)  # the standby is not taken as ready any more: a copy first, under the lock
         assert standby.copies_started == [1, 2, 4, 5]
         assert srv.stats.unreplicated == 0
-        assert torch.equal(rebuilt(standby, srv), srv.weights())
+        assert torch.equal(rebuilt(standby, srv), weights_of(srv))
         await srv.close()
 
     asyncio.run(scenario())
@@ -270,11 +277,11 @@ def test_a_replayed_contribution_is_refused_as_already_applied_and_counted(tmp_p
         blob = encode_vector(torch.randn(SIZE, generator=torch.Generator().manual_seed(1)), "fp32")
         answer = await srv.contribute(contribution([5]), blob, sender="cell-0")
         assert answer.accepted and answer.committed and srv.version == 1
-        weights = srv.weights()
+        weights = weights_of(srv)
         for _ in range(2):  # the captured request, replayed as it was
             with pytest.raises(AlreadyApplied, match="not applied again"):
                 await srv.contribute(contribution([5]), blob, sender="cell-0")
-        assert srv.version == 1 and torch.equal(srv.weights(), weights)
+        assert srv.version == 1 and torch.equal(weights_of(srv), weights)
         assert srv.stats.duplicates == 2 and srv.shard.counters.applied == 1
         nan = encode_vector(torch.zeros(SIZE), "fp32")[:-4] + struct.pack("<f", float("nan"))  # the last value
         with pytest.raises(BadRequest):
@@ -311,10 +318,39 @@ def test_a_non_finite_step_is_not_logged_or_served_and_a_waiting_pull_learns_its
         assert srv.info()["dropped_steps"] == 1 and srv.info()["steps"] == 1 and srv.version == 1
         replica = standby.store.newest(KEY)
         assert replica is not None and replica.version == 1  # nothing logged at the standby
-        weights = srv.weights()
-        assert weights is not None and bool(torch.isfinite(weights).all())
+        assert bool(torch.isfinite(weights_of(srv)).all())
         monkeypatch.setattr(srv.shard._optimizer, "step", honest_step)
         await step(srv, 2)  # the cell's resend is taken afresh
         assert srv.version == 2 and srv.shard.committed([2]) == {2}
+
+    asyncio.run(scenario())
+
+
+def test_no_copy_of_the_weights_is_taken_while_a_step_changes_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step changes the slice in place on a worker thread; an export or a held-out score that
+    copied it then would hold neither version. Until the step is done there is no copy."""
+
+    async def scenario() -> None:
+        srv = server(tmp_path, Standby(), every=100)
+        before = weights_of(srv)
+        inside, release = threading.Event(), threading.Event()
+        honest_step = srv.shard._optimizer.step
+
+        def slow_step() -> None:
+            honest_step()  # the weights have changed here, the version not yet
+            inside.set()
+            release.wait(10)
+
+        monkeypatch.setattr(srv.shard._optimizer, "step", slow_step)
+        stepping = asyncio.create_task(step(srv, 1))
+        await asyncio.to_thread(inside.wait, 10)
+        assert srv.version == 0 and srv.weights() is None
+        release.set()
+        await asyncio.wait_for(stepping, 10)
+        version, after = srv.weights() or (None, before)
+        assert version == 1 and not torch.equal(after, before)
+        await srv.close()
 
     asyncio.run(scenario())
