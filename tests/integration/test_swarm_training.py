@@ -51,24 +51,26 @@ PRESET = PRESETS["tiny-llama-bpe"]
 UPDATES = 100
 KILL_AT = 40
 ALONE_UPDATES = 40
-ALONE_TOLERANCE_NATS = 0.1
-"""The issue's bound, both ways, for a daemon alone: it runs the swarm's whole data path
-(ledger, shard servers, contributions in the run's half with error feedback, fp16 deltas, the
-hidden state rounded at the stage cut, the schedule by version) with no membership change to
-perturb it. Measured: 0.000, +0.000 and -0.002 locally at 52-62 updates, but -0.065 in one CI
-run with no event in its log; what perturbs a lone daemon under load is not found yet. Two
-daemons equal the reference to 1e-4 (their scores, each stage at its own version) until the
-hand-over the second's join causes. The share dropped there is trained again, on weights one
-step on, or in another order; on this miniature model that alone moves the held-out loss as
-much as reordering two batches of the reference does: 0.01 to 0.57 nats at 114 to 200 updates
-over four seeds (docs/results.md). So the bound is asserted where no membership change
-perturbs the run, and a swarm with them is held to ``TOLERANCE_NATS``."""
+ALONE_TOLERANCE_NATS = 0.01
+"""Both ways, for a daemon alone: it runs the swarm's whole data path (ledger, shard servers,
+contributions in the run's half with error feedback, their norm bound, fp16 deltas, the hidden
+state rounded at the stage cut, the schedule by version) with no membership change to perturb
+it, and the reference does that arithmetic too: they score alike to 1e-4 at every version
+scored (six runs, three of them in CI). The run's seed comes from its creator's key, so some
+runs meet a loss spike whose gradient the shard server clips to its norm bound; before the
+reference clipped it too, two CI runs ended 0.065 and 0.133 below it. Two daemons equal the
+reference to 1e-4 (each stage at its own version) until the hand-over the second's join causes.
+The share dropped there is trained again, on weights one step on, or in another order; on this
+miniature model that alone moves the held-out loss as much as reordering two batches of the
+reference does: 0.01 to 0.57 nats at 114 to 200 updates over four seeds (docs/results.md). So the
+issue's 0.1 is asserted, tighter, where no membership change perturbs the run, and a swarm with
+them is held to ``TOLERANCE_NATS``."""
 TOLERANCE_NATS = 0.4
 """How much worse than the reference the swarm may end. Gradient mode is synchronous SGD over
 the pipelines (docs/data-path.md): each update averages one batch computed on the newest
 weights, as the reference's does, and the reference rounds the hidden state to the run's half
 precision where the swarm's stages cut the model (alone, that rounding moves this model's loss
-by up to 0.17 nats at 100 updates). A daemon alone stays within 0.1 of it (``ALONE_TOLERANCE_NATS``); every
+by up to 0.17 nats at 100 updates). A daemon alone stays within 0.01 of it (``ALONE_TOLERANCE_NATS``); every
 membership change perturbs it (see there). Around a kill the swarm is not synchronous for a while: a round goes on after
 ``SYNC_WAIT_S``, a contribution up to ``max_staleness`` versions old counts in full, a share is
 recomputed into another batch. On this model, steep at 100 updates, 13 runs with the kill
@@ -347,6 +349,7 @@ def _gap_to_reference(
         wire=shape.wire_half,
         contribution=shape.wire_half,
         fp16_deltas=True,
+        norm_bound=True,
     )
     _, reference_weights = train_reference(shape, train, settings)
     start_model = build_model(shape, seed)

@@ -8,7 +8,7 @@ import torch
 from swarmd.models.build import ModelShape, build_model
 from swarmd.models.data.corpus import load_corpus, train_eval_split
 from swarmd.models.lr_schedule import LrSchedule
-from swarmd.models.reference import TrainConfig, train_reference
+from swarmd.models.reference import TrainConfig, _Exchange, train_reference
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -84,3 +84,33 @@ def test_the_swarms_exchange_rounding_lands_every_step_as_an_fp16_delta() -> Non
     assert [r.loss for r in swarm] != [r.loss for r in plain]
     with pytest.raises(ValueError, match="contribution"):
         settings(contribution="int8")
+
+
+def test_a_stages_gradient_spike_is_clipped_to_its_shard_servers_norm_bound() -> None:
+    """``norm_bound``: each stage's gradient is screened as its shard server screens a
+    contribution (``NormBound``, 10 times the median norm once 8 are seen); the other stage's is
+    left alone, and so is every gradient without it."""
+    model = build_model(SHAPE, 7)
+    config = settings(stages=2, norm_bound=True)
+    exchange = _Exchange(model, SHAPE, config)
+    plain = _Exchange(build_model(SHAPE, 7), SHAPE, settings(stages=2))
+    first, second = exchange.stages
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+
+    def set_grads(stage: list[torch.nn.Parameter], norm: float) -> None:
+        total = sum(p.numel() for p in stage)
+        for p in stage:
+            p.grad = torch.full_like(p, norm / total**0.5)
+
+    def norm(stage: list[torch.nn.Parameter]) -> float:
+        return float(torch.cat([p.grad.reshape(-1) for p in stage if p.grad is not None]).norm())
+
+    for _ in range(8):
+        set_grads(first, 1.0)
+        set_grads(second, 1.0)
+        exchange.step(optimizer)
+    set_grads(first, 100.0)  # a spike in stage 0 only
+    set_grads(second, 2.0)
+    exchange.step(optimizer)
+    assert norm(first) == pytest.approx(10.0, rel=1e-3) and norm(second) == pytest.approx(2.0, rel=1e-3)
+    assert not plain.bounds
