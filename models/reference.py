@@ -186,8 +186,10 @@ def train_reference(
     dataset: Dataset,
     settings: TrainConfig,
     on_step: Callable[[StepResult], None] | None = None,
+    on_weights: Callable[[int, torch.nn.Module], None] | None = None,
 ) -> tuple[list[StepResult], dict[str, torch.Tensor]]:
-    """Train synchronously; returns the per-step results and the final weights."""
+    """Train synchronously; returns the per-step results and the final weights. ``on_weights``
+    is called with the steps taken and the model before the first step and after each."""
     if dataset.seq_len != shape.seq_len:
         raise ValueError(f"dataset sequences are {dataset.seq_len} tokens; the model takes {shape.seq_len}")
     if settings.threads is not None:
@@ -200,6 +202,8 @@ def train_reference(
     per_step = settings.micro_batches_per_step
     results: list[StepResult] = []
     tokens = 0
+    if on_weights is not None:
+        on_weights(0, model)
     for step in range(settings.steps):
         started = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
@@ -218,6 +222,8 @@ def train_reference(
         results.append(result)
         if on_step is not None:
             on_step(result)
+        if on_weights is not None:
+            on_weights(step + 1, model)
     return results, {name: p.detach().clone() for name, p in model.state_dict().items()}
 
 

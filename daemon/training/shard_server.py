@@ -113,8 +113,7 @@ class ShardServer:
         ledger_state: Callable[[], str] = lambda: "",
     ) -> None:
         self.key, self.shards, self.shard, self.settings = key, shards, shard, settings
-        self.lineage = lineage
-        self.checkpoint_path = checkpoint_path
+        self.lineage, self.checkpoint_path = lineage, checkpoint_path
         self._log_step, self._send_checkpoint = log_step, send_checkpoint
         self.checkpoint_every = checkpoint_every
         self.ledger_state = ledger_state
@@ -369,12 +368,8 @@ class ShardServer:
         return self.version
 
     def weights(self) -> tuple[int, torch.Tensor] | None:
-        """The committed version and a copy of its weights; None while a step holds the lock (it
-        changes the weights in place on a worker thread: a copy then could mix two versions, and
-        an export or a score of it would belong to neither) or awaits its log."""
-        if self.lock.locked():
-            return None
-        return self.shard.weights()
+        """The committed version and a copy; None while a step holds the lock (a copy could mix two versions)."""
+        return None if self.lock.locked() else self.shard.weights()
 
     def info(self) -> dict[str, object]:
         s = self.stats
