@@ -57,6 +57,10 @@ def plan_json(scenario: Scenario, result: Plan) -> dict[str, Any]:
     out["predicted"] = pred.to_json()
     out["sync_comm_reference_s"] = round(reference_cost(scenario, result), 6)
     out["runtime_s"] = round(runtime_s(result), 6)
+    out["learning"] = {
+        "efficiency": round(pred.efficiency, 6),
+        "effective_tokens_per_s": round(pred.effective_tokens_per_s, 3),
+    }
     out["bounds"] = {
         "compute_bound_tokens_per_s": round(compute_bound_tokens_per_s(scenario), 3),
         "fastest_device_tokens_per_s": round(fastest_device_tokens_per_s(scenario), 3),
@@ -98,6 +102,9 @@ def describe(scenario: Scenario, result: Plan) -> str:
         "",
         f"predicted {pred.tokens_per_s:,.0f} trained tokens/s = {pred.tokens_per_s / bound:.1%} of the compute bound "
         f"({bound:,.0f}), {pred.tokens_per_s / alone:.1f}x the fastest device alone ({alone:,.0f})",
+        f"  learning: each trained token teaches {pred.efficiency:.0%} of a synchronous one "
+        f"({shape.data_parallel} pipelines averaging rounds of H = {result.local_steps}): "
+        f"{pred.effective_tokens_per_s:,.0f} effective tokens/s, what the plan was chosen by",
         f"  tokens/s: compute {pred.compute_tokens_per_s:,.0f} -> with pipeline fill and activations "
         f"{pred.pipeline_tokens_per_s:,.0f} -> with the exchange {pred.exchange_tokens_per_s:,.0f} -> with churn "
         f"{pred.tokens_per_s:,.0f}",

@@ -5,7 +5,8 @@
 - ``scenario_gen``  synthetic scenarios of regions, drawn from a seed
 - ``plan_cost``     the plan type, a cell's memory, and FORMAT.md's reference yardstick
 - ``transfers``     what each piece of the data path takes on given devices and links
-- ``throughput``    the predicted trained tokens per second of a plan, broken down (the objective)
+- ``throughput``    the predicted trained tokens per second of a plan, broken down, and what they teach
+- ``learning``      what a token teaches against synchronous training (effective tokens/s: the objective)
 - ``settings``      what the planner is told and may know (its awareness, for ablations)
 - ``construction``  grids for a shape: pipelines of close devices, ordered along their paths
 - ``open_path``     the cheapest order of nodes along a pipeline

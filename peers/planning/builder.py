@@ -17,6 +17,7 @@ import numpy as np
 
 from swarmd.peers.planning.construction import LARGE, candidate_pools, pipelines_first
 from swarmd.peers.planning.layers import LayerSplitter
+from swarmd.peers.planning.learning import ANCHOR_REPLICAS
 from swarmd.peers.planning.plan_cost import Plan, cell_layer_caps
 from swarmd.peers.planning.scenario import Scenario, Shape
 from swarmd.peers.planning.schedule import (
@@ -64,9 +65,12 @@ class GridCandidate:
     groups: tuple[int, ...] = ()
 
     @property
-    def tokens_per_s(self) -> float:
+    def effective_tokens_per_s(self) -> float:
+        """What candidates are compared by: trained tokens per second at what they teach
+        (``learning.token_efficiency``), so that more pipelines or longer rounds win only where
+        they add learning, not just tokens."""
         assert self.result is not None, "a candidate is compared only once predicted"
-        return self.result.tokens_per_s
+        return self.result.effective_tokens_per_s
 
     def plan(self, relays: tuple[int, ...] = (), spares: tuple[int, ...] = ()) -> Plan:
         return Plan(
@@ -150,7 +154,9 @@ class Planner:
                 h, result = base.local_steps, self.model.evaluate(base)
             else:
                 h, result = choose_local_steps(self.model, base, start=LOCAL)
-            if best is None or result.tokens_per_s > best.tokens_per_s * (REDUCE_GAIN if groups else 1 + 1e-9):
+            if best is None or result.effective_tokens_per_s > best.effective_tokens_per_s * (
+                REDUCE_GAIN if groups else 1 + 1e-9
+            ):
                 best = GridCandidate(grid, layers, servers, h, k, result, groups)
         return best
 
@@ -160,7 +166,7 @@ class Planner:
         pools = candidate_pools(self.model.links, candidates, shape, pools=3 if self.view.n <= LARGE else 1)
         for pool in pools:
             found = self.schedule(pipelines_first(self.model.links, pool, shape, self.memory), local)
-            if found is not None and (best is None or found.tokens_per_s > best.tokens_per_s):
+            if found is not None and (best is None or found.effective_tokens_per_s > best.effective_tokens_per_s):
                 best = found
         return best
 
@@ -187,7 +193,10 @@ class Planner:
         out: list[Shape] = []
         for s in levels[: max(1, wanted // 3)]:
             most = fits[s] // s
-            out += [Shape(s, n) for n in sorted({most, max(1, most // 2), min(most, fed)}, reverse=True)]
+            counts = {most, max(1, most // 2), min(most, fed)}
+            if local:  # past about eight replicas, local rounds add tokens, not learning (``learning``)
+                counts.add(min(most, ANCHOR_REPLICAS))
+            out += [Shape(s, n) for n in sorted(counts, reverse=True)]
         return out[: max(1, wanted)]
 
     # -- refinement --------------------------------------------------------------------------
@@ -202,7 +211,7 @@ class Planner:
             if np.array_equal(grid, best.grid):
                 break
             again = self.schedule(grid, local, keep=best.servers)
-            if again is None or again.tokens_per_s <= best.tokens_per_s * (1 + 1e-9):
+            if again is None or again.effective_tokens_per_s <= best.effective_tokens_per_s * (1 + 1e-9):
                 break
             best = again
         return best

@@ -67,16 +67,17 @@ def plan(
                 finalists.append((found, local))
                 break
     else:
+        # Both modes, compared by what they teach a second: many pipelines in local mode touch
+        # many tokens and learn little more than eight (``learning``); gradient mode learns from
+        # every token as long as its exchange keeps up.
         modes = list(planner.local_mode())
+        built = []
         for m, local in enumerate(modes):
             shapes = list(planner.shapes(local))
-            built = []
             for k, shape in enumerate(shapes):
                 built.append((planner.build(shape, local, planner.eligible(shape.stages, local)), local))
                 say(0.5 * (m + (k + 1) / len(shapes)) / len(modes))
-            finalists = sorted(((c, m) for c, m in built if c is not None), key=lambda x: -x[0].tokens_per_s)
-            if finalists:
-                break
+        finalists = sorted(((c, m) for c, m in built if c is not None), key=lambda x: -x[0].effective_tokens_per_s)
         finalists = finalists[:FINALISTS]
     if not finalists:
         raise _no_plan(planner, scenario)
@@ -86,7 +87,7 @@ def plan(
         refined = planner.refine(found, local, time.perf_counter() + left / (len(finalists) - i))
         left = max(0.0, settings.time_budget_s - (time.perf_counter() - started))
         say(0.5 + 0.5 * (i + 1) / len(finalists))
-        if best is None or refined.tokens_per_s > best.tokens_per_s:
+        if best is None or refined.effective_tokens_per_s > best.effective_tokens_per_s:
             best = refined
     assert best is not None
     return planner.finish(best, started)

@@ -220,7 +220,7 @@ def _grow(
     bigger = np.vstack([grid, rows])
     model = planner.model
 
-    def tokens(g: np.ndarray) -> float:
+    def effective(g: np.ndarray) -> float:
         k = share_micro_batches(
             model.times(g, layers, model.stages(layers, servers)),
             model.batch_micro_batches,
@@ -235,7 +235,7 @@ def _grow(
             groups=regroup(previous.reduce_groups, int(g.shape[0]), servers),
         ).plan()
         if planner.settings.local_steps is None and previous.local_steps > 1:
-            return choose_local_steps(model, trial, start=previous.local_steps)[1].tokens_per_s
-        return model.evaluate(trial).tokens_per_s
+            return choose_local_steps(model, trial, start=previous.local_steps)[1].effective_tokens_per_s
+        return model.evaluate(trial).effective_tokens_per_s
 
-    return (bigger, len(rows)) if tokens(bigger) > tokens(grid) else (grid, 0)
+    return (bigger, len(rows)) if effective(bigger) > effective(grid) else (grid, 0)

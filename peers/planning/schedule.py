@@ -191,11 +191,14 @@ def regroup(previous: Sequence[int], pipelines: int, servers: Sequence[Sequence[
 
 
 def choose_local_steps(model: ThroughputModel, plan: Plan, *, start: int = 2) -> tuple[int, Throughput]:
-    """The smallest H >= ``start`` for which the exchange hides behind H shares of compute
-    with ``HIDE_MARGIN`` to spare, for the pipelines that carry ``HIDE_QUANTILE`` of the tokens,
-    and the busiest server stays that far under its rate (its load falls as rounds lengthen);
-    with the plan's throughput at that H. Found by raising H to what the exchange at the
-    current H asks: the exchange hardly depends on H, so this settles in a few rounds."""
+    """The H >= ``start`` that trains the most effective tokens per second, with the plan's
+    throughput at it. First the smallest H for which the exchange hides behind H shares of
+    compute with ``HIDE_MARGIN`` to spare, for the pipelines that carry ``HIDE_QUANTILE`` of the
+    tokens, and the busiest server stays that far under its rate (its load falls as rounds
+    lengthen): found by raising H to what the exchange at the current H asks (it hardly depends
+    on H, so this settles in a few rounds). Raw tokens per second rise to there; what a token
+    teaches falls as rounds lengthen (``learning.token_efficiency``), so H is then halved while
+    that trains more effective tokens."""
     h = max(1, min(start, MAX_LOCAL_STEPS))
     result = model.evaluate(replace(plan, local_steps=h))
     for _ in range(LOCAL_STEP_ROUNDS):
@@ -212,6 +215,12 @@ def choose_local_steps(model: ThroughputModel, plan: Plan, *, start: int = 2) ->
             break
         h = wanted
         result = model.evaluate(replace(plan, local_steps=h))
+    floor = max(1, min(start, MAX_LOCAL_STEPS))
+    while h // 2 >= floor:
+        shorter = model.evaluate(replace(plan, local_steps=h // 2))
+        if shorter.effective_tokens_per_s <= result.effective_tokens_per_s:
+            break
+        h, result = h // 2, shorter
     return h, result
 
 

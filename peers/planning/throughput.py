@@ -55,6 +55,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from swarmd.peers.planning.learning import token_efficiency
 from swarmd.peers.planning.plan_cost import Plan, device_tflops
 from swarmd.peers.planning.scenario import Scenario
 from swarmd.peers.planning.transfers import (
@@ -117,9 +118,18 @@ class Throughput:
     """Shares issued per second by the ledger at shard (0, 0): one request per share."""
     steps_per_s: float
     """Server steps per second, before churn."""
+    efficiency: float
+    """What a trained token teaches against synchronous training (``learning.token_efficiency``
+    of the plan's pipelines as replicas, H and, with H > 1, the staleness in
+    outer steps; with H = 1 the staleness weights have priced that already)."""
     per_pipeline: PipelineFigures = field(repr=False, compare=False)
     frozen: Frozen = field(repr=False, compare=False)
     """The swarm-wide figures settled for this plan: what a search holds while it moves cells."""
+
+    @property
+    def effective_tokens_per_s(self) -> float:
+        """Trained tokens per second at what they teach: the rate a plan is chosen by."""
+        return self.tokens_per_s * self.efficiency
 
     @property
     def iteration_s(self) -> float:
@@ -377,6 +387,12 @@ class ThroughputModel:
             churn_fraction=1.0 - total / before_churn if before_churn > 0 else 0.0,
             ledger_requests_per_s=float((settings.local_steps / final.round_s).sum()),
             steps_per_s=frozen.steps_per_s * capped.scale,
+            efficiency=token_efficiency(
+                self.scenario.model.params,
+                len(plan.pipelines),
+                settings.local_steps,
+                staleness=mean(final.staleness) if settings.local_steps > 1 else 0.0,
+            ),
             per_pipeline=final,
             frozen=capped,
         )

@@ -2,6 +2,7 @@
 
     .venv/bin/python tests/benchmarks/bench_scaling.py [--hours 1] [--sizes 16 64 256 1000] [--out DIR]
     .venv/bin/python tests/benchmarks/bench_scaling.py --plot-from A/scaling.json B/scaling.json --out DIR
+    .venv/bin/python tests/benchmarks/bench_scaling.py --predict [--sizes ...] [--time-budget 5]
 
 Synthetic scenarios (``swarmd.peers.planning.scenario_gen``, three regions) of each size, with
 and without churn, for two models: one that fits one large device (``SMALL_MODEL``, 200M) and
@@ -16,8 +17,11 @@ alone; the shape (stages x pipelines, shards per stage, H, k); then where the ti
 (shares, exchanges, pulls, commits and waits) and the busiest interface, the first place to
 look for the bottleneck. Issue 14's targets are judged on it: trained tokens/s rises at every
 step from 16 to 1,000 devices, and at 1,000 with churn reaches 10% of the compute bound and
-10x the fastest single device. A PNG of tokens/s against devices goes to ``--out`` when
-matplotlib is installed.
+10x the fastest single device. Beside raw tokens/s, each row prices what those tokens teach
+(``learning.token_efficiency`` of the run's plan: its pipelines as replicas, H and the applied
+contributions' staleness) and their product, effective tokens/s, which the planner maximises;
+``--predict`` prints only the plans and the planner's predictions (seconds, not hours). A PNG
+of tokens/s against devices goes to ``--out`` when matplotlib is installed.
 """
 
 from __future__ import annotations
@@ -32,9 +36,11 @@ from typing import Any
 
 import numpy as np
 
+from swarmd.peers.planning.learning import token_efficiency
 from swarmd.peers.planning.planner import PlannerConfig, plan
 from swarmd.peers.planning.scenario import Scenario, interface_rates
 from swarmd.peers.planning.scenario_gen import SMALL_MODEL, synthetic_scenario
+from swarmd.peers.planning.throughput import ThroughputModel
 from swarmd.peers.sim.results import SimResult, single_device
 from swarmd.peers.sim.simulator import SimConfig, simulate
 from swarmd.peers.sim.strategies import make_strategies
@@ -63,6 +69,20 @@ class Row:
     result: SimResult
     alone: float | None
     busiest: str
+    efficiency: float
+    """What a trained token teaches against synchronous training (``learning.token_efficiency``)."""
+
+    @property
+    def effective_tokens_per_s(self) -> float:
+        return self.result.tokens_per_s * self.efficiency
+
+
+def efficiency(scenario: Scenario, result: SimResult) -> float:
+    """``token_efficiency`` of the run's first plan: its pipelines as replicas, H and, in local
+    mode, the applied contributions' mean staleness (in outer steps)."""
+    applied = sum(result.staleness.values())
+    stale = sum(s * n for s, n in result.staleness.items()) / applied if applied and result.local_steps > 1 else 0.0
+    return token_efficiency(scenario.model.params, result.shape[1], result.local_steps, stale)
 
 
 def busiest_interface(scenario: Scenario, result: SimResult) -> str:
@@ -90,8 +110,38 @@ def run_one(model: str, n: int, churn: bool, hours: float, seed: int, time_budge
     (strategy,) = make_strategies(["swarmd"], shape, time_budget_s, seed)
     result = simulate(scenario, strategy, SimConfig(hours=hours, seed=seed, churn=churn))
     return Row(
-        model, n, churn, plan_s, result, single_device(scenario).tokens_per_s, busiest_interface(scenario, result)
+        model,
+        n,
+        churn,
+        plan_s,
+        result,
+        single_device(scenario).tokens_per_s,
+        busiest_interface(scenario, result),
+        efficiency(scenario, result),
     )
+
+
+def predictions(models: list[str], sizes: list[int], churn: str, seed: int, time_budget_s: float) -> str:
+    """The plan of each scenario and what the planner predicts for it: raw tokens/s, what a
+    token teaches (``learning.token_efficiency``), and their product, which it maximises."""
+    lines = [
+        "| model | devices | churn | shape S x N | H | k | raw tokens/s | efficiency | effective tokens/s | plan s |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for model in models:
+        for n in sizes:
+            for on in {"both": (False, True), "on": (True,), "off": (False,)}[churn]:
+                scenario = synthetic_scenario(n, regions=3, seed=seed, churn=on, model=MODELS[model])
+                started = time.perf_counter()
+                found = plan(scenario, PlannerConfig(time_budget_s=time_budget_s, seed=seed))
+                took = time.perf_counter() - started
+                p = ThroughputModel(scenario).evaluate(found)
+                lines.append(
+                    f"| {model} | {n:,} | {'yes' if on else 'no'} | {found.shape.stages} x {found.shape.data_parallel} "
+                    f"| {found.local_steps} | {found.micro_batches_per_share(scenario)} | {p.tokens_per_s:,.0f} "
+                    f"| {p.efficiency:.2f} | {p.effective_tokens_per_s:,.0f} | {took:.1f} |"
+                )
+    return "\n".join(lines)
 
 
 def groups(sizes: tuple[int, ...]) -> str:
@@ -101,9 +151,10 @@ def groups(sizes: tuple[int, ...]) -> str:
 
 def table(rows: list[Row]) -> str:
     lines = [
-        "| model | devices | churn | shape S x N | K per stage (G) | H | k | plan s | trained tokens/s | compute bound "
-        "| of bound | single device | x single | updates | lost | shares recomputed | stale dropped | sim s |",
-        "|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | devices | churn | shape S x N | K per stage (G) | H | k | plan s | trained tokens/s | efficiency "
+        "| effective tokens/s | compute bound | of bound | single device | x single | updates | lost "
+        "| shares recomputed | stale dropped | sim s |",
+        "|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         r = row.result
@@ -113,7 +164,8 @@ def table(rows: list[Row]) -> str:
             f"| {row.model} | {row.devices:,} | {'yes' if row.churn else 'no'} | {r.shape[0]} x {r.shape[1]} "
             f"| {'/'.join(map(str, r.shards))}{groups(r.reduce_groups)} | {r.local_steps} | {r.share_micro_batches} "
             f"| {row.plan_s:.1f} "
-            f"| {r.tokens_per_s:,.0f} | {r.compute_bound_tokens_per_s:,.0f} "
+            f"| {r.tokens_per_s:,.0f} | {row.efficiency:.2f} | {row.effective_tokens_per_s:,.0f} "
+            f"| {r.compute_bound_tokens_per_s:,.0f} "
             f"| {r.tokens_per_s / r.compute_bound_tokens_per_s:.2%} | {alone} | {times} | {r.updates:,} "
             f"| {r.updates_lost} | {r.shares_recomputed:,} | {r.stale_dropped:,} | {r.wall_s:.0f} |"
         )
@@ -138,20 +190,23 @@ def table(rows: list[Row]) -> str:
 
 
 def verdict(rows: list[Row]) -> list[str]:
-    """Issue 14's targets, read off the table."""
+    """Issue 14's targets, and issue 27's (effective tokens/s rises too), read off the table."""
     out = []
     for model in MODELS:
         for churn in (False, True):
             series = sorted((r for r in rows if r.model == model and r.churn == churn), key=lambda r: r.devices)
             if len(series) < 2:
                 continue
-            rates = [r.result.tokens_per_s for r in series]
-            rising = all(b > a for a, b in zip(rates, rates[1:], strict=False))
-            out.append(
-                f"{model}, churn {'on' if churn else 'off'}: trained tokens/s "
-                f"{'rises' if rising else 'does NOT rise'} at every step "
-                f"({' -> '.join(f'{r.result.tokens_per_s:,.0f}' for r in series)})"
-            )
+            for what, rates in (
+                ("trained tokens/s", [r.result.tokens_per_s for r in series]),
+                ("effective tokens/s", [r.effective_tokens_per_s for r in series]),
+            ):
+                rising = all(b > a for a, b in zip(rates, rates[1:], strict=False))
+                steps = " -> ".join(f"{x:,.0f}" for x in rates)
+                out.append(
+                    f"{model}, churn {'on' if churn else 'off'}: {what} "
+                    f"{'rises' if rising else 'does NOT rise'} at every step ({steps})"
+                )
     for row in rows:
         if row.devices >= 1000 and row.churn:
             r = row.result
@@ -225,6 +280,9 @@ def main() -> None:
     parser.add_argument("--time-budget", type=float, default=0.5, help="the planner's search time per plan")
     parser.add_argument("--out", type=Path, default=Path("bench-scaling"))
     parser.add_argument(
+        "--predict", action="store_true", help="print each plan and the planner's prediction of it; simulate nothing"
+    )
+    parser.add_argument(
         "--plot-from",
         type=Path,
         nargs="+",
@@ -235,6 +293,9 @@ def main() -> None:
     if args.plot_from:
         records = [r for f in args.plot_from for r in json.loads(f.read_text())]
         print(plot(records, args.out) or "nothing plotted")
+        return
+    if args.predict:
+        print(predictions(args.models, args.sizes, args.churn, args.seed, args.time_budget))
         return
     rows = []
     for model in args.models:
@@ -262,6 +323,8 @@ def main() -> None:
             "single_device": r.alone,
             "busiest": r.busiest,
             "tokens_per_s": r.result.tokens_per_s,
+            "efficiency": r.efficiency,
+            "effective_tokens_per_s": r.effective_tokens_per_s,
             "compute_bound_tokens_per_s": r.result.compute_bound_tokens_per_s,
             "shape": r.result.shape,
             "shards": r.result.shards,

@@ -1,0 +1,98 @@
+"""What a token teaches: the swarm's exchange against synchronous training, as a token efficiency.
+
+``token_efficiency`` is the share of a run's trained tokens that synchronous data-parallel
+training (the same model and global batch, every step averaged over every token) would need to
+reach the same loss. A plan's *effective* tokens per second is its raw rate times that: the
+rate users compare swarms, clusters and strategies by, as time to a target loss.
+
+The model, and where each part comes from:
+
+- **The loss gap.** M replicas that each take H inner steps between two outer steps (DiLoCo's
+  rounds; the swarm's pipelines in local mode) end a run with a relative loss gap ``g`` over
+  synchronous training at equal tokens. ``g = GAP_AT_ANCHOR * (N / ANCHOR_PARAMS) ** -GAP_PARAMS_EXPONENT
+  * replicas_factor(M) * rounds_factor(H)``.
+- **Model size** (Charles et al. 2025, arXiv 2503.09799, Table 4, H = 30, Chinchilla budgets,
+  M = 8): +3.9% at 35M, +1.7% at 550M, +1.1% at 2.4B. A power law through the ends,
+  ``N ** -0.30``, gives 1.71% at 550M.
+- **Replicas** (Douillard et al. 2023, arXiv 2311.08105, 150M, H = 500): 8 replicas reach
+  perplexity 15.02 where the same tokens trained in sequence reach 14.72, and 8 -> 16 -> 64
+  replicas at a fixed number of inner steps each give 15.02 -> 14.91 -> 14.96: interpolated on
+  the sequential curve, 8 replicas deliver about 65% of their tokens' worth and 64 about 9%.
+  Those two are gaps of 2.6% and 14.1% (below), a factor of 5.6 for 9 times the replicas past
+  the first: ``replicas_factor(M) = ((M - 1) / 7) ** 0.78`` (1 at M = 8, 0 for one replica).
+- **Rounds.** H = 1 is synchronous training (no gap); the 35M-2.4B anchor is at H = 30 and the
+  150M one at H = 500, and the size law alone puts 150M at H = 30 at 2.5%, the gap DiLoCo
+  measured at H = 500: past 30 steps the round's length no longer matters at these sizes (the
+  scaling-law paper swept H from 1 to 300 and its loss rises with H past its best, which this
+  does not charge).
+  ``rounds_factor`` grows with log H from 0 at one step to 1 at ``FLAT_FROM_STEPS`` and stays
+  there. Rounds count in steps, whatever each step's batch: AdamW moves every weight about
+  one learning rate a step, so a replica drifts from the others by its steps, not its tokens
+  (the published rounds are of inner batches of about half a million tokens; INTELLECT-1's
+  H = 100 and Covenant-72B's H = 30 of 0.4 to 1M; none of a few thousand).
+- **Staleness.** A contribution ``s`` versions old was computed that many outer steps from where
+  it lands: it counts as a round ``1 + s`` times as long (``H * (1 + s)`` steps). The
+  throughput model passes it in local mode only: in gradient mode the exchange's staleness
+  weights price a stale gradient already (its tokens count at its weight).
+- **From a loss gap to tokens.** A relative loss gap of 1% is worth about 12 to 19% of the
+  tokens on the Chinchilla-style curves the scaling-law paper fits (``TOKENS_PER_GAP_POINT``,
+  the midpoint): the efficiency is ``(1 - 0.155) ** (100 * g)``.
+
+Checked against every published configuration above within a factor of 1.5
+(``tests/unit/peers/planning/test_learning.py``). What none of them prices: inner batches of a
+few thousand tokens (no published run uses them; their steps are noisier, which this does not
+charge), more than 64 replicas, and models under 35M (the size law is extrapolated); the
+swarm's own measurements (``bench_token_efficiency.py``, to come) are what should settle those.
+"""
+
+from __future__ import annotations
+
+import math
+
+ANCHOR_PARAMS = 35e6
+"""The smallest model of the scaling-law paper's Table 4, where ``GAP_AT_ANCHOR`` was measured."""
+GAP_AT_ANCHOR = 0.039
+"""Relative loss gap of 8 replicas at H = 30 against data-parallel training, 35M parameters."""
+GAP_PARAMS_EXPONENT = 0.30
+"""The gap shrinks as ``N ** -0.30``: 3.9% at 35M to 1.1% at 2.4B (log-log line through both)."""
+ANCHOR_REPLICAS = 8
+REPLICAS_EXPONENT = 0.78
+"""``((M - 1) / 7) ** 0.78``: the gap of 64 replicas is 5.6 times that of 8 (DiLoCo, H = 500)."""
+FLAT_FROM_STEPS = 30.0
+"""Rounds of this many published-size steps or more cost the full gap; none, one step."""
+TOKENS_PER_GAP_POINT = 0.155
+"""Share of the tokens a relative loss gap of one percent is worth (12 to 19%, the midpoint)."""
+
+
+def replicas_factor(replicas: int) -> float:
+    """How the loss gap grows with the replicas that average their rounds: 0 for one (it is
+    synchronous training), 1 at ``ANCHOR_REPLICAS``."""
+    if replicas < 1:
+        raise ValueError(f"replicas = {replicas} must be at least 1")
+    return ((replicas - 1) / (ANCHOR_REPLICAS - 1)) ** REPLICAS_EXPONENT
+
+
+def rounds_factor(local_steps: int, staleness: float = 0.0) -> float:
+    """How much of the loss gap a round of ``local_steps`` inner steps costs, ``staleness``
+    outer steps late: 0 for one step on time, 1 from ``FLAT_FROM_STEPS`` steps on (module doc)."""
+    if local_steps < 1 or staleness < 0:
+        raise ValueError(f"local_steps = {local_steps} must be >= 1 and staleness = {staleness} >= 0")
+    steps = local_steps * (1.0 + staleness)
+    if steps <= 1.0:
+        return 0.0
+    return min(1.0, math.log(steps) / math.log(FLAT_FROM_STEPS))
+
+
+def loss_gap(params: float, replicas: int, local_steps: int, staleness: float = 0.0) -> float:
+    """The relative loss gap over synchronous data-parallel training at equal tokens (0.017: 1.7%)."""
+    if params <= 0:
+        raise ValueError(f"params = {params} must be > 0")
+    size = (params / ANCHOR_PARAMS) ** -GAP_PARAMS_EXPONENT
+    return GAP_AT_ANCHOR * size * replicas_factor(replicas) * rounds_factor(local_steps, staleness)
+
+
+def token_efficiency(params: float, replicas: int, local_steps: int, staleness: float = 0.0) -> float:
+    """The share of the tokens trained that synchronous training would need for the same loss
+    (1.0: every token teaches as much; module doc)."""
+    gap = loss_gap(params, replicas, local_steps, staleness)
+    return (1.0 - TOKENS_PER_GAP_POINT) ** (100.0 * gap)

@@ -1,0 +1,67 @@
+"""peers/planning/learning.py: the token-efficiency model meets every published configuration it
+was built from within a factor of 1.5, and behaves as a quality model must between them."""
+
+from __future__ import annotations
+
+import pytest
+
+from swarmd.peers.planning.learning import loss_gap, token_efficiency
+
+pytestmark = pytest.mark.timeout(30)
+
+PUBLISHED = [
+    # (params, replicas, H, efficiency the source gives or implies, source)
+    (150e6, 8, 500, 0.65, "DiLoCo 2023: 8 replicas, 15.02 against 14.72 in sequence"),
+    (150e6, 64, 500, 0.09, "DiLoCo 2023: 64 replicas, 14.96"),
+    (35e6, 8, 30, 0.845**3.9, "scaling laws, Table 4: +3.9% at 35M"),
+    (550e6, 8, 30, 0.845**1.7, "scaling laws, Table 4: +1.7% at 550M"),
+    (2.4e9, 8, 30, 0.845**1.1, "scaling laws, Table 4: +1.1% at 2.4B"),
+]
+
+
+@pytest.mark.parametrize(("params", "replicas", "steps", "published", "source"), PUBLISHED)
+def test_the_published_configurations_within_a_factor_of_one_and_a_half(
+    params: float, replicas: int, steps: int, published: float, source: str
+) -> None:
+    predicted = token_efficiency(params, replicas, steps)
+    assert published / 1.5 <= predicted <= published * 1.5, (source, predicted)
+
+
+def test_the_scaling_law_gaps_themselves() -> None:
+    for params, gap in ((35e6, 0.039), (550e6, 0.017), (2.4e9, 0.011)):
+        assert loss_gap(params, 8, 30) == pytest.approx(gap, rel=0.05)
+
+
+def test_synchronous_training_is_the_yardstick() -> None:
+    """One step a round on time is synchronous training, however many pipelines average it; so
+    is one replica, however long its rounds."""
+    assert token_efficiency(1e9, 64, 1) == 1.0
+    assert token_efficiency(1e9, 1, 500) == 1.0
+
+
+def test_more_replicas_longer_rounds_staler_contributions_and_smaller_models_teach_less() -> None:
+    base = dict(params=200e6, replicas=8, local_steps=30)
+    at = token_efficiency(**base)  # type: ignore[arg-type]
+    assert token_efficiency(**{**base, "replicas": 16}) < at  # type: ignore[arg-type]
+    assert token_efficiency(**{**base, "local_steps": 4}) > at  # type: ignore[arg-type]
+    assert token_efficiency(**base, staleness=1.0) <= at  # type: ignore[arg-type]
+    assert token_efficiency(**{**base, "params": 2e9}) > at  # type: ignore[arg-type]
+    # Past 30 published-size steps the round's length no longer matters (DiLoCo's 500 = 30).
+    assert token_efficiency(**{**base, "local_steps": 500}) == at  # type: ignore[arg-type]
+
+
+def test_what_the_planner_once_chose_teaches_almost_nothing() -> None:
+    """docs/results.md's 1,000-device figure: 759 replicas of H = 685 inner steps of one
+    2,048-token micro-batch each, a 200M model."""
+    efficiency = token_efficiency(200e6, 759, 685)
+    assert efficiency < 0.01
+    assert token_efficiency(200e6, 8, 685) > 50 * efficiency
+
+
+def test_nonsense_is_refused() -> None:
+    for bad in (dict(replicas=0), dict(local_steps=0), dict(params=0.0)):
+        args = dict(params=1e8, replicas=2, local_steps=2) | bad
+        with pytest.raises(ValueError):
+            token_efficiency(**args)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        token_efficiency(1e8, 2, 2, staleness=-1.0)
