@@ -41,8 +41,10 @@ The model, and where each part comes from:
 Checked against every published configuration above within a factor of 1.5
 (``tests/unit/peers/planning/test_learning.py``). What none of them prices: inner batches of a
 few thousand tokens (no published run uses them; their steps are noisier, which this does not
-charge), more than 64 replicas, and models under 35M (the size law is extrapolated); the
-swarm's own measurements (``bench_token_efficiency.py``, to come) are what should settle those.
+charge), more than 64 replicas, and models under 35M (the size law is extrapolated). And it
+assumes an outer step tuned as the papers' were: the swarm's own exchange at the run's outer
+lr 0.7 and momentum 0.9 measured 0.03 to 0.09 at H = 4 and 16 on the default run's model
+(``tests/benchmarks/bench_token_efficiency.py``, docs/results.md), where this says 0.70 to 1.
 """
 
 from __future__ import annotations

@@ -1,0 +1,305 @@
+"""What a token teaches: M replicas of H local steps on the swarm's own exchange, against
+synchronous training of the same global batch, at equal tokens.
+
+    .venv/bin/python tests/benchmarks/bench_token_efficiency.py [--replicas 1 2 4 8]
+        [--local-steps 4 16] [--share 1] [--staleness 0] [--outer-steps 200] [--threads 2]
+        [--outer-lr 0.7] [--outer-momentum 0.9] [--corpus PATH] [--json out.json]
+
+The model is the default run's (``tiny-bytes``: a 4-layer byte-level GPT-2), its optimizer and
+exchange settings the run's (inner AdamW at the run's rate, the outer Nesterov step at
+``outer_lr`` and ``outer_momentum``). The data is byte tokens of a corpus far larger than the
+tokens a run reads (by default the Python standard library's source, which every machine with
+swarmd has), so that no run sees a sequence twice; the last 1% is held out.
+
+Every replica is the daemon's own ``CellCompute`` in local mode (one stage: the whole model):
+each inner step is one share of ``--share`` micro-batches and one AdamW step, and after H of
+them its pseudo-gradient (``round_base - local``) goes to one ``ParameterShard`` in local mode,
+weighted by ``staleness_weight`` as the swarm's servers weigh it; the shard steps once every
+replica's round is in (``M x H x k`` micro-batches, as ``step_micro_batches`` makes it for this
+shape), and each replica adds the shard's fp16 deltas and rebases, as a cell does.
+``--staleness S``: every replica pulls S outer steps late (its round starts from weights S
+versions old, and its contribution counts ``staleness_weight(S)``).
+
+Inner step ``h`` of round ``t`` reads, across the replicas, exactly the micro-batches that the
+synchronous run's step ``t x H + h`` reads (M x k consecutive micro-batches): the same data in
+the same order, the same global batch per step. The synchronous run is AdamW on the mean
+gradient of those micro-batches (what the swarm's gradient mode computes); its held-out loss is
+recorded along the way, and each local run's final loss is placed on that curve: the
+**efficiency** is the tokens the synchronous run needed to reach it over the tokens the local
+run used (">= 1": the local run ended below the whole synchronous curve).
+
+H = 1 is gradient mode in the swarm: that is the synchronous run itself (efficiency 1 but for
+rounding; ``tests/integration/test_swarm_training.py`` measures it through real daemons).
+Figures only; nothing is asserted. ``swarmd.peers.planning.learning.token_efficiency`` is the
+model these measurements are set against.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sysconfig
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from swarmd.models.build import build_model
+from swarmd.models.cell_compute import CellCompute, flatten_parameters, unflatten_parameters
+from swarmd.models.data.corpus import load_corpus, train_eval_split
+from swarmd.models.data.windows import Dataset
+from swarmd.models.parameter_shard import ParameterShard
+from swarmd.models.presets import DEFAULT_RUN
+from swarmd.models.reference import held_out_loss
+from swarmd.models.shape import ModelShape
+from swarmd.models.shard_config import ShardConfig
+from swarmd.models.stages import StageModule, merge_stage_state_dicts
+from swarmd.peers.planning.learning import token_efficiency
+from swarmd.peers.taskpool.exchange import ExchangeConfig, staleness_weight
+
+SEED = 1234
+CORPUS_BYTES = 32 * 1024**2
+"""The default corpus's size: 256K sequences of 128 bytes, more than any run here reads."""
+HELD_OUT_SEQUENCES = 128
+
+
+@dataclass(frozen=True)
+class Result:
+    replicas: int
+    local_steps: int
+    share: int
+    staleness: int
+    outer_steps: int
+    tokens: int
+    loss: float
+    """Held-out loss of the global weights at the end."""
+    sync_loss: float
+    """The synchronous run's at the same tokens."""
+    efficiency: float
+    """Tokens the synchronous run needed for ``loss``, over ``tokens`` (capped at the curve's end)."""
+    beyond_curve: bool
+    """``loss`` is below every point of the synchronous curve: the efficiency is at least that."""
+    model_efficiency: float
+    """``learning.token_efficiency`` for this configuration and model size."""
+    seconds: float
+
+
+def stdlib_corpus(path: Path, limit: int = CORPUS_BYTES) -> Path:
+    """The Python standard library's source, in sorted path order, up to ``limit`` bytes."""
+    out = bytearray()
+    for source in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
+        try:
+            out += source.read_bytes()
+        except OSError:
+            continue
+        if len(out) >= limit:
+            break
+    path.write_bytes(bytes(out[:limit]))
+    return path
+
+
+def micro_batches(step: int, replicas: int, share: int) -> Iterator[tuple[int, int]]:
+    """(replica, micro-batch index) read by every replica's inner step ``step`` (the
+    synchronous run's step ``step``): ``replicas x share`` consecutive micro-batches."""
+    first = step * replicas * share
+    for r in range(replicas):
+        for j in range(share):
+            yield r, first + r * share + j
+
+
+def sync_curve(
+    shape: ModelShape, train: Dataset, held_out: Dataset, replicas: int, share: int, steps: int, every: int
+) -> list[tuple[int, float]]:
+    """AdamW on the mean gradient of each step's ``replicas x share`` micro-batches: the held-out
+    loss after every ``every`` steps, as (steps, loss), from (0, start)."""
+    opt = DEFAULT_RUN["optimizer"]
+    mb = DEFAULT_RUN["batch"]["micro_batch"]
+    model = build_model(shape, SEED)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=opt["lr"], weight_decay=opt["weight_decay"])
+    curve = [(0, held_out_loss(model, held_out, sequences=HELD_OUT_SEQUENCES))]
+    count = replicas * share
+    for step in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        for _, m in micro_batches(step, replicas, share):
+            ids = train.micro_batch(m, mb)
+            (model(input_ids=ids, labels=ids).loss / count).backward()
+        optimizer.step()
+        if (step + 1) % every == 0 or step + 1 == steps:
+            curve.append((step + 1, held_out_loss(model, held_out, sequences=HELD_OUT_SEQUENCES)))
+    return curve
+
+
+def local_run(
+    shape: ModelShape,
+    train: Dataset,
+    replicas: int,
+    local_steps: int,
+    share: int,
+    staleness: int,
+    rounds: int,
+    outer: tuple[float, float],
+) -> torch.nn.Module:
+    """M replicas on the swarm's exchange (module doc); returns the global weights' model.
+    ``outer``: the outer step's learning rate and momentum."""
+    opt = DEFAULT_RUN["optimizer"]
+    mb = DEFAULT_RUN["batch"]["micro_batch"]
+    model = build_model(shape, SEED)
+    whole = [(0, shape.layers)]
+    cells = [
+        CellCompute(
+            StageModule(model, whole, 0),
+            mode="local",
+            window=share,
+            lr=opt["lr"],
+            weight_decay=opt["weight_decay"],
+        )
+        for _ in range(replicas)
+    ]
+    start = flatten_parameters(cells[0].module)
+    config = ShardConfig(
+        mode="local",
+        lr=opt["lr"],
+        outer_lr=outer[0],
+        outer_momentum=outer[1],
+        keep_versions=staleness + 2,
+    )
+    server = ParameterShard(0, start.numel(), start, config, step_micro_batches=replicas * local_steps * share)
+    settings = ExchangeConfig(
+        batch_micro_batches=replicas * share,
+        share_micro_batches=share,
+        local_steps=local_steps,
+        max_staleness=max(staleness, int(opt["max_staleness"])),
+        pipelines=replicas,
+    )
+    weight = staleness_weight(staleness, settings)
+    applied = [0] * replicas
+    for t in range(rounds):
+        for r, cell in enumerate(cells):
+            for h in range(local_steps):
+                step = t * local_steps + h
+                for replica, m in micro_batches(step, replicas, share):
+                    if replica == r:
+                        ids = train.micro_batch(m, mb)
+                        cell.forward_backward_last(m, ids, ids)
+                cell.end_share()
+        for r, cell in enumerate(cells):
+            vector, count = cell.contribution()
+            found = server.contribute(vector, applied[r], count, [t * replicas + r], weight, sender=f"r{r}")
+            if found.step is not None:
+                server.confirm(found.step.version)
+        for r, cell in enumerate(cells):  # each pulls what is ``staleness`` steps old by now
+            wanted = max(applied[r], server.version - staleness)
+            if wanted > applied[r]:
+                deltas = server.deltas_since(applied[r])
+                assert deltas is not None, "keep_versions covers the staleness"
+                cell.apply_deltas(0, [(v, d) for v, d in deltas if v <= wanted])
+                cell.rebase()
+                applied[r] = wanted
+    found = server.weights()
+    assert found is not None
+    final = build_model(shape, SEED)
+    final.load_state_dict(merge_stage_state_dicts([unflatten_parameters(cells[0].module, found[1])], shape))
+    return final
+
+
+def nearest(curve: list[tuple[int, float]], steps: int) -> float:
+    """The synchronous run's loss at the point nearest ``steps``."""
+    return min(curve, key=lambda point: abs(point[0] - steps))[1]
+
+
+def tokens_to_reach(curve: list[tuple[int, float]], loss: float, tokens_per_step: int) -> tuple[float, bool]:
+    """Tokens the synchronous run needed to reach ``loss`` (linear between its points, on the
+    running minimum), and whether ``loss`` is below the whole curve (then its end)."""
+    best: list[tuple[int, float]] = []
+    for step, value in curve:
+        best.append((step, min(value, best[-1][1]) if best else value))
+    if loss >= best[0][1]:
+        return 0.0, False  # no better than the start: it learned nothing a synchronous step would not
+    for (s0, l0), (s1, l1) in zip(best, best[1:], strict=False):
+        if l1 <= loss:
+            fraction = 1.0 if l0 == l1 else (l0 - loss) / (l0 - l1)
+            return (s0 + fraction * (s1 - s0)) * tokens_per_step, False
+    return best[-1][0] * tokens_per_step, True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--local-steps", type=int, nargs="+", default=[4, 16])
+    parser.add_argument("--share", type=int, nargs="+", default=[1], help="micro-batches per inner step")
+    parser.add_argument("--staleness", type=int, nargs="+", default=[0])
+    parser.add_argument("--outer-steps", type=int, default=200)
+    exchange = DEFAULT_RUN["exchange"]
+    parser.add_argument("--outer-lr", type=float, default=exchange["outer_lr"], help="the run's by default")
+    parser.add_argument("--outer-momentum", type=float, default=exchange["outer_momentum"])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--corpus", default="", help="a text file (default: the Python standard library's source)")
+    parser.add_argument("--json", type=Path, default=None, help="write the results here too")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    shape = ModelShape.from_dict(DEFAULT_RUN["model"])
+    corpus = args.corpus or str(stdlib_corpus(Path(tempfile.mkdtemp()) / "stdlib.txt"))
+    data = load_corpus(corpus)
+    train, held_out = train_eval_split(data, shape.seq_len, SEED, eval_fraction=0.01)
+    mb = DEFAULT_RUN["batch"]["micro_batch"]
+    longest = max(args.local_steps) * args.outer_steps
+    print(
+        f"{shape.family} {sum(p.numel() for p in build_model(shape, SEED).parameters()):,} parameters; "
+        f"corpus {len(data):,} bytes ({len(train):,} training sequences); {args.outer_steps} outer steps "
+        f"at outer lr {args.outer_lr} and momentum {args.outer_momentum}"
+    )
+    params = float(sum(p.numel() for p in build_model(shape, SEED).parameters()))
+    results: list[Result] = []
+    print(
+        "| M | H | k | staleness | outer steps | tokens | held-out loss | synchronous at equal tokens "
+        "| efficiency | model |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
+    for replicas in args.replicas:
+        for share in args.share:
+            tokens_per_step = replicas * share * mb * shape.seq_len
+            every = max(1, longest // 100)
+            curve = sync_curve(shape, train, held_out, replicas, share, longest, every)
+            for local_steps in args.local_steps:
+                for staleness in args.staleness:
+                    started = time.perf_counter()
+                    outer = (args.outer_lr, args.outer_momentum)
+                    model = local_run(shape, train, replicas, local_steps, share, staleness, args.outer_steps, outer)
+                    loss = held_out_loss(model, held_out, sequences=HELD_OUT_SEQUENCES)
+                    steps = local_steps * args.outer_steps
+                    sync_at = nearest(curve, steps)
+                    needed, beyond = tokens_to_reach(curve, loss, tokens_per_step)
+                    tokens = steps * tokens_per_step
+                    result = Result(
+                        replicas,
+                        local_steps,
+                        share,
+                        staleness,
+                        args.outer_steps,
+                        tokens,
+                        loss,
+                        sync_at,
+                        needed / tokens,
+                        beyond,
+                        token_efficiency(params, replicas, local_steps, float(staleness)),
+                        time.perf_counter() - started,
+                    )
+                    results.append(result)
+                    shown = f">= {result.efficiency:.2f}" if beyond else f"{result.efficiency:.2f}"
+                    print(
+                        f"| {replicas} | {local_steps} | {share} | {staleness} | {args.outer_steps} | {tokens:,} "
+                        f"| {loss:.3f} | {sync_at:.3f} | {shown} | {result.model_efficiency:.2f} |",
+                        flush=True,
+                    )
+    if args.json is not None:
+        args.json.write_text(json.dumps([asdict(r) for r in results], indent=1))
+    worst = min(results, key=lambda r: r.efficiency) if results else None
+    if worst is not None and math.isfinite(worst.efficiency):
+        print(f"lowest efficiency: M = {worst.replicas}, H = {worst.local_steps}: {worst.efficiency:.2f}")
+
+
+if __name__ == "__main__":
+    main()
