@@ -104,22 +104,25 @@ class PlanPublisher:
         await self._publish_new(view, snap, result, kind, previous, now)
 
     async def _repair_or_full(self, snap: Snapshot, mended: Plan, settings: PlannerConfig) -> tuple[Plan, str]:
-        """The repair, unless a full plan on the same measurements is predicted more than
-        ``1 / REPAIR_FLOOR`` times faster (then the full plan)."""
+        """The repair, unless a full plan on the same measurements is predicted to train more than
+        ``1 / REPAIR_FLOOR`` times the effective tokens per second (then the full plan): what the
+        planner chose it by."""
         try:
             fresh = await asyncio.to_thread(plan, snap.scenario, settings)
             model = ThroughputModel(snap.scenario, max_staleness=self.spec.spec.max_staleness)
-            mended_tps = (await asyncio.to_thread(model.evaluate, mended)).tokens_per_s
-            fresh_tps = (await asyncio.to_thread(model.evaluate, fresh)).tokens_per_s
+            mended_tps = (await asyncio.to_thread(model.evaluate, mended)).effective_tokens_per_s
+            fresh_tps = (await asyncio.to_thread(model.evaluate, fresh)).effective_tokens_per_s
         except (PlanError, ScenarioError, ValueError) as e:
             logger.debug("No full plan to weigh the repair against: %s", e)
             return mended, "repair"
         if fresh_tps * REPAIR_FLOOR > mended_tps:
             logger.info(
-                "A repair predicted %.0f tokens/s against %.0f for a full plan: planning afresh", mended_tps, fresh_tps
+                "A repair predicted %.0f effective tokens/s against %.0f for a full plan: planning afresh",
+                mended_tps,
+                fresh_tps,
             )
             return fresh, "full"
-        logger.info("A repair predicted %.0f tokens/s against %.0f for a full plan", mended_tps, fresh_tps)
+        logger.info("A repair predicted %.0f effective tokens/s against %.0f for a full plan", mended_tps, fresh_tps)
         return mended, "repair"
 
     def _settings(self) -> PlannerConfig:
@@ -176,8 +179,8 @@ class PlanPublisher:
             fresh = await asyncio.to_thread(plan, snap.scenario, self._settings())
             current = record_plan(previous).remapped([ids.index(p) for p in previous.devices])
             model = ThroughputModel(snap.scenario, max_staleness=self.spec.spec.max_staleness)
-            now_tps = (await asyncio.to_thread(model.evaluate, current)).tokens_per_s
-            new_tps = (await asyncio.to_thread(model.evaluate, fresh)).tokens_per_s
+            now_tps = (await asyncio.to_thread(model.evaluate, current)).effective_tokens_per_s
+            new_tps = (await asyncio.to_thread(model.evaluate, fresh)).effective_tokens_per_s
         except (PlanError, ScenarioError, ValueError) as e:
             logger.debug("No fresh plan to compare with: %s", e)
             return False
@@ -186,7 +189,7 @@ class PlanPublisher:
         if not new_tps > REPLAN_GAIN * now_tps:  # nor when neither is predicted to train at all
             return False
         logger.info(
-            "Re-planning on the links measured since: %.0f tokens/s predicted against %.0f for plan v%d",
+            "Re-planning on the links measured since: %.0f effective tokens/s predicted against %.0f for plan v%d",
             new_tps,
             now_tps,
             previous.version,

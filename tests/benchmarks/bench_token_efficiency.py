@@ -3,7 +3,7 @@ synchronous training of the same global batch, at equal tokens.
 
     .venv/bin/python tests/benchmarks/bench_token_efficiency.py [--replicas 1 2 4 8]
         [--local-steps 4 16] [--share 1] [--staleness 0] [--outer-steps 200] [--threads 2]
-        [--outer-lr 0.7] [--outer-momentum 0.9] [--corpus PATH] [--json out.json]
+        [--outer 0.7:0.9 1:0] [--device cpu|cuda] [--corpus PATH] [--json out.json]
 
 The model is the default run's (``tiny-bytes``: a 4-layer byte-level GPT-2), its optimizer and
 exchange settings the run's (inner AdamW at the run's rate, the outer Nesterov step at
@@ -37,6 +37,7 @@ model these measurements are set against.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import sysconfig
@@ -73,6 +74,8 @@ class Result:
     local_steps: int
     share: int
     staleness: int
+    outer: tuple[float, float]
+    """The outer step's learning rate and momentum."""
     outer_steps: int
     tokens: int
     loss: float
@@ -111,25 +114,41 @@ def micro_batches(step: int, replicas: int, share: int) -> Iterator[tuple[int, i
             yield r, first + r * share + j
 
 
+def scored(model: torch.nn.Module, held_out: Dataset) -> float:
+    """The held-out loss of ``model``'s weights, scored on the CPU (the held-out batches are there)."""
+    if next(model.parameters()).device.type == "cpu":
+        return held_out_loss(model, held_out, sequences=HELD_OUT_SEQUENCES)
+    copy = build_model(ModelShape.from_dict(DEFAULT_RUN["model"]), SEED)
+    copy.load_state_dict({k: v.detach().cpu() for k, v in model.state_dict().items()})
+    return held_out_loss(copy, held_out, sequences=HELD_OUT_SEQUENCES)
+
+
 def sync_curve(
-    shape: ModelShape, train: Dataset, held_out: Dataset, replicas: int, share: int, steps: int, every: int
+    shape: ModelShape,
+    train: Dataset,
+    held_out: Dataset,
+    replicas: int,
+    share: int,
+    steps: int,
+    every: int,
+    device: torch.device,
 ) -> list[tuple[int, float]]:
     """AdamW on the mean gradient of each step's ``replicas x share`` micro-batches: the held-out
     loss after every ``every`` steps, as (steps, loss), from (0, start)."""
     opt = DEFAULT_RUN["optimizer"]
     mb = DEFAULT_RUN["batch"]["micro_batch"]
-    model = build_model(shape, SEED)
+    model = build_model(shape, SEED).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=opt["lr"], weight_decay=opt["weight_decay"])
-    curve = [(0, held_out_loss(model, held_out, sequences=HELD_OUT_SEQUENCES))]
+    curve = [(0, scored(model, held_out))]
     count = replicas * share
     for step in range(steps):
         optimizer.zero_grad(set_to_none=True)
         for _, m in micro_batches(step, replicas, share):
-            ids = train.micro_batch(m, mb)
+            ids = train.micro_batch(m, mb).to(device)
             (model(input_ids=ids, labels=ids).loss / count).backward()
         optimizer.step()
         if (step + 1) % every == 0 or step + 1 == steps:
-            curve.append((step + 1, held_out_loss(model, held_out, sequences=HELD_OUT_SEQUENCES)))
+            curve.append((step + 1, scored(model, held_out)))
     return curve
 
 
@@ -142,12 +161,13 @@ def local_run(
     staleness: int,
     rounds: int,
     outer: tuple[float, float],
+    device: torch.device,
 ) -> torch.nn.Module:
     """M replicas on the swarm's exchange (module doc); returns the global weights' model.
     ``outer``: the outer step's learning rate and momentum."""
     opt = DEFAULT_RUN["optimizer"]
     mb = DEFAULT_RUN["batch"]["micro_batch"]
-    model = build_model(shape, SEED)
+    model = build_model(shape, SEED).to(device)
     whole = [(0, shape.layers)]
     cells = [
         CellCompute(
@@ -183,7 +203,7 @@ def local_run(
                 step = t * local_steps + h
                 for replica, m in micro_batches(step, replicas, share):
                     if replica == r:
-                        ids = train.micro_batch(m, mb)
+                        ids = train.micro_batch(m, mb).to(device)
                         cell.forward_backward_last(m, ids, ids)
                 cell.end_share()
         for r, cell in enumerate(cells):
@@ -202,7 +222,8 @@ def local_run(
     found = server.weights()
     assert found is not None
     final = build_model(shape, SEED)
-    final.load_state_dict(merge_stage_state_dicts([unflatten_parameters(cells[0].module, found[1])], shape))
+    weights = unflatten_parameters(cells[0].module, found[1].cpu())
+    final.load_state_dict(merge_stage_state_dicts([{k: v.cpu() for k, v in weights.items()}], shape))
     return final
 
 
@@ -234,8 +255,14 @@ def main() -> None:
     parser.add_argument("--staleness", type=int, nargs="+", default=[0])
     parser.add_argument("--outer-steps", type=int, default=200)
     exchange = DEFAULT_RUN["exchange"]
-    parser.add_argument("--outer-lr", type=float, default=exchange["outer_lr"], help="the run's by default")
-    parser.add_argument("--outer-momentum", type=float, default=exchange["outer_momentum"])
+    parser.add_argument(
+        "--outer",
+        nargs="+",
+        default=[f"{exchange['outer_lr']}:{exchange['outer_momentum']}"],
+        metavar="LR:MOMENTUM",
+        help="outer steps to run (the run's by default)",
+    )
+    parser.add_argument("--device", default="cpu", help="where the replicas train (cuda: a GPU); scoring is on the CPU")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--corpus", default="", help="a text file (default: the Python standard library's source)")
     parser.add_argument("--json", type=Path, default=None, help="write the results here too")
@@ -249,51 +276,53 @@ def main() -> None:
     longest = max(args.local_steps) * args.outer_steps
     print(
         f"{shape.family} {sum(p.numel() for p in build_model(shape, SEED).parameters()):,} parameters; "
-        f"corpus {len(data):,} bytes ({len(train):,} training sequences); {args.outer_steps} outer steps "
-        f"at outer lr {args.outer_lr} and momentum {args.outer_momentum}"
+        f"corpus {len(data):,} bytes ({len(train):,} training sequences); {args.outer_steps} outer steps on "
+        f"{args.device}"
     )
     params = float(sum(p.numel() for p in build_model(shape, SEED).parameters()))
     results: list[Result] = []
     print(
-        "| M | H | k | staleness | outer steps | tokens | held-out loss | synchronous at equal tokens "
-        "| efficiency | model |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "| M | H | k | staleness | outer lr, momentum | outer steps | tokens | held-out loss "
+        "| synchronous at equal tokens | efficiency | model |\n|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"
     )
+    device = torch.device(args.device)
+    outers = [(float(a), float(b)) for a, b in (o.split(":") for o in args.outer)]
     for replicas in args.replicas:
         for share in args.share:
             tokens_per_step = replicas * share * mb * shape.seq_len
             every = max(1, longest // 100)
-            curve = sync_curve(shape, train, held_out, replicas, share, longest, every)
-            for local_steps in args.local_steps:
-                for staleness in args.staleness:
-                    started = time.perf_counter()
-                    outer = (args.outer_lr, args.outer_momentum)
-                    model = local_run(shape, train, replicas, local_steps, share, staleness, args.outer_steps, outer)
-                    loss = held_out_loss(model, held_out, sequences=HELD_OUT_SEQUENCES)
-                    steps = local_steps * args.outer_steps
-                    sync_at = nearest(curve, steps)
-                    needed, beyond = tokens_to_reach(curve, loss, tokens_per_step)
-                    tokens = steps * tokens_per_step
-                    result = Result(
-                        replicas,
-                        local_steps,
-                        share,
-                        staleness,
-                        args.outer_steps,
-                        tokens,
-                        loss,
-                        sync_at,
-                        needed / tokens,
-                        beyond,
-                        token_efficiency(params, replicas, local_steps, float(staleness)),
-                        time.perf_counter() - started,
-                    )
-                    results.append(result)
-                    shown = f">= {result.efficiency:.2f}" if beyond else f"{result.efficiency:.2f}"
-                    print(
-                        f"| {replicas} | {local_steps} | {share} | {staleness} | {args.outer_steps} | {tokens:,} "
-                        f"| {loss:.3f} | {sync_at:.3f} | {shown} | {result.model_efficiency:.2f} |",
-                        flush=True,
-                    )
+            curve = sync_curve(shape, train, held_out, replicas, share, longest, every, device)
+            for local_steps, staleness, outer in itertools.product(args.local_steps, args.staleness, outers):
+                started = time.perf_counter()
+                rounds = args.outer_steps
+                model = local_run(shape, train, replicas, local_steps, share, staleness, rounds, outer, device)
+                loss = held_out_loss(model, held_out, sequences=HELD_OUT_SEQUENCES)
+                steps = local_steps * args.outer_steps
+                needed, beyond = tokens_to_reach(curve, loss, tokens_per_step)
+                tokens = steps * tokens_per_step
+                result = Result(
+                    replicas,
+                    local_steps,
+                    share,
+                    staleness,
+                    outer,
+                    args.outer_steps,
+                    tokens,
+                    loss,
+                    nearest(curve, steps),
+                    needed / tokens,
+                    beyond,
+                    token_efficiency(params, replicas, local_steps, float(staleness)),
+                    time.perf_counter() - started,
+                )
+                results.append(result)
+                shown = f">= {result.efficiency:.2f}" if beyond else f"{result.efficiency:.2f}"
+                print(
+                    f"| {replicas} | {local_steps} | {share} | {staleness} | {outer[0]:g}, {outer[1]:g} "
+                    f"| {args.outer_steps} | {tokens:,} | {loss:.3f} | {result.sync_loss:.3f} | {shown} "
+                    f"| {result.model_efficiency:.2f} |",
+                    flush=True,
+                )
     if args.json is not None:
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=1))
     worst = min(results, key=lambda r: r.efficiency) if results else None
