@@ -1,18 +1,20 @@
 """swarmd's scheduler: the plan that trains fastest on the data path, pure functions over a snapshot.
 
 The same code plans in the daemon (the elected coordinator, from the live matrix), in
-``swarmd plan`` (from a scenario file) and in the simulator. The objective is the throughput
-model's trained tokens per second (``swarmd.peers.planning.throughput``); FORMAT.md's reference
+``swarmd plan`` (from a scenario file) and in the simulator. The objective is effective tokens
+per second: the throughput model's trained tokens per second (``swarmd.peers.planning.throughput``)
+times what each teaches against synchronous training (``learning.token_efficiency``), so that
+more pipelines or longer local rounds win only where they add learning; FORMAT.md's reference
 cost stays the ruler on which placements are compared with the baselines. Method, each step
 cheap enough to plan 1,000 devices in seconds:
 
 1. **Shape.** Fixed when the scenario gives ``parallelism``. Otherwise stage counts from the
    fewest whose layers fit some device (one: pure data parallelism, no activations at all)
    upward, each with as many pipelines as the devices that can hold a cell allow, and fewer
-   (the slowest left out: a round of fewer pipelines pulls fewer deltas and is less stale).
-   Memory counts the mode: with H > 1 local steps a cell holds AdamW's state too, so a run
-   that leaves H to the planner is planned in local mode, and in gradient mode (H = 1) where
-   only that fits.
+   (the slowest left out: a round of fewer pipelines pulls fewer deltas and is less stale; in
+   local mode also eight, about the most replicas that add learning). Memory counts the mode:
+   with H > 1 local steps a cell holds AdamW's state too; a run that leaves H to the planner is
+   planned in both modes and the one that trains more effective tokens is kept.
 2. **Construction** (``construction``): pipelines of devices close for the activations, each
    ordered along its cheapest path, re-matched at every boundary; one stage: the devices that
    train fastest alone.
