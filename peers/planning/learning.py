@@ -20,6 +20,10 @@ The model, and where each part comes from:
   the sequential curve, 8 replicas deliver about 65% of their tokens' worth and 64 about 9%.
   Those two are gaps of 2.6% and 14.1% (below), a factor of 5.6 for 9 times the replicas past
   the first: ``replicas_factor(M) = ((M - 1) / 7) ** 0.78`` (1 at M = 8, 0 for one replica).
+  Past the count where ``M x efficiency`` peaks (``most_useful_replicas``: 29 replicas at 150M
+  and H = 500, 8.3 replicas' worth, where DiLoCo's 8, 16 and 64 are 5.2, 7.4 and 5.8), more
+  replicas add nothing and take nothing away: their tokens together teach what the peak's do.
+  The exponent alone would have 759 replicas teach less than one, which no paper saw.
 - **Rounds.** H = 1 is synchronous training (no gap); the 35M-2.4B anchor is at H = 30 and the
   150M one at H = 500, and the size law alone puts 150M at H = 30 at 2.5%, the gap DiLoCo
   measured at H = 500: past 30 steps the round's length no longer matters at these sizes (the
@@ -66,7 +70,7 @@ TOKENS_PER_GAP_POINT = 0.155
 """Share of the tokens a relative loss gap of one percent is worth (12 to 19%, the midpoint)."""
 
 
-def replicas_factor(replicas: int) -> float:
+def replicas_factor(replicas: float) -> float:
     """How the loss gap grows with the replicas that average their rounds: 0 for one (it is
     synchronous training), 1 at ``ANCHOR_REPLICAS``."""
     if replicas < 1:
@@ -85,7 +89,7 @@ def rounds_factor(local_steps: int, staleness: float = 0.0) -> float:
     return min(1.0, math.log(steps) / math.log(FLAT_FROM_STEPS))
 
 
-def loss_gap(params: float, replicas: int, local_steps: int, staleness: float = 0.0) -> float:
+def loss_gap(params: float, replicas: float, local_steps: int, staleness: float = 0.0) -> float:
     """The relative loss gap over synchronous data-parallel training at equal tokens (0.017: 1.7%)."""
     if params <= 0:
         raise ValueError(f"params = {params} must be > 0")
@@ -93,8 +97,43 @@ def loss_gap(params: float, replicas: int, local_steps: int, staleness: float = 
     return GAP_AT_ANCHOR * size * replicas_factor(replicas) * rounds_factor(local_steps, staleness)
 
 
+def _gap_efficiency(gap: float) -> float:
+    return (1.0 - TOKENS_PER_GAP_POINT) ** (100.0 * gap)
+
+
+def most_useful_replicas(params: float, local_steps: int, staleness: float = 0.0) -> float:
+    """The replica count whose tokens teach the most in all (``M x efficiency`` at its peak):
+    past it, the gap's growth outruns the tokens. Where rounds cost no gap, no count is."""
+    gap_at_anchor = loss_gap(params, ANCHOR_REPLICAS, local_steps, staleness)
+    if gap_at_anchor <= 0:
+        return math.inf
+    # ln M - c x^p with M = 1 + 7x peaks where x^(p-1) + 7 x^p = 7 / (p c); the left side rises
+    # for x above (1 - p) / (7 p), so a bisection there finds the one peak.
+    c = 100.0 * gap_at_anchor * -math.log(1.0 - TOKENS_PER_GAP_POINT)
+    p, span = REPLICAS_EXPONENT, ANCHOR_REPLICAS - 1
+    want = span / (p * c)
+
+    def side(x: float) -> float:
+        return x ** (p - 1.0) + span * x**p
+
+    lo, hi = (1.0 - p) / (span * p), 1.0
+    if side(lo) >= want:
+        return 1.0 + span * lo
+    while side(hi) < want:
+        hi *= 2.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if side(mid) < want else (lo, mid)
+    return 1.0 + span * hi
+
+
 def token_efficiency(params: float, replicas: int, local_steps: int, staleness: float = 0.0) -> float:
     """The share of the tokens trained that synchronous training would need for the same loss
-    (1.0: every token teaches as much; module doc)."""
-    gap = loss_gap(params, replicas, local_steps, staleness)
-    return (1.0 - TOKENS_PER_GAP_POINT) ** (100.0 * gap)
+    (1.0: every token teaches as much; module doc). Replicas past ``most_useful_replicas``
+    add no learning and take none away: their tokens together teach what that many's do."""
+    efficiency = _gap_efficiency(loss_gap(params, replicas, local_steps, staleness))
+    peak = most_useful_replicas(params, local_steps, staleness)
+    if replicas <= peak:
+        return efficiency
+    at_peak = _gap_efficiency(loss_gap(params, peak, local_steps, staleness))
+    return max(efficiency, at_peak * peak / replicas)
