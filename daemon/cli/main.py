@@ -156,6 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="the planner's local search time per full plan (default 0.5)",
     )
+    sim.add_argument(
+        "--target-loss",
+        type=float,
+        metavar="L",
+        help="the loss whose time to reach is the headline (default: Chinchilla's fit at 20 tokens per parameter)",
+    )
     sim.add_argument("--debug", action="store_true")
     tokenizer_command.add_parser(sub)
     data_command.add_parser(sub)
@@ -375,7 +381,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     names = [n.strip() for n in args.strategies.split(",") if n.strip()] if args.strategies else list(NAMES)
     out = args.out or Path(f"simulate-{args.scenario.stem}")
     return run_simulate(
-        args.scenario, hours=args.hours, seed=args.seed, strategies=names, out=out, time_budget_s=args.time_budget
+        args.scenario,
+        hours=args.hours,
+        seed=args.seed,
+        strategies=names,
+        out=out,
+        time_budget_s=args.time_budget,
+        target_loss=args.target_loss,
     )
 
 

@@ -2,9 +2,13 @@
 
 Every strategy (``swarmd.peers.sim.strategies``) meets the same churn on the same seed; each is
 also run without churn for ``FAILURE_FREE_HOURS`` at most (its steady state), which gives the
-failure-free figure its throughput is held against. The report is a markdown table on stdout
-and in ``OUT/report.md``, the numbers in ``OUT/results.json``, and PNG plots (matplotlib, the
-``sim`` extra) of tokens/s over time, the staleness distribution and the planners' runtimes.
+failure-free figure its throughput is held against. Each run's trained tokens are priced by
+what they teach (``swarmd.peers.sim.time_to_target``: efficiency, effective tokens/s) and the
+headline is the time each strategy takes to reach a target loss (``--target-loss``; default,
+the loss Chinchilla's fit gives the model at its compute-optimal budget). The report is a
+markdown table on stdout and in ``OUT/report.md``, the numbers in ``OUT/results.json``, and
+PNG plots (matplotlib, the ``sim`` extra) of effective tokens/s over time, the staleness
+distribution and the planners' runtimes.
 """
 
 from __future__ import annotations
@@ -18,12 +22,14 @@ from typing import Any
 
 from swarmd.cli.progress import ProgressLine
 from swarmd.errors import SwarmdError
+from swarmd.peers.planning.loss_curve import tokens_to_loss
 from swarmd.peers.planning.planner import PlannerConfig, plan
 from swarmd.peers.planning.scenario import Scenario, ScenarioError, load_scenario
 from swarmd.peers.sim.churn import churn_schedule
 from swarmd.peers.sim.results import SimResult, single_device
 from swarmd.peers.sim.simulator import SimConfig, Simulation, simulate
 from swarmd.peers.sim.strategies import NAMES, make_strategies
+from swarmd.peers.sim.time_to_target import Learning, learning_figures
 
 FAILURE_FREE_HOURS = 2.0
 """The failure-free run of a strategy stops here: without churn its throughput is steady."""
@@ -51,13 +57,19 @@ def _percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def summary(result: SimResult, failure_free: SimResult) -> dict[str, Any]:
+def summary(result: SimResult, failure_free: SimResult, learning: Learning) -> dict[str, Any]:
     kinds = [e.kind for e in result.plan_events]
     runtimes = [e.runtime_s for e in result.plan_events if not e.kind.startswith("failed")]
     bound = result.compute_bound_tokens_per_s
     return {
         "strategy": result.strategy,
         "tokens_per_s": round(result.tokens_per_s, 1),
+        "efficiency": round(learning.efficiency, 4),
+        "effective_tokens_per_s": round(learning.effective_tokens_per_s, 1),
+        "target_loss": round(learning.target_loss, 4),
+        "target_tokens": learning.tokens_to_target,
+        "time_to_target_s": None if learning.time_to_target_s is None else round(learning.time_to_target_s, 1),
+        "time_to_target_extrapolated": learning.extrapolated,
         "failure_free_tokens_per_s": round(failure_free.tokens_per_s, 1),
         "kept": round(result.tokens_per_s / failure_free.tokens_per_s, 3) if failure_free.tokens_per_s else None,
         "compute_bound_tokens_per_s": round(bound, 1),
@@ -100,6 +112,33 @@ def _fmt(value: Any, digits: int = 0) -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
+def _hours(row: dict[str, Any]) -> str:
+    seconds = row["time_to_target_s"]
+    if seconds is None:
+        return "never"
+    return f"{seconds / 3600:,.1f}" + (" (extrapolated)" if row["time_to_target_extrapolated"] else "")
+
+
+def _learning_table(scenario: Scenario, rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    return [
+        f"What the tokens teach, and the time to a loss of {rows[0]['target_loss']:.3f} (Chinchilla's fit: "
+        f"{rows[0]['target_tokens']:.3g} tokens of synchronous training for {scenario.model.params:.3g} "
+        "parameters). Efficiency: the share of the trained tokens synchronous training would need for the same "
+        "loss; effective tokens/s: the trained rate times it.",
+        "",
+        "| strategy | trained tokens/s | efficiency | effective tokens/s | hours to target |",
+        "|---|---:|---:|---:|---:|",
+        *(
+            f"| {r['strategy']} | {_fmt(r['tokens_per_s'])} | {_fmt(r['efficiency'], 3)} "
+            f"| {_fmt(r['effective_tokens_per_s'])} | {_hours(r)} |"
+            for r in rows
+        ),
+        "",
+    ]
+
+
 def markdown(scenario: Scenario, settings: SimConfig, rows: list[dict[str, Any]], churn: tuple[int, int]) -> str:
     alone = single_device(scenario)
     alone_text = (
@@ -115,6 +154,7 @@ def markdown(scenario: Scenario, settings: SimConfig, rows: list[dict[str, Any]]
         f"(at most {FAILURE_FREE_HOURS:g} h). Trained tokens/s: the micro-batches of the contributions applied in "
         f"committed updates; {alone_text}.",
         "",
+        *_learning_table(scenario, rows),
         "| strategy | tokens/s | failure-free | kept | of compute bound | shape S x N, K, H, k | updates | lost "
         "| shares recomputed | contributions lost | stale dropped | failovers | recovery median / p90 s "
         "| plans full/repair/replan | plan runtime median / max ms | wall s |",
@@ -168,7 +208,7 @@ def _phase_cell(phases: dict[str, dict[str, float]], name: str) -> str:
     return f"{figures['mean_ms'] / 1e3:,.1f} ({figures['n']:,})" if figures else "-"
 
 
-def plot(results: list[SimResult], out: Path) -> list[Path]:
+def plot(results: list[SimResult], efficiencies: list[float], out: Path) -> list[Path]:
     """PNG plots; none (with a note on stderr) when matplotlib is not installed."""
     try:
         import matplotlib
@@ -180,14 +220,18 @@ def plot(results: list[SimResult], out: Path) -> list[Path]:
         return []
     written = []
     fig, ax = plt.subplots(figsize=(10, 4.5))
-    for r in results:
-        series = r.tokens_per_s_series()
+    for r, efficiency in zip(results, efficiencies, strict=True):
+        series = [x * efficiency for x in r.tokens_per_s_series()]
         smooth = [statistics.fmean(series[max(0, i - SMOOTH_BUCKETS + 1) : i + 1]) for i in range(len(series))]
         ax.plot([i * r.bucket_s / 3600 for i in range(len(smooth))], smooth, label=r.strategy, linewidth=1.2)
-    ax.set(xlabel="simulated hours", ylabel=f"tokens/s ({SMOOTH_BUCKETS}-bucket mean)", title="Throughput over time")
+    ax.set(
+        xlabel="simulated hours",
+        ylabel=f"effective tokens/s ({SMOOTH_BUCKETS}-bucket mean)",
+        title="What the swarm learns per second: trained tokens/s times their efficiency",
+    )
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    written.append(_save(fig, out / "tokens_per_s.png"))
+    written.append(_save(fig, out / "effective_tokens_per_s.png"))
     fig, ax = plt.subplots(figsize=(10, 4))
     width = 0.8 / max(1, len(results))
     for k, r in enumerate(results):
@@ -238,6 +282,7 @@ def run_simulate(
     strategies: list[str],
     out: Path,
     time_budget_s: float,
+    target_loss: float | None = None,
 ) -> int:
     if not 0 < hours <= MAX_HOURS:
         raise SwarmdError(f"--hours {hours:g} is out of range: give more than 0 and at most {MAX_HOURS:g}")
@@ -245,6 +290,11 @@ def run_simulate(
     if unknown:
         raise SwarmdError(f"unknown strategy {', '.join(unknown)}; choose from {', '.join(NAMES)}")
     scenario = load_scenario(scenario_path)
+    if target_loss is not None:
+        try:
+            tokens_to_loss(scenario.model.params, target_loss)
+        except ValueError as e:
+            raise SwarmdError(f"--target-loss {target_loss:g}: {e}") from None
     settings = SimConfig(hours=hours, seed=seed)
     # The run's shape: swarmd's plan for the whole scenario (the stage count stays fixed).
     shape = plan(scenario, PlannerConfig(time_budget_s=time_budget_s, seed=seed)).shape
@@ -269,7 +319,7 @@ def run_simulate(
         free = simulate(scenario, strategy, replace(settings, hours=min(hours, FAILURE_FREE_HOURS), churn=False))
         progress.done("and its failure-free run")
         results.append(result)
-        rows.append(summary(result, free))
+        rows.append(summary(result, free, learning_figures(scenario, result, target_loss)))
     out.mkdir(parents=True, exist_ok=True)
     report = markdown(scenario, settings, rows, (departures, sum(e.up for e in churn)))
     if skipped:
@@ -285,6 +335,6 @@ def run_simulate(
     }
     (out / "results.json").write_text(json.dumps(data))
     print(report)
-    written = plot(results, out)
+    written = plot(results, [r["efficiency"] for r in rows], out)
     print(f"wrote {out / 'report.md'}, {out / 'results.json'}" + "".join(f", {p}" for p in written))
     return 0

@@ -20,8 +20,15 @@ step from 16 to 1,000 devices, and at 1,000 with churn reaches 10% of the comput
 10x the fastest single device. Beside raw tokens/s, each row prices what those tokens teach
 (``learning.token_efficiency`` of the run's plan: its pipelines as replicas, H and the applied
 contributions' staleness) and their product, effective tokens/s, which the planner maximises;
-``--predict`` prints only the plans and the planner's predictions (seconds, not hours). A PNG
-of tokens/s against devices goes to ``--out`` when matplotlib is installed.
+``--predict`` prints only the plans and the planner's predictions (seconds, not hours).
+
+On the same scenarios, seed and churn, the peer strategies (``--strategies``; by default
+DT-FM, SWARM and DiLoCo's data parallelism, ``swarmd.peers.sim.strategies``) are simulated too,
+and the headline table gives each one's trained tokens/s, efficiency, effective tokens/s and
+its time to a target loss (``swarmd.peers.sim.time_to_target``: the loss Chinchilla's fit gives
+the model at 20 tokens a parameter; ``*`` marks a time past the simulated hours, at the run's
+mean rate). A PNG of effective tokens/s against devices goes to ``--out`` when matplotlib is
+installed.
 """
 
 from __future__ import annotations
@@ -36,17 +43,19 @@ from typing import Any
 
 import numpy as np
 
-from swarmd.peers.planning.learning import token_efficiency
-from swarmd.peers.planning.planner import PlannerConfig, plan
-from swarmd.peers.planning.scenario import Scenario, interface_rates
+from swarmd.peers.planning.planner import PlanError, PlannerConfig, plan
+from swarmd.peers.planning.scenario import Scenario, ScenarioError, interface_rates
 from swarmd.peers.planning.scenario_gen import SMALL_MODEL, synthetic_scenario
 from swarmd.peers.planning.throughput import ThroughputModel
 from swarmd.peers.sim.results import SimResult, single_device
 from swarmd.peers.sim.simulator import SimConfig, simulate
-from swarmd.peers.sim.strategies import make_strategies
+from swarmd.peers.sim.strategies import NAMES, make_strategies
+from swarmd.peers.sim.time_to_target import Learning, learning_figures
 
 PIPELINED_MODEL = {"layers": 24, "hidden": 2048, "seq_len": 2048, "vocab": 50257, "params": 1.3e9, "dtype_bytes": 2}
 MODELS = {"200M": SMALL_MODEL, "1.3B": PIPELINED_MODEL}
+COMPARED = ("swarmd", "dtfm-static", "swarm-wiring", "diloco")
+"""swarmd and the peer strategies issue 27 names: DT-FM, SWARM and DiLoCo's data parallelism."""
 PHASES = (
     "share",
     "round",
@@ -69,20 +78,27 @@ class Row:
     result: SimResult
     alone: float | None
     busiest: str
-    efficiency: float
-    """What a trained token teaches against synchronous training (``learning.token_efficiency``)."""
+    learning: Learning
+    """What the trained tokens teach, and the time to the target (``sim.time_to_target``)."""
+
+    @property
+    def strategy(self) -> str:
+        return self.result.strategy
+
+    @property
+    def efficiency(self) -> float:
+        return self.learning.efficiency
 
     @property
     def effective_tokens_per_s(self) -> float:
-        return self.result.tokens_per_s * self.efficiency
+        return self.learning.effective_tokens_per_s
 
-
-def efficiency(scenario: Scenario, result: SimResult) -> float:
-    """``token_efficiency`` of the run's first plan: its pipelines as replicas, H and, in local
-    mode, the applied contributions' mean staleness (in outer steps)."""
-    applied = sum(result.staleness.values())
-    stale = sum(s * n for s, n in result.staleness.items()) / applied if applied and result.local_steps > 1 else 0.0
-    return token_efficiency(scenario.model.params, result.shape[1], result.local_steps, stale)
+    @property
+    def hours_to_target(self) -> str:
+        seconds = self.learning.time_to_target_s
+        if seconds is None:
+            return "never"
+        return f"{seconds / 3600:,.1f}" + ("*" if self.learning.extrapolated else "")
 
 
 def busiest_interface(scenario: Scenario, result: SimResult) -> str:
@@ -102,23 +118,36 @@ def busiest_interface(scenario: Scenario, result: SimResult) -> str:
     return f"{scenario.devices[d].id} {way} {used:.0%} ({shown})"
 
 
-def run_one(model: str, n: int, churn: bool, hours: float, seed: int, time_budget_s: float) -> Row:
+def run_one(
+    model: str, n: int, churn: bool, hours: float, seed: int, time_budget_s: float, strategies: list[str]
+) -> list[Row]:
+    """Each of ``strategies`` on the same scenario, seed and churn (the run's stage count and the
+    baselines' pipeline ceiling from swarmd's plan); one that cannot place the swarm at all
+    (DiLoCo where no device holds the model) is left out with a note on stderr."""
     scenario = synthetic_scenario(n, regions=3, seed=seed, churn=churn, model=MODELS[model])
     started = time.perf_counter()
     shape = plan(scenario, PlannerConfig(time_budget_s=time_budget_s, seed=seed)).shape
     plan_s = time.perf_counter() - started
-    (strategy,) = make_strategies(["swarmd"], shape, time_budget_s, seed)
-    result = simulate(scenario, strategy, SimConfig(hours=hours, seed=seed, churn=churn))
-    return Row(
-        model,
-        n,
-        churn,
-        plan_s,
-        result,
-        single_device(scenario).tokens_per_s,
-        busiest_interface(scenario, result),
-        efficiency(scenario, result),
-    )
+    rows = []
+    for strategy in make_strategies(strategies, shape, time_budget_s, seed):
+        try:
+            result = simulate(scenario, strategy, SimConfig(hours=hours, seed=seed, churn=churn))
+        except (ScenarioError, PlanError) as e:
+            print(f"{model} {n} devices churn={churn}: {strategy.name} cannot run: {e}", file=sys.stderr)
+            continue
+        rows.append(
+            Row(
+                model,
+                n,
+                churn,
+                plan_s,
+                result,
+                single_device(scenario).tokens_per_s,
+                busiest_interface(scenario, result),
+                learning_figures(scenario, result),
+            )
+        )
+    return rows
 
 
 def predictions(models: list[str], sizes: list[int], churn: str, seed: int, time_budget_s: float) -> str:
@@ -149,19 +178,37 @@ def groups(sizes: tuple[int, ...]) -> str:
     return f" (G {'/'.join(map(str, sizes))})" if max(sizes, default=1) > 1 else ""
 
 
+def learning_table(rows: list[Row]) -> str:
+    """The headline: every strategy's trained and effective tokens/s and its time to the target
+    loss (``*``: past the simulated hours, at the run's mean rate)."""
+    lines = [
+        "| model | devices | churn | strategy | trained tokens/s | efficiency | effective tokens/s | target loss "
+        "| hours to target |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row.model} | {row.devices:,} | {'yes' if row.churn else 'no'} | {row.strategy} "
+            f"| {row.result.tokens_per_s:,.0f} | {row.efficiency:.3f} | {row.effective_tokens_per_s:,.0f} "
+            f"| {row.learning.target_loss:.3f} | {row.hours_to_target} |"
+        )
+    return "\n".join(lines)
+
+
 def table(rows: list[Row]) -> str:
     lines = [
-        "| model | devices | churn | shape S x N | K per stage (G) | H | k | plan s | trained tokens/s | efficiency "
-        "| effective tokens/s | compute bound | of bound | single device | x single | updates | lost "
+        "| model | devices | churn | strategy | shape S x N | K per stage (G) | H | k | plan s | trained tokens/s "
+        "| efficiency | effective tokens/s | compute bound | of bound | single device | x single | updates | lost "
         "| shares recomputed | stale dropped | sim s |",
-        "|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         r = row.result
         alone = f"{row.alone:,.0f}" if row.alone is not None else "cannot hold it"
         times = f"{r.tokens_per_s / row.alone:.2f}" if row.alone else "-"
         lines.append(
-            f"| {row.model} | {row.devices:,} | {'yes' if row.churn else 'no'} | {r.shape[0]} x {r.shape[1]} "
+            f"| {row.model} | {row.devices:,} | {'yes' if row.churn else 'no'} | {row.strategy} "
+            f"| {r.shape[0]} x {r.shape[1]} "
             f"| {'/'.join(map(str, r.shards))}{groups(r.reduce_groups)} | {r.local_steps} | {r.share_micro_batches} "
             f"| {row.plan_s:.1f} "
             f"| {r.tokens_per_s:,.0f} | {row.efficiency:.2f} | {row.effective_tokens_per_s:,.0f} "
@@ -173,8 +220,10 @@ def table(rows: list[Row]) -> str:
         "",
         "Where the time went (mean seconds, count) and the busiest interface (share of its capacity used):",
         "",
-        "| model | devices | churn | " + " | ".join(p.replace("_", " ") for p in PHASES) + " | busiest interface |",
-        "|---|---:|---|" + "---:|" * len(PHASES) + "---|",
+        "| model | devices | churn | strategy | "
+        + " | ".join(p.replace("_", " ") for p in PHASES)
+        + " | busiest interface |",
+        "|---|---:|---|---|" + "---:|" * len(PHASES) + "---|",
     ]
     for row in rows:
         cells = []
@@ -182,7 +231,7 @@ def table(rows: list[Row]) -> str:
             f = row.result.phases.get(p)
             cells.append(f"{f['mean_ms'] / 1e3:,.1f} ({f['n']:,})" if f else "-")
         lines.append(
-            f"| {row.model} | {row.devices:,} | {'yes' if row.churn else 'no'} | "
+            f"| {row.model} | {row.devices:,} | {'yes' if row.churn else 'no'} | {row.strategy} | "
             + " | ".join(cells)
             + f" | {row.busiest} |"
         )
@@ -190,8 +239,24 @@ def table(rows: list[Row]) -> str:
 
 
 def verdict(rows: list[Row]) -> list[str]:
-    """Issue 14's targets, and issue 27's (effective tokens/s rises too), read off the table."""
+    """Issue 14's targets, and issue 27's (effective tokens/s rises too; at 1,000 devices with
+    churn swarmd reaches the target first), read off the tables."""
     out = []
+    for row in rows:
+        if row.strategy != "swarmd" or row.devices < 1000 or not row.churn:
+            continue
+        rivals = [r for r in rows if (r.model, r.devices, r.churn) == (row.model, row.devices, True) and r is not row]
+        mine = row.learning.time_to_target_s
+        beaten = [
+            r.strategy
+            for r in rivals
+            if r.learning.time_to_target_s is not None and (mine is None or r.learning.time_to_target_s <= mine)
+        ]
+        out.append(
+            f"{row.model} at {row.devices:,} with churn: swarmd reaches the target in {row.hours_to_target} h, "
+            + (f"not first ({', '.join(beaten)} as fast or faster)" if beaten else f"first of {len(rivals) + 1}")
+        )
+    rows = [r for r in rows if r.strategy == "swarmd"]
     for model in MODELS:
         for churn in (False, True):
             series = sorted((r for r in rows if r.model == model and r.churn == churn), key=lambda r: r.devices)
@@ -224,8 +289,10 @@ def verdict(rows: list[Row]) -> list[str]:
 
 
 def plot(records: list[dict[str, Any]], out: Path) -> Path | None:
-    """Tokens/s against devices, a panel per model present, from ``record``'s dictionaries (a
-    run's, or those of several runs' ``scaling.json``: ``--plot-from``)."""
+    """Effective tokens/s against devices, a panel per model present, a line per strategy and
+    churn setting (swarmd's trained tokens/s and the compute bound beside them), from
+    ``records``' dictionaries (a run's, or those of several runs' ``scaling.json``:
+    ``--plot-from``; rows written before strategies were compared are swarmd's)."""
     try:
         import matplotlib
 
@@ -237,31 +304,38 @@ def plot(records: list[dict[str, Any]], out: Path) -> Path | None:
     models = [m for m in MODELS if any(r["model"] == m for r in records)]
     if not models:
         return None
-    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.5), sharey=True)
+    strategies = list(dict.fromkeys(r.get("strategy", "swarmd") for r in records))
+    colours = {name: f"C{i}" for i, name in enumerate(strategies)}
+    fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4.8), sharey=True)
     for ax, model in zip(np.atleast_1d(axes), models, strict=True):
         for churn, style in ((False, "-o"), (True, "--s")):
-            series = sorted(
-                (r for r in records if r["model"] == model and r["churn"] == churn), key=lambda r: r["devices"]
-            )
-            if not series:
-                continue
-            xs = [r["devices"] for r in series]
             label = "churn" if churn else "no churn"
-            ax.plot(xs, [r["tokens_per_s"] for r in series], style, label=f"trained, {label}")
-            ax.plot(
-                xs,
-                [r["compute_bound_tokens_per_s"] for r in series],
-                style,
-                alpha=0.35,
-                label=f"compute bound, {label}",
-            )
-            alone = [r["single_device"] for r in series if r["single_device"]]
-            if alone:
-                ax.axhline(max(alone), color="grey", linestyle=":", label="fastest single device" if churn else None)
+            for name in strategies:
+                series = sorted(
+                    (
+                        r
+                        for r in records
+                        if r["model"] == model and r["churn"] == churn and r.get("strategy", "swarmd") == name
+                    ),
+                    key=lambda r: r["devices"],
+                )
+                if not series:
+                    continue
+                xs = [r["devices"] for r in series]
+                effective = [r.get("effective_tokens_per_s", r["tokens_per_s"]) for r in series]
+                ax.plot(xs, effective, style, color=colours[name], label=f"{name} effective, {label}")
+                if name == "swarmd":
+                    trained = [r["tokens_per_s"] for r in series]
+                    ax.plot(xs, trained, style, color=colours[name], alpha=0.3, label=f"swarmd trained, {label}")
+                    bound = [r["compute_bound_tokens_per_s"] for r in series]
+                    ax.plot(xs, bound, style, color="grey", alpha=0.3, label=f"compute bound, {label}")
+        alone = [r["single_device"] for r in records if r["model"] == model and r["single_device"]]
+        if alone:
+            ax.axhline(max(alone), color="grey", linestyle=":", label="fastest single device")
         ax.set(xscale="log", yscale="log", xlabel="devices", title=f"{model} model")
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7)
-    np.atleast_1d(axes)[0].set_ylabel("tokens/s")
+        ax.legend(fontsize=6)
+    np.atleast_1d(axes)[0].set_ylabel("tokens/s (effective: what synchronous training would need)")
     fig.tight_layout()
     out.mkdir(parents=True, exist_ok=True)
     path = out / "scaling.png"
@@ -280,6 +354,13 @@ def main() -> None:
     parser.add_argument("--time-budget", type=float, default=0.5, help="the planner's search time per plan")
     parser.add_argument("--out", type=Path, default=Path("bench-scaling"))
     parser.add_argument(
+        "--strategies",
+        nargs="+",
+        default=list(COMPARED),
+        choices=list(NAMES),
+        help="what to simulate on each scenario (swarmd's rows give the scaling table)",
+    )
+    parser.add_argument(
         "--predict", action="store_true", help="print each plan and the planner's prediction of it; simulate nothing"
     )
     parser.add_argument(
@@ -297,25 +378,30 @@ def main() -> None:
     if args.predict:
         print(predictions(args.models, args.sizes, args.churn, args.seed, args.time_budget))
         return
-    rows = []
+    strategies = list(dict.fromkeys(["swarmd", *args.strategies]))
+    rows: list[Row] = []
     for model in args.models:
         for n in args.sizes:
             for churn in {"both": (False, True), "on": (True,), "off": (False,)}[args.churn]:
                 started = time.perf_counter()
-                row = run_one(model, n, churn, args.hours, args.seed, args.time_budget)
-                rows.append(row)
+                found = run_one(model, n, churn, args.hours, args.seed, args.time_budget, strategies)
+                rows += found
                 print(
-                    f"{model} {n} devices churn={churn}: {row.result.tokens_per_s:,.0f} tokens/s "
-                    f"({time.perf_counter() - started:.0f} s)",
+                    f"{model} {n} devices churn={churn}: "
+                    + ", ".join(f"{r.strategy} {r.effective_tokens_per_s:,.0f} effective tokens/s" for r in found)
+                    + f" ({time.perf_counter() - started:.0f} s)",
                     file=sys.stderr,
                     flush=True,
                 )
+    print(learning_table(rows))
+    print()
     print(table(rows))
     print()
     print("\n".join(verdict(rows)))
     records: list[dict[str, Any]] = [
         {
             "model": r.model,
+            "strategy": r.strategy,
             "devices": r.devices,
             "churn": r.churn,
             "hours": r.result.hours,
@@ -325,6 +411,9 @@ def main() -> None:
             "tokens_per_s": r.result.tokens_per_s,
             "efficiency": r.efficiency,
             "effective_tokens_per_s": r.effective_tokens_per_s,
+            "target_loss": r.learning.target_loss,
+            "time_to_target_s": r.learning.time_to_target_s,
+            "time_to_target_extrapolated": r.learning.extrapolated,
             "compute_bound_tokens_per_s": r.result.compute_bound_tokens_per_s,
             "shape": r.result.shape,
             "shards": r.result.shards,

@@ -60,7 +60,19 @@ def test_simulate_writes_a_report_numbers_and_plots(
         assert len(run["sent_bytes"]) == data["devices"]
     # Twelve members elect no relay beyond the first (one per sixteen), and only swarmd elects.
     assert [row["relays"] for row in data["rows"]] == [1, 0]
-    for name in ("tokens_per_s.png", "staleness.png", "plan_runtimes.png"):
+    # What the tokens teach: both on the same target, each at its own efficiency.
+    assert "| strategy | trained tokens/s | efficiency | effective tokens/s | hours to target |" in printed
+    assert len({row["target_loss"] for row in data["rows"]}) == 1
+    for row in data["rows"]:
+        assert 0 < row["efficiency"] <= 1
+        assert row["effective_tokens_per_s"] == pytest.approx(row["tokens_per_s"] * row["efficiency"], rel=1e-3)
+        if row["tokens_per_s"] > 0:
+            # 20 tokens a parameter is far more than half an hour trains: extrapolated at the mean rate.
+            assert row["time_to_target_extrapolated"]
+            assert row["time_to_target_s"] == pytest.approx(
+                row["target_tokens"] / row["effective_tokens_per_s"], rel=0.01
+            )
+    for name in ("effective_tokens_per_s.png", "staleness.png", "plan_runtimes.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -70,6 +82,7 @@ def test_simulate_writes_a_report_numbers_and_plots(
         (["--hours", "0"], "--hours 0 is out of range"),
         (["--hours", "1", "--strategies", "swarmd,magic"], "unknown strategy magic"),
         (["--hours", "1", "--time-budget", "-1"], "--time-budget -1"),
+        (["--hours", "1", "--target-loss", "1.5"], "--target-loss 1.5: loss 1.500 is out of reach"),
     ],
 )
 def test_user_errors_are_one_line(
