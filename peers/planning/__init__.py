@@ -7,6 +7,7 @@
 - ``transfers``     what each piece of the data path takes on given devices and links
 - ``throughput``    the predicted trained tokens per second of a plan, broken down, and what they teach
 - ``learning``      what a token teaches against synchronous training (effective tokens/s: the objective)
+- ``loss_curve``    a model's loss against its tokens (Chinchilla's fit): effective tokens to time to a loss
 - ``settings``      what the planner is told and may know (its awareness, for ablations)
 - ``construction``  grids for a shape: pipelines of close devices, ordered along their paths
 - ``open_path``     the cheapest order of nodes along a pipeline

@@ -23,6 +23,7 @@
 - ``op_times``       count and mean time per phase, for the results' breakdown
 - ``control``        the elected coordinator's plans and repairs, and the relays
 - ``results``        what a run measured, and the compute bound and single device it is held against
+- ``time_to_target`` what a run's tokens teach, and when it reaches a target loss
 - ``simulator``      the settings, the strategy type and the run that composes the above
 - ``strategies``     the placement strategies compared on the same seed and churn
 
