@@ -9,11 +9,13 @@ the predicted throughput broken down); without it, a table a person reads.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
 from swarmd.cli.progress import ProgressLine
+from swarmd.peers.planning.learning import most_useful_replicas
 from swarmd.peers.planning.plan_cost import Plan, reference_cost, reference_lower_bound
 from swarmd.peers.planning.planner import Awareness, PlannerConfig, plan
 from swarmd.peers.planning.scenario import Scenario, load_scenario
@@ -57,15 +59,27 @@ def plan_json(scenario: Scenario, result: Plan) -> dict[str, Any]:
     out["predicted"] = pred.to_json()
     out["sync_comm_reference_s"] = round(reference_cost(scenario, result), 6)
     out["runtime_s"] = round(runtime_s(result), 6)
+    useful = most_useful_replicas(scenario.model.params, result.local_steps)
     out["learning"] = {
         "efficiency": round(pred.efficiency, 6),
         "effective_tokens_per_s": round(pred.effective_tokens_per_s, 3),
+        "most_useful_replicas": None if math.isinf(useful) else round(useful, 1),
     }
     out["bounds"] = {
         "compute_bound_tokens_per_s": round(compute_bound_tokens_per_s(scenario), 3),
         "fastest_device_tokens_per_s": round(fastest_device_tokens_per_s(scenario), 3),
     }
     return out
+
+
+def _replicas_note(scenario: Scenario, result: Plan) -> str:
+    useful = most_useful_replicas(scenario.model.params, result.local_steps)
+    if math.isinf(useful):
+        return "rounds of one step: every pipeline adds learning"
+    return (
+        f"{useful:.0f} pipelines would teach the most at this H; more add tokens but no learning, "
+        "so the devices beyond are better spares, shard servers or left out"
+    )
 
 
 def describe(scenario: Scenario, result: Plan) -> str:
@@ -105,6 +119,7 @@ def describe(scenario: Scenario, result: Plan) -> str:
         f"  learning: each trained token teaches {pred.efficiency:.0%} of a synchronous one "
         f"({shape.data_parallel} pipelines averaging rounds of H = {result.local_steps}): "
         f"{pred.effective_tokens_per_s:,.0f} effective tokens/s, what the plan was chosen by",
+        f"  replicas: {_replicas_note(scenario, result)}",
         f"  tokens/s: compute {pred.compute_tokens_per_s:,.0f} -> with pipeline fill and activations "
         f"{pred.pipeline_tokens_per_s:,.0f} -> with the exchange {pred.exchange_tokens_per_s:,.0f} -> with churn "
         f"{pred.tokens_per_s:,.0f}",

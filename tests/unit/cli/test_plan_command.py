@@ -38,6 +38,13 @@ def test_json_plan_has_the_format_fields(tmp_path: Path, capsys: pytest.CaptureF
         "runtime_s",
     }
     assert set(out) >= {"shard_servers", "local_steps", "share_micro_batches", "spares", "roles", "bounds"}
+    learning = out["learning"]
+    assert 0 < learning["efficiency"] <= 1
+    assert learning["effective_tokens_per_s"] == pytest.approx(
+        out["predicted"]["tokens_per_s"] * learning["efficiency"], rel=1e-3
+    )
+    # Rounds of one step cost no gap: no replica count is past the useful one.
+    assert (learning["most_useful_replicas"] is None) == (out["local_steps"] == 1)
     assert set(out["predicted"]) >= {
         "iteration_s",
         "compute_s",
