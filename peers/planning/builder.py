@@ -17,7 +17,7 @@ import numpy as np
 
 from swarmd.peers.planning.construction import LARGE, candidate_pools, pipelines_first
 from swarmd.peers.planning.layers import LayerSplitter
-from swarmd.peers.planning.learning import ANCHOR_REPLICAS
+from swarmd.peers.planning.learning import ANCHOR_REPLICAS, FLAT_FROM_STEPS, most_useful_replicas
 from swarmd.peers.planning.plan_cost import Plan, cell_layer_caps
 from swarmd.peers.planning.scenario import Scenario, Shape
 from swarmd.peers.planning.schedule import (
@@ -172,6 +172,12 @@ class Planner:
 
     # -- shapes ------------------------------------------------------------------------------
 
+    @property
+    def useful_replicas(self) -> int:
+        """The replica count that teaches the most in all at long rounds (whose gap is the
+        largest, so the count the least): a shape of that many pipelines is always tried."""
+        return max(1, round(most_useful_replicas(self.view.model.params, int(FLAT_FROM_STEPS))))
+
     def shapes(self, local: bool) -> list[Shape]:
         """Free mode's shapes (module doc, step 1). The stage counts are those at which more
         devices can hold a cell than with one stage fewer, from the fewest up: more stages
@@ -194,8 +200,8 @@ class Planner:
         for s in levels[: max(1, wanted // 3)]:
             most = fits[s] // s
             counts = {most, max(1, most // 2), min(most, fed)}
-            if local:  # past about eight replicas, local rounds add tokens, not learning (``learning``)
-                counts.add(min(most, ANCHOR_REPLICAS))
+            if local:  # replicas past the most useful count add tokens, not learning (``learning``)
+                counts |= {min(most, ANCHOR_REPLICAS), min(most, self.useful_replicas)}
             out += [Shape(s, n) for n in sorted(counts, reverse=True)]
         return out[: max(1, wanted)]
 
