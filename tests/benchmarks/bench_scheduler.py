@@ -78,14 +78,15 @@ def timed(scheduler: Scheduler, scenario: Scenario, shape: Shape, repeats: int) 
     return result, best
 
 
-def scheduled_tokens(scenario: Scenario, placed: Plan) -> float | None:
-    """Trained tokens/s of ``placed``'s grid with swarmd's schedule (None: its grid cannot hold
-    the layers in local mode or in gradient mode)."""
+def scheduled(scenario: Scenario, placed: Plan) -> Throughput | None:
+    """The prediction for ``placed``'s grid with swarmd's schedule: trained tokens/s, what they
+    teach and their product (None: its grid cannot hold the layers in local mode or in
+    gradient mode)."""
     planner = Planner(scenario, PlannerConfig())
     for local in (True, False):
         found = planner.schedule(placed.grid(), local)
         if found is not None:
-            return planner.finish(found, time.perf_counter()).meta["prediction"].tokens_per_s  # type: ignore[attr-defined]
+            return planner.finish(found, time.perf_counter()).meta["prediction"]  # type: ignore[no-any-return]
     return None
 
 
@@ -97,9 +98,12 @@ def bench_scenario(scenario: Scenario, repeats: int) -> dict[str, Any]:
         # The evolutionary search is slow: once is enough to time it.
         result, runtime = timed(scheduler, scenario, shape, 1 if name == "dtfm-evolutionary" else repeats)
         assert result.shape == shape, (name, result.shape, shape)
+        pred = scheduled(scenario, result)
         rows[name] = {
             "reference_cost_s": reference_cost(scenario, result),
-            "tokens_per_s": scheduled_tokens(scenario, result),
+            "tokens_per_s": None if pred is None else pred.tokens_per_s,
+            "efficiency": None if pred is None else pred.efficiency,
+            "effective_tokens_per_s": None if pred is None else pred.effective_tokens_per_s,
             "runtime_s": runtime,
         }
     return {
@@ -117,12 +121,16 @@ def print_table(result: dict[str, Any]) -> None:
     s, n = result["shape"]
     given = "given" if result["shape_given"] else "chosen by swarmd"
     print(f"\n{result['scenario']}: {result['devices']} devices, {s} stages x {n} pipelines ({given})")
-    print(f"{'scheduler':<24}{'reference cost s':>18}{'tokens/s':>14}{'runtime s':>12}{'vs dtfm':>10}")
+    print(f"{'scheduler':<24}{'reference cost s':>18}{'tokens/s':>14}{'effective':>14}{'runtime s':>12}{'vs dtfm':>10}")
     dtfm = result["schedulers"]["dtfm-evolutionary"]
     for name, row in result["schedulers"].items():
         speedup = dtfm["runtime_s"] / row["runtime_s"] if row["runtime_s"] > 0 else float("inf")
         tokens = "-" if row["tokens_per_s"] is None else f"{row['tokens_per_s']:,.0f}"
-        print(f"{name:<24}{row['reference_cost_s']:>18.3f}{tokens:>14}{row['runtime_s']:>12.4f}{speedup:>9.0f}x")
+        effective = "-" if row["effective_tokens_per_s"] is None else f"{row['effective_tokens_per_s']:,.0f}"
+        print(
+            f"{name:<24}{row['reference_cost_s']:>18.3f}{tokens:>14}{effective:>14}{row['runtime_s']:>12.4f}"
+            f"{speedup:>9.0f}x"
+        )
     bound = f"{result['compute_bound_tokens_per_s']:,.0f}"
     print(f"{'bound':<24}{result['reference_lower_bound_s']:>18.3f}{bound:>14}  (reference: lower; tokens/s: upper)")
 
@@ -139,6 +147,8 @@ def describe_plan(scenario: Scenario, result: Plan, runtime_s: float) -> dict[st
         "local_steps": result.local_steps,
         "share_micro_batches": result.share_micro_batches,
         "tokens_per_s": pred.tokens_per_s,
+        "efficiency": pred.efficiency,
+        "effective_tokens_per_s": pred.effective_tokens_per_s,
         "breakdown": pred.to_json(),
         "compute_bound_tokens_per_s": bound,
         "fastest_device_tokens_per_s": alone,
