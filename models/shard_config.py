@@ -50,7 +50,7 @@ class ShardConfig:
     weight_decay: float = 0.0
     """AdamW decoupled weight decay (gradient mode)."""
     outer_lr: float = 0.7
-    """Outer step size (local mode); the daemon passes the run's ``ExchangeConfig.outer_lr``."""
+    """Outer step size (local mode); the daemon passes its run's ``ExchangeConfig.outer_step``."""
     outer_momentum: float = 0.9
     """Outer Nesterov momentum (local mode); 0 makes it plain SGD."""
     keep_versions: int = 64

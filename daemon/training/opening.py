@@ -117,13 +117,14 @@ class ShardOpener:
 
     def config(self) -> ShardConfig:
         s = self.trainer.spec.spec
+        outer_lr, outer_momentum = self.trainer.exchange_settings().outer_step
         return ShardConfig(
             mode=self.trainer.mode,
             lr=s.lr,
             schedule=s.schedule,
             weight_decay=s.weight_decay,
-            outer_lr=s.outer_lr,
-            outer_momentum=s.outer_momentum,
+            outer_lr=outer_lr,
+            outer_momentum=outer_momentum,
             aggregation=s.aggregation,
         )
 

@@ -74,7 +74,9 @@ class RunSpec:
     """H: 1 contributes gradients every share (the servers step AdamW); more runs that many inner
     optimizer steps per round on every pipeline and contributes pseudo-gradients (DiLoCo);
     0 leaves H to the planner (``docs/data-path.md``)."""
-    outer_lr: float = 0.7
+    outer_lr: float = 0.0
+    """The outer step's rate in local mode; 0 lets ``exchange.outer_step_for`` set rate and
+    momentum by the round's H (specs made before it name DiLoCo's 0.7 and 0.9)."""
     outer_momentum: float = 0.9
     aggregation: str = ""
     """One of ``AGGREGATIONS``: the rule every shard server of the run applies; left empty,
@@ -214,14 +216,16 @@ def parse_spec_body(body: dict[str, Any]) -> RunSpec:
             f"the first stage's embedding and the last stage's head, which sit on different peers; "
             f"set stages = 1, or model.tied = false (a tied checkpoint is untied on import)"
         )
-    exchange: dict[str, Any] = {"local_steps": 1, "outer_lr": 0.7, "outer_momentum": 0.9}
+    exchange: dict[str, Any] = {"local_steps": 1, "outer_lr": 0.7, "outer_momentum": 0.9}  # before H
     if "exchange" in body:  # specs signed before local steps existed have none
         x = f.object("exchange")
         x.only({*exchange, "aggregation"})
+        given = body["exchange"]
         exchange = {
             "local_steps": x.integer("local_steps", 0, 1000),
-            "outer_lr": x.number("outer_lr", 1e-6, 10.0),
-            "outer_momentum": x.number("outer_momentum", 0.0, 0.999),
+            # Either may be left out: 0, the rate and momentum that suit the plan's H.
+            "outer_lr": x.number("outer_lr", 0.0, 10.0) if "outer_lr" in given else 0.0,
+            "outer_momentum": x.number("outer_momentum", 0.0, 0.999) if "outer_momentum" in given else 0.9,
         }
         if "aggregation" in body["exchange"]:
             exchange["aggregation"] = _one_of(x.string("aggregation", 32), AGGREGATIONS, "exchange.aggregation")

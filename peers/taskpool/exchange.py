@@ -25,7 +25,26 @@ MODES = ("gradient", "local")
 DILOCO_OUTER_LR = 0.7
 DILOCO_OUTER_MOMENTUM = 0.9
 """DiLoCo's outer Nesterov step (Douillard et al. 2023), the values INTELLECT-1 kept too."""
+OUTER_FULL_STEPS = 64
+"""Rounds of this many inner steps or more take DiLoCo's outer rate whole (``outer_step_for``)."""
+OUTER_RATE_EXPONENT = 0.7
 MAX_LOCAL_STEPS = 1000
+
+
+def outer_step_for(local_steps: int) -> tuple[float, float]:
+    """The outer step (rate, Nesterov momentum) for rounds of ``local_steps`` inner steps.
+
+    DiLoCo's rate 0.7 with momentum 0.9 applies a steady pseudo-gradient about seven times over
+    (0.7 / (1 - 0.9)); it was tuned for rounds of 100 to 500 steps, whose pseudo-gradients fall
+    short of H single steps' worth. Short rounds do not, and seven times over overshoots: on
+    the swarm's own exchange (``tests/benchmarks/bench_token_efficiency.py``, docs/results.md)
+    two replicas at H = 4 measured efficiency 0.86 at rate 0.1 (about once over), 0.72 at 0.175
+    and 0.31 at 0.35; at H = 16, 0.86 at 0.35 and 0.17 at 0.7. So the momentum stays
+    DiLoCo's and the rate grows with the round as ``(H / 64) ** 0.7`` up to 0.7 from 64 steps."""
+    if not 1 <= local_steps <= MAX_LOCAL_STEPS:
+        raise ValueError(f"local_steps = {local_steps} must be in [1, {MAX_LOCAL_STEPS}]")
+    scale = min(1.0, (local_steps / OUTER_FULL_STEPS) ** OUTER_RATE_EXPONENT)
+    return DILOCO_OUTER_LR * scale, DILOCO_OUTER_MOMENTUM
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,7 +60,8 @@ class ExchangeConfig:
     """Server versions a contribution may lag and still count; beyond, it is dropped."""
     pipelines: int = 1
     """N: the pipelines of the assignment in force (an outer step averages about one round of each)."""
-    outer_lr: float = DILOCO_OUTER_LR
+    outer_lr: float = 0.0
+    """The outer step's rate; 0: ``outer_step_for(H)`` sets rate and momentum (the default)."""
     outer_momentum: float = DILOCO_OUTER_MOMENTUM
 
     def __post_init__(self) -> None:
@@ -55,14 +75,21 @@ class ExchangeConfig:
             raise ValueError(f"pipelines = {self.pipelines} must be >= 1")
         if self.max_staleness < 0:
             raise ValueError(f"max_staleness = {self.max_staleness} must be >= 0")
-        if not (self.outer_lr > 0 and math.isfinite(self.outer_lr)):
-            raise ValueError(f"outer_lr = {self.outer_lr} must be a positive finite number")
+        if not (self.outer_lr >= 0 and math.isfinite(self.outer_lr)):
+            raise ValueError(f"outer_lr = {self.outer_lr} must be a finite number >= 0 (0: by H)")
         if not 0 <= self.outer_momentum < 1:
             raise ValueError(f"outer_momentum = {self.outer_momentum} must be in [0, 1)")
 
     @property
     def mode(self) -> str:
         return "gradient" if self.local_steps == 1 else "local"
+
+    @property
+    def outer_step(self) -> tuple[float, float]:
+        """The outer step's (rate, momentum): the run's, or ``outer_step_for(H)`` where it gives 0."""
+        if self.outer_lr > 0:
+            return self.outer_lr, self.outer_momentum
+        return outer_step_for(self.local_steps)
 
     @property
     def round_micro_batches(self) -> int:

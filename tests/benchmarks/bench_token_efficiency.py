@@ -6,8 +6,9 @@ synchronous training of the same global batch, at equal tokens.
         [--outer 0.7:0.9 1:0] [--device cpu|cuda] [--corpus PATH] [--json out.json]
 
 The model is the default run's (``tiny-bytes``: a 4-layer byte-level GPT-2), its optimizer and
-exchange settings the run's (inner AdamW at the run's rate, the outer Nesterov step at
-``outer_lr`` and ``outer_momentum``). The data is byte tokens of a corpus far larger than the
+exchange settings the run's (inner AdamW at the run's rate, the outer Nesterov step the run's
+rule gives each H, ``exchange.outer_step_for``, or ``--outer LR:MOMENTUM``; a rate of 0 is the
+rule). The data is byte tokens of a corpus far larger than the
 tokens a run reads (by default the Python standard library's source, which every machine with
 swarmd has), so that no run sees a sequence twice; the last 1% is held out.
 
@@ -60,7 +61,7 @@ from swarmd.models.shape import ModelShape
 from swarmd.models.shard_config import ShardConfig
 from swarmd.models.stages import StageModule, merge_stage_state_dicts
 from swarmd.peers.planning.learning import token_efficiency
-from swarmd.peers.taskpool.exchange import ExchangeConfig, staleness_weight
+from swarmd.peers.taskpool.exchange import ExchangeConfig, outer_step_for, staleness_weight
 
 SEED = 1234
 CORPUS_BYTES = 32 * 1024**2
@@ -105,20 +106,24 @@ def stdlib_corpus(path: Path, limit: int = CORPUS_BYTES) -> Path:
     return path
 
 
-def micro_batches(step: int, replicas: int, share: int) -> Iterator[tuple[int, int]]:
-    """(replica, micro-batch index) read by every replica's inner step ``step`` (the
-    synchronous run's step ``step``): ``replicas x share`` consecutive micro-batches."""
-    first = step * replicas * share
+def replica_micro_batches(step: int, replicas: int, share: int, replica: int) -> range:
+    """The micro-batch indices replica ``replica`` reads at its inner step ``step``: its
+    ``share`` of the ``replicas x share`` consecutive ones the synchronous run's step reads."""
+    first = (step * replicas + replica) * share
+    return range(first, first + share)
+
+
+def micro_batches(step: int, replicas: int, share: int) -> Iterator[int]:
+    """Every micro-batch index the synchronous run's step ``step`` reads (all the replicas')."""
     for r in range(replicas):
-        for j in range(share):
-            yield r, first + r * share + j
+        yield from replica_micro_batches(step, replicas, share, r)
 
 
-def scored(model: torch.nn.Module, held_out: Dataset) -> float:
+def scored(model: torch.nn.Module, shape: ModelShape, held_out: Dataset) -> float:
     """The held-out loss of ``model``'s weights, scored on the CPU (the held-out batches are there)."""
     if next(model.parameters()).device.type == "cpu":
         return held_out_loss(model, held_out, sequences=HELD_OUT_SEQUENCES)
-    copy = build_model(ModelShape.from_dict(DEFAULT_RUN["model"]), SEED)
+    copy = build_model(shape, SEED)
     copy.load_state_dict({k: v.detach().cpu() for k, v in model.state_dict().items()})
     return held_out_loss(copy, held_out, sequences=HELD_OUT_SEQUENCES)
 
@@ -139,16 +144,16 @@ def sync_curve(
     mb = DEFAULT_RUN["batch"]["micro_batch"]
     model = build_model(shape, SEED).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=opt["lr"], weight_decay=opt["weight_decay"])
-    curve = [(0, scored(model, held_out))]
+    curve = [(0, scored(model, shape, held_out))]
     count = replicas * share
     for step in range(steps):
         optimizer.zero_grad(set_to_none=True)
-        for _, m in micro_batches(step, replicas, share):
+        for m in micro_batches(step, replicas, share):
             ids = train.micro_batch(m, mb).to(device)
             (model(input_ids=ids, labels=ids).loss / count).backward()
         optimizer.step()
         if (step + 1) % every == 0 or step + 1 == steps:
-            curve.append((step + 1, scored(model, held_out)))
+            curve.append((step + 1, scored(model, shape, held_out)))
     return curve
 
 
@@ -201,10 +206,9 @@ def local_run(
         for r, cell in enumerate(cells):
             for h in range(local_steps):
                 step = t * local_steps + h
-                for replica, m in micro_batches(step, replicas, share):
-                    if replica == r:
-                        ids = train.micro_batch(m, mb).to(device)
-                        cell.forward_backward_last(m, ids, ids)
+                for m in replica_micro_batches(step, replicas, share, r):
+                    ids = train.micro_batch(m, mb).to(device)
+                    cell.forward_backward_last(m, ids, ids)
                 cell.end_share()
         for r, cell in enumerate(cells):
             vector, count = cell.contribution()
@@ -260,7 +264,7 @@ def main() -> None:
         nargs="+",
         default=[f"{exchange['outer_lr']}:{exchange['outer_momentum']}"],
         metavar="LR:MOMENTUM",
-        help="outer steps to run (the run's by default)",
+        help="outer steps to run (the run's by default; LR 0: the rule for each H, exchange.outer_step_for)",
     )
     parser.add_argument("--device", default="cpu", help="where the replicas train (cuda: a GPU); scoring is on the CPU")
     parser.add_argument("--threads", type=int, default=2)
@@ -292,7 +296,8 @@ def main() -> None:
             tokens_per_step = replicas * share * mb * shape.seq_len
             every = max(1, longest // 100)
             curve = sync_curve(shape, train, held_out, replicas, share, longest, every, device)
-            for local_steps, staleness, outer in itertools.product(args.local_steps, args.staleness, outers):
+            for local_steps, staleness, given in itertools.product(args.local_steps, args.staleness, outers):
+                outer = given if given[0] > 0 else outer_step_for(local_steps)
                 started = time.perf_counter()
                 rounds = args.outer_steps
                 model = local_run(shape, train, replicas, local_steps, share, staleness, rounds, outer, device)

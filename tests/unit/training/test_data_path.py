@@ -22,6 +22,7 @@ import torch
 from swarmd.models import parameter_shard
 from swarmd.models.cell_compute import CellCompute
 from swarmd.peers.records.plan_record import PlanRecord
+from swarmd.peers.taskpool.exchange import outer_step_for
 from tests.unit.training.swarm_in_process import Swarm
 
 pytestmark = pytest.mark.timeout(240)
@@ -156,10 +157,12 @@ def test_with_a_plan_a_spare_takes_the_dead_cell_and_the_named_standby_its_shard
 
 
 def test_local_steps_contribute_a_pseudo_gradient_every_h_shares_and_learn(tmp_path: Path) -> None:
-    local = {"exchange": {"local_steps": 4, "outer_lr": 0.7, "outer_momentum": 0.9}}
+    local = {"exchange": {"local_steps": 4}}  # the outer step by H (exchange.outer_step_for)
 
     async def scenario(swarm: Swarm) -> list[dict[str, Any]]:
         await swarm.wait_for("4 outer steps", lambda: swarm.updates() >= 4, 200)
+        for m in swarm.members.values():
+            assert m.trainer.opener.config().outer_lr == outer_step_for(4)[0]
         return [m.trainer.status() for m in swarm.members.values()]
 
     statuses = run(tmp_path, 2, scenario, spec_changes=local)

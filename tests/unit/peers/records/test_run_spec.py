@@ -338,6 +338,10 @@ def test_exchange_section_is_optional_and_checked() -> None:
     body["exchange"] = {"local_steps": 50, "outer_lr": 0.7, "outer_momentum": 0.9}
     spec = parse_spec_body(body)
     assert (spec.local_steps, spec.outer_lr) == (50, 0.7)
+    # Without an outer step the exchange's rule sets it by H (outer_lr 0, DiLoCo's momentum).
+    spec = parse_spec_body({**body, "exchange": {"local_steps": 8}})
+    assert (spec.outer_lr, spec.outer_momentum) == (0.0, 0.9)
+    assert parse_spec_body(copy.deepcopy(DEFAULT_RUN)).outer_lr == 0.0
     body["exchange"]["local_steps"] = 5000
     with pytest.raises(RecordError, match="local_steps"):
         parse_spec_body(body)
