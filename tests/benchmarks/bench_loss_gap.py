@@ -1,15 +1,20 @@
-"""Held-out loss of N real daemons against the synchronous reference at equal tokens, per H.
+"""Held-out loss of N real daemons against the synchronous reference at equal tokens, per H,
+and against what the quality model predicts for the run's shape.
 
-    .venv/bin/python tests/benchmarks/bench_loss_gap.py [--daemons 4] [--local-steps 1 4 16] [--batches 150]
+    .venv/bin/python tests/benchmarks/bench_loss_gap.py [--daemons 4] [--local-steps 1 4 16] [--steps 100]
 
 For each H: create the default run with ``[exchange] local_steps = H`` (1: gradient mode,
-synchronous SGD over the pipelines; more: DiLoCo rounds of H inner steps and an outer Nesterov
-step on the pseudo-gradients), start the daemons on 127.0.0.1, train until shard (0, 0) has
-applied ``--batches`` batches' worth of tokens, gather and export the weights, and score them
-on held-out data beside the single-process synchronous reference trained on as many tokens
-(``--batches`` AdamW steps of the run's batch, rounded to the wire's precision where the stages
-cut). Prints the gap per H, and the time it took.
-Figures only; nothing is asserted (tests/integration/test_swarm_training.py asserts H = 1).
+synchronous SGD over the pipelines; more: DiLoCo rounds of H inner steps and the outer
+Nesterov step the exchange's rule gives H), start the daemons on 127.0.0.1, train until shard
+(0, 0) has made ``--steps`` updates (outer steps for H > 1), gather and export the weights, and
+score them on held-out data beside the single-process synchronous reference trained on as many
+tokens (AdamW steps of the run's batch, rounded to the wire's precision where the stages cut),
+whose held-out loss is recorded along the way. The quality model
+(``learning.token_efficiency`` of the plan's pipelines as replicas and H) predicts the swarm's
+loss: the reference's at that share of the tokens. Prints, per H, the gap, the predicted loss
+and gap, and the efficiency measured (the tokens the reference needed for the swarm's loss,
+over the swarm's). Figures only; nothing is asserted (tests/integration/test_swarm_training.py
+asserts H = 1).
 """
 
 from __future__ import annotations
@@ -17,11 +22,14 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from transformers import AutoModelForCausalLM
 
 from swarmd.models.build import build_model
@@ -29,10 +37,17 @@ from swarmd.models.data.corpus import load_corpus, train_eval_split
 from swarmd.models.presets import DEFAULT_RUN
 from swarmd.models.reference import TrainConfig, held_out_loss, train_reference
 from swarmd.models.shape import ModelShape
+from swarmd.peers.planning.learning import token_efficiency
 from swarmd.peers.records.run_spec import run_seed
+from swarmd.peers.taskpool.exchange import outer_step_for
 from swarmd.system.local_swarm import LocalDaemon, create_run, start_swarm, wait_for
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the token-efficiency bench
+from tests.benchmarks.bench_token_efficiency import tokens_to_reach  # noqa: E402
+
 FLAGS = ["--heartbeat-interval", "1", "--heartbeat-ttl", "6", "--threads", "1"]
+HELD_OUT_SEQUENCES = 256
+CURVE_POINTS = 60
 
 
 def training(daemon: LocalDaemon) -> dict[str, Any]:
@@ -46,8 +61,27 @@ def trained_batches(daemons: list[LocalDaemon], batch_tokens: int) -> float:
     return max((training(d).get("trained_tokens") or 0) for d in daemons) / batch_tokens
 
 
-def swarm_loss(n: int, local_steps: int, batches: int) -> tuple[str, float, float, float]:
-    """(run ID, seconds, batches trained, held-out loss of the exported weights)."""
+def updates(daemons: list[LocalDaemon]) -> int:
+    return max((training(d).get("updates") or 0) for d in daemons)
+
+
+def pipelines(daemons: list[LocalDaemon]) -> int:
+    return max(((training(d).get("assignment") or {}).get("pipelines") or 0) for d in daemons)
+
+
+@dataclass
+class SwarmRun:
+    run_id: str
+    seconds: float
+    batches: float
+    """Batches' worth of tokens applied at shard (0, 0)."""
+    updates: int
+    pipelines: int
+    loss: float
+
+
+def swarm_loss(n: int, local_steps: int, steps: int) -> SwarmRun:
+    """Train until shard (0, 0) has made ``steps`` updates; the exported weights' held-out loss."""
     root = Path(tempfile.mkdtemp(prefix="swarmd-gap-", dir="/tmp"))
     spec = root / "run.json"
     spec.write_text(json.dumps({**DEFAULT_RUN, "exchange": {**DEFAULT_RUN["exchange"], "local_steps": local_steps}}))
@@ -57,22 +91,23 @@ def swarm_loss(n: int, local_steps: int, batches: int) -> tuple[str, float, floa
     try:
         start_swarm(daemons)
         started = time.monotonic()
-        wait_for(lambda: trained_batches(daemons, batch_tokens) >= batches, 1800, f"{batches} batches trained")
+        wait_for(lambda: updates(daemons) >= steps, 3600, f"{steps} updates of shard (0, 0)")
         seconds = time.monotonic() - started
-        done = trained_batches(daemons, batch_tokens)
+        done, made, width = trained_batches(daemons, batch_tokens), updates(daemons), pipelines(daemons)
         out = root / "exported"
         daemons[0].export(out)
         shape = ModelShape.from_dict(DEFAULT_RUN["model"])
         _, held_out = train_eval_split(load_corpus("builtin"), shape.seq_len, seed=run_seed(run_id))
-        return run_id, seconds, done, held_out_loss(AutoModelForCausalLM.from_pretrained(out), held_out)
+        loss = held_out_loss(AutoModelForCausalLM.from_pretrained(out), held_out, sequences=HELD_OUT_SEQUENCES)
+        return SwarmRun(run_id, seconds, done, made, width, loss)
     finally:
         for d in daemons:
             d.stop(timeout=60)
         shutil.rmtree(root, ignore_errors=True)
 
 
-def reference_loss(run_id: str, batches: int) -> tuple[float, float]:
-    """(held-out loss at the start, after ``batches`` synchronous steps)."""
+def reference_curve(run_id: str, batches: int) -> list[tuple[int, float]]:
+    """Held-out loss of the synchronous reference at about ``CURVE_POINTS`` steps from 0 to ``batches``."""
     shape = ModelShape.from_dict(DEFAULT_RUN["model"])
     seed = run_seed(run_id)
     train, held_out = train_eval_split(load_corpus("builtin"), shape.seq_len, seed=seed)
@@ -87,28 +122,65 @@ def reference_loss(run_id: str, batches: int) -> tuple[float, float]:
         stages=DEFAULT_RUN["stages"],
         wire=shape.wire_half,
     )
-    _, weights = train_reference(shape, train, settings)
-    model = build_model(shape, seed)
-    start = held_out_loss(model, held_out)
-    model.load_state_dict(weights)
-    return start, held_out_loss(model, held_out)
+    every = max(1, batches // CURVE_POINTS)
+    curve: list[tuple[int, float]] = []
+
+    def score(step: int, model: torch.nn.Module) -> None:
+        if step % every == 0 or step == batches:
+            curve.append((step, held_out_loss(model, held_out, sequences=HELD_OUT_SEQUENCES)))
+
+    train_reference(shape, train, settings, on_weights=score)
+    return curve
+
+
+def loss_at(curve: list[tuple[int, float]], step: float) -> float:
+    """The curve's loss at ``step`` (linear between its points; its ends outside them)."""
+    if step <= curve[0][0]:
+        return curve[0][1]
+    for (s0, l0), (s1, l1) in zip(curve, curve[1:], strict=False):
+        if step <= s1:
+            return l0 + (l1 - l0) * (step - s0) / (s1 - s0)
+    return curve[-1][1]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--daemons", type=int, default=4)
     parser.add_argument("--local-steps", type=int, nargs="+", default=[1, 4, 16])
-    parser.add_argument("--batches", type=int, default=150, help="tokens to train, in batches of the run")
+    parser.add_argument("--steps", type=int, default=100, help="updates of shard (0, 0): outer steps for H > 1")
+    parser.add_argument(
+        "--tolerance", type=float, default=0.05, help="nats the swarm may end above the predicted loss and agree"
+    )
     args = parser.parse_args()
+    shape = ModelShape.from_dict(DEFAULT_RUN["model"])
+    params = float(sum(p.numel() for p in build_model(shape, 0).parameters()))
     print(
-        f"{args.daemons} daemons, default run, {args.batches} batches of {DEFAULT_RUN['batch']['sequences']} sequences",
+        f"{args.daemons} daemons, default run ({params:,.0f} parameters), {args.steps} updates per H; held-out loss "
+        f"over {HELD_OUT_SEQUENCES} sequences; agreement: the swarm within {args.tolerance} nats of the predicted loss "
+        "or below it",
         flush=True,
     )
-    print(f"{'H':>4} {'seconds':>8} {'batches':>8} {'start':>7} {'reference':>9} {'swarm':>7} {'gap':>7}", flush=True)
+    print(
+        "| H | N | outer lr | updates | batches | seconds | start | reference | swarm | gap | model efficiency "
+        "| predicted loss | predicted gap | measured efficiency | agrees |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        flush=True,
+    )
     for h in args.local_steps:
-        run_id, seconds, done, swarm = swarm_loss(args.daemons, h, args.batches)
-        start, ref = reference_loss(run_id, round(done))
-        print(f"{h:>4} {seconds:8.0f} {done:8.1f} {start:7.3f} {ref:9.3f} {swarm:7.3f} {swarm - ref:+7.3f}", flush=True)
+        run = swarm_loss(args.daemons, h, args.steps)
+        curve = reference_curve(run.run_id, round(run.batches))
+        ref = loss_at(curve, run.batches)
+        efficiency = token_efficiency(params, max(1, run.pipelines), h)
+        predicted = loss_at(curve, efficiency * run.batches)
+        needed, _ = tokens_to_reach(curve, run.loss, 1)
+        outer = outer_step_for(h)[0] if h > 1 else 0.0
+        print(
+            f"| {h} | {run.pipelines} | {outer:.3f} | {run.updates} | {run.batches:.0f} | {run.seconds:.0f} "
+            f"| {curve[0][1]:.3f} | {ref:.3f} | {run.loss:.3f} | {run.loss - ref:+.3f} | {efficiency:.2f} "
+            f"| {predicted:.3f} | {predicted - ref:+.3f} | {needed / run.batches:.2f} "
+            f"| {'yes' if run.loss <= predicted + args.tolerance else 'NO'} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
