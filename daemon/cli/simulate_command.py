@@ -70,6 +70,7 @@ def summary(result: SimResult, failure_free: SimResult, learning: Learning) -> d
         "target_tokens": learning.tokens_to_target,
         "time_to_target_s": None if learning.time_to_target_s is None else round(learning.time_to_target_s, 1),
         "time_to_target_extrapolated": learning.extrapolated,
+        "loss_at_end": None if learning.loss_at_end is None else round(learning.loss_at_end, 4),
         "failure_free_tokens_per_s": round(failure_free.tokens_per_s, 1),
         "kept": round(result.tokens_per_s / failure_free.tokens_per_s, 3) if failure_free.tokens_per_s else None,
         "compute_bound_tokens_per_s": round(bound, 1),
@@ -128,11 +129,11 @@ def _learning_table(scenario: Scenario, rows: list[dict[str, Any]]) -> list[str]
         "parameters). Efficiency: the share of the trained tokens synchronous training would need for the same "
         "loss; effective tokens/s: the trained rate times it.",
         "",
-        "| strategy | trained tokens/s | efficiency | effective tokens/s | hours to target |",
-        "|---|---:|---:|---:|---:|",
+        "| strategy | trained tokens/s | efficiency | effective tokens/s | loss at the end | hours to target |",
+        "|---|---:|---:|---:|---:|---:|",
         *(
             f"| {r['strategy']} | {_fmt(r['tokens_per_s'])} | {_fmt(r['efficiency'], 3)} "
-            f"| {_fmt(r['effective_tokens_per_s'])} | {_hours(r)} |"
+            f"| {_fmt(r['effective_tokens_per_s'])} | {_fmt(r['loss_at_end'], 3)} | {_hours(r)} |"
             for r in rows
         ),
         "",

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from swarmd.peers.planning.learning import token_efficiency
-from swarmd.peers.planning.loss_curve import default_target_loss, tokens_to_loss
+from swarmd.peers.planning.loss_curve import default_target_loss, loss_at, tokens_to_loss
 from swarmd.peers.planning.scenario import Scenario
 from swarmd.peers.sim.results import SimResult
 
@@ -33,6 +33,8 @@ class Learning:
     trained nothing, so it never does)."""
     extrapolated: bool
     """The simulated hours ended first: the rest is at the run's mean effective rate."""
+    loss_at_end: float | None
+    """The fit's loss after the run's effective tokens (None: it trained none)."""
 
 
 def run_efficiency(scenario: Scenario, result: SimResult) -> float:
@@ -74,4 +76,6 @@ def learning_figures(scenario: Scenario, result: SimResult, target_loss: float |
     per_micro_batch = result.tokens_per_micro_batch * efficiency
     gained = [n * per_micro_batch for n in result.timeline]
     seconds, extrapolated = time_to_tokens(gained, result.bucket_s, result.hours * 3600.0, needed)
-    return Learning(efficiency, result.tokens_per_s * efficiency, target, needed, seconds, extrapolated)
+    total = sum(gained)
+    end = loss_at(params, total) if total > 0 else None
+    return Learning(efficiency, result.tokens_per_s * efficiency, target, needed, seconds, extrapolated, end)

@@ -182,14 +182,15 @@ def learning_table(rows: list[Row]) -> str:
     """The headline: every strategy's trained and effective tokens/s and its time to the target
     loss (``*``: past the simulated hours, at the run's mean rate)."""
     lines = [
-        "| model | devices | churn | strategy | trained tokens/s | efficiency | effective tokens/s | target loss "
-        "| hours to target |",
-        "|---|---:|---|---|---:|---:|---:|---:|---:|",
+        "| model | devices | churn | strategy | trained tokens/s | efficiency | effective tokens/s "
+        "| loss at the end | target loss | hours to target |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         lines.append(
             f"| {row.model} | {row.devices:,} | {'yes' if row.churn else 'no'} | {row.strategy} "
             f"| {row.result.tokens_per_s:,.0f} | {row.efficiency:.3f} | {row.effective_tokens_per_s:,.0f} "
+            f"| {'-' if row.learning.loss_at_end is None else f'{row.learning.loss_at_end:.3f}'} "
             f"| {row.learning.target_loss:.3f} | {row.hours_to_target} |"
         )
     return "\n".join(lines)
@@ -412,6 +413,7 @@ def main() -> None:
             "efficiency": r.efficiency,
             "effective_tokens_per_s": r.effective_tokens_per_s,
             "target_loss": r.learning.target_loss,
+            "loss_at_end": r.learning.loss_at_end,
             "time_to_target_s": r.learning.time_to_target_s,
             "time_to_target_extrapolated": r.learning.extrapolated,
             "compute_bound_tokens_per_s": r.result.compute_bound_tokens_per_s,

@@ -61,7 +61,8 @@ def test_simulate_writes_a_report_numbers_and_plots(
     # Twelve members elect no relay beyond the first (one per sixteen), and only swarmd elects.
     assert [row["relays"] for row in data["rows"]] == [1, 0]
     # What the tokens teach: both on the same target, each at its own efficiency.
-    assert "| strategy | trained tokens/s | efficiency | effective tokens/s | hours to target |" in printed
+    header = "| strategy | trained tokens/s | efficiency | effective tokens/s | loss at the end | hours to target |"
+    assert header in printed
     assert len({row["target_loss"] for row in data["rows"]}) == 1
     for row in data["rows"]:
         assert 0 < row["efficiency"] <= 1
@@ -72,6 +73,7 @@ def test_simulate_writes_a_report_numbers_and_plots(
             assert row["time_to_target_s"] == pytest.approx(
                 row["target_tokens"] / row["effective_tokens_per_s"], rel=0.01
             )
+            assert row["loss_at_end"] > row["target_loss"]  # not there yet
     for name in ("effective_tokens_per_s.png", "staleness.png", "plan_runtimes.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
