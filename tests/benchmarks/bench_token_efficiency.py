@@ -3,7 +3,7 @@ synchronous training of the same global batch, at equal tokens.
 
     .venv/bin/python tests/benchmarks/bench_token_efficiency.py [--replicas 1 2 4 8]
         [--local-steps 4 16] [--share 1] [--staleness 0] [--outer-steps 200] [--threads 2]
-        [--outer 0.7:0.9 1:0] [--device cpu|cuda] [--corpus PATH] [--json out.json]
+        [--outer 0.7:0.9 1:0] [--codec fp16 int8] [--device cpu|cuda] [--corpus PATH] [--json out.json]
 
 The model is the default run's (``tiny-bytes``: a 4-layer byte-level GPT-2), its optimizer and
 exchange settings the run's (inner AdamW at the run's rate, the outer Nesterov step the run's
@@ -17,7 +17,9 @@ each inner step is one share of ``--share`` micro-batches and one AdamW step, an
 them its pseudo-gradient (``round_base - local``) goes to one ``ParameterShard`` in local mode,
 weighted by ``staleness_weight`` as the swarm's servers weigh it; the shard steps once every
 replica's round is in (``M x H x k`` micro-batches, as ``step_micro_batches`` makes it for this
-shape), and each replica adds the shard's fp16 deltas and rebases, as a cell does.
+shape), and each replica adds the shard's fp16 deltas and rebases, as a cell does. Each
+pseudo-gradient travels as ``--codec`` (fp16 by default, what a fast link takes; int8 on a
+slow one) with each replica's rounding repaid in its next one, as a cell's are.
 ``--staleness S``: every replica pulls S outer steps late (its round starts from weights S
 versions old, and its contribution counts ``staleness_weight(S)``).
 
@@ -62,6 +64,7 @@ from swarmd.models.shard_config import ShardConfig
 from swarmd.models.stages import StageModule, merge_stage_state_dicts
 from swarmd.peers.planning.learning import token_efficiency
 from swarmd.peers.taskpool.exchange import ExchangeConfig, outer_step_for, staleness_weight
+from swarmd.peers.wire.codecs import ErrorFeedback, decode_vector
 
 SEED = 1234
 CORPUS_BYTES = 32 * 1024**2
@@ -77,6 +80,8 @@ class Result:
     staleness: int
     outer: tuple[float, float]
     """The outer step's learning rate and momentum."""
+    codec: str
+    """What each pseudo-gradient travelled as (with error feedback per replica)."""
     outer_steps: int
     tokens: int
     loss: float
@@ -166,10 +171,13 @@ def local_run(
     staleness: int,
     rounds: int,
     outer: tuple[float, float],
+    codec: str,
     device: torch.device,
 ) -> torch.nn.Module:
     """M replicas on the swarm's exchange (module doc); returns the global weights' model.
-    ``outer``: the outer step's learning rate and momentum."""
+    ``outer``: the outer step's learning rate and momentum; ``codec``: what each contribution
+    travels as, with each replica's rounding kept and repaid (``codecs.ErrorFeedback``, as a
+    cell's contributions)."""
     opt = DEFAULT_RUN["optimizer"]
     mb = DEFAULT_RUN["batch"]["micro_batch"]
     model = build_model(shape, SEED).to(device)
@@ -201,6 +209,7 @@ def local_run(
         pipelines=replicas,
     )
     weight = staleness_weight(staleness, settings)
+    feedback = ErrorFeedback(codec)
     applied = [0] * replicas
     for t in range(rounds):
         for r, cell in enumerate(cells):
@@ -212,7 +221,8 @@ def local_run(
                 cell.end_share()
         for r, cell in enumerate(cells):
             vector, count = cell.contribution()
-            found = server.contribute(vector, applied[r], count, [t * replicas + r], weight, sender=f"r{r}")
+            sent = decode_vector(feedback.encode(r, vector.cpu(), codec), vector.numel(), codec).to(device)
+            found = server.contribute(sent, applied[r], count, [t * replicas + r], weight, sender=f"r{r}")
             if found.step is not None:
                 server.confirm(found.step.version)
         for r, cell in enumerate(cells):  # each pulls what is ``staleness`` steps old by now
@@ -266,6 +276,13 @@ def main() -> None:
         metavar="LR:MOMENTUM",
         help="outer steps to run (the run's by default; LR 0: the rule for each H, exchange.outer_step_for)",
     )
+    parser.add_argument(
+        "--codec",
+        nargs="+",
+        default=["fp16"],
+        choices=["fp32", "fp16", "bf16", "int8"],
+        help="what the pseudo-gradients travel as (fp16: a fast link's; int8: a slow one's)",
+    )
     parser.add_argument("--device", default="cpu", help="where the replicas train (cuda: a GPU); scoring is on the CPU")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--corpus", default="", help="a text file (default: the Python standard library's source)")
@@ -286,8 +303,9 @@ def main() -> None:
     params = float(sum(p.numel() for p in build_model(shape, SEED).parameters()))
     results: list[Result] = []
     print(
-        "| M | H | k | staleness | outer lr, momentum | outer steps | tokens | held-out loss "
-        "| synchronous at equal tokens | efficiency | model |\n|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"
+        "| M | H | k | staleness | outer lr, momentum | codec | outer steps | tokens | held-out loss "
+        "| synchronous at equal tokens | efficiency | model |\n"
+        "|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|"
     )
     device = torch.device(args.device)
     outers = [(float(a), float(b)) for a, b in (o.split(":") for o in args.outer)]
@@ -296,11 +314,12 @@ def main() -> None:
             tokens_per_step = replicas * share * mb * shape.seq_len
             every = max(1, longest // 100)
             curve = sync_curve(shape, train, held_out, replicas, share, longest, every, device)
-            for local_steps, staleness, given in itertools.product(args.local_steps, args.staleness, outers):
+            grid = itertools.product(args.local_steps, args.staleness, outers, args.codec)
+            for local_steps, staleness, given, codec in grid:
                 outer = given if given[0] > 0 else outer_step_for(local_steps)
                 started = time.perf_counter()
                 rounds = args.outer_steps
-                model = local_run(shape, train, replicas, local_steps, share, staleness, rounds, outer, device)
+                model = local_run(shape, train, replicas, local_steps, share, staleness, rounds, outer, codec, device)
                 loss = held_out_loss(model, held_out, sequences=HELD_OUT_SEQUENCES)
                 steps = local_steps * args.outer_steps
                 needed, beyond = tokens_to_reach(curve, loss, tokens_per_step)
@@ -311,6 +330,7 @@ def main() -> None:
                     share,
                     staleness,
                     outer,
+                    codec,
                     args.outer_steps,
                     tokens,
                     loss,
@@ -323,7 +343,7 @@ def main() -> None:
                 results.append(result)
                 shown = f">= {result.efficiency:.2f}" if beyond else f"{result.efficiency:.2f}"
                 print(
-                    f"| {replicas} | {local_steps} | {share} | {staleness} | {outer[0]:g}, {outer[1]:g} "
+                    f"| {replicas} | {local_steps} | {share} | {staleness} | {outer[0]:g}, {outer[1]:g} | {codec} "
                     f"| {args.outer_steps} | {tokens:,} | {loss:.3f} | {result.sync_loss:.3f} | {shown} "
                     f"| {result.model_efficiency:.2f} |",
                     flush=True,
