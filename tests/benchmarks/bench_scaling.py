@@ -322,9 +322,17 @@ def plot(records: list[dict[str, Any]], out: Path) -> Path | None:
                 )
                 if not series:
                     continue
+                # A log scale has no zero: a run that trained nothing is left out of its line.
+                shown = [r for r in series if r.get("effective_tokens_per_s", r["tokens_per_s"]) > 0]
+                effective = [r.get("effective_tokens_per_s", r["tokens_per_s"]) for r in shown]
+                ax.plot(
+                    [r["devices"] for r in shown],
+                    effective,
+                    style,
+                    color=colours[name],
+                    label=f"{name} effective, {label}",
+                )
                 xs = [r["devices"] for r in series]
-                effective = [r.get("effective_tokens_per_s", r["tokens_per_s"]) for r in series]
-                ax.plot(xs, effective, style, color=colours[name], label=f"{name} effective, {label}")
                 if name == "swarmd":
                     trained = [r["tokens_per_s"] for r in series]
                     ax.plot(xs, trained, style, color=colours[name], alpha=0.3, label=f"swarmd trained, {label}")
