@@ -29,7 +29,7 @@ from swarmd.peers.sim.churn import churn_schedule
 from swarmd.peers.sim.results import SimResult, single_device
 from swarmd.peers.sim.simulator import SimConfig, Simulation, simulate
 from swarmd.peers.sim.strategies import NAMES, make_strategies
-from swarmd.peers.sim.time_to_target import Learning, learning_figures
+from swarmd.peers.sim.time_to_target import Learning, hours_text, learning_figures
 
 FAILURE_FREE_HOURS = 2.0
 """The failure-free run of a strategy stops here: without churn its throughput is steady."""
@@ -113,14 +113,11 @@ def _fmt(value: Any, digits: int = 0) -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
-def _hours(row: dict[str, Any]) -> str:
-    seconds = row["time_to_target_s"]
-    if seconds is None:
-        return "never"
-    return f"{seconds / 3600:,.1f}" + (" (extrapolated)" if row["time_to_target_extrapolated"] else "")
+def _hours(row: dict[str, Any], simulated_hours: float) -> str:
+    return hours_text(row["time_to_target_s"], row["time_to_target_extrapolated"], simulated_hours, " (extrapolated)")
 
 
-def _learning_table(scenario: Scenario, rows: list[dict[str, Any]]) -> list[str]:
+def _learning_table(scenario: Scenario, rows: list[dict[str, Any]], hours: float) -> list[str]:
     if not rows:
         return []
     return [
@@ -133,7 +130,7 @@ def _learning_table(scenario: Scenario, rows: list[dict[str, Any]]) -> list[str]
         "|---|---:|---:|---:|---:|---:|",
         *(
             f"| {r['strategy']} | {_fmt(r['tokens_per_s'])} | {_fmt(r['efficiency'], 3)} "
-            f"| {_fmt(r['effective_tokens_per_s'])} | {_fmt(r['loss_at_end'], 3)} | {_hours(r)} |"
+            f"| {_fmt(r['effective_tokens_per_s'])} | {_fmt(r['loss_at_end'], 3)} | {_hours(r, hours)} |"
             for r in rows
         ),
         "",
@@ -155,7 +152,7 @@ def markdown(scenario: Scenario, settings: SimConfig, rows: list[dict[str, Any]]
         f"(at most {FAILURE_FREE_HOURS:g} h). Trained tokens/s: the micro-batches of the contributions applied in "
         f"committed updates; {alone_text}.",
         "",
-        *_learning_table(scenario, rows),
+        *_learning_table(scenario, rows, settings.hours),
         "| strategy | tokens/s | failure-free | kept | of compute bound | shape S x N, K, H, k | updates | lost "
         "| shares recomputed | contributions lost | stale dropped | failovers | recovery median / p90 s "
         "| plans full/repair/replan | plan runtime median / max ms | wall s |",

@@ -66,6 +66,14 @@ def time_to_tokens(
     return tokens / (reached / horizon_s), True
 
 
+def hours_text(seconds: float | None, extrapolated: bool, simulated_hours: float, mark: str = "*") -> str:
+    """A time to target for a table: hours, ``mark`` after one extrapolated past the simulated
+    hours, and what a run that committed nothing in them shows instead."""
+    if seconds is None:
+        return f"none in {simulated_hours:g} h"
+    return f"{seconds / 3600:,.1f}" + (mark if extrapolated else "")
+
+
 def learning_figures(scenario: Scenario, result: SimResult, target_loss: float | None = None) -> Learning:
     """Efficiency, effective tokens/s and the time to ``target_loss`` (default: the loss at
     Chinchilla's compute-optimal budget for the scenario's model, ``loss_curve``)."""

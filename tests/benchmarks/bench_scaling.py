@@ -50,7 +50,7 @@ from swarmd.peers.planning.throughput import ThroughputModel
 from swarmd.peers.sim.results import SimResult, single_device
 from swarmd.peers.sim.simulator import SimConfig, simulate
 from swarmd.peers.sim.strategies import NAMES, make_strategies
-from swarmd.peers.sim.time_to_target import Learning, learning_figures
+from swarmd.peers.sim.time_to_target import Learning, hours_text, learning_figures
 
 PIPELINED_MODEL = {"layers": 24, "hidden": 2048, "seq_len": 2048, "vocab": 50257, "params": 1.3e9, "dtype_bytes": 2}
 MODELS = {"200M": SMALL_MODEL, "1.3B": PIPELINED_MODEL}
@@ -95,10 +95,7 @@ class Row:
 
     @property
     def hours_to_target(self) -> str:
-        seconds = self.learning.time_to_target_s
-        if seconds is None:
-            return "never"
-        return f"{seconds / 3600:,.1f}" + ("*" if self.learning.extrapolated else "")
+        return hours_text(self.learning.time_to_target_s, self.learning.extrapolated, self.result.hours)
 
 
 def busiest_interface(scenario: Scenario, result: SimResult) -> str:

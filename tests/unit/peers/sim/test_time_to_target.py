@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from swarmd.peers.sim.time_to_target import time_to_tokens
+from swarmd.peers.sim.time_to_target import hours_text, time_to_tokens
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -36,3 +36,9 @@ def test_nonsense_is_refused() -> None:
     for args in (([1], 60.0, 60.0, 0.0), ([1], 0.0, 60.0, 1.0), ([1], 60.0, 0.0, 1.0)):
         with pytest.raises(ValueError, match="must be > 0"):
             time_to_tokens(*args)
+
+
+def test_the_tables_hours() -> None:
+    assert hours_text(5400.0, False, 1.0) == "1.5"
+    assert hours_text(36000.0, True, 1.0) == "10.0*"
+    assert hours_text(None, True, 0.5) == "none in 0.5 h"  # no update committed in the simulated time
