@@ -42,13 +42,17 @@ The model, and where each part comes from:
   tokens on the Chinchilla-style curves the scaling-law paper fits (``TOKENS_PER_GAP_POINT``,
   the midpoint): the efficiency is ``(1 - 0.155) ** (100 * g)``.
 
-Checked against every published configuration above within a factor of 1.5
-(``tests/unit/peers/planning/test_learning.py``). What none of them prices: inner batches of a
+Checked against every published configuration above within a factor of 1.5, and against the
+swarm's own exchange on the default run's 875K-parameter model
+(``tests/benchmarks/bench_token_efficiency.py``, 100 outer steps, docs/results.md): one replica
+at H = 16 ended below the synchronous curve (model 1.00); two replicas measured 0.92 at H = 4
+and 0.89 at 16 (model 0.84, 0.70), four 0.55 and 0.60 (model 0.66, 0.43), all within 1.5
+(``tests/unit/peers/planning/test_learning.py``). Where none of them says: inner batches of a
 few thousand tokens (no published run uses them; their steps are noisier, which this does not
-charge), more than 64 replicas, and models under 35M (the size law is extrapolated). And it
-assumes an outer step tuned as the papers' were: the swarm's own exchange at the run's outer
-lr 0.7 and momentum 0.9 measured 0.03 to 0.09 at H = 4 and 16 on the default run's model
-(``tests/benchmarks/bench_token_efficiency.py``, docs/results.md), where this says 0.70 to 1.
+charge), more than 64 replicas (the plateau above is the papers' trend, not a measurement), and
+models under 35M (the size law is extrapolated, and is pessimistic at 875K by the above). It
+assumes an outer step tuned to the round, as the papers' were and ``exchange.outer_step_for``
+is: DiLoCo's rate 0.7 with momentum 0.9 at H = 4 and 16 measured 0.03 to 0.17.
 """
 
 from __future__ import annotations

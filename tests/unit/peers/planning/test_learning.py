@@ -19,6 +19,26 @@ PUBLISHED = [
 ]
 
 
+MEASURED = [
+    # (params, replicas, H, efficiency measured, source): the swarm's own exchange on the default
+    # run's model with the outer step exchange.outer_step_for gives (docs/results.md,
+    # bench_token_efficiency --outer-steps 100 --outer 0:0.9).
+    (875_264, 1, 16, 1.00, "one replica ended below the synchronous curve (0.175, 0.9)"),
+    (875_264, 2, 4, 0.92, "two replicas, H = 4"),
+    (875_264, 2, 16, 0.89, "two replicas, H = 16"),
+    (875_264, 4, 4, 0.55, "four replicas, H = 4"),
+    (875_264, 4, 16, 0.60, "four replicas, H = 16"),
+]
+
+
+@pytest.mark.parametrize(("params", "replicas", "steps", "measured", "source"), MEASURED)
+def test_the_swarms_own_measurements_within_a_factor_of_one_and_a_half(
+    params: float, replicas: int, steps: int, measured: float, source: str
+) -> None:
+    predicted = token_efficiency(params, replicas, steps)
+    assert measured / 1.5 <= predicted <= measured * 1.5, (source, predicted)
+
+
 @pytest.mark.parametrize(("params", "replicas", "steps", "published", "source"), PUBLISHED)
 def test_the_published_configurations_within_a_factor_of_one_and_a_half(
     params: float, replicas: int, steps: int, published: float, source: str
