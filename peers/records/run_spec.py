@@ -216,7 +216,8 @@ def parse_spec_body(body: dict[str, Any]) -> RunSpec:
             f"the first stage's embedding and the last stage's head, which sit on different peers; "
             f"set stages = 1, or model.tied = false (a tied checkpoint is untied on import)"
         )
-    exchange: dict[str, Any] = {"local_steps": 1, "outer_lr": 0.7, "outer_momentum": 0.9}  # before H
+    # A spec signed before the exchange section existed trained with DiLoCo's outer step.
+    exchange: dict[str, Any] = {"local_steps": 1, "outer_lr": 0.7, "outer_momentum": 0.9}
     if "exchange" in body:  # specs signed before local steps existed have none
         x = f.object("exchange")
         x.only({*exchange, "aggregation"})
