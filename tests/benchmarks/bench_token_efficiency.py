@@ -3,7 +3,8 @@ synchronous training of the same global batch, at equal tokens.
 
     .venv/bin/python tests/benchmarks/bench_token_efficiency.py [--replicas 1 2 4 8]
         [--local-steps 4 16] [--share 1] [--staleness 0] [--outer-steps 200] [--threads 2]
-        [--outer 0.7:0.9 1:0] [--codec fp16 int8] [--device cpu|cuda] [--corpus PATH] [--json out.json]
+        [--outer 0.7:0.9 1:0] [--codec fp16 int8] [--pull-after 0 0.25] [--device cpu|cuda]
+        [--corpus PATH] [--json out.json]
 
 The model is the default run's (``tiny-bytes``: a 4-layer byte-level GPT-2), its optimizer and
 exchange settings the run's (inner AdamW at the run's rate, the outer Nesterov step the run's
@@ -21,7 +22,12 @@ shape), and each replica adds the shard's fp16 deltas and rebases, as a cell doe
 pseudo-gradient travels as ``--codec`` (fp16 by default, what a fast link takes; int8 on a
 slow one) with each replica's rounding repaid in its next one, as a cell's are.
 ``--staleness S``: every replica pulls S outer steps late (its round starts from weights S
-versions old, and its contribution counts ``staleness_weight(S)``).
+versions old, and its contribution counts ``staleness_weight(S)``); a fractional S makes that
+share of the replicas one step later than the rest (0.5 with two replicas: one on time, one a
+step late), the mix of lags a swarm's mean staleness stands for.
+``--pull-after F``: the step a replica's round went into arrives F of the way through its next
+round, as a cell's does in the swarm (it goes on at once from its own weights, and rebases on
+the step when its deltas come, ``CellCompute.rebase``); 0 is DiLoCo's synchronous round.
 
 Inner step ``h`` of round ``t`` reads, across the replicas, exactly the micro-batches that the
 synchronous run's step ``t x H + h`` reads (M x k consecutive micro-batches): the same data in
@@ -77,7 +83,10 @@ class Result:
     replicas: int
     local_steps: int
     share: int
-    staleness: int
+    staleness: float
+    """The replicas' mean lag in outer steps (``replica_lags``)."""
+    pull_after: float
+    """The share of a round trained before the previous round's step arrives."""
     outer: tuple[float, float]
     """The outer step's learning rate and momentum."""
     codec: str
@@ -116,6 +125,14 @@ def replica_micro_batches(step: int, replicas: int, share: int, replica: int) ->
     ``share`` of the ``replicas x share`` consecutive ones the synchronous run's step reads."""
     first = (step * replicas + replica) * share
     return range(first, first + share)
+
+
+def replica_lags(staleness: float, replicas: int) -> list[int]:
+    """How many outer steps late each replica pulls, for a mean of ``staleness`` (as near as
+    ``replicas`` whole lags come): the first ``frac x replicas`` one step later than the rest."""
+    whole = math.floor(staleness)
+    later = round((staleness - whole) * replicas)
+    return [whole + (1 if r < later else 0) for r in range(replicas)]
 
 
 def micro_batches(step: int, replicas: int, share: int) -> Iterator[int]:
@@ -168,18 +185,21 @@ def local_run(
     replicas: int,
     local_steps: int,
     share: int,
-    staleness: int,
+    staleness: float,
     rounds: int,
     outer: tuple[float, float],
     codec: str,
     device: torch.device,
+    pull_after: float = 0.0,
 ) -> torch.nn.Module:
     """M replicas on the swarm's exchange (module doc); returns the global weights' model.
     ``outer``: the outer step's learning rate and momentum; ``codec``: what each contribution
     travels as, with each replica's rounding kept and repaid (``codecs.ErrorFeedback``, as a
-    cell's contributions)."""
+    cell's contributions); ``pull_after``: the share of the next round each replica trains
+    before the step arrives (module doc)."""
     opt = DEFAULT_RUN["optimizer"]
     mb = DEFAULT_RUN["batch"]["micro_batch"]
+    lags = replica_lags(staleness, replicas)
     model = build_model(shape, SEED).to(device)
     whole = [(0, shape.layers)]
     cells = [
@@ -198,22 +218,36 @@ def local_run(
         lr=opt["lr"],
         outer_lr=outer[0],
         outer_momentum=outer[1],
-        keep_versions=staleness + 2,
+        keep_versions=max(lags) + 2,
     )
     server = ParameterShard(0, start.numel(), start, config, step_micro_batches=replicas * local_steps * share)
     settings = ExchangeConfig(
         batch_micro_batches=replicas * share,
         share_micro_batches=share,
         local_steps=local_steps,
-        max_staleness=max(staleness, int(opt["max_staleness"])),
+        max_staleness=max(max(lags), int(opt["max_staleness"])),
         pipelines=replicas,
     )
-    weight = staleness_weight(staleness, settings)
+    weights = [staleness_weight(lag, settings) for lag in lags]
     feedback = ErrorFeedback(codec)
     applied = [0] * replicas
+    pull_step = min(local_steps - 1, round(pull_after * local_steps))
+
+    def pull(r: int, cell: CellCompute) -> None:
+        """Replica ``r`` takes up what is its lag's steps old by now, and rebases on it."""
+        wanted = max(applied[r], server.version - lags[r])
+        if wanted > applied[r]:
+            deltas = server.deltas_since(applied[r])
+            assert deltas is not None, "keep_versions covers the staleness"
+            cell.apply_deltas(0, [(v, d) for v, d in deltas if v <= wanted])
+            cell.rebase()
+            applied[r] = wanted
+
     for t in range(rounds):
         for r, cell in enumerate(cells):
             for h in range(local_steps):
+                if h == pull_step and pull_step > 0:
+                    pull(r, cell)
                 step = t * local_steps + h
                 for m in replica_micro_batches(step, replicas, share, r):
                     ids = train.micro_batch(m, mb).to(device)
@@ -222,17 +256,12 @@ def local_run(
         for r, cell in enumerate(cells):
             vector, count = cell.contribution()
             sent = decode_vector(feedback.encode(r, vector.cpu(), codec), vector.numel(), codec).to(device)
-            found = server.contribute(sent, applied[r], count, [t * replicas + r], weight, sender=f"r{r}")
+            found = server.contribute(sent, applied[r], count, [t * replicas + r], weights[r], sender=f"r{r}")
             if found.step is not None:
                 server.confirm(found.step.version)
-        for r, cell in enumerate(cells):  # each pulls what is ``staleness`` steps old by now
-            wanted = max(applied[r], server.version - staleness)
-            if wanted > applied[r]:
-                deltas = server.deltas_since(applied[r])
-                assert deltas is not None, "keep_versions covers the staleness"
-                cell.apply_deltas(0, [(v, d) for v, d in deltas if v <= wanted])
-                cell.rebase()
-                applied[r] = wanted
+        if pull_step == 0:
+            for r, cell in enumerate(cells):
+                pull(r, cell)
     found = server.weights()
     assert found is not None
     final = build_model(shape, SEED)
@@ -266,7 +295,10 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--local-steps", type=int, nargs="+", default=[4, 16])
     parser.add_argument("--share", type=int, nargs="+", default=[1], help="micro-batches per inner step")
-    parser.add_argument("--staleness", type=int, nargs="+", default=[0])
+    parser.add_argument("--staleness", type=float, nargs="+", default=[0.0], help="mean lag in outer steps")
+    parser.add_argument(
+        "--pull-after", type=float, nargs="+", default=[0.0], help="share of a round trained before its step arrives"
+    )
     parser.add_argument("--outer-steps", type=int, default=200)
     exchange = DEFAULT_RUN["exchange"]
     parser.add_argument(
@@ -303,9 +335,9 @@ def main() -> None:
     params = float(sum(p.numel() for p in build_model(shape, SEED).parameters()))
     results: list[Result] = []
     print(
-        "| M | H | k | staleness | outer lr, momentum | codec | outer steps | tokens | held-out loss "
+        "| M | H | k | staleness | pulled after | outer lr, momentum | codec | outer steps | tokens | held-out loss "
         "| synchronous at equal tokens | efficiency | model |\n"
-        "|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|"
+        "|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|"
     )
     device = torch.device(args.device)
     outers = [(float(a), float(b)) for a, b in (o.split(":") for o in args.outer)]
@@ -314,12 +346,15 @@ def main() -> None:
             tokens_per_step = replicas * share * mb * shape.seq_len
             every = max(1, longest // 100)
             curve = sync_curve(shape, train, held_out, replicas, share, longest, every, device)
-            grid = itertools.product(args.local_steps, args.staleness, outers, args.codec)
-            for local_steps, staleness, given, codec in grid:
+            grid = itertools.product(args.local_steps, args.staleness, args.pull_after, outers, args.codec)
+            for local_steps, staleness, pull_after, given, codec in grid:
                 outer = given if given[0] > 0 else outer_step_for(local_steps)
                 started = time.perf_counter()
                 rounds = args.outer_steps
-                model = local_run(shape, train, replicas, local_steps, share, staleness, rounds, outer, codec, device)
+                model = local_run(
+                    shape, train, replicas, local_steps, share, staleness, rounds, outer, codec, device, pull_after
+                )
+                late = min(local_steps - 1, round(pull_after * local_steps)) / local_steps
                 loss = held_out_loss(model, held_out, sequences=HELD_OUT_SEQUENCES)
                 steps = local_steps * args.outer_steps
                 needed, beyond = tokens_to_reach(curve, loss, tokens_per_step)
@@ -329,6 +364,7 @@ def main() -> None:
                     local_steps,
                     share,
                     staleness,
+                    late,
                     outer,
                     codec,
                     args.outer_steps,
@@ -337,13 +373,14 @@ def main() -> None:
                     nearest(curve, steps),
                     needed / tokens,
                     beyond,
-                    token_efficiency(params, replicas, local_steps, float(staleness)),
+                    token_efficiency(params, replicas, local_steps, share * mb * shape.seq_len, staleness + late),
                     time.perf_counter() - started,
                 )
                 results.append(result)
                 shown = f">= {result.efficiency:.2f}" if beyond else f"{result.efficiency:.2f}"
                 print(
-                    f"| {replicas} | {local_steps} | {share} | {staleness} | {outer[0]:g}, {outer[1]:g} | {codec} "
+                    f"| {replicas} | {local_steps} | {share} | {staleness:g} | {late:g} "
+                    f"| {outer[0]:g}, {outer[1]:g} | {codec} "
                     f"| {args.outer_steps} | {tokens:,} | {loss:.3f} | {result.sync_loss:.3f} | {shown} "
                     f"| {result.model_efficiency:.2f} |",
                     flush=True,
