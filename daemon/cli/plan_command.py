@@ -25,6 +25,7 @@ from swarmd.peers.planning.throughput import (
     fastest_device_tokens_per_s,
     predict_throughput,
 )
+from swarmd.peers.taskpool.exchange import trained_tokens
 
 SHOW_PROGRESS_BYTES = 32 * 2**20
 """A scenario file this large (about 1,000 devices) takes seconds to minutes: progress is shown."""
@@ -59,7 +60,7 @@ def plan_json(scenario: Scenario, result: Plan) -> dict[str, Any]:
     out["predicted"] = pred.to_json()
     out["sync_comm_reference_s"] = round(reference_cost(scenario, result), 6)
     out["runtime_s"] = round(runtime_s(result), 6)
-    useful = most_useful_replicas(scenario.model.params, result.local_steps)
+    useful = most_useful_replicas(scenario.model.params, result.local_steps, inner_batch_tokens(scenario, result))
     out["learning"] = {
         "efficiency": round(pred.efficiency, 6),
         "effective_tokens_per_s": round(pred.effective_tokens_per_s, 3),
@@ -72,8 +73,13 @@ def plan_json(scenario: Scenario, result: Plan) -> dict[str, Any]:
     return out
 
 
+def inner_batch_tokens(scenario: Scenario, result: Plan) -> float:
+    """Tokens of one pipeline's inner step (its share) under ``result``."""
+    return trained_tokens(result.micro_batches_per_share(scenario), scenario.micro_batch, scenario.model.seq_len)
+
+
 def _replicas_note(scenario: Scenario, result: Plan) -> str:
-    useful = most_useful_replicas(scenario.model.params, result.local_steps)
+    useful = most_useful_replicas(scenario.model.params, result.local_steps, inner_batch_tokens(scenario, result))
     if math.isinf(useful):
         return "rounds of one step: every pipeline adds learning"
     return (

@@ -391,6 +391,7 @@ class ThroughputModel:
                 self.scenario.model.params,
                 len(plan.pipelines),
                 settings.local_steps,
+                self.tokens(settings.share_micro_batches),
                 staleness=mean(final.staleness) if settings.local_steps > 1 else 0.0,
             ),
             per_pipeline=final,

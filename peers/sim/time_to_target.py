@@ -44,7 +44,8 @@ def run_efficiency(scenario: Scenario, result: SimResult) -> float:
     applied = sum(result.staleness.values())
     local = result.local_steps > 1
     stale = sum(s * n for s, n in result.staleness.items()) / applied if applied and local else 0.0
-    return token_efficiency(scenario.model.params, result.shape[1], result.local_steps, stale)
+    inner_batch = result.share_micro_batches * result.tokens_per_micro_batch
+    return token_efficiency(scenario.model.params, result.shape[1], result.local_steps, inner_batch, stale)
 
 
 def time_to_tokens(

@@ -170,7 +170,9 @@ def main() -> None:
         run = swarm_loss(args.daemons, h, args.steps)
         curve = reference_curve(run.run_id, round(run.batches))
         ref = loss_at(curve, run.batches)
-        efficiency = token_efficiency(params, max(1, run.pipelines), h)
+        # Each pipeline's inner step is its share of the run's batch.
+        share = DEFAULT_RUN["batch"]["sequences"] * shape.seq_len / max(1, run.pipelines)
+        efficiency = token_efficiency(params, max(1, run.pipelines), h, share)
         predicted = loss_at(curve, efficiency * run.batches)
         needed, _ = tokens_to_reach(curve, run.loss, 1)
         outer = outer_step_for(h)[0] if h > 1 else 0.0
