@@ -427,6 +427,9 @@ def main() -> None:
             "reduce_groups": r.result.reduce_groups,
             "local_steps": r.result.local_steps,
             "share_micro_batches": r.result.share_micro_batches,
+            # Applied contributions by how many versions late: what prices them, kept so that
+            # a later quality model can price the same runs again.
+            "staleness": {str(s): n for s, n in sorted(r.result.staleness.items())},
             "phases": r.result.phases,
         }
         for r in rows

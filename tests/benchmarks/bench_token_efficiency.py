@@ -4,7 +4,8 @@ synchronous training of the same global batch, at equal tokens.
     .venv/bin/python tests/benchmarks/bench_token_efficiency.py [--replicas 1 2 4 8]
         [--local-steps 4 16] [--share 1] [--staleness 0] [--outer-steps 200] [--threads 2]
         [--outer 0.7:0.9 1:0] [--codec fp16 int8] [--pull-after 0 0.25] [--device cpu|cuda]
-        [--corpus PATH] [--json out.json]
+        [--corpus PATH] [--json out.json] [--plot out.png]
+    .venv/bin/python tests/benchmarks/bench_token_efficiency.py --plot-from A.json B.json --plot out.png
 
 The model is the default run's (``tiny-bytes``: a 4-layer byte-level GPT-2), its optimizer and
 exchange settings the run's (inner AdamW at the run's rate, the outer Nesterov step the run's
@@ -49,12 +50,14 @@ import argparse
 import itertools
 import json
 import math
+import sys
 import sysconfig
 import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -290,6 +293,68 @@ def tokens_to_reach(curve: list[tuple[int, float]], loss: float, tokens_per_step
     return best[-1][0] * tokens_per_step, True
 
 
+def plot(records: list[dict[str, Any]], params: float, path: Path) -> Path | None:
+    """Three panels from ``records`` (``Result`` dictionaries, from one run or several ``--json``
+    files): efficiency against replicas per H, against lateness, and against the inner batch,
+    each beside ``learning.token_efficiency`` as it stands (dashed). None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot", file=sys.stderr)
+        return None
+    tokens = DEFAULT_RUN["batch"]["micro_batch"] * DEFAULT_RUN["model"]["seq_len"]
+    on_time = [r for r in records if r["staleness"] == 0 and r.get("pull_after", 0) == 0]
+    fig, (by_m, by_late, by_batch) = plt.subplots(1, 3, figsize=(15, 4.4), sharey=True)
+    for i, h in enumerate(sorted({r["local_steps"] for r in on_time if r["share"] == 1})):
+        rows = sorted((r for r in on_time if r["local_steps"] == h and r["share"] == 1), key=lambda r: r["replicas"])
+        ms = [r["replicas"] for r in rows]
+        by_m.plot(ms, [r["efficiency"] for r in rows], "o-", color=f"C{i}", label=f"H = {h}, measured")
+        span = range(1, max(ms) + 1)
+        by_m.plot(span, [token_efficiency(params, m, h, tokens) for m in span], "--", color=f"C{i}", label="model")
+    by_m.set(xscale="log", xlabel="replicas M", ylabel="efficiency (synchronous tokens / tokens)")
+    late = [r for r in records if r["share"] == 1 and (r["staleness"] > 0 or r.get("pull_after", 0) > 0)]
+    for i, (m, h) in enumerate(sorted({(r["replicas"], r["local_steps"]) for r in late})):
+        for key, other, marker, what in (
+            ("staleness", "pull_after", "s", "steps late"),
+            ("pull_after", "staleness", "^", "step arrives after"),
+        ):
+            rows = sorted(
+                (
+                    r
+                    for r in late
+                    if (r["replicas"], r["local_steps"]) == (m, h) and r.get(key, 0) > 0 and r.get(other, 0) == 0
+                ),
+                key=lambda r: r[key],
+            )
+            base = [r for r in on_time if (r["replicas"], r["local_steps"], r["share"]) == (m, h, 1)]
+            points = [(0.0, base[0]["efficiency"])] if base else []
+            points += [(r[key], r["efficiency"]) for r in rows]
+            if len(points) > 1:
+                by_late.plot(*zip(*points, strict=True), marker + "-", color=f"C{i}", label=f"M = {m}, H = {h}, {what}")
+        grid = [x / 10 for x in range(21)]
+        by_late.plot(grid, [token_efficiency(params, m, h, tokens, x) for x in grid], "--", color=f"C{i}")
+    by_late.set(xlabel="late, in outer steps (of a round for the step's arrival)")
+    sized = sorted((r for r in on_time if (r["replicas"], r["local_steps"]) == (4, 4)), key=lambda r: r["share"])
+    if sized:
+        batches = [r["share"] * tokens for r in sized]
+        by_batch.plot(batches, [r["efficiency"] for r in sized], "o-", label="M = 4, H = 4, measured")
+        by_batch.plot(batches, [token_efficiency(params, 4, 4, b) for b in batches], "--", label="model")
+    by_batch.set(xscale="log", xlabel="inner batch, tokens a replica step")
+    for ax in (by_m, by_late, by_batch):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+        ax.set_ylim(0, 1.1)
+    fig.suptitle("What a token teaches on the swarm's exchange (default run's model, 100 outer steps)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2, 4, 8])
@@ -319,9 +384,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--corpus", default="", help="a text file (default: the Python standard library's source)")
     parser.add_argument("--json", type=Path, default=None, help="write the results here too")
+    parser.add_argument("--plot", type=Path, default=None, help="draw the results (PNG) here too")
+    parser.add_argument(
+        "--plot-from", type=Path, nargs="+", default=[], metavar="JSON", help="only draw these --json files to --plot"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     shape = ModelShape.from_dict(DEFAULT_RUN["model"])
+    if args.plot_from:
+        records = [r for f in args.plot_from for r in json.loads(f.read_text())]
+        count = float(sum(p.numel() for p in build_model(shape, SEED).parameters()))
+        print(plot(records, count, args.plot or Path("token_efficiency.png")) or "nothing drawn")
+        return
     corpus = args.corpus or str(stdlib_corpus(Path(tempfile.mkdtemp()) / "stdlib.txt"))
     data = load_corpus(corpus)
     train, held_out = train_eval_split(data, shape.seq_len, SEED, eval_fraction=0.01)
@@ -387,6 +461,8 @@ def main() -> None:
                 )
     if args.json is not None:
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=1))
+    if args.plot is not None:
+        print(plot([asdict(r) for r in results], params, args.plot) or "nothing drawn")
     worst = min(results, key=lambda r: r.efficiency) if results else None
     if worst is not None and math.isfinite(worst.efficiency):
         print(f"lowest efficiency: M = {worst.replicas}, H = {worst.local_steps}: {worst.efficiency:.2f}")
