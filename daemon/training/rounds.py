@@ -32,6 +32,16 @@ def _non_finite(vector: torch.Tensor) -> int:
     return int(vector.numel() - torch.isfinite(vector).sum())
 
 
+def named_once(share_ids: list[int], tickets: list[str]) -> tuple[list[int], list[str]]:
+    """A round's shares, each named once with the ticket of its last issue, in the order they
+    were last done. A share whose lease lapsed while its round ran (a pipeline stalled past
+    ``LEASE_S``) is issued again, often to the same pipeline, and trained twice in one round;
+    a contribution naming an ID twice is refused by the wire's schema, and its cell stopped."""
+    last = {share_id: i for i, share_id in enumerate(share_ids)}
+    keep = sorted(last.values())
+    return [share_ids[i] for i in keep], [tickets[i] for i in keep]
+
+
 class CellRounds:
     def __init__(self, cell: CellWorker) -> None:
         self.cell = cell
@@ -74,7 +84,8 @@ class CellRounds:
         cell = self.cell
         vector, micro_batches = await cell.in_thread(cell.compute.contribution)
         cell.stats.rounds += 1
-        share_ids, tickets, self._shares, self._tickets, self._issued = self._shares, self._tickets, [], [], 0
+        share_ids, tickets = named_once(self._shares, self._tickets)
+        self._shares, self._tickets, self._issued = [], [], 0
         non_finite = await cell.in_thread(_non_finite, vector)
         if non_finite:
             self._drop(share_ids, non_finite, vector.numel())
