@@ -175,13 +175,11 @@ class Planner:
     @property
     def useful_replicas(self) -> int:
         """The replica count that teaches the most in all at long rounds (whose gap is the
-        largest, so the count the least), each training its share of the run's batch: a shape
-        of that many pipelines is always tried."""
-        params, fed, count = self.view.model.params, self.model.batch_micro_batches, 1.0
-        for _ in range(3):  # the share sets the count's gap and the count the share: settles fast
-            share = self.model.tokens(max(1, fed // max(1, round(count))))
-            count = most_useful_replicas(params, int(FLAT_FROM_STEPS), share)
-        return max(1, round(count))
+        largest, so the count the least): a shape of that many pipelines is always tried. The
+        model prices no inner batch (``learning``: measured indifferent), so one micro-batch's
+        tokens stand for every share."""
+        share = self.model.tokens(1)
+        return max(1, round(most_useful_replicas(self.view.model.params, int(FLAT_FROM_STEPS), share)))
 
     def shapes(self, local: bool) -> list[Shape]:
         """Free mode's shapes (module doc, step 1). The stage counts are those at which more
