@@ -28,8 +28,13 @@ functions (``swarmd.peers.taskpool.exchange``, ``swarmd.peers.wire.sizes``):
 - **Staleness**: a contribution is as many versions behind as the shards step between the
   version the cell last applied (it applies deltas between shares) and the contribution's
   arrival, about one share and one exchange; it counts ``exchange.staleness_weight`` of it
-  (interpolated between whole versions). Trained tokens count the weighted micro-batches the
-  shards step on, as the servers count them (``step_micro_batches``, ``trained_tokens``).
+  (interpolated between whole versions) towards the servers' next step
+  (``step_micro_batches``). Trained tokens are the micro-batches the servers apply, as the
+  servers and the simulator count them (``trained_tokens``): in gradient mode a gradient
+  counts in full or, past ``max_staleness``, not at all; in local mode a late round is
+  trained, and what its lateness costs is ``learning.token_efficiency``'s to price (counting
+  it again as fewer tokens priced it twice and had the planner prefer more replicas of
+  shorter rounds).
 - **Servers**: every device's interface carries its cells' traffic and, for each shard it
   serves, every cell's contribution in and every pull out. Where the busiest interface is
   over its rate at the pipelines' pace, the swarm trains that much slower: a shard that cannot
@@ -99,7 +104,7 @@ class Throughput:
     pipeline_tokens_per_s: float
     """With each share's fill, drain and activation transfers (rounds of H shares)."""
     exchange_tokens_per_s: float
-    """With rounds of ``max(H x share, exchange)``, the servers' cap and the staleness weights."""
+    """With rounds of ``max(H x share, exchange)``, the servers' cap and what staleness drops."""
     step_tokens: float
     """Trained tokens one server step counts (``step_micro_batches`` micro-batches)."""
     share_s: float
@@ -185,6 +190,9 @@ class PipelineFigures(NamedTuple):
     round_s: np.ndarray
     staleness: np.ndarray
     weight: np.ndarray
+    """What a contribution counts towards the servers' next step (``staleness_weight``)."""
+    applied: np.ndarray
+    """The share of contributions the servers apply: those within ``max_staleness``."""
     churn: np.ndarray
     tokens_per_s: np.ndarray
 
@@ -292,17 +300,25 @@ class ThroughputModel:
             period = compute + exchange_s if h == 1 else np.maximum(compute, exchange_s)
         staleness = frozen.steps_per_s * (share + exchange_s)
         weight = self.weights(staleness, settings)
+        applied = self.weights(staleness, settings, applied=True)
         real = period / frozen.scale
         refetch = np.stack([cl.refetch_s for cl in prepared.links], axis=1)
         churn = (self.leave_rate[rows] * (real[:, None] / 2.0 + NOTICE_S + refetch)).sum(axis=1)
         churn += frozen.server_leave_rate * np.maximum(0.0, NOTICE_S - real)
         kept = 1.0 - np.minimum(1.0, churn)
-        tokens = weight * self.tokens(h * k) / real * kept
-        return PipelineFigures(share, exchange_s, real, staleness, weight, churn, tokens)
+        tokens = applied * self.tokens(h * k) / real * kept
+        return PipelineFigures(share, exchange_s, real, staleness, weight, applied, churn, tokens)
 
-    def weights(self, staleness: np.ndarray, settings: ExchangeConfig) -> np.ndarray:
-        """``staleness_weight`` at fractional staleness: between the two whole versions around it."""
-        table = np.array([staleness_weight(v, settings) for v in range(settings.max_staleness + 2)])
+    def weights(self, staleness: np.ndarray, settings: ExchangeConfig, *, applied: bool = False) -> np.ndarray:
+        """``staleness_weight`` at fractional staleness: between the two whole versions around it
+        (``applied``: whether the servers apply it at all, 1 or 0, likewise)."""
+        table = np.array(
+            [
+                (staleness_weight(v, settings) > 0) if applied else staleness_weight(v, settings)
+                for v in range(settings.max_staleness + 2)
+            ],
+            dtype=float,
+        )
         top = len(table) - 1
         lo = np.minimum(np.floor(staleness).astype(int), top)
         frac = np.clip(staleness - lo, 0.0, 1.0)
@@ -364,7 +380,7 @@ class ThroughputModel:
         )
         final = self.rows(grid, layers, stages, settings, capped, prepared=prepared)
         round_tokens = self.tokens(round_mb)
-        before_churn = float((paced.weight * round_tokens / paced.round_s).sum()) * capped.scale
+        before_churn = float((paced.applied * round_tokens / paced.round_s).sum()) * capped.scale
         tokens = final.tokens_per_s
         total = float(tokens.sum())
 

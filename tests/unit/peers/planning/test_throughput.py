@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from swarmd.peers.planning.learning import token_efficiency
 from swarmd.peers.planning.plan_cost import Plan, stage_flops_per_sequence, stage_parameters
 from swarmd.peers.planning.scenario import Scenario, parse_scenario
 from swarmd.peers.planning.scenario_gen import synthetic_scenario, synthetic_scenario_dict
@@ -151,3 +152,18 @@ def test_stale_gradients_are_dropped_until_the_swarm_settles_at_the_staleness_bo
     # Local steps: pseudo-gradients count 1 / sqrt(1 + staleness) up to the same bound.
     local = predict_throughput(sc, replace(many, local_steps=50))
     assert 0 < local.staleness_weight < 1
+
+
+def test_a_late_round_is_trained_tokens_and_its_lateness_is_priced_by_the_efficiency() -> None:
+    # Four pipelines of one-micro-batch shares, H = 50: rounds arrive a fraction of a server
+    # step late and count less towards the next step, but every one is applied, so the raw
+    # tokens are every round's; what the lateness costs is in the efficiency, and only there.
+    sc = uniform(5, batch={"sequences": 8, "micro_batch": 1})
+    plan = Plan(tuple((d,) for d in range(4)), (12,), (4,), local_steps=50, share_micro_batches=1)
+    got = predict_throughput(sc, plan)
+    f = got.per_pipeline
+    assert (f.staleness > 0).all() and (f.weight < 1).all() and (f.applied == 1).all()
+    rounds = (trained_tokens(50, 1, sc.model.seq_len) / f.round_s * (1 - f.churn)).sum()
+    assert got.tokens_per_s == pytest.approx(rounds, rel=1e-9)
+    assert got.efficiency == pytest.approx(token_efficiency(sc.model.params, 4, 50, sc.model.seq_len, got.staleness))
+    assert got.efficiency < token_efficiency(sc.model.params, 4, 50, sc.model.seq_len)
