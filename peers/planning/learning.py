@@ -89,6 +89,10 @@ REPLICAS_EXPONENT = 0.78
 """``((M - 1) / 7) ** 0.78``: the gap of 64 replicas is 5.6 times that of 8 (DiLoCo, H = 500)."""
 FLAT_FROM_STEPS = 30.0
 """Rounds of this many steps or more cost the full gap; of one step, none."""
+LONGEST_FITTED_STEPS = 500
+"""The longest rounds a configuration the model is fitted to ran (DiLoCo's H = 500): past it the
+model charges nothing more for longer rounds only because nothing it knows measured them, so
+a planner that lengthens rounds to make them less stale stops here."""
 ROUNDS_POWER = 0.5
 """``(ln H / ln 30) ** 0.5`` below ``FLAT_FROM_STEPS``: H = 4 costs 0.64 of the gap, 16 0.90."""
 MEASURED_PARAMS = 875_264

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from swarmd.peers.planning.learning import LONGEST_FITTED_STEPS
 from swarmd.peers.planning.plan_cost import Plan, stage_parameters
 from swarmd.peers.planning.scenario import Scenario
 from swarmd.peers.planning.throughput import Throughput, ThroughputModel
@@ -42,6 +43,13 @@ that the model prices only through the links."""
 LOCAL_STEP_ROUNDS = 5
 """H is raised at most this many times while the exchange does not hide (it converges in two
 or three: the exchange hardly depends on H)."""
+LONGER_GAIN = 1.02
+"""Past the H that hides the exchange, H is doubled while that trains this much more effective
+tokens per second, up to ``learning.LONGEST_FITTED_STEPS``: a longer round's contribution
+arrives fewer server steps behind (a round late costs much, ``learning.staleness_gap``), while
+raw tokens hardly change once the exchange hides. The simulator agrees: 200M on 256 devices
+with churn, 8 pipelines, H = 35 / 70 / 140 (contributions 0.64 / 0.31 / 0.17 steps late)
+trained 584,000 / 689,000 / 728,000 effective tokens/s."""
 
 
 def share_micro_batches(times: PipelineTimes, batch_micro_batches: int, *, gradient: bool = False) -> int:
@@ -198,7 +206,8 @@ def choose_local_steps(model: ThroughputModel, plan: Plan, *, start: int = 2) ->
     lengthen): found by raising H to what the exchange at the current H asks (it hardly depends
     on H, so this settles in a few rounds). Raw tokens per second rise to there; what a token
     teaches falls as rounds lengthen (``learning.token_efficiency``), so H is then halved while
-    that trains more effective tokens."""
+    that trains more effective tokens, or, where it does not, doubled while that trains
+    ``LONGER_GAIN`` more (shorter rounds run staler)."""
     h = max(1, min(start, MAX_LOCAL_STEPS))
     result = model.evaluate(replace(plan, local_steps=h))
     for _ in range(LOCAL_STEP_ROUNDS):
@@ -216,11 +225,18 @@ def choose_local_steps(model: ThroughputModel, plan: Plan, *, start: int = 2) ->
         h = wanted
         result = model.evaluate(replace(plan, local_steps=h))
     floor = max(1, min(start, MAX_LOCAL_STEPS))
+    hid = h
     while h // 2 >= floor:
         shorter = model.evaluate(replace(plan, local_steps=h // 2))
         if shorter.effective_tokens_per_s <= result.effective_tokens_per_s:
             break
         h, result = h // 2, shorter
+    while h == hid and h > 1 and 2 * hid <= min(MAX_LOCAL_STEPS, LONGEST_FITTED_STEPS):
+        longer = model.evaluate(replace(plan, local_steps=2 * hid))
+        if longer.effective_tokens_per_s < LONGER_GAIN * result.effective_tokens_per_s:
+            break
+        h = hid = 2 * hid
+        result = longer
     return h, result
 
 

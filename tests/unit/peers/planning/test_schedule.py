@@ -12,12 +12,14 @@ import pytest
 
 from swarmd.peers.planning.construction import balanced_clusters, pipelines_first, rematch
 from swarmd.peers.planning.layers import LayerSplitter
+from swarmd.peers.planning.learning import LONGEST_FITTED_STEPS
 from swarmd.peers.planning.plan_cost import Plan, cell_layer_caps
 from swarmd.peers.planning.scenario import Scenario, Shape, parse_scenario
 from swarmd.peers.planning.scenario_gen import synthetic_scenario, synthetic_scenario_dict
 from swarmd.peers.planning.schedule import (
     FILL_TARGET,
     HIDE_MARGIN,
+    LONGER_GAIN,
     MAX_SHARDS_PER_STAGE,
     MIN_SHARD_ELEMENTS,
     choose_local_steps,
@@ -110,6 +112,24 @@ def test_h_is_the_smallest_that_hides_the_exchange_with_the_margin() -> None:
     assert h * f.share_s.max() >= f.exchange_s.min()
     below = model.evaluate(replace(base, local_steps=h - 1)).per_pipeline
     assert ((h - 1) * below.share_s < HIDE_MARGIN * below.exchange_s).any()  # one fewer does not, for some
+
+
+def test_h_doubles_past_hiding_while_less_stale_rounds_teach_enough_more() -> None:
+    # One region, fast links: H = 16 already hides the exchange, but its rounds arrive half a
+    # server step late. Longer rounds train as many raw tokens and arrive less late, so H
+    # doubles while that teaches LONGER_GAIN more, and no further.
+    sc = synthetic_scenario(12, regions=1, seed=4)
+    model = ThroughputModel(sc)
+    base = Plan(tuple((d,) for d in range(8)), (12,), (8,), shard_servers=((8, 9, 10, 11),), share_micro_batches=16)
+    h, result = choose_local_steps(model, base)
+    half = model.evaluate(replace(base, local_steps=h // 2))
+    assert 2 <= h <= LONGEST_FITTED_STEPS
+    assert half.tokens_per_s == pytest.approx(result.tokens_per_s, rel=0.01)  # the exchange hid already
+    assert result.staleness < half.staleness
+    assert result.effective_tokens_per_s >= LONGER_GAIN * half.effective_tokens_per_s
+    if 2 * h <= LONGEST_FITTED_STEPS:
+        double = model.evaluate(replace(base, local_steps=2 * h))
+        assert double.effective_tokens_per_s < LONGER_GAIN * result.effective_tokens_per_s
 
 
 def test_layers_go_where_they_cost_the_pipelines_least_within_memory() -> None:
