@@ -50,6 +50,7 @@ from swarmd.peers.taskpool.assignment import Assignment
 from swarmd.peers.taskpool.cells import Cell
 from swarmd.peers.taskpool.exchange import shard_range, step_micro_batches, window
 from swarmd.peers.taskpool.servers import Shard, ShardLease
+from swarmd.peers.taskpool.shares import open_limit
 from swarmd.peers.wire.codecs import decode_vector, encode_vector
 from swarmd.peers.wire.errors import RpcError
 from swarmd.peers.wire.messages import ReplicaCheckpoint, ReplicaFetch, ReplicaLog
@@ -161,7 +162,7 @@ class ShardOpener:
                 shard.metadata.get("ledger", ""),
                 assignment.share_micro_batches,
                 trainer.stage0_holder,
-                lambda: trainer.exchange_settings().local_steps + 2,
+                lambda: open_limit(trainer.exchange_settings().local_steps),
                 trainer.sign_ticket,
             )
             trainer.handlers.ledger = ledger

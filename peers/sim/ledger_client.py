@@ -11,14 +11,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from swarmd.peers.taskpool.shares import LedgerError, Share
+from swarmd.peers.taskpool.shares import LedgerError, Share, open_limit
 
 if TYPE_CHECKING:
     from swarmd.peers.sim.simulator import Simulation
-
-OPEN_ROUNDS = 4
-"""Rounds of shares a stage-0 cell may hold open at the ledger: the one it trains, and those
-whose contributions are not committed yet (the ledger's ``limit``)."""
 
 
 class LedgerClient:
@@ -42,7 +38,7 @@ class LedgerClient:
         shares = []
         for _ in range(count):
             try:
-                share = sim.ledger.issue(holder, now, OPEN_ROUNDS * sim.local_steps)
+                share = sim.ledger.issue(holder, now, open_limit(sim.local_steps))
             except LedgerError:
                 break
             if share.share_id in self.unspent:

@@ -25,6 +25,21 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 
 MAX_METADATA_SHARES = 100_000
+OPEN_ROUNDS = 4
+"""Rounds of shares one pipeline's stage-0 cell may hold open at the ledger (``open_limit``):
+the round it trains and those whose contributions wait to be committed. Under two rounds a
+pipeline alone in its run can deadlock: a shard steps once a round's worth of micro-batches is
+in, so a round that delivered only part of them (some of its shares were in already, after a
+replan) leaves the shard waiting for the next round, which the cell cannot open while the
+uncommitted round holds its shares (four daemons replanned from two pipelines to one, held
+6 open with H = 4 under the old limit of H + 2, and stood still)."""
+
+
+def open_limit(local_steps: int) -> int:
+    """The most shares one holder may hold open (``issue``'s ``limit``) with rounds of H shares."""
+    if local_steps < 1:
+        raise ValueError(f"local_steps = {local_steps} must be >= 1")
+    return OPEN_ROUNDS * local_steps
 
 
 class LedgerError(ValueError):

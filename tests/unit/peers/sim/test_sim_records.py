@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from swarmd.peers.sim.ledger_client import OPEN_ROUNDS, LedgerClient
+from swarmd.peers.sim.ledger_client import LedgerClient
 from swarmd.peers.sim.pipeline_state import Cell, Pipeline
 from swarmd.peers.sim.shards import MAX_DONE_SHARES, Contribution, Shard
-from swarmd.peers.taskpool.shares import ShareLedger
+from swarmd.peers.taskpool.shares import OPEN_ROUNDS, ShareLedger
 
 pytestmark = pytest.mark.timeout(10)
 

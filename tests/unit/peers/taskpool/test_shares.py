@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from swarmd.peers.taskpool.shares import LedgerError, ShareLedger
+from swarmd.peers.taskpool.shares import OPEN_ROUNDS, LedgerError, ShareLedger, open_limit
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -55,3 +55,21 @@ def test_shares_given_back_are_issued_again_in_data_order() -> None:
     assert ledger.abandon([shares[2].share_id], "p") == [shares[2].share_id]
     assert ledger.abandon([shares[0].share_id], "p") == [shares[0].share_id]
     assert [ledger.issue("q", 1.0, limit=4).first for _ in range(3)] == [0, 4, 6]
+
+
+@pytest.mark.parametrize("local_steps", [1, 4, 16])
+def test_a_pipeline_alone_opens_a_whole_round_while_two_wait_to_be_committed(local_steps: int) -> None:
+    # A round delivered but not committed, a second that fell short of the shard's step (some
+    # of its shares were in already): the shard steps only once more micro-batches come, so
+    # the pipeline must be able to open a whole third round while both wait, and no more
+    # than the limit in all.
+    ledger = ShareLedger(share_micro_batches=4, lease_s=60)
+    limit = open_limit(local_steps)
+    issued = [ledger.issue("p0", 0.0, limit=limit) for _ in range(3 * local_steps)]
+    assert len({s.share_id for s in issued}) == 3 * local_steps
+    for _ in range(limit - 3 * local_steps):
+        ledger.issue("p0", 0.0, limit=limit)
+    with pytest.raises(LedgerError, match=f"the limit is {OPEN_ROUNDS * local_steps}"):
+        ledger.issue("p0", 0.0, limit=limit)
+    with pytest.raises(ValueError, match="local_steps = 0"):
+        open_limit(0)
