@@ -10,8 +10,10 @@ Nesterov step the exchange's rule gives H), start the daemons on 127.0.0.1, trai
 score them on held-out data beside the single-process synchronous reference trained on as many
 tokens (AdamW steps of the run's batch, rounded to the wire's precision where the stages cut),
 whose held-out loss is recorded along the way. The quality model
-(``learning.token_efficiency`` of the plan's pipelines as replicas and H) predicts the swarm's
-loss: the reference's at that share of the tokens. Prints, per H, the gap, the predicted loss
+(``learning.token_efficiency`` of the plan's pipelines as replicas, H, and the mean outer steps
+late of the contributions shard (0, 0) applied) predicts the swarm's loss: the reference's at
+that share of the tokens. Run it on an otherwise idle machine: under load the daemons'
+pipelines stall unevenly and the run is not the exchange's. Prints, per H, the gap, the predicted loss
 and gap, and the efficiency measured (the tokens the reference needed for the swarm's loss,
 over the swarm's). Figures only; nothing is asserted (tests/integration/test_swarm_training.py
 asserts H = 1).
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -65,6 +68,20 @@ def updates(daemons: list[LocalDaemon]) -> int:
     return max((training(d).get("updates") or 0) for d in daemons)
 
 
+def served_staleness(daemons: list[LocalDaemon]) -> float:
+    """Mean versions behind of the contributions shard (0, 0) took, as its server counted them
+    (the server that took the most, should it have changed hands)."""
+    counts: dict[str, int] = {}
+    for d in daemons:
+        for shard in training(d).get("shards") or []:
+            if (shard.get("stage"), shard.get("shard")) == (0, 0):
+                mine = shard.get("staleness") or {}
+                if sum(mine.values()) > sum(counts.values()):
+                    counts = mine
+    taken = sum(counts.values())
+    return sum(int(k) * n for k, n in counts.items()) / taken if taken else 0.0
+
+
 def pipelines(daemons: list[LocalDaemon]) -> int:
     return max(((training(d).get("assignment") or {}).get("pipelines") or 0) for d in daemons)
 
@@ -77,6 +94,11 @@ class SwarmRun:
     """Batches' worth of tokens applied at shard (0, 0)."""
     updates: int
     pipelines: int
+    staleness: float
+    """Mean outer steps late of what shard (0, 0) applied: what the prediction prices."""
+    pipelines_seen: tuple[int, ...]
+    """Every pipeline count the plan had while the run was polled: a run that replanned
+    between one and two pipelines is not the shape the prediction prices."""
     loss: float
 
 
@@ -91,15 +113,22 @@ def swarm_loss(n: int, local_steps: int, steps: int) -> SwarmRun:
     try:
         start_swarm(daemons)
         started = time.monotonic()
-        wait_for(lambda: updates(daemons) >= steps, 3600, f"{steps} updates of shard (0, 0)")
+        seen: set[int] = set()
+
+        def done_yet() -> bool:
+            seen.add(pipelines(daemons))
+            return updates(daemons) >= steps
+
+        wait_for(done_yet, 3600, f"{steps} updates of shard (0, 0)")
         seconds = time.monotonic() - started
         done, made, width = trained_batches(daemons, batch_tokens), updates(daemons), pipelines(daemons)
+        late = served_staleness(daemons)
         out = root / "exported"
         daemons[0].export(out)
         shape = ModelShape.from_dict(DEFAULT_RUN["model"])
         _, held_out = train_eval_split(load_corpus("builtin"), shape.seq_len, seed=run_seed(run_id))
         loss = held_out_loss(AutoModelForCausalLM.from_pretrained(out), held_out, sequences=HELD_OUT_SEQUENCES)
-        return SwarmRun(run_id, seconds, done, made, width, loss)
+        return SwarmRun(run_id, seconds, done, made, width, late, tuple(sorted(seen - {0})), loss)
     finally:
         for d in daemons:
             d.stop(timeout=60)
@@ -152,6 +181,11 @@ def main() -> None:
         "--tolerance", type=float, default=0.05, help="nats the swarm may end above the predicted loss and agree"
     )
     args = parser.parse_args()
+    busy, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if busy > cores / 2:
+        # Under load the daemons' pipelines stall unevenly (leases lapse, one pipeline trains
+        # alone, rounds arrive late): the gap measured then is the load's, not the exchange's.
+        print(f"warning: load average {busy:.1f} on {cores} cores; run this on an otherwise idle machine", flush=True)
     shape = ModelShape.from_dict(DEFAULT_RUN["model"])
     params = float(sum(p.numel() for p in build_model(shape, 0).parameters()))
     print(
@@ -161,9 +195,9 @@ def main() -> None:
         flush=True,
     )
     print(
-        "| H | N | outer lr | updates | batches | seconds | start | reference | swarm | gap | model efficiency "
-        "| predicted loss | predicted gap | measured efficiency | agrees |\n"
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| H | N | N seen | late | outer lr | updates | batches | seconds | start | reference | swarm | gap "
+        "| model efficiency | predicted loss | predicted gap | measured efficiency | agrees |\n"
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         flush=True,
     )
     for h in args.local_steps:
@@ -172,12 +206,14 @@ def main() -> None:
         ref = loss_at(curve, run.batches)
         # Each pipeline's inner step is its share of the run's batch.
         share = DEFAULT_RUN["batch"]["sequences"] * shape.seq_len / max(1, run.pipelines)
-        efficiency = token_efficiency(params, max(1, run.pipelines), h, share)
+        efficiency = token_efficiency(params, max(1, run.pipelines), h, share, run.staleness if h > 1 else 0.0)
         predicted = loss_at(curve, efficiency * run.batches)
         needed, _ = tokens_to_reach(curve, run.loss, 1)
         outer = outer_step_for(h)[0] if h > 1 else 0.0
+        seen = "/".join(map(str, run.pipelines_seen))
         print(
-            f"| {h} | {run.pipelines} | {outer:.3f} | {run.updates} | {run.batches:.0f} | {run.seconds:.0f} "
+            f"| {h} | {run.pipelines} | {seen} | {run.staleness:.2f} | {outer:.3f} | {run.updates} "
+            f"| {run.batches:.0f} | {run.seconds:.0f} "
             f"| {curve[0][1]:.3f} | {ref:.3f} | {run.loss:.3f} | {run.loss - ref:+.3f} | {efficiency:.2f} "
             f"| {predicted:.3f} | {predicted - ref:+.3f} | {needed / run.batches:.2f} "
             f"| {'yes' if run.loss <= predicted + args.tolerance else 'NO'} |",
