@@ -86,12 +86,18 @@ class PipelineTimes(NamedTuple):
     carried: np.ndarray
     """[p, s]: activation bytes cell (p, s) sends, and receives, per micro-batch."""
     ledger_s: np.ndarray
-    """[p]: the stage-0 cell's round trip to the ledger, once per share."""
+    """[p]: the stage-0 cell's round trip to the ledger, once per share; it asks for the next
+    share as one opens (``training.feeder``), so the trip costs only what it outlasts a share."""
 
     def share_s(self, share_micro_batches: int) -> np.ndarray:
-        """Each pipeline's share, flush to flush (``exchange.share_seconds``), and its ledger request."""
+        """Each pipeline's share, flush to flush, or the ledger's round trip for the next where that
+        is longer (it is asked for as the share opens)."""
+        return np.maximum(self.ledger_s, self.flush_s(share_micro_batches))
+
+    def flush_s(self, share_micro_batches: int) -> np.ndarray:
+        """Each pipeline's share, flush to flush (``exchange.share_seconds``)."""
         rows = zip(self.forward_s.tolist(), self.backward_s.tolist(), self.send_s.tolist(), strict=True)
-        return self.ledger_s + np.array([share_seconds(f, b, e, share_micro_batches) for f, b, e in rows])
+        return np.array([share_seconds(f, b, e, share_micro_batches) for f, b, e in rows])
 
     def slowest_s(self) -> np.ndarray:
         """Each pipeline's slowest stage, forward and backward, per micro-batch."""
