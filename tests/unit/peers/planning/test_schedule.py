@@ -47,11 +47,10 @@ def test_k_amortises_the_fill_and_the_ledger_within_the_batch_split() -> None:
     for stages in (1, 2, 4, 8):
         k = share_micro_batches(times(1.0, stages, 0.0, 0.0), batch_micro_batches=10_000)
         assert k == max(1, math.ceil((stages - 1) * (1 - FILL_TARGET) / FILL_TARGET - 1e-9)), stages
-    # The next share is asked for as one opens: the ledger's round trip idles the pipeline only
-    # where it outlasts the share. 3 s hides behind one micro-batch of 3 s; 30 s needs nine
-    # (27 s of compute a share, a tenth of the 30 idle).
-    assert share_micro_batches(times(1.0, 1, 0.0, 3.0), 10_000) == 1
-    assert share_micro_batches(times(1.0, 1, 0.0, 30.0), 10_000) == 9
+    # The ledger's round trip is sized for as if paid: 0.3 s against 3 s per micro-batch is 0.1.
+    assert share_micro_batches(times(1.0, 1, 0.0, 0.3), 10_000) == 1
+    assert share_micro_batches(times(1.0, 1, 0.0, 3.0), 10_000) == 9
+    # It is asked for as a share opens, so a share costs the longer of the two, not their sum.
     assert times(1.0, 1, 0.0, 30.0).share_s(9)[0] == pytest.approx(30.0)
     assert times(1.0, 1, 0.0, 30.0).share_s(20)[0] == pytest.approx(60.0)
     # ... and k never exceeds the batch split over the pipelines.
