@@ -38,6 +38,9 @@ MEASURED = [
     (DEFAULT, 8, 16, MICRO_BATCH, 0.0, 0.48, "eight replicas, H = 16"),
     (DEFAULT, 16, 4, MICRO_BATCH, 0.0, 0.36, "sixteen replicas, H = 4"),
     (DEFAULT, 16, 16, MICRO_BATCH, 0.0, 0.31, "sixteen replicas, H = 16"),
+    (DEFAULT, 2, 64, MICRO_BATCH, 0.0, 0.81, "two replicas, H = 64"),
+    (DEFAULT, 2, 4, MICRO_BATCH, 0.0, 0.75, "two replicas, H = 4, 200 outer steps"),
+    (DEFAULT, 4, 4, MICRO_BATCH, 0.0, 0.64, "four replicas, H = 4, 200 outer steps"),
     (DEFAULT, 4, 4, 2 * MICRO_BATCH, 0.0, 0.67, "four replicas, H = 4, inner steps of two micro-batches"),
     (DEFAULT, 4, 4, 4 * MICRO_BATCH, 0.0, 0.49, "four replicas, H = 4, inner steps of four micro-batches"),
     # --staleness: half the replicas, or all, whole outer steps late.
