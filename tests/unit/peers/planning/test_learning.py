@@ -43,6 +43,7 @@ MEASURED = [
     (DEFAULT, 4, 4, MICRO_BATCH, 0.0, 0.64, "four replicas, H = 4, 200 outer steps"),
     (DEFAULT, 4, 4, 2 * MICRO_BATCH, 0.0, 0.67, "four replicas, H = 4, inner steps of two micro-batches"),
     (DEFAULT, 4, 4, 4 * MICRO_BATCH, 0.0, 0.49, "four replicas, H = 4, inner steps of four micro-batches"),
+    (DEFAULT, 2, 4, 4 * MICRO_BATCH, 0.0, 0.81, "two replicas, H = 4, inner steps of four micro-batches"),
     # --staleness: half the replicas, or all, whole outer steps late.
     (DEFAULT, 2, 4, MICRO_BATCH, 0.5, 0.69, "one of two replicas a step late, H = 4"),
     (DEFAULT, 2, 4, MICRO_BATCH, 1.0, 0.49, "both a step late, H = 4"),
