@@ -5,7 +5,10 @@ A shard opens from, in order: this peer's own replica when it was the shard's st
 checkpoint, every logged delta replayed on it: the exact last committed weights); else the
 state of the previous rightful holder or of the standby that holder named (``ReplicaFetch``:
 they replay their replica and answer one checkpoint); else, when the swarm has never shown a
-version of the shard, the run's seed weights. Every state is checked against what the
+version of the shard, the run's seed weights. While a holder the assignment moved the shard
+from still serves it (it follows an older assignment and answers ``UNAVAILABLE``), nothing is
+opened: it would go on committing steps that a state taken elsewhere lacks; it hands its own
+over, closing first, once it follows the same assignment. Every state is checked against what the
 rightful holders' signed leases have shown (``SeenVersions``): one far past it is a lie and is
 refused. When no believable state can be had for ``OPEN_GRACE_S``, the shard opens from the
 best it has (this peer's last checkpoint, else the seed) and the versions lost are counted
@@ -52,7 +55,7 @@ from swarmd.peers.taskpool.exchange import shard_range, step_micro_batches, wind
 from swarmd.peers.taskpool.servers import Shard, ShardLease
 from swarmd.peers.taskpool.shares import open_limit
 from swarmd.peers.wire.codecs import decode_vector, encode_vector
-from swarmd.peers.wire.errors import RpcError
+from swarmd.peers.wire.errors import RpcError, Unavailable
 from swarmd.peers.wire.messages import ReplicaCheckpoint, ReplicaFetch, ReplicaLog
 from swarmd.training.cell import CellWorker
 from swarmd.training.ledger_host import LedgerHost
@@ -188,8 +191,14 @@ class ShardOpener:
                 found.append(await asyncio.to_thread(replay, replica, self.config(), step, span, layout))
             except (SwarmdError, KeyError, ValueError) as e:
                 logger.warning("shard %s: our replica is unusable (%s)", key, e)
+        still_served = None
         for peer in self._sources(key):
-            fetched = await self._fetch(key, peer, layout, step)
+            try:
+                fetched = await self._fetch(key, peer, layout, step)
+            except Unavailable as e:
+                still_served = peer
+                logger.info("shard %s: %s still serves it (%s)", key, peer[:16], e)
+                continue
             if fetched is not None:
                 found.append(fetched)
         own = await asyncio.to_thread(self._own_checkpoint, path, layout, step)
@@ -197,17 +206,22 @@ class ShardOpener:
             found.append(own)
         seen = trainer.seen.of(key)
         best = max(found, key=lambda shard: shard.version, default=None)
-        if best is not None and best.version >= seen:
+        # A holder that has not yet followed the assignment that moved the shard here still steps
+        # it, and a state taken from anyone else meanwhile (its standby's replica) misses the steps
+        # it makes until it closes: committed versions would go back. It hands its state over
+        # (closing first) once it follows the same assignment: wait for that, up to the grace.
+        if best is not None and best.version >= seen and still_served is None:
             return best
         if best is None and seen == 0:  # nobody ever trained it: the weights the run starts from
             return await self._start(key, span, step)
         since = self._waiting_since.setdefault(key, time.monotonic())
         if time.monotonic() - since < OPEN_GRACE_S:
             logger.info(
-                "shard %s: the newest state here is version %s, the swarm has seen %d; asking again",
+                "shard %s: the newest state here is version %s, the swarm has seen %d%s; asking again",
                 key,
                 "none" if best is None else best.version,
                 seen,
+                "" if still_served is None else f", and {still_served[:16]} still serves it",
             )
             return None
         shard = best or await self._start(key, span, step)
@@ -273,6 +287,8 @@ class ShardOpener:
         request = ReplicaFetch(run_id=trainer.spec.run_id, stage=key[0], shard=key[1], after_version=-1)
         try:
             answer, blobs = await trainer.send(peer, request, [], FETCH_TIMEOUT_S)
+        except Unavailable:
+            raise  # a holder that still serves the shard: the caller waits for it
         except RpcError as e:
             logger.info("shard %s: %s has no state for us (%s)", key, peer, e)
             return None

@@ -6,13 +6,16 @@ the peer that kept it meanwhile, at no fewer updates than were committed, never 
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from swarmd.models.checkpoint import load_safetensors, save_safetensors_atomic, tensors_digest
-from swarmd.training.opening import shard_file
+from swarmd.peers.wire.errors import Unavailable
+from swarmd.training.opening import OPEN_GRACE_S, ShardOpener, shard_file
 from tests.unit.training.swarm_in_process import Member, Swarm
 
 pytestmark = pytest.mark.timeout(240)
@@ -88,3 +91,54 @@ def test_a_bad_own_checkpoint_is_set_aside_and_the_shard_fetched_from_its_standb
     assert member.trainer.status()["checkpoints"]["set_aside"] == 1
     aside = [p.name for p in path.parent.iterdir() if p.name.startswith(f"{path.name}.bad-")]
     assert len(aside) == 1, sorted(p.name for p in path.parent.iterdir())
+
+
+LAYOUT = SimpleNamespace(span=(0, 8))
+
+
+class _Seen:
+    def __init__(self, seen: int) -> None:
+        self.seen = seen
+
+    def of(self, key: tuple[int, int]) -> int:
+        return self.seen
+
+    def admits(self, key: tuple[int, int], version: int) -> bool:
+        return True
+
+
+def _opener_between(answers: dict[str, object], seen: int) -> ShardOpener:
+    """An opener whose sources answer as ``answers`` says: a version (its state) or an
+    exception (raised by the fetch)."""
+    trainer = SimpleNamespace(replicas=SimpleNamespace(newest=lambda key: None, rules=None), seen=_Seen(seen))
+    opener = ShardOpener(trainer)  # type: ignore[arg-type]
+
+    async def fetch(key: object, peer: str, layout: object, step: int) -> object:
+        answer = answers[peer]
+        if isinstance(answer, Exception):
+            raise answer
+        return SimpleNamespace(version=answer)
+
+    opener._sources = lambda key: list(answers)  # type: ignore[method-assign]
+    opener._fetch = fetch  # type: ignore[method-assign]
+    opener._own_checkpoint = lambda path, layout, step: None  # type: ignore[method-assign]
+    return opener
+
+
+def test_a_shard_is_not_opened_from_a_standby_while_its_holder_still_serves_it(tmp_path: Path) -> None:
+    """The failure this guards against (four daemons on loaded cores): the assignment moved shard
+    (0, 0) while its holder still followed the older one; the new holder took the standby's
+    replica at version 13 while the holder committed 14, and the version went back."""
+    still = Unavailable("this peer still serves shard (0, 0) under the assignment it follows")
+    opener = _opener_between({"holder": still, "standby": 13}, seen=13)
+    waiting = asyncio.run(opener._believable_state((0, 0), LAYOUT, tmp_path / "f", 1))  # type: ignore[arg-type]
+    assert waiting is None  # waits for the holder to hand its state over
+    # Once it follows the same assignment it closes and hands its state over: that is opened.
+    opener = _opener_between({"holder": 14, "standby": 13}, seen=13)
+    found = asyncio.run(opener._believable_state((0, 0), LAYOUT, tmp_path / "f", 1))  # type: ignore[arg-type]
+    assert found is not None and found.version == 14
+    # A holder that never lets go does not hold the shard up past the grace: the best is opened.
+    opener = _opener_between({"holder": still, "standby": 13}, seen=13)
+    opener._waiting_since[(0, 0)] = time.monotonic() - OPEN_GRACE_S - 1
+    found = asyncio.run(opener._believable_state((0, 0), LAYOUT, tmp_path / "f", 1))  # type: ignore[arg-type]
+    assert found is not None and found.version == 13
