@@ -75,7 +75,9 @@ def test_fp16_overflow_is_refused_and_bf16_carries_it() -> None:
 
 
 def _frame(codec: str = "fp16", shape: tuple[int, ...] = (2, 3)) -> bytearray:
-    return bytearray(encode_tensor(torch.randn(shape), codec))
+    # Seeded: the frames name the parametrized cases, which must be the same in every process
+    # that collects them (pytest-xdist's workers).
+    return bytearray(encode_tensor(torch.randn(shape, generator=torch.Generator().manual_seed(0)), codec))
 
 
 @pytest.mark.parametrize(
