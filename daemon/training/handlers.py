@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from swarmd.peers.taskpool.exchange import shard_range, step_micro_batches
-from swarmd.peers.wire.errors import NotHolder, NotMember, Unavailable
+from swarmd.peers.wire.errors import NotHolder, NotMember
 from swarmd.peers.wire.messages import (
     Ack,
     CellBackward,
@@ -165,8 +165,8 @@ class TrainingHandlers:
         if sender not in (trainer.shard_holder(key), named) and not handing_back:
             raise NotHolder(f"{sender[:16]} does not hold shard {key} here; only its new holder takes its state")
         server = trainer.servers.get(key)
-        if server is not None and named == trainer.own:
-            raise Unavailable(f"this peer still serves shard {key} under the assignment it follows; ask again shortly")
+        if server is not None and named == trainer.own:  # the asker follows a newer assignment: it waits
+            return Fetched(version=server.version, kind="serving", versions=[]), []
         if server is not None:
             await trainer.lifecycle.close_shard(key)  # hand its state over to the new holder
             data = await asyncio.to_thread(server.checkpoint_path.read_bytes)

@@ -6,7 +6,7 @@ checkpoint, every logged delta replayed on it: the exact last committed weights)
 state of the previous rightful holder or of the standby that holder named (``ReplicaFetch``:
 they replay their replica and answer one checkpoint); else, when the swarm has never shown a
 version of the shard, the run's seed weights. While a holder the assignment moved the shard
-from still serves it (it follows an older assignment and answers ``UNAVAILABLE``), nothing is
+from still serves it (it follows an older assignment and answers ``serving``), nothing is
 opened: it would go on committing steps that a state taken elsewhere lacks; it hands its own
 over, closing first, once it follows the same assignment. Every state is checked against what the
 rightful holders' signed leases have shown (``SeenVersions``): one far past it is a lie and is
@@ -55,7 +55,7 @@ from swarmd.peers.taskpool.exchange import shard_range, step_micro_batches, wind
 from swarmd.peers.taskpool.servers import Shard, ShardLease
 from swarmd.peers.taskpool.shares import open_limit
 from swarmd.peers.wire.codecs import decode_vector, encode_vector
-from swarmd.peers.wire.errors import RpcError, Unavailable
+from swarmd.peers.wire.errors import RpcError
 from swarmd.peers.wire.messages import ReplicaCheckpoint, ReplicaFetch, ReplicaLog
 from swarmd.training.cell import CellWorker
 from swarmd.training.ledger_host import LedgerHost
@@ -80,6 +80,14 @@ PAST_HOLDERS = 16
 
 def shard_file(checkpoint_dir: Path, key: Shard, shards: int) -> Path:
     return checkpoint_dir / f"shard-{key[0]}-{key[1]}-of-{shards}.safetensors"
+
+
+class StillServed(Exception):
+    """A source still serves the shard (at ``version``): its state is not final yet."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__(f"still served at version {version}")
+        self.version = version
 
 
 class ShardOpener:
@@ -195,9 +203,9 @@ class ShardOpener:
         for peer in self._sources(key):
             try:
                 fetched = await self._fetch(key, peer, layout, step)
-            except Unavailable as e:
+            except StillServed as e:
                 still_served = peer
-                logger.info("shard %s: %s still serves it (%s)", key, peer[:16], e)
+                logger.info("shard %s: %s still serves it, at version %d", key, peer[:16], e.version)
                 continue
             if fetched is not None:
                 found.append(fetched)
@@ -287,11 +295,11 @@ class ShardOpener:
         request = ReplicaFetch(run_id=trainer.spec.run_id, stage=key[0], shard=key[1], after_version=-1)
         try:
             answer, blobs = await trainer.send(peer, request, [], FETCH_TIMEOUT_S)
-        except Unavailable:
-            raise  # a holder that still serves the shard: the caller waits for it
         except RpcError as e:
             logger.info("shard %s: %s has no state for us (%s)", key, peer, e)
             return None
+        if answer.kind == "serving":
+            raise StillServed(answer.version)
         if answer.kind != "checkpoint" or not blobs:
             return None
         if not trainer.seen.admits(key, answer.version):

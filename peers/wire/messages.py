@@ -50,7 +50,7 @@ MAX_FORWARDED_CHARS = 96 * 1024
 RPC header limit, and every relayable message fits in it (a unit test checks both)."""
 CONTRIBUTION_KINDS = ("gradient", "pseudo")
 PULL_KINDS = ("none", "deltas", "full")
-FETCH_KINDS = ("none", "checkpoint", "log")
+FETCH_KINDS = ("none", "checkpoint", "log", "serving")
 
 
 def _distinct(ids: list[int]) -> None:
@@ -397,7 +397,9 @@ class ReplicaCheckpoint(_ReplicaBlob):
 @dataclass(frozen=True, kw_only=True)
 class Fetched(_Versioned):
     """``checkpoint``: one safetensors blob at ``version``; ``log``: one delta frame per
-    version in ``versions``, in order; ``none``: nothing after the asked version."""
+    version in ``versions``, in order; ``none``: nothing after the asked version; ``serving``:
+    the peer still serves the shard (at ``version``) under the assignment it follows, and hands
+    its state over once it follows the one that moved the shard: ask again."""
 
     SINGLE = "checkpoint"
     LISTED = "log"

@@ -14,8 +14,7 @@ import pytest
 import torch
 
 from swarmd.models.checkpoint import load_safetensors, save_safetensors_atomic, tensors_digest
-from swarmd.peers.wire.errors import Unavailable
-from swarmd.training.opening import OPEN_GRACE_S, ShardOpener, shard_file
+from swarmd.training.opening import OPEN_GRACE_S, ShardOpener, StillServed, shard_file
 from tests.unit.training.swarm_in_process import Member, Swarm
 
 pytestmark = pytest.mark.timeout(240)
@@ -129,7 +128,7 @@ def test_a_shard_is_not_opened_from_a_standby_while_its_holder_still_serves_it(t
     """The failure this guards against (four daemons on loaded cores): the assignment moved shard
     (0, 0) while its holder still followed the older one; the new holder took the standby's
     replica at version 13 while the holder committed 14, and the version went back."""
-    still = Unavailable("this peer still serves shard (0, 0) under the assignment it follows")
+    still = StillServed(14)  # the holder's answer: kind "serving"
     opener = _opener_between({"holder": still, "standby": 13}, seen=13)
     waiting = asyncio.run(opener._believable_state((0, 0), LAYOUT, tmp_path / "f", 1))  # type: ignore[arg-type]
     assert waiting is None  # waits for the holder to hand its state over
