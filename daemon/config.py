@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +184,32 @@ class RolesConfig:
 
 
 MAX_LIST = 64
+_WINDOW = re.compile(r"([01]?\d|2[0-3]):([0-5]\d)-([01]?\d|2[0-3]|24):([0-5]\d)")
+
+
+@dataclass(frozen=True)
+class Window:
+    """Minutes of the day [start, end); one that ends at or before its start spans midnight."""
+
+    start: int
+    end: int
+
+    def holds(self, minute: int) -> bool:
+        if self.start < self.end:
+            return self.start <= minute < self.end
+        return minute >= self.start or minute < self.end
+
+
+def parse_window(text: str) -> Window:
+    """``"22:00-07:30"``; ValueError saying the form otherwise."""
+    found = _WINDOW.fullmatch(text.strip())
+    if found is None:
+        raise ValueError(f'time window {text!r} is not HH:MM-HH:MM (for example "22:00-07:00")')
+    h1, m1, h2, m2 = (int(g) for g in found.groups())
+    start, end = h1 * 60 + m1, min(24 * 60, h2 * 60 + m2)  # "24:00": the end of the day
+    if start == end:
+        raise ValueError(f"time window {text!r} is empty; leave [limits] windows empty to train at any time")
+    return Window(start, end)
 
 
 @dataclass(kw_only=True)
@@ -217,9 +245,12 @@ class LimitsConfig:
     """Disk for the run's token shards fetched from other peers or mirrors, in GiB; the least
     recently used are deleted past it. Files in ``[data] dirs`` are not counted (nor deleted)."""
 
-    def __post_init__(self) -> None:
-        from swarmd.node.auto_pause import parse_window
+    @cached_property
+    def time_windows(self) -> tuple[Window, ...]:
+        """``windows`` parsed (once: ``__post_init__`` parses them to check them)."""
+        return tuple(parse_window(str(text)) for text in self.windows)
 
+    def __post_init__(self) -> None:
         _check_range("limits", "in_use_idle_s", self.in_use_idle_s, 10, 86400)
         if not 0 < self.cpu_share <= 1:
             raise ConfigError(f"[limits] cpu_share = {self.cpu_share} must be in (0, 1] (0.5: compute half the time)")
@@ -244,11 +275,10 @@ class LimitsConfig:
 
         if len(self.windows) > MAX_LIST or len(self.pause_while) > MAX_LIST:
             raise ConfigError(f"[limits] windows and pause_while take at most {MAX_LIST} entries each")
-        for text in self.windows:
-            try:
-                parse_window(str(text))
-            except ValueError as e:
-                raise ConfigError(f"[limits] windows: {e}") from None
+        try:
+            self.time_windows  # noqa: B018 (parsed and kept: the check is the parse)
+        except ValueError as e:
+            raise ConfigError(f"[limits] windows: {e}") from None
         for name in self.pause_while:
             if not isinstance(name, str) or not 0 < len(name) <= 64:
                 raise ConfigError(f"[limits] pause_while: {name!r} is not a program name of 1 to 64 characters")

@@ -10,46 +10,15 @@ pause the owner asked for is the owner's to end.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from swarmd.config import LimitsConfig, Window
 from swarmd.node.machine_use import machine_use_reason
 from swarmd.node.traffic_limits import transfer_cap_reason
 
-if TYPE_CHECKING:
-    from swarmd.config import LimitsConfig
-
 POWER_SUPPLY = Path("/sys/class/power_supply")
-_WINDOW = re.compile(r"([01]?\d|2[0-3]):([0-5]\d)-([01]?\d|2[0-3]|24):([0-5]\d)")
-
-
-@dataclass(frozen=True)
-class Window:
-    """Minutes of the day [start, end); one that ends at or before its start spans midnight."""
-
-    start: int
-    end: int
-
-    def holds(self, minute: int) -> bool:
-        if self.start < self.end:
-            return self.start <= minute < self.end
-        return minute >= self.start or minute < self.end
-
-
-def parse_window(text: str) -> Window:
-    """``"22:00-07:30"``; ValueError saying the form otherwise."""
-    found = _WINDOW.fullmatch(text.strip())
-    if found is None:
-        raise ValueError(f'time window {text!r} is not HH:MM-HH:MM (for example "22:00-07:00")')
-    h1, m1, h2, m2 = (int(g) for g in found.groups())
-    start, end = h1 * 60 + m1, min(24 * 60, h2 * 60 + m2)  # "24:00": the end of the day
-    if start == end:
-        raise ValueError(f"time window {text!r} is empty; leave [limits] windows empty to train at any time")
-    return Window(start, end)
 
 
 def in_windows(windows: Iterable[Window], minute: int) -> bool:
@@ -95,7 +64,7 @@ def process_names() -> list[str]:
 
 
 def pause_reason(
-    windows: list[Window],
+    windows: Iterable[Window],
     minute: int,
     pause_on_battery: bool,
     battery: bool,
@@ -118,10 +87,11 @@ def limits_reason(limits: LimitsConfig, now: float | None = None, device: str = 
     if (capped := transfer_cap_reason(limits)) is not None:  # today's traffic at [limits] daily_transfer_gib
         return capped
     local = time.localtime(now)
-    windows = [parse_window(w) for w in limits.windows]
     programs = running(limits.pause_while, process_names()) if limits.pause_while else []
     battery = on_battery() if limits.pause_on_battery else False
-    reason = pause_reason(windows, local.tm_hour * 60 + local.tm_min, limits.pause_on_battery, battery, programs)
+    reason = pause_reason(
+        limits.time_windows, local.tm_hour * 60 + local.tm_min, limits.pause_on_battery, battery, programs
+    )
     if reason is not None:
         return reason
     return machine_use_reason(limits.pause_while_in_use, limits.in_use_idle_s, limits.pause_while_gpu_used, device)

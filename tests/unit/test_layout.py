@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ast
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -207,9 +207,29 @@ PEERS_LAYERS = {
 }
 
 
-def _peers_package(module: str) -> str | None:
-    parts = module.split(".")
-    return parts[2] if len(parts) > 2 and parts[:2] == ["swarmd", "peers"] else None
+def _package(module: str, prefix: tuple[str, ...], layers: dict[str, int]) -> str | None:
+    """The package of ``layers`` that ``module`` lies in, just under ``prefix``; None: none."""
+    parts, n = module.split("."), len(prefix)
+    return parts[n] if len(parts) > n and tuple(parts[:n]) == prefix and parts[n] in layers else None
+
+
+def layer_violations(
+    modules: Iterable[tuple[Path, str]],
+    prefix: tuple[str, ...],
+    layers: dict[str, int],
+    imports: Callable[[Path, str], Iterator[tuple[int, str]]],
+) -> list[str]:
+    """Every import, as ``imports`` reads them, of a package of a higher layer than its own."""
+    found = []
+    for path, module in modules:
+        own = _package(module, prefix, layers)
+        if own is None:
+            continue
+        for line, name in imports(path, module):
+            other = _package(name, prefix, layers)
+            if other is not None and layers[other] > layers[own]:
+                found.append(f"{path.name}:{line} ({own}) imports {name} ({other}, a higher layer)")
+    return found
 
 
 def test_peers_layers() -> None:
@@ -218,16 +238,40 @@ def test_peers_layers() -> None:
     assert not [p.name for p in (ROOT / "peers").glob("*.py") if p.name != "__init__.py"], (
         "peers/ holds folders only: a module belongs to its concern's folder"
     )
-    found = []
-    for path, module in _modules("peers"):
-        own = _peers_package(module)
-        if own is None:
-            continue
-        for line, name in _runtime_imports(path, module):
-            other = _peers_package(name)
-            if other is not None and other in PEERS_LAYERS and PEERS_LAYERS[other] > PEERS_LAYERS[own]:
-                found.append(f"{path.relative_to(ROOT)}:{line} ({own}) imports {name} ({other}, a higher layer)")
-    assert found == []
+    assert layer_violations(_modules("peers"), ("swarmd", "peers"), PEERS_LAYERS, _runtime_imports) == []
+
+
+# The daemon's own packages, lowest first: a package imports only lower layers or its own.
+# Imports under ``if TYPE_CHECKING:`` count too: an annotation that names a higher layer is the
+# same tie in the other direction, only hidden from the interpreter.
+DAEMON_LAYERS = {
+    "errors": 0,
+    "system": 1,
+    "config": 2,
+    "data": 3,
+    "training": 4,
+    "web": 5,
+    "node": 6,
+    "cli": 7,
+    "__main__": 8,
+}
+
+
+def test_daemon_layers() -> None:
+    packages = {p.name for p in (ROOT / "daemon").iterdir() if (p / "__init__.py").is_file()}
+    modules = {p.stem for p in (ROOT / "daemon").glob("*.py") if p.name != "__init__.py"}
+    assert packages | modules == set(DAEMON_LAYERS), "every package and module of daemon/ has a layer here"
+    assert layer_violations(_modules("daemon"), ("swarmd",), DAEMON_LAYERS, _imports) == []
+
+
+def test_daemon_layer_check_counts_annotations_only_imports(tmp_path: Path) -> None:
+    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from swarmd.node.node import Node\n"
+    (tmp_path / "config.py").write_text(source)
+    module = [(tmp_path / "config.py", "swarmd.config")]
+    assert layer_violations(module, ("swarmd",), DAEMON_LAYERS, _imports) == [
+        "config.py:3 (config) imports swarmd.node.node (node, a higher layer)",
+        "config.py:3 (config) imports swarmd.node.node.Node (node, a higher layer)",
+    ]
 
 
 def _runtime_imports(path: Path, module: str) -> Iterator[tuple[int, str]]:

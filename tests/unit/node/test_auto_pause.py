@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from swarmd.config import ConfigError, LimitsConfig
-from swarmd.node.auto_pause import in_windows, on_battery, parse_window, pause_reason, running
+from swarmd.config import ConfigError, LimitsConfig, parse_window
+from swarmd.node.auto_pause import in_windows, on_battery, pause_reason, running
 from swarmd.node.pausing import Pausing
 
 pytestmark = pytest.mark.timeout(10)
