@@ -104,6 +104,10 @@ def test_a_silent_member_is_planned_out_and_training_goes_on(workdir: Path) -> N
         )
         assert silent.proc is not None and silent.proc.poll() is None  # it stayed, heartbeating, throughout
         assert not tracebacks([*honest, silent])
+    except BaseException:  # CI keeps no state directory: the logs' ends say what the daemons did
+        for daemon in [*honest, silent]:
+            print(f"--- {daemon.log_path} (last 40 lines) ---\n{daemon.log_tail(40)}")
+        raise
     finally:
         for daemon in [silent, *honest]:
             daemon.stop(timeout=20)
