@@ -276,7 +276,7 @@ def check_reachability(status: dict[str, Any], peers: list[Any], ask: Ask) -> Ch
 
 def check_in_use(ctx: Context) -> list[Check]:
     """``[limits] pause_while_in_use`` needs input idle time this machine shows (else it never pauses)."""
-    from swarmd.node.machine_use import input_idle_s
+    from swarmd.node.limits.machine_use import input_idle_s
 
     limits = ctx.config.limits
     if not limits.pause_while_in_use:

@@ -282,7 +282,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_pause(args: argparse.Namespace) -> int:
-    from swarmd.node.pausing import parse_duration
+    from swarmd.node.limits.pausing import parse_duration
     from swarmd.system.control import call
 
     try:

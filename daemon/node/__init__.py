@@ -8,11 +8,7 @@
 - ``lan_service``     the LAN-discovery child while it runs, and the peers it introduces to the DHT
 - ``lan_process``     LAN discovery (py-libp2p mDNS) in a child process, and the node's handle on it
 - ``control_api``     what the control socket answers: status, peers, gather weights for export, pause
-- ``pausing``         the owner's pause and resume: the work handed back, taken again, a timed end
-- ``auto_pause``      pausing by itself as [limits] says: time windows, battery, listed programs
-- ``machine_use``     whether the owner uses the machine (input idle time), who else uses its GPU
-- ``limits``          the [limits] in force, applied at start and on reload (share, threads, GPU memory)
-- ``traffic_limits``  the daily transfer cap: today's bytes kept across restarts, the reason to pause
+- ``limits/``         what the owner set in [limits], in one place: applied, paused for, counted
 - ``measurements``    link probes, passive link samples, the observation book, and their signed records
 - ``swarm_view``      what a round makes of everyone's records: reliability, the live links, the scenario
 - ``plan_choice``     who coordinates and which plan every peer follows: rules all compute alike

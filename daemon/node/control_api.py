@@ -15,8 +15,8 @@ from swarmd import __version__
 from swarmd.errors import SwarmdError
 from swarmd.node.coordination import Coordination
 from swarmd.node.dial_back import DialBackService
-from swarmd.node.limits import LiveLimits, Reloads
-from swarmd.node.pausing import MAX_PAUSE_S, Pausing
+from swarmd.node.limits.live import LiveLimits, Reloads
+from swarmd.node.limits.pausing import MAX_PAUSE_S, Pausing
 from swarmd.node.presence import Presence
 from swarmd.node.relay import RelayService, Router
 from swarmd.peers.records.identity import Identity

@@ -23,21 +23,21 @@ from typing import TYPE_CHECKING, Any
 
 from swarmd.config import Config
 from swarmd.errors import SwarmdError
-from swarmd.node.auto_pause import limits_reason
 from swarmd.node.control_api import ControlApi
 from swarmd.node.coordination import Coordination
 from swarmd.node.dht_watch import DhtWatch
 from swarmd.node.dial_back import DialBackService
 from swarmd.node.joining import Joining
 from swarmd.node.lan_service import LAN_RESTART_INTERVAL_S, LanService
-from swarmd.node.limits import LiveLimits, Reloads
+from swarmd.node.limits.auto_pause import limits_reason
+from swarmd.node.limits.live import LiveLimits, Reloads
+from swarmd.node.limits.pausing import Pausing
+from swarmd.node.limits.traffic import SAVE_EVERY_S, TrafficDay
 from swarmd.node.measurements import Measurements
-from swarmd.node.pausing import Pausing
 from swarmd.node.presence import MEMBERSHIP_SCAN_S, Presence
 from swarmd.node.relay import RelayService, Router
 from swarmd.node.request_gate import RunAdmission
 from swarmd.node.services import Services, dht_call
-from swarmd.node.traffic_limits import SAVE_EVERY_S, TrafficDay
 from swarmd.peers.dht.swarm_dht import SPEC_TTL_S, SwarmDHT
 from swarmd.peers.membership.election import ElectionConfig, coordination_round_s
 from swarmd.peers.membership.members import Membership
@@ -407,7 +407,7 @@ class Node:
         return self.identity.peer_id
 
     async def _check_limits(self) -> None:
-        """Pause while ``[limits]`` says so (``swarmd.node.auto_pause``), resume when it no longer does."""
+        """Pause while ``[limits]`` says so (``swarmd.node.limits.auto_pause``), resume when it no longer does."""
         if self.config.compute.train:
             limits, device = self.config.limits, self.config.compute.device
             await self.pausing.follow_limits(await asyncio.to_thread(limits_reason, limits, None, device))

@@ -118,7 +118,7 @@ class ComputeLimits:
 
 
 COMPUTE_LIMITS = ComputeLimits()
-"""The daemon's one share (``swarmd.node.limits`` sets it from ``[limits]``)."""
+"""The daemon's one share (``swarmd.node.limits.live`` sets it from ``[limits]``)."""
 
 
 class DutyCycle:

@@ -189,7 +189,7 @@ class Trainer:
 
     async def pause(self) -> None:
         """Hand every cell and shard back (as at shutdown) and take no work until ``resume``
-        (``swarmd.node.pausing``); between two rounds, never in the middle of one."""
+        (``swarmd.node.limits.pausing``); between two rounds, never in the middle of one."""
         async with self._round:
             self.paused = True
             await self.release()

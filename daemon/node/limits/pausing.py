@@ -106,7 +106,7 @@ class Pausing:
         self.node = node
         self.pause = Pause()
         self.automatic = False
-        """The pause in force is ``[limits]``'s (``swarmd.node.auto_pause``), not the owner's."""
+        """The pause in force is ``[limits]``'s (``swarmd.node.limits.auto_pause``), not the owner's."""
         self.waived: str | None = None
         """The limit (``limit_key``) the owner resumed over: not paused for again while it holds."""
 

@@ -1,4 +1,4 @@
-"""daemon/node/pausing.py: durations as a person types them, and a pause's state over time."""
+"""daemon/node/limits/pausing.py: durations as a person types them, and a pause's state over time."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from swarmd.node.pausing import MAX_PAUSE_S, Pause, Pausing, limit_key, parse_duration
+from swarmd.node.limits.pausing import MAX_PAUSE_S, Pause, Pausing, limit_key, parse_duration
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -8,8 +8,8 @@ import logging
 import pytest
 
 from swarmd.config import Config, LimitsConfig, SwarmConfig
-from swarmd.node import limits as limits_module
-from swarmd.node.limits import LiveLimits, gpu_memory_fraction, reload_changes
+from swarmd.node.limits import live as limits_module
+from swarmd.node.limits.live import LiveLimits, gpu_memory_fraction, reload_changes
 from swarmd.training.throttle import ComputeLimits
 
 pytestmark = pytest.mark.timeout(30)
@@ -40,7 +40,7 @@ def test_apply_sets_the_share_at_once_and_logs_one_line_a_key(caplog: pytest.Log
     live = LiveLimits(LimitsConfig(), compute)
     live.start()
     assert compute.share == 1.0
-    with caplog.at_level(logging.INFO, logger="swarmd.node.limits"):
+    with caplog.at_level(logging.INFO, logger="swarmd.node.limits.live"):
         lines = live.apply(LimitsConfig(cpu_share=0.5, in_use_idle_s=60.0))
     assert lines == ["[limits] in_use_idle_s: 180.0 -> 60.0", "[limits] cpu_share: 1.0 -> 0.5"]
     assert compute.share == 0.5

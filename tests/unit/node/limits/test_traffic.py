@@ -1,4 +1,4 @@
-"""daemon/node/traffic_limits.py: the daily transfer cap's reason to pause, and today's bytes
+"""daemon/node/limits/traffic.py: the daily transfer cap's reason to pause, and today's bytes
 kept in the state directory across a restart."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from swarmd.config import LimitsConfig
-from swarmd.node.auto_pause import limits_reason
-from swarmd.node.traffic_limits import DAY_FILENAME, TrafficDay, transfer_cap_reason
+from swarmd.node.limits.auto_pause import limits_reason
+from swarmd.node.limits.traffic import DAY_FILENAME, TrafficDay, transfer_cap_reason
 from swarmd.peers.wire.shaping import TrafficShaper
 
 pytestmark = pytest.mark.timeout(30)
@@ -49,7 +49,7 @@ def test_the_cap_reached_pauses_until_the_day_turns() -> None:
 
 
 def test_the_cap_is_a_reason_to_pause_of_limits_reason(monkeypatch: pytest.MonkeyPatch) -> None:
-    from swarmd.node import traffic_limits
+    from swarmd.node.limits import traffic as traffic_limits
 
     shaper = shaper_at(WallClock())
     shaper.count("sent", "x", GIB)

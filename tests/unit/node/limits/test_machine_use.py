@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from swarmd.node import machine_use
-from swarmd.node.machine_use import (
+from swarmd.node.limits import machine_use
+from swarmd.node.limits.machine_use import (
     gpu_index,
     gpu_reason,
     gpu_users,
@@ -22,7 +22,7 @@ from swarmd.node.machine_use import (
     smi_pids,
     terminal_idle_s,
 )
-from swarmd.node.pausing import limit_key
+from swarmd.node.limits.pausing import limit_key
 
 pytestmark = pytest.mark.timeout(20)
 

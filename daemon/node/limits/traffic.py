@@ -3,10 +3,10 @@ and the daily cap's reason to pause.
 
 The data path paces and counts its bytes through the process's shaper
 (``swarmd.peers.wire.shaping.TRAFFIC``), which ``shaping.apply_traffic_limits`` gives the caps
-(``swarmd.node.limits``, at start and on every reload). The daily cap counts bytes sent and
+(``swarmd.node.limits.live``, at start and on every reload). The daily cap counts bytes sent and
 received per local day, and a restart must not reset it: ``TrafficDay`` keeps today's figure
 in the state directory (``traffic-day.json``), read back at start and written at most every
-``SAVE_EVERY_S`` and at stop. ``transfer_cap_reason`` is ``swarmd.node.auto_pause``'s reason to
+``SAVE_EVERY_S`` and at stop. ``transfer_cap_reason`` is ``swarmd.node.limits.auto_pause``'s reason to
 pause once today's bytes reach the cap; the figure starts afresh at local midnight, and the
 pause ends with it.
 """

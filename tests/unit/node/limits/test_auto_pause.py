@@ -1,4 +1,4 @@
-"""daemon/node/auto_pause.py and its use by pausing.py: [limits]'s reasons to pause, and a pause
+"""daemon/node/limits/auto_pause.py and its use by pausing.py: [limits]'s reasons to pause, and a pause
 they began ending when they no longer hold (never the owner's)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from swarmd.config import ConfigError, LimitsConfig, parse_window
-from swarmd.node.auto_pause import in_windows, on_battery, pause_reason, running
-from swarmd.node.pausing import Pausing
+from swarmd.node.limits.auto_pause import in_windows, on_battery, pause_reason, running
+from swarmd.node.limits.pausing import Pausing
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -1,10 +1,10 @@
 """When this peer pauses by itself, as the owner set it in ``[limits]``: outside the time
 windows it may train in, on battery, while one of the listed programs runs, while the owner
-uses the machine, or while another process uses its GPU (``swarmd.node.machine_use``).
+uses the machine, or while another process uses its GPU (``swarmd.node.limits.machine_use``).
 
 Each round reads the local clock, the power supplies (``/sys/class/power_supply``: a battery
 and no mains online) and the process names (psutil), and names the first reason to pause, or
-none. ``swarmd.node.pausing`` acts on it: a pause it started ends when no reason is left; a
+none. ``swarmd.node.limits.pausing`` acts on it: a pause it started ends when no reason is left; a
 pause the owner asked for is the owner's to end.
 """
 
@@ -15,8 +15,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from swarmd.config import LimitsConfig, Window
-from swarmd.node.machine_use import machine_use_reason
-from swarmd.node.traffic_limits import transfer_cap_reason
+from swarmd.node.limits.machine_use import machine_use_reason
+from swarmd.node.limits.traffic import transfer_cap_reason
 
 POWER_SUPPLY = Path("/sys/class/power_supply")
 
@@ -82,7 +82,7 @@ def pause_reason(
 
 def limits_reason(limits: LimitsConfig, now: float | None = None, device: str = "cpu") -> str | None:
     """``pause_reason`` for this machine now (reads the clock, the power supplies, the processes),
-    then the owner at the machine and the GPU's other users (``swarmd.node.machine_use``;
+    then the owner at the machine and the GPU's other users (``swarmd.node.limits.machine_use``;
     ``device``: ``[compute] device``)."""
     if (capped := transfer_cap_reason(limits)) is not None:  # today's traffic at [limits] daily_transfer_gib
         return capped
