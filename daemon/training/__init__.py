@@ -6,7 +6,10 @@
 - ``status``         the training section of the daemon's status, and the swarm's rate of updates
 - ``export``         every stage's newest weights gathered from its shards' holders (``swarmd export``)
 - ``evaluation``     the swarm's weights scored on the held-out split every few versions, by shard (0, 0)'s holder
-- ``opening``        a shard opened from the newest state it may believe; a cell built for its stage
+- ``run_facts``      what the trainer's parts are given: the run's facts, the pool view, what is held
+- ``opening``        a shard server opened on the newest state it may believe, replicated at its standby
+- ``shard_sources``  where a shard's state comes from: replica, last holders, own file, seed; its geometry
+- ``cell_making``    a cell built for its stage: the seed's stage module, its compute, its worker
 - ``cell``           one cell at work: shares through the pipeline, tensors straight to its neighbours
 - ``in_flight``      a cell's share in flight: its queued work, stage 0's window, how long shares take
 - ``feeder``         stage 0's shares from the ledger: asked for, fed, given back when dropped
@@ -19,6 +22,7 @@
 - ``shard_server``   one slice of a stage's parameters served: contributions in, deltas out, steps logged
 - ``contributors``   who may contribute to a shard, and which pipelines' ticketed shares
 - ``reducer``        a reduction group's head: members' slices summed, sent to the server once
+- ``head_relay``     a reduction group's head: the deltas it pulled, relayed to the members' pulls
 - ``ledger_host``    the share ledger, served by the holder of shard (0, 0), and its signed tickets
 - ``replicas``       a standby's replicas of the shards it stands by for
 - ``handlers``       the data path's requests, routed to what this peer holds

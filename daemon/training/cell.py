@@ -55,10 +55,10 @@ from swarmd.system.tasks import cancel_all
 from swarmd.training.cell_stats import CellStats, cell_info
 from swarmd.training.contributions import Contributions
 from swarmd.training.feeder import Feeder
+from swarmd.training.head_relay import HeadRelays
 from swarmd.training.in_flight import InFlight, Item, ShareInFlight
 from swarmd.training.neighbours import Neighbours
 from swarmd.training.puller import Puller
-from swarmd.training.reducer import Reducer
 from swarmd.training.rounds import CellRounds
 from swarmd.training.throttle import DutyCycle
 
@@ -146,8 +146,8 @@ class CellWorker:
         self.feeder = Feeder(self) if self.is_first else None
         self.puller = Puller(self)
         self.contributions = Contributions(self)
-        self.reducer: Reducer | None = None
-        """This peer's reducer (``swarmd.training.reducer``), set by the trainer: a cell that heads
+        self.reducer: HeadRelays | None = None
+        """This peer's head relays (``swarmd.training.head_relay``), set by the trainer: a cell that heads
         a shard for its group hands it what it pulls."""
 
     # --- the trainer's side -----------------------------------------------------------------

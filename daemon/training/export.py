@@ -23,7 +23,7 @@ from swarmd.peers.wire.codecs import decode_vector
 from swarmd.peers.wire.errors import RpcError
 from swarmd.peers.wire.messages import Pull
 from swarmd.system.state_dir import GATHERED_TOKENIZER
-from swarmd.training.opening import stage_module
+from swarmd.training.cell_making import stage_module
 
 if TYPE_CHECKING:
     from swarmd.training.trainer import Trainer
@@ -59,7 +59,7 @@ async def gather_stages(trainer: Trainer) -> list[tuple[int, dict[str, torch.Ten
         raise SwarmdError("this peer has not read the pool yet; try again in a few seconds")
     stages = []
     for stage in range(trainer.stages):
-        module = stage_module(trainer, stage)
+        module = stage_module(trainer.facts, stage)
         vector = flatten_parameters(module)
         shards = (trainer.assignment or assignment).shard_counts()[stage]  # the newest: a plan may come meanwhile
         found = []

@@ -6,6 +6,10 @@ Each handler checks that the speaker is a live member of the run before anything
 not hold it any more: the caller reads the pool again). The requests arrive already checked
 against their schemas (``swarmd.peers.wire.protocol``); tensors are checked where they are
 decoded.
+
+The handlers are given what they route to, not the trainer (``run_facts``): the pool view,
+what this peer holds, its replicas, its reducer and head relays, and ``close_shard``
+(``Lifecycle.close_shard``: a shard handed over is closed first).
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from swarmd.peers.taskpool.cells import Cell
 from swarmd.peers.taskpool.exchange import shard_range, step_micro_batches
+from swarmd.peers.taskpool.servers import Shard
 from swarmd.peers.wire.errors import NotHolder, NotMember
 from swarmd.peers.wire.messages import (
     Ack,
@@ -38,12 +44,14 @@ from swarmd.peers.wire.messages import (
     ReplicaLog,
 )
 from swarmd.peers.wire.protocol import Request
+from swarmd.training.cell import CellWorker
+from swarmd.training.head_relay import HeadRelays
 from swarmd.training.ledger_host import LedgerHost
-from swarmd.training.opening import replica_checkpoint
-from swarmd.training.replicas import LogEntry
-
-if TYPE_CHECKING:
-    from swarmd.training.trainer import Trainer
+from swarmd.training.reducer import Reducer
+from swarmd.training.replicas import LogEntry, ReplicaStore
+from swarmd.training.run_facts import Held, PoolView, RunFacts
+from swarmd.training.shard_server import ShardServer
+from swarmd.training.shard_sources import StageGeometry, replica_checkpoint
 
 Handler = Callable[[str, Any, list[bytes]], Awaitable[tuple[Any, list[bytes]]]]
 
@@ -54,10 +62,29 @@ def _tickets(blobs: list[bytes]) -> bytes:
 
 
 class TrainingHandlers:
-    def __init__(self, trainer: Trainer) -> None:
-        self.trainer = trainer
-        self.ledger: LedgerHost | None = None
-        """Set while this peer serves shard (0, 0), which keeps the share ledger."""
+    """The handlers of the module doc. ``paused``: whether this peer has handed everything back."""
+
+    def __init__(
+        self,
+        facts: RunFacts,
+        pool: PoolView,
+        held: Held,
+        replicas: ReplicaStore,
+        geometry: StageGeometry,
+        reducer: Reducer,
+        relays: HeadRelays,
+        close_shard: Callable[[Shard], Awaitable[None]],
+        paused: Callable[[], bool],
+    ) -> None:
+        self._facts = facts
+        self._pool = pool
+        self._held = held
+        self._replicas = replicas
+        self._geometry = geometry
+        self._reducer = reducer
+        self._relays = relays
+        self._close_shard = close_shard
+        self._paused = paused
 
     def table(self) -> dict[type[Request[Any]], Handler]:
         return {
@@ -76,44 +103,56 @@ class TrainingHandlers:
         }
 
     def _member(self, sender: str) -> None:
-        if sender not in self.trainer.live:
-            raise NotMember(f"{sender[:16]} is not a live member of run {self.trainer.spec.run_id} here")
+        if sender not in self._pool.books.live:
+            raise NotMember(f"{sender[:16]} is not a live member of run {self._facts.run_id} here")
+
+    def _worker(self, cell: Cell) -> CellWorker:
+        worker = self._held.cells.get(cell)
+        if worker is None:
+            raise NotHolder(f"this peer does not work cell {cell} (any more); read the cell leases again")
+        return worker
+
+    def _server(self, key: Shard) -> ShardServer:
+        server = self._held.servers.get(key)
+        if server is None:
+            raise NotHolder(f"this peer does not serve shard {key} (any more); read the shard leases again")
+        return server
 
     async def cell_tensor(
         self, sender: str, request: CellForward | CellBackward, blobs: list[bytes]
     ) -> tuple[Ack, list[bytes]]:
         self._member(sender)
-        await self.trainer.worker((request.pipeline, request.stage)).handle(sender, request, blobs[0])
+        await self._worker((request.pipeline, request.stage)).handle(sender, request, blobs[0])
         return Ack(), []
 
     async def contribute(self, sender: str, request: Contribute, blobs: list[bytes]) -> tuple[Contributed, list[bytes]]:
         self._member(sender)
-        server = self.trainer.server((request.stage, request.shard))
+        server = self._server((request.stage, request.shard))
         # Only a cell of this stage, for its pipelines' ticketed shares, before decoding.
-        await server.admit(sender, request, _tickets(blobs), self.trainer)
+        await server.admit(sender, request, _tickets(blobs), self._pool)
         return await server.contribute(request, blobs[0], sender=sender), []
 
     async def reduce(self, sender: str, request: Reduce, blobs: list[bytes]) -> tuple[Contributed, list[bytes]]:
         self._member(sender)
-        return await self.trainer.reducer.reduce(sender, request, blobs[0], _tickets(blobs)), []
+        return await self._reducer.reduce(sender, request, blobs[0], _tickets(blobs)), []
 
     async def pull_from_head(
         self, sender: str, request: PullFromHead, blobs: list[bytes]
     ) -> tuple[Pulled, list[bytes]]:
         self._member(sender)
-        return await self.trainer.reducer.pull(sender, request)
+        return await self._relays.pull(sender, request)
 
     async def pull(self, sender: str, request: Pull, blobs: list[bytes]) -> tuple[Pulled, list[bytes]]:
         # Reading a stage's committed weights is the run spec's choice: anyone's for an open
         # run's public weights (the request server admitted the stranger for this alone).
-        if self.trainer.spec.spec.checkpoint_access != "public":
+        if self._facts.spec.checkpoint_access != "public":
             self._member(sender)
-        return await self.trainer.server((request.stage, request.shard)).pull(request)
+        return await self._server((request.stage, request.shard)).pull(request)
 
     def _ledger(self) -> LedgerHost:
-        if self.ledger is None:
+        if self._held.ledger is None:
             raise NotHolder("this peer does not keep the share ledger (any more); it is with shard (0, 0)'s holder")
-        return self.ledger
+        return self._held.ledger
 
     async def ledger_issue(self, sender: str, request: LedgerIssue, blobs: list[bytes]) -> tuple[Issued, list[bytes]]:
         self._member(sender)
@@ -133,14 +172,14 @@ class TrainingHandlers:
     async def replica_log(self, sender: str, request: ReplicaLog, blobs: list[bytes]) -> tuple[Ack, list[bytes]]:
         self._member(sender)
         entry = LogEntry(request.version, blobs[0], tuple(request.share_ids), request.ledger)
-        self.trainer.replicas.append((request.stage, request.shard), sender, request.lineage, entry)
+        self._replicas.append((request.stage, request.shard), sender, request.lineage, entry)
         return Ack(), []
 
     async def replica_checkpoint(
         self, sender: str, request: ReplicaCheckpoint, blobs: list[bytes]
     ) -> tuple[Ack, list[bytes]]:
         self._member(sender)
-        replicas, key = self.trainer.replicas, (request.stage, request.shard)
+        replicas, key = self._replicas, (request.stage, request.shard)
         # Its checks read the whole file (80 ms for 64 MB): off the loop; kept on it.
         length = await asyncio.to_thread(
             replicas.check_checkpoint, key, sender, request.lineage, request.version, blobs[0]
@@ -156,33 +195,33 @@ class TrainingHandlers:
         replica. Only the shard's rightful holder as the pool now resolves it, or the peer the
         assignment in force names for it, may ask (any member, of a peer paused since it served)."""
         self._member(sender)
-        trainer, key = self.trainer, (request.stage, request.shard)
-        named = None if trainer.assignment is None else trainer.assignment.named_shards().get(key)
+        held, key, assignment = self._held, (request.stage, request.shard), self._pool.assignment
+        named = None if assignment is None else assignment.named_shards().get(key)
         # A paused peer reads the pool no more: what it handed back goes to the member that asks
         # (which checks the state's lineage itself, ``opening``), or the steps it made last,
         # before its standby had a copy, would be lost.
-        handing_back = trainer.paused and key in trainer.handed_over
-        if sender not in (trainer.shard_holder(key), named) and not handing_back:
+        handing_back = self._paused() and key in held.handed_over
+        if sender not in (self._pool.shard_holder(key), named) and not handing_back:
             raise NotHolder(f"{sender[:16]} does not hold shard {key} here; only its new holder takes its state")
-        server = trainer.servers.get(key)
-        if server is not None and named == trainer.own:  # the asker follows a newer assignment: it waits
+        server = held.servers.get(key)
+        if server is not None and named == self._facts.own:  # the asker follows a newer assignment: it waits
             return Fetched(version=server.version, kind="serving", versions=[]), []
         if server is not None:
-            await trainer.lifecycle.close_shard(key)  # hand its state over to the new holder
+            await self._close_shard(key)  # hand its state over to the new holder
             data = await asyncio.to_thread(server.checkpoint_path.read_bytes)
             return Fetched(version=server.version, kind="checkpoint", versions=[]), [data]
-        replica = trainer.replicas.newest(key)
-        closed = trainer.handed_over.get(key)
+        replica = self._replicas.newest(key)
+        closed = held.handed_over.get(key)
         if closed is not None and (replica is None or closed[0] >= replica.version):
             data = await asyncio.to_thread(closed[1].read_bytes)  # what we served last, as we closed it
             return Fetched(version=closed[0], kind="checkpoint", versions=[]), [data]
         if replica is None:
             return Fetched(version=-1, kind="none", versions=[]), []
-        opener = trainer.opener
-        assert trainer.assignment is not None
-        shards = trainer.assignment.shard_counts()[key[0]]
-        span = shard_range(opener.initial_vector(key[0]).numel(), shards, key[1])
+        geometry = self._geometry
+        assert assignment is not None
+        shards = assignment.shard_counts()[key[0]]
+        span = shard_range(geometry.stage_size(key[0]), shards, key[1])
         version, data = await asyncio.to_thread(
-            replica_checkpoint, replica, opener.config(), step_micro_batches(trainer.exchange_settings()), span
+            replica_checkpoint, replica, geometry.config(), step_micro_batches(self._pool.exchange_settings()), span
         )
         return Fetched(version=version, kind="checkpoint", versions=[]), [data]

@@ -6,19 +6,27 @@ claim is closed before it is released, so that whoever takes it next finds the s
 over. What only the moment of acting knows is read here: a shard lease's version is its
 server's as it is published (steps go on while the round runs), or, with no server, the
 highest the swarm has shown or this peer keeps as a replica.
+
+It is given what it acts on, not the trainer (``run_facts``): what this peer holds (``Held``,
+which it alone changes), the opener and the cell maker, the DHT's ``publish`` of a lease, and
+the trainer's data as it is once opened (``data``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Protocol
 
+from swarmd.peers.taskpool.assignment import Assignment
 from swarmd.peers.taskpool.cells import Cell, CellLease, pipeline_epoch
+from swarmd.peers.taskpool.lease import Lease
 from swarmd.peers.taskpool.reduction import head_of
-from swarmd.peers.taskpool.servers import Shard, ShardLease
+from swarmd.peers.taskpool.servers import SeenVersions, Shard, ShardLease
 from swarmd.training.bookkeeping import (
     Action,
+    Books,
     CloseCell,
     CloseShard,
     Follow,
@@ -31,11 +39,13 @@ from swarmd.training.bookkeeping import (
     StopReducer,
 )
 from swarmd.training.cell import CellView, CellWorker
-from swarmd.training.opening import make_cell
+from swarmd.training.cell_making import CellMaker
+from swarmd.training.opening import ShardOpener
+from swarmd.training.replicas import ReplicaStore
+from swarmd.training.run_facts import Held, RunFacts
 
-if TYPE_CHECKING:
-    from swarmd.peers.taskpool.assignment import Assignment
-    from swarmd.training.trainer import Trainer
+if TYPE_CHECKING:  # the run's data loads where it is opened (``swarmd.data.run_files``)
+    from swarmd.data.training_data import TrainingData
 
 logger = logging.getLogger(__name__)
 
@@ -44,25 +54,64 @@ CELL_STOP_S = 10.0
 SHARD_CLOSE_S = 20.0
 
 
-class Lifecycle:
-    """The trainer's hands: what ``bookkeeping`` decides, done on the trainer's cells and servers."""
+class LifecycleView(Protocol):
+    """What acting reads of the pool: the books (who holds what) and the assignment in force."""
 
-    def __init__(self, trainer: Trainer) -> None:
-        self.trainer = trainer
+    @property
+    def books(self) -> Books: ...
+
+    @property
+    def assignment(self) -> Assignment | None: ...
+
+    def shard_holder(self, key: Shard) -> str | None: ...
+
+
+class Lifecycle:
+    """The trainer's hands: what ``bookkeeping`` decides, done on the cells and servers held.
+
+    ``publish``: a signed lease into the DHT; ``note_holders``: the shards' holders as the pool
+    resolves them, remembered (``ShardSources.note_holders``); ``stop_reducer``: the reducer's
+    stop; ``data``: the run's data, once open."""
+
+    def __init__(
+        self,
+        facts: RunFacts,
+        pool: LifecycleView,
+        held: Held,
+        publish: Callable[[Lease, bytes], Awaitable[bool]],
+        seen: SeenVersions,
+        replicas: ReplicaStore,
+        note_holders: Callable[[Mapping[Shard, ShardLease]], None],
+        opener: ShardOpener,
+        cell_maker: CellMaker,
+        stop_reducer: Callable[[], Awaitable[None]],
+        data: Callable[[], TrainingData | None],
+    ) -> None:
+        self._facts = facts
+        self._pool = pool
+        self._held = held
+        self._publish = publish
+        self._seen = seen
+        self._replicas = replicas
+        self._note_holders = note_holders
+        self._opener = opener
+        self._cell_maker = cell_maker
+        self._stop_reducer = stop_reducer
+        self._data = data
 
     async def apply(self, actions: list[Action], now: float) -> None:
         for action in actions:
             await self._apply(action, now)
 
     async def _apply(self, action: Action, now: float) -> None:
-        trainer = self.trainer
+        held = self._held
         if isinstance(action, Follow):
             _log_follow(action.assignment)
         elif isinstance(action, NoteVersions):
-            trainer.seen.note(action.leases, now)
-            trainer.opener.note_holders(action.leases)  # whose states a take-over may bring
+            self._seen.note(action.leases, now)
+            self._note_holders(action.leases)  # whose states a take-over may bring
         elif isinstance(action, StandbyChanged):
-            for server in trainer.servers.values():
+            for server in held.servers.values():
                 server.standby_changed()
         elif isinstance(action, PublishCell):
             await self._publish_cell(action, now)
@@ -71,57 +120,59 @@ class Lifecycle:
         elif isinstance(action, OpenCell):
             self._open_cell(action.cell)
         elif isinstance(action, CloseCell):
-            worker = trainer.cells.get(action.cell)
+            worker = held.cells.get(action.cell)
             if action.restart and worker is not None:
                 logger.warning("Cell %s stopped (%s); opening it again", action.cell, worker.failure)
             await self.close_cell(action.cell)
         elif isinstance(action, OpenShard):
-            server = await trainer.opener.open(action.key, self._assignment())
-            if server is not None:
-                trainer.servers[action.key] = server
+            opened = await self._opener.open(action.key, self._assignment())
+            if opened is not None:
+                if opened.ledger is not None:
+                    held.ledger = opened.ledger
+                held.servers[action.key] = opened.server
         elif isinstance(action, CloseShard):
             await self.close_shard(action.key)
         else:
             assert isinstance(action, StopReducer)
-            await trainer.reducer.stop()
+            await self._stop_reducer()
 
     def _assignment(self) -> Assignment:
-        assignment = self.trainer.assignment
+        assignment = self._pool.assignment
         assert assignment is not None, "actions on cells and shards follow an assignment"
         return assignment
 
     # --- leases -------------------------------------------------------------------------------
 
     async def _publish_cell(self, action: PublishCell, now: float) -> None:
-        trainer = self.trainer
+        facts = self._facts
         lease = CellLease(
-            run_id=trainer.spec.run_id,
+            run_id=facts.run_id,
             pipeline=action.cell[0],
             stage=action.cell[1],
-            peer_id=trainer.own,
+            peer_id=facts.own,
             claimed_at=action.claimed_at,
             issued_at=now,
             expires_at=now + LEASE_TTL_S,
             released=action.released,
         )
-        await trainer.dht.publish_pool_lease(lease, lease.sign(trainer.identity))
+        await self._publish(lease, lease.sign(facts.identity))
 
     async def _publish_shard(self, action: PublishShard, now: float) -> None:
-        trainer, key = self.trainer, action.key
-        server = trainer.servers.get(key)
-        replica = trainer.replicas.newest(key)
-        closed = trainer.handed_over.get(key)  # a released lease shows the version it was closed at
+        facts, key = self._facts, action.key
+        server = self._held.servers.get(key)
+        replica = self._replicas.newest(key)
+        closed = self._held.handed_over.get(key)  # a released lease shows the version it was closed at
         version = (
             server.version
             if server is not None
-            else max(trainer.seen.of(key), replica.version if replica else 0, closed[0] if closed else 0)
+            else max(self._seen.of(key), replica.version if replica else 0, closed[0] if closed else 0)
         )
         lease = ShardLease(
-            run_id=trainer.spec.run_id,
+            run_id=facts.run_id,
             stage=key[0],
             shard=key[1],
             shards=action.shards,
-            peer_id=trainer.own,
+            peer_id=facts.own,
             claimed_at=action.claimed_at,
             issued_at=now,
             expires_at=now + LEASE_TTL_S,
@@ -130,21 +181,21 @@ class Lifecycle:
             proof=action.proof,
             released=action.released,
         )
-        await trainer.dht.publish_pool_lease(lease, lease.sign(trainer.identity))
+        await self._publish(lease, lease.sign(facts.identity))
 
     # --- cells and servers ----------------------------------------------------------------------
 
     def _open_cell(self, cell: Cell) -> None:
-        trainer = self.trainer
-        assert trainer.data is not None, "the trainer opens its data before it reads the pool"
-        worker = make_cell(trainer, cell, self._assignment(), trainer.data)
-        trainer.cells[cell] = worker
-        trainer.cell_tasks[cell] = asyncio.create_task(_run_cell(worker), name=f"cell {cell}")
+        data = self._data()
+        assert data is not None, "the trainer opens its data before it reads the pool"
+        worker = self._cell_maker.make(cell, self._assignment(), data)
+        self._held.cells[cell] = worker
+        self._held.cell_tasks[cell] = asyncio.create_task(_run_cell(worker), name=f"cell {cell}")
         logger.info("Working cell %s (pipeline %d, stage %d)", cell, *cell)
 
     async def close_cell(self, cell: Cell) -> None:
-        worker = self.trainer.cells.pop(cell, None)
-        task = self.trainer.cell_tasks.pop(cell, None)
+        worker = self._held.cells.pop(cell, None)
+        task = self._held.cell_tasks.pop(cell, None)
         if worker is None:
             return
         await worker.stop(CELL_STOP_S)
@@ -158,38 +209,38 @@ class Lifecycle:
         """What the stopped cell could not deliver goes on to its shards' holders as the pool
         shows them (``Contributions.deliver_rest``): a shard moving with it has a new holder
         within seconds, and a slice dropped now is a batch that stage never learns from."""
-        trainer, stage = self.trainer, worker.stage
+        pool, stage = self._pool, worker.stage
 
         def servers() -> list[str | None]:
-            counts = trainer.assignment.shard_counts() if trainer.assignment is not None else []
-            return [trainer.shard_holder((stage, k)) for k in range(counts[stage] if stage < len(counts) else 0)]
+            counts = pool.assignment.shard_counts() if pool.assignment is not None else []
+            return [pool.shard_holder((stage, k)) for k in range(counts[stage] if stage < len(counts) else 0)]
 
         task = asyncio.create_task(worker.contributions.deliver_rest(servers), name=f"cell {worker.cell} rest")
-        trainer.rest_deliveries.add(task)
-        task.add_done_callback(trainer.rest_deliveries.discard)
+        self._held.rest_deliveries.add(task)
+        task.add_done_callback(self._held.rest_deliveries.discard)
 
     async def close_shard(self, key: Shard) -> None:
         """Close ``key``'s server, keeping its final state for whoever holds the shard next."""
-        trainer = self.trainer
-        server = trainer.servers.pop(key, None)
+        held = self._held
+        server = held.servers.pop(key, None)
         if server is None:
             return
         try:
             version = await asyncio.wait_for(server.close(), SHARD_CLOSE_S)
-            trainer.handed_over[key] = (version, server.checkpoint_path)
+            held.handed_over[key] = (version, server.checkpoint_path)
             logger.info("Stopped serving shard %s at version %d", key, version)
         except TimeoutError:
             logger.warning("Shard %s did not close within %.0f s", key, SHARD_CLOSE_S)
         if key == (0, 0):
-            trainer.handlers.ledger = None
+            held.ledger = None
 
     def update_views(self) -> None:
         """Tell every cell who holds its neighbours, its stage's shards, the ledger and its heads."""
-        trainer, assignment = self.trainer, self._assignment()
-        holders = {cell: lease.peer_id for cell, lease in trainer.books.cell_holders.items()}
-        servers = {key: lease.peer_id for key, lease in trainer.books.shard_holders.items()}
+        books, assignment = self._pool.books, self._assignment()
+        holders = {cell: lease.peer_id for cell, lease in books.cell_holders.items()}
+        servers = {key: lease.peer_id for key, lease in books.shard_holders.items()}
         counts = assignment.shard_counts()
-        for (p, s), worker in trainer.cells.items():
+        for (p, s), worker in self._held.cells.items():
             row = [holders.get((p, t)) for t in range(assignment.stages)]
             heads = [head_of(p, assignment.pipelines, assignment.group_size(s), k) for k in range(counts[s])]
             worker.update(

@@ -1,184 +1,123 @@
-"""Opening what the pool gives this peer: a shard server from the newest state it may believe,
-and a cell with its stage's compute.
+"""Opening a shard server on the newest state this peer may believe, replicated at its standby.
 
-A shard opens from, in order: this peer's own replica when it was the shard's standby (the
-checkpoint, every logged delta replayed on it: the exact last committed weights); else the
-state of the previous rightful holder or of the standby that holder named (``ReplicaFetch``:
-they replay their replica and answer one checkpoint); else, when the swarm has never shown a
-version of the shard, the run's seed weights. While a holder the assignment moved the shard
-from still serves it (it follows an older assignment and answers ``serving``), nothing is
-opened: it would go on committing steps that a state taken elsewhere lacks; it hands its own
-over, closing first, once it follows the same assignment. Every state is checked against what the
-rightful holders' signed leases have shown (``SeenVersions``): one far past it is a lie and is
-refused. When no believable state can be had for ``OPEN_GRACE_S``, the shard opens from the
-best it has (this peer's last checkpoint, else the seed) and the versions lost are counted
-and logged: a swarm must go on.
-
-Every state is also checked whole before it is believed (``swarmd.models.checkpoint_check``):
-it loads, its digest matches, its tensors are finite and of the slice's dtype and length, and
-its provenance names this run, this shard and a holder it may come from: this peer for its own
-file, the replica's holder for a replica, for a fetched state one of the shard's rightful
-holders this peer has seen (``note_holders``: the last ``PAST_HOLDERS``, since a standby
-hands over the state of a holder that is gone).
-A fetched state that fails is refused and counted (``refused_states``). This peer's own file
-that fails (truncated, NaN, another run's or shard's, written by someone else, or of the
-first format, which carried no checksum) is renamed ``<name>.bad-<unix time>``, kept for its
-operator, counted (``set_aside``) and logged; the shard is then taken from the sources above
-like any other, so it is never left unhosted. The servers opened here write their provenance
-(this run, the shard, this peer) into every checkpoint (``TracedShard``).
+The state comes from ``shard_sources`` (this peer's replica, the shard's last holders, its own
+file, the seed; or nothing yet: the shard is opened again next round). The server opened on it
+logs every step at this peer's standby and sends it a checkpoint every ``CHECKPOINT_EVERY``
+steps (the log after it is all a take-over replays), and writes its provenance (this run, the
+shard, this peer) into every checkpoint (``TracedShard``). The server of shard (0, 0) also
+keeps the share ledger (``LedgerHost``), restored from the state's metadata: the ledger's
+state goes with every logged step and checkpoint.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
-import tempfile
 import time
-from collections.abc import Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
-import torch
-
-from swarmd.data.store import DataError
-from swarmd.errors import SwarmdError
-from swarmd.models.cell_compute import CellCompute, flatten_parameters
-from swarmd.models.checkpoint_check import Provenance, ShardLayout, TracedShard, check_checkpoint, open_traced
-from swarmd.models.shard_config import ShardConfig, ShardError
-from swarmd.models.stages import StageModule, split_layers
-from swarmd.peers.records.run_spec import run_seed
+from swarmd.models.checkpoint_check import Provenance
+from swarmd.models.shard_config import ShardError
 from swarmd.peers.taskpool.assignment import Assignment
-from swarmd.peers.taskpool.cells import Cell
-from swarmd.peers.taskpool.exchange import shard_range, step_micro_batches, window
-from swarmd.peers.taskpool.servers import Shard, ShardLease
-from swarmd.peers.taskpool.shares import open_limit
-from swarmd.peers.wire.codecs import decode_vector, encode_vector
-from swarmd.peers.wire.errors import RpcError
-from swarmd.peers.wire.messages import ReplicaCheckpoint, ReplicaFetch, ReplicaLog
-from swarmd.training.cell import CellWorker
+from swarmd.peers.taskpool.exchange import ExchangeConfig, step_micro_batches
+from swarmd.peers.taskpool.servers import Shard
+from swarmd.peers.taskpool.shares import Share, open_limit
+from swarmd.peers.wire.codecs import encode_vector
+from swarmd.peers.wire.messages import ReplicaCheckpoint, ReplicaLog
+from swarmd.training.bookkeeping import Books
 from swarmd.training.ledger_host import LedgerHost
-from swarmd.training.replicas import Replica
+from swarmd.training.run_facts import RunFacts, Send
 from swarmd.training.shard_server import ShardServer
+from swarmd.training.shard_sources import FETCH_TIMEOUT_S, ShardSources, StageGeometry, shard_file
 
 if TYPE_CHECKING:
-    from swarmd.data.training_data import TrainingData
     from swarmd.models.parameter_shard import ShardStep
-    from swarmd.training.trainer import Trainer
 
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_EVERY = 10
 """Steps between the checkpoints a server sends its standby: the log a take-over replays."""
-OPEN_GRACE_S = 60.0
-FETCH_TIMEOUT_S = 60.0
 LOG_TIMEOUT_S = 10.0
-PAST_HOLDERS = 16
-"""Rightful holders remembered per shard: whose states a fetch may bring."""
 
 
-def shard_file(checkpoint_dir: Path, key: Shard, shards: int) -> Path:
-    return checkpoint_dir / f"shard-{key[0]}-{key[1]}-of-{shards}.safetensors"
+class OpenerView(Protocol):
+    """What opening reads of the pool: the books (the claim's time, the standby) and the exchange."""
+
+    @property
+    def books(self) -> Books: ...
+
+    def exchange_settings(self) -> ExchangeConfig: ...
 
 
-class StillServed(Exception):
-    """A source still serves the shard (at ``version``): its state is not final yet."""
-
-    def __init__(self, version: int) -> None:
-        super().__init__(f"still served at version {version}")
-        self.version = version
+@dataclass(frozen=True)
+class Opened:
+    server: ShardServer
+    ledger: LedgerHost | None
+    """The share ledger, for shard (0, 0)'s server only."""
 
 
 class ShardOpener:
-    def __init__(self, trainer: Trainer) -> None:
-        self.trainer = trainer
-        self._initial: dict[int, torch.Tensor] = {}
-        self._waiting_since: dict[Shard, float] = {}
-        self._past_holders: dict[Shard, dict[str, None]] = {}
-        self.versions_lost = 0
-        self.refused_states = 0
-        """States fetched from a peer and refused for what they hold (module doc)."""
-        self.set_aside = 0
-        """This peer's own checkpoint files found unusable and renamed aside."""
-        trainer.replicas.rules = self  # what the standby's replicas are checked against
+    """Opens the shard servers this peer is given. ``stage0_holder`` and ``sign_ticket`` are
+    the ledger's (who holds a pipeline's stage-0 cell; a share's ticket, signed here)."""
 
-    # --- stage geometry -----------------------------------------------------------------------
+    def __init__(
+        self,
+        facts: RunFacts,
+        pool: OpenerView,
+        geometry: StageGeometry,
+        sources: ShardSources,
+        send: Send,
+        stage0_holder: Callable[[int], str | None],
+        sign_ticket: Callable[[Share, int, float], str],
+    ) -> None:
+        self._facts = facts
+        self._pool = pool
+        self._geometry = geometry
+        self._sources = sources
+        self._send = send
+        self._stage0_holder = stage0_holder
+        self._sign_ticket = sign_ticket
 
-    def initial_vector(self, stage: int) -> torch.Tensor:
-        """The stage's seed weights, flattened: what every peer builds alike."""
-        if stage not in self._initial:
-            self._initial[stage] = flatten_parameters(stage_module(self.trainer, stage))
-        return self._initial[stage]
-
-    def layout(self, key: Shard) -> ShardLayout | None:
-        """What a checkpoint of ``key`` must be under the assignment in force (None: no
-        assignment yet, or none that has this shard)."""
-        assignment = self.trainer.assignment
-        if assignment is None:
-            return None
-        counts = assignment.shard_counts()
-        stage, index = key
-        if not (0 <= stage < len(counts) and 0 <= index < counts[stage]):
-            return None
-        span = shard_range(self.initial_vector(stage).numel(), counts[stage], index)
-        return ShardLayout(self.trainer.spec.run_id, stage, index, counts[stage], span, self.trainer.mode)
-
-    def admits(self, key: Shard, version: int) -> bool:
-        return self.trainer.seen.admits(key, version)
-
-    def config(self) -> ShardConfig:
-        s = self.trainer.spec.spec
-        outer_lr, outer_momentum = self.trainer.exchange_settings().outer_step
-        return ShardConfig(
-            mode=self.trainer.mode,
-            lr=s.lr,
-            schedule=s.schedule,
-            weight_decay=s.weight_decay,
-            outer_lr=outer_lr,
-            outer_momentum=outer_momentum,
-            aggregation=s.aggregation,
-        )
-
-    # --- opening a shard ------------------------------------------------------------------------
-
-    async def open(self, key: Shard, assignment: Assignment) -> ShardServer | None:
-        trainer = self.trainer
-        layout = self.layout(key)
+    async def open(self, key: Shard, assignment: Assignment) -> Opened | None:
+        """The shard's server on its believable state; None: no such state yet (module doc)."""
+        facts, pool = self._facts, self._pool
+        layout = self._geometry.layout(key)
         if layout is None:
             raise ShardError(f"the assignment in force has no shard {key}; it cannot be opened")
         shards, (lo, hi) = layout.shards, layout.span
-        size = self.initial_vector(key[0]).numel()
-        path = shard_file(trainer.checkpoint_dir, key, shards)
-        step = step_micro_batches(trainer.exchange_settings())
-        shard = await self._believable_state(key, layout, path, step)
+        size = self._geometry.stage_size(key[0])
+        path = shard_file(facts.checkpoint_dir, key, shards)
+        step = step_micro_batches(pool.exchange_settings())
+        shard = await self._sources.believable_state(key, layout, path, step)
         if shard is None:
             return None
         shard.step_micro_batches = step
-        shard.provenance = Provenance.of(layout, trainer.own)  # this server's checkpoints are its own
-        lineage = f"{trainer.own[:16]}@{trainer.books.shard_claims.get(key, time.time()):.3f}"
-        server = ShardServer(
-            key,
-            shards,
-            shard,
-            trainer.exchange_settings(),
-            lineage,
-            path,
-            log_step=lambda step_, ledger: self._log_step(key, lineage, step_, ledger),
-            send_checkpoint=lambda version, data: self._send_checkpoint(key, lineage, version, data),
-            checkpoint_every=CHECKPOINT_EVERY,
-        )
+        shard.provenance = Provenance.of(layout, facts.own)  # this server's checkpoints are its own
+        lineage = f"{facts.own[:16]}@{pool.books.shard_claims.get(key, time.time()):.3f}"
+        ledger = None
         if key == (0, 0):
             ledger = LedgerHost.from_state(
                 shard.metadata.get("ledger", ""),
                 assignment.share_micro_batches,
-                trainer.stage0_holder,
-                lambda: open_limit(trainer.exchange_settings().local_steps),
-                trainer.sign_ticket,
+                self._stage0_holder,
+                lambda: open_limit(pool.exchange_settings().local_steps),
+                self._sign_ticket,
             )
-            trainer.handlers.ledger = ledger
-            server.ledger_state = ledger.state
-        self._waiting_since.pop(key, None)
+        server = ShardServer(
+            key,
+            shards,
+            shard,
+            pool.exchange_settings(),
+            lineage,
+            path,
+            log_step=lambda step_, ledger_: self._log_step(key, lineage, step_, ledger_),
+            send_checkpoint=lambda version, data: self._send_checkpoint(key, lineage, version, data),
+            checkpoint_every=CHECKPOINT_EVERY,
+            ledger_state=(lambda: "") if ledger is None else ledger.state,
+        )
+        self._sources.opened(key)
         logger.info(
             "Serving shard %s (%d of stage %d's %d parameters) from version %d",
             key,
@@ -187,185 +126,17 @@ class ShardOpener:
             size,
             shard.version,
         )
-        return server
-
-    async def _believable_state(self, key: Shard, layout: ShardLayout, path: Path, step: int) -> TracedShard | None:
-        """The newest state this peer may believe (module doc); None: wait for a better one."""
-        trainer, span = self.trainer, layout.span
-        found: list[TracedShard] = []
-        replica = trainer.replicas.newest(key)
-        if replica is not None and trainer.seen.admits(key, replica.version):
-            try:
-                found.append(await asyncio.to_thread(replay, replica, self.config(), step, span, layout))
-            except (SwarmdError, KeyError, ValueError) as e:
-                logger.warning("shard %s: our replica is unusable (%s)", key, e)
-        still_served = None
-        for peer in self._sources(key):
-            try:
-                fetched = await self._fetch(key, peer, layout, step)
-            except StillServed as e:
-                still_served = peer
-                logger.info("shard %s: %s still serves it, at version %d", key, peer[:16], e.version)
-                continue
-            if fetched is not None:
-                found.append(fetched)
-        own = await asyncio.to_thread(self._own_checkpoint, path, layout, step)
-        if own is not None and trainer.seen.admits(key, own.version):
-            found.append(own)
-        seen = trainer.seen.of(key)
-        best = max(found, key=lambda shard: shard.version, default=None)
-        # A holder that has not yet followed the assignment that moved the shard here still steps
-        # it, and a state taken from anyone else meanwhile (its standby's replica) misses the steps
-        # it makes until it closes: committed versions would go back. It hands its state over
-        # (closing first) once it follows the same assignment: wait for that, up to the grace.
-        if best is not None and best.version >= seen and still_served is None:
-            return best
-        if best is None and seen == 0:  # nobody ever trained it: the weights the run starts from
-            return await self._start(key, span, step)
-        since = self._waiting_since.setdefault(key, time.monotonic())
-        if time.monotonic() - since < OPEN_GRACE_S:
-            logger.info(
-                "shard %s: the newest state here is version %s, the swarm has seen %d%s; asking again",
-                key,
-                "none" if best is None else best.version,
-                seen,
-                "" if still_served is None else f", and {still_served[:16]} still serves it",
-            )
-            return None
-        shard = best or await self._start(key, span, step)
-        if shard is None:
-            return None
-        lost = max(0, seen - shard.version)
-        self.versions_lost += lost
-        logger.warning(
-            "shard %s: no state newer than version %d could be had in %.0f s; the swarm had seen %d: "
-            "%d update(s) of this shard are lost",
-            key,
-            shard.version,
-            OPEN_GRACE_S,
-            seen,
-            lost,
-        )
-        return shard
-
-    async def _start(self, key: Shard, span: tuple[int, int], step: int) -> TracedShard | None:
-        """The shard as the run starts: its slice of the checkpoint the run starts from, else of
-        the seed's weights. None while the checkpoint's slice cannot be had (no member that holds
-        it is up): the shard is opened again next round."""
-        try:
-            initial = await self.trainer.inputs.initial_slice(key[0], *span)
-        except DataError as e:
-            logger.warning("shard %s starts from the run's checkpoint, which cannot be had yet (%s)", key, e)
-            return None
-        if initial is None:
-            initial = self.initial_vector(key[0])[span[0] : span[1]]
-        return TracedShard(*span, initial, self.config(), step_micro_batches=step)
-
-    def note_holders(self, leases: Mapping[Shard, ShardLease]) -> None:
-        """Remember the shards' holders as the pool resolves them (a round's ``NoteVersions``)."""
-        for key, lease in leases.items():
-            past = self._past_holders.setdefault(key, {})
-            past.pop(lease.peer_id, None)
-            past[lease.peer_id] = None  # newest last
-            while len(past) > PAST_HOLDERS:
-                del past[next(iter(past))]
-
-    def _holders(self, key: Shard) -> set[str]:
-        """The peers whose leases of ``key`` this peer has read: whose states it may take."""
-        known = self.trainer.rightful.get(key)
-        leases = [known[0]] if known is not None else []
-        current = {lease.peer_id for lease in [*leases, *self.trainer.lease_holders.get(key, ())]}
-        return current | set(self._past_holders.get(key, ()))
-
-    def _sources(self, key: Shard) -> list[str]:
-        """Whom a state is taken from: the last rightful holder and the standby it named, the
-        live members that still hold a lease of the shard (a holder the assignment has just moved
-        it from) with their named standbys, and the holders it had lately (one that paused hands
-        back the steps its standby may not have). Nobody else's state is asked for."""
-        trainer = self.trainer
-        leases: list[ShardLease] = [known[0] for known in [trainer.rightful.get(key)] if known is not None]
-        leases += trainer.lease_holders.get(key, [])
-        peers = [p for lease in leases for p in (lease.peer_id, lease.standby)]
-        peers += reversed(self._past_holders.get(key, {}))  # a holder that let go, newest first
-        reachable = trainer.live | trainer.reachable  # a paused holder still serves what it handed back
-        return [p for p in dict.fromkeys(peers) if p and p != trainer.own and p in reachable]
-
-    async def _fetch(self, key: Shard, peer: str, layout: ShardLayout, step: int) -> TracedShard | None:
-        trainer = self.trainer
-        request = ReplicaFetch(run_id=trainer.spec.run_id, stage=key[0], shard=key[1], after_version=-1)
-        try:
-            answer, blobs = await trainer.send(peer, request, [], FETCH_TIMEOUT_S)
-        except RpcError as e:
-            logger.info("shard %s: %s has no state for us (%s)", key, peer, e)
-            return None
-        if answer.kind == "serving":
-            raise StillServed(answer.version)
-        if answer.kind != "checkpoint" or not blobs:
-            return None
-        if not trainer.seen.admits(key, answer.version):
-            self.refused_states += 1
-            logger.warning(
-                "shard %s: %s offers version %d, far past the %d the swarm has seen; refused",
-                key,
-                peer,
-                answer.version,
-                trainer.seen.of(key),
-            )
-            return None
-        where = f"the state {peer[:16]} sent"
-        try:
-            shard = await asyncio.to_thread(open_checkpoint_bytes, blobs[0], self.config(), step, layout.span)
-            check_checkpoint(
-                shard.metadata, (shard.lo, shard.hi), shard.version, layout, self._holders(key), where, answer.version
-            )
-        except (SwarmdError, KeyError, ValueError) as e:
-            self.refused_states += 1
-            logger.warning("shard %s: %s is refused (%s); asking its other holders", key, where, e)
-            return None
-        return shard
-
-    def _own_checkpoint(self, path: Path, layout: ShardLayout, step: int) -> TracedShard | None:
-        """This peer's own last checkpoint of the shard, if it can be traced to this peer's
-        server of this run and shard; a file that cannot is set aside (module doc)."""
-        if not path.is_file():
-            return None
-        try:
-            shard = open_traced(path, self.config(), step, layout.span)
-            check_checkpoint(shard.metadata, (shard.lo, shard.hi), shard.version, layout, {self.trainer.own}, str(path))
-        except (SwarmdError, KeyError, ValueError) as e:
-            self._set_aside(path, (layout.stage, layout.shard), e)
-            return None
-        return shard
-
-    def _set_aside(self, path: Path, key: Shard, why: Exception) -> None:
-        self.set_aside += 1
-        aside = path.with_name(f"{path.name}.bad-{int(time.time())}")
-        n = 1
-        while aside.exists():  # two in one second: keep both
-            aside, n = path.with_name(f"{path.name}.bad-{int(time.time())}-{n}"), n + 1
-        try:
-            os.replace(path, aside)
-        except OSError as e:
-            logger.warning("%s is unusable (%s) and could not be moved aside (%s); not resuming from it", path, why, e)
-            return
-        logger.warning(
-            "%s is unusable (%s); moved aside to %s. Shard %s is taken from its standby or its last "
-            "holder (the run's seed weights only if the swarm never trained it)",
-            path,
-            why,
-            aside.name,
-            key,
-        )
+        return Opened(server, ledger)
 
     # --- a server's replication -------------------------------------------------------------------
 
     async def _log_step(self, key: Shard, lineage: str, step: ShardStep, ledger: str) -> bool:
-        standby = self.trainer.books.standby
+        standby = self._pool.books.standby
         if standby is None:
             return False
         frame = await asyncio.to_thread(encode_vector, step.delta, "fp16")
         request = ReplicaLog(
-            run_id=self.trainer.spec.run_id,
+            run_id=self._facts.run_id,
             stage=key[0],
             shard=key[1],
             lineage=lineage,
@@ -373,96 +144,15 @@ class ShardOpener:
             share_ids=list(step.share_ids),
             ledger=ledger,
         )
-        await self.trainer.send(standby, request, [frame], LOG_TIMEOUT_S)
+        await self._send(standby, request, [frame], LOG_TIMEOUT_S)
         return True
 
     async def _send_checkpoint(self, key: Shard, lineage: str, version: int, data: bytes) -> bool:
-        standby = self.trainer.books.standby
+        standby = self._pool.books.standby
         if standby is None:
             return False
         request = ReplicaCheckpoint(
-            run_id=self.trainer.spec.run_id, stage=key[0], shard=key[1], lineage=lineage, version=version
+            run_id=self._facts.run_id, stage=key[0], shard=key[1], lineage=lineage, version=version
         )
-        await self.trainer.send(standby, request, [data], FETCH_TIMEOUT_S)
+        await self._send(standby, request, [data], FETCH_TIMEOUT_S)
         return True
-
-
-def replay(
-    replica: Replica, config: ShardConfig, step: int, span: tuple[int, int], layout: ShardLayout | None = None
-) -> TracedShard:
-    """The shard a replica rebuilds: its checkpoint, then every logged step in order. With
-    ``layout``, the checkpoint is traced to it and to the replica's holder again (the store did
-    when it took it; a replica is believed as a whole only by whom it was checked for)."""
-    assert replica.checkpoint is not None
-    shard = open_checkpoint_bytes(replica.checkpoint, config, step, span)
-    if layout is not None:
-        where = f"the replica of shard {layout.stage, layout.shard} from {replica.holder[:16]}"
-        shard.provenance = check_checkpoint(shard.metadata, span, shard.version, layout, {replica.holder}, where)
-    else:  # traced when it was stored; a store without rules (outside a trainer) keeps untraced ones
-        with contextlib.suppress(ShardError):
-            shard.provenance = Provenance.read(shard.metadata, "a replica's checkpoint")
-    for entry in replica.log:
-        delta = decode_vector(entry.delta, span[1] - span[0], "fp16").to(torch.float16)  # exact: sent as fp16
-        shard.apply_logged(entry.version, delta, entry.share_ids)
-        if entry.ledger:
-            shard.metadata["ledger"] = entry.ledger
-    return shard
-
-
-def open_checkpoint_bytes(data: bytes, config: ShardConfig, step: int, span: tuple[int, int]) -> TracedShard:
-    """The shard a checkpoint received holds, its form checked; its provenance is the caller's to check."""
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "shard.safetensors"
-        path.write_bytes(data)
-        try:
-            return open_traced(path, config, step, span)
-        except ShardError:
-            raise
-        except Exception as e:  # safetensors raises its own types on a corrupt file
-            raise ShardError(f"not a readable shard checkpoint ({type(e).__name__}: {e})") from None
-
-
-def replica_checkpoint(replica: Replica, config: ShardConfig, step: int, span: tuple[int, int]) -> tuple[int, bytes]:
-    """A replica replayed into one checkpoint (for a peer taking the shard over)."""
-    shard = replay(replica, config, step, span)
-    with tempfile.TemporaryDirectory() as folder:
-        path = shard.checkpoint(Path(folder) / "shard.safetensors")
-        return shard.version, path.read_bytes()
-
-
-# --- cells ----------------------------------------------------------------------------------------
-
-
-def stage_module(trainer: Trainer, stage: int) -> StageModule:
-    s = trainer.spec.spec
-    return StageModule.from_shape(
-        s.model, run_seed(trainer.spec.run_id), split_layers(s.model.layers, trainer.stages), stage
-    )
-
-
-def make_cell(trainer: Trainer, cell: Cell, assignment: Assignment, data: TrainingData) -> CellWorker:
-    s = trainer.spec.spec
-    compute = CellCompute(
-        stage_module(trainer, cell[1]),
-        mode=trainer.mode,
-        window=window(trainer.stages),
-        lr=s.lr,
-        weight_decay=s.weight_decay,
-        schedule=s.schedule,
-    )
-    worker = CellWorker(
-        cell,
-        trainer.stages,
-        trainer.exchange_settings(),
-        compute,
-        data,
-        s.micro_batch,
-        trainer.spec.run_id,
-        trainer.send,
-        lambda peer: trainer.roles.link_Bps(trainer.own, peer),
-        shape=s.model,
-        shards=assignment.shard_counts()[cell[1]],
-        half=trainer.half,
-    )
-    worker.reducer = trainer.reducer
-    return worker

@@ -13,7 +13,7 @@ replay everything) is a new lineage: the cell pulls the whole slice again rather
 deltas to weights the server never had.
 
 Where the plan groups the stage's pipelines, a shard this cell does not head is pulled from its
-group's head for it (``PullFromHead``, ``swarmd.training.reducer``), and one it heads is pulled
+group's head for it (``PullFromHead``, ``swarmd.training.head_relay``), and one it heads is pulled
 from the server for the group: what comes is offered to the head's relay, and the pull asks
 about the members' share IDs too. A head that cannot answer (gone, or the cell is new or too
 far behind) sends the cell to the server for ``HEAD_RETRY_S``.

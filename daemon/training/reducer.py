@@ -1,4 +1,4 @@
-"""A reduction group's head: the group's slices of a shard, summed, go to the server once.
+"""A reduction group's head sums the slices on the way up: the group's slices of a shard go to the server once.
 
 Where the plan groups a stage's pipelines (``swarmd.peers.taskpool.reduction``), each cell sends
 its slice of shard ``k`` to the cell of its group that heads ``k`` (``Reduce``), not to the
@@ -20,54 +20,32 @@ Every member waits for its answer: it counts its slice delivered only when the s
 so a head that dies mid-reduction leaves its members' requests failed, and they send their
 slices straight to the server (``Contributions``), which takes each once.
 
-The deltas go back the same way (``PullFromHead``): the head's cell pulls each shard it heads
-from the server as every cell does, and hands what came (``offer``) to a **relay** that keeps
-the last ``HEAD_KEEP_VERSIONS`` deltas as they came (no decoding) and the committed share IDs
-the server reported; the members long-poll the relay. The head's pulls ask the server about
-its members' pending share IDs too (those of the sums it sent, and those the members ask
-about), so a member learns its commits from its head. A pull the relay cannot answer (a new
-cell, or one further behind than it keeps) is refused ``UNAVAILABLE``: the member pulls from
-the server.
+The deltas go back the same way, through the head's relay (``head_relay``): the share IDs of
+every sum sent are handed to it (``ask``), so that the head's pulls ask the server about them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-from swarmd.peers.taskpool.exchange import shard_range
-from swarmd.peers.taskpool.reduction import (
-    HEAD_KEEP_VERSIONS,
-    group_of,
-    head_of,
-    mean_factors,
-    reduce_wait_s,
-    summable,
-)
+from swarmd.peers.taskpool.cells import Cell
+from swarmd.peers.taskpool.exchange import ExchangeConfig, shard_range
+from swarmd.peers.taskpool.reduction import group_of, mean_factors, reduce_wait_s, summable
+from swarmd.peers.taskpool.servers import Shard
 from swarmd.peers.taskpool.tickets import TicketVerifier
 from swarmd.peers.wire.codecs import ErrorFeedback, decode_vector
 from swarmd.peers.wire.errors import AlreadyApplied, BadRequest, FrameError, NotHolder, RpcError, Stale, Unavailable
-from swarmd.peers.wire.messages import (
-    MAX_SHARE_IDS,
-    MAX_WAIT_S,
-    Contribute,
-    Contributed,
-    Pulled,
-    PullFromHead,
-    Reduce,
-)
+from swarmd.peers.wire.messages import MAX_SHARE_IDS, Contribute, Contributed, Reduce
 from swarmd.peers.wire.sizes import codec_for
 from swarmd.training.contributors import ticket_error
-
-if TYPE_CHECKING:
-    from swarmd.training.cell import CellWorker
-    from swarmd.training.trainer import Trainer
+from swarmd.training.head_relay import HeadCell, HeadRelays, HeadsView, head_for
+from swarmd.training.run_facts import Send
 
 logger = logging.getLogger(__name__)
 
@@ -101,38 +79,14 @@ class _Bucket:
     timer: asyncio.TimerHandle | None = None
 
 
-MAX_RELAY_IDS = 65_536
-"""Share IDs a relay remembers as committed, and as asked about (oldest forgotten first)."""
+class ReducerPool(HeadsView, Protocol):
+    """What a head reads of the pool besides the plan and the cells' holders."""
 
+    def shard_holder(self, key: Shard) -> str | None: ...
 
-@dataclass
-class _Relay:
-    """One shard's deltas as the head's cell pulled them, for the group's members."""
+    def exchange_settings(self) -> ExchangeConfig: ...
 
-    version: int = -1
-    deltas: deque[tuple[int, bytes]] = field(default_factory=lambda: deque(maxlen=HEAD_KEEP_VERSIONS))
-    committed: OrderedDict[int, None] = field(default_factory=OrderedDict)
-    asked: OrderedDict[int, None] = field(default_factory=OrderedDict)
-    """Members' share IDs not known committed yet: the head's pulls ask the server about them."""
-    unknown: frozenset[int] = frozenset()
-    """The share IDs the server did not hold at the head's last pull (a step it dropped gave
-    them back): a member that asks about one is told, and sends its slice again."""
-    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
-
-
-def _server(trainer: Trainer, stage: int, shard: int) -> str:
-    holder = trainer.shard_holder((stage, shard))
-    if holder is None:
-        raise Unavailable(f"no holder of shard ({stage}, {shard}) is known here yet")
-    return holder
-
-
-def _remember(ids: OrderedDict[int, None], new: list[int]) -> None:
-    for i in new:
-        ids[i] = None
-        ids.move_to_end(i)
-    while len(ids) > MAX_RELAY_IDS:
-        ids.popitem(last=False)
+    def ledger_keepers(self) -> Sequence[str]: ...
 
 
 @dataclass
@@ -147,27 +101,44 @@ class ReducerStats:
     """Slices forwarded alone (nobody else's came in time, or a sum was refused)."""
     refused_sums: int = 0
     bytes_sent: int = 0
-    pulls: int = 0
-    """Members' pulls answered from a relay."""
-    pulls_refused: int = 0
-    """Members' pulls sent to the server (the relay was new, or they were too far behind)."""
 
 
 class Reducer:
-    def __init__(self, trainer: Trainer) -> None:
-        self.trainer = trainer
+    """This peer's side of the reduction groups whose shards its cells head.
+
+    ``cells``: the cells this peer holds (a head's); ``relays``: where the deltas go down;
+    ``stage_size``: a stage's parameters; ``link_Bps``: the measured link from here to a peer;
+    ``half``: the wire's half precision."""
+
+    def __init__(
+        self,
+        pool: ReducerPool,
+        cells: Mapping[Cell, HeadCell],
+        relays: HeadRelays,
+        stage_size: Callable[[int], int],
+        send: Send,
+        link_Bps: Callable[[str], float],
+        half: str,
+    ) -> None:
+        self._pool = pool
+        self._cells = cells
+        self.relays = relays
+        self._stage_size = stage_size
+        self._send = send
+        self._link_Bps = link_Bps
+        self._half = half
         self.buckets: dict[tuple[int, int, int, str], _Bucket] = {}
         self.stats = ReducerStats()
         self._feedback = ErrorFeedback()
         self._tasks: set[asyncio.Task[None]] = set()
-        self.relays: dict[tuple[int, int], _Relay] = {}
         self.tickets = TicketVerifier()
 
     # --- members' slices ----------------------------------------------------------------------
 
     async def reduce(self, sender: str, request: Reduce, blob: bytes, tickets: bytes) -> Contributed:
-        head_cell, head = self._head_for(request)
-        if sender != self.trainer.cell_holder((request.pipeline, request.stage)):
+        head = head_for(self._pool.assignment, self._cells, request)
+        head_cell = self._cells[(head, request.stage)]
+        if sender != self._pool.cell_holder((request.pipeline, request.stage)):
             raise NotHolder(
                 f"{sender[:16]} does not hold cell ({request.pipeline}, {request.stage}) here; "
                 "send the slice to the shard's server"
@@ -176,7 +147,7 @@ class Reducer:
             raise BadRequest(f"a member sends its own slice (parts = 1), not {request.parts}")
         # A part's weight in the sum is its micro-batches: a claim its shares cannot hold would
         # outweigh the group (the server bounds the sum's claim the same way, ``ShardServer.admit``).
-        settings = self.trainer.exchange_settings()
+        settings = self._pool.exchange_settings()
         most = max(settings.share_micro_batches, settings.batch_micro_batches)
         if request.micro_batches > most * len(request.share_ids):
             raise BadRequest(
@@ -185,10 +156,10 @@ class Reducer:
             )
         # The server refuses a sum with one member's bad tickets, and counts it against the head:
         # the member's are checked here first (the shares of its own pipeline only).
-        keepers = self.trainer.ledger_keepers()
+        keepers = list(self._pool.ledger_keepers())
         if (error := await ticket_error(self.tickets, request, tickets, [request.pipeline], keepers)) is not None:
             raise BadRequest(f"slice of shard ({request.stage}, {request.shard}): {error} ({error.reason})")
-        lo, hi = shard_range(self.trainer.opener.initial_vector(request.stage).numel(), request.shards, request.shard)
+        lo, hi = shard_range(self._stage_size(request.stage), request.shards, request.shard)
         try:
             vector = await asyncio.to_thread(decode_vector, blob, hi - lo, request.codec)
         except FrameError as e:
@@ -213,33 +184,13 @@ class Reducer:
             self._flush(bucket)
         return await waiter
 
-    def _head_for(self, request: Reduce | PullFromHead) -> tuple[CellWorker, int]:
-        """The cell here that heads the request's shard for the sender's group."""
-        trainer = self.trainer
-        a = trainer.assignment
-        if a is None or request.pipeline >= a.pipelines or request.stage >= a.stages:
-            raise NotHolder(f"no plan here places cell ({request.pipeline}, {request.stage})")
-        if request.shards != a.shard_counts()[request.stage]:
-            raise NotHolder(
-                f"stage {request.stage} has {a.shard_counts()[request.stage]} shards in the plan "
-                f"in force here, not {request.shards}"
-            )
-        head = head_of(request.pipeline, a.pipelines, a.group_size(request.stage), request.shard)
-        worker = None if head is None else trainer.cells.get((head, request.stage))
-        if head is None or worker is None:
-            raise NotHolder(
-                f"this peer does not head shard ({request.stage}, {request.shard}) for pipeline "
-                f"{request.pipeline}'s group; send the slice to the shard's server"
-            )
-        return worker, head
-
     def _expected(self, stage: int, head: int) -> int:
         """The group's members whose cell of ``stage`` someone holds now."""
-        a = self.trainer.assignment
+        a = self._pool.assignment
         if a is None:
             return 1
         members = group_of(head, a.pipelines, a.group_size(stage))
-        return max(1, sum(self.trainer.cell_holder((p, stage)) is not None for p in members))
+        return max(1, sum(self._pool.cell_holder((p, stage)) is not None for p in members))
 
     # --- sums to the server -------------------------------------------------------------------
 
@@ -264,13 +215,19 @@ class Reducer:
         if chunk:
             self._spawn(self._send_parts(chunk, stage, shard))
 
+    def _server(self, stage: int, shard: int) -> str:
+        holder = self._pool.shard_holder((stage, shard))
+        if holder is None:
+            raise Unavailable(f"no holder of shard ({stage}, {shard}) is known here yet")
+        return holder
+
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _send_parts(self, parts: list[_Part], stage: int, shard: int) -> None:
-        self._ask(stage, shard, [i for p in parts for i in p.request.share_ids])
+        self.relays.ask(stage, shard, [i for p in parts for i in p.request.share_ids])
         if len(parts) > 1:
             try:
                 answer = await self._send_sum(parts, stage, shard)
@@ -298,8 +255,8 @@ class Reducer:
     async def _send_single(self, part: _Part, stage: int, shard: int) -> None:
         request = Contribute(**{k: v for k, v in part.request.to_fields().items() if k != "pipeline"})
         try:
-            answer, _ = await self.trainer.send(
-                _server(self.trainer, stage, shard), request, [part.blob, part.tickets], FORWARD_TIMEOUT_S
+            answer, _ = await self._send(
+                self._server(stage, shard), request, [part.blob, part.tickets], FORWARD_TIMEOUT_S
             )
         except RpcError as e:
             _fail(part, e)
@@ -309,13 +266,13 @@ class Reducer:
         _answer(part, answer)
 
     async def _send_sum(self, parts: list[_Part], stage: int, shard: int) -> Contributed:
-        server = _server(self.trainer, stage, shard)
+        server = self._server(stage, shard)
         first = parts[0].request
         factors = mean_factors([p.request.micro_batches for p in parts])
         total = torch.zeros_like(parts[0].vector)
         for part, factor in zip(parts, factors, strict=True):
             total.add_(part.vector, alpha=factor)
-        codec = codec_for("contribution", self.trainer.roles.link_Bps(self.trainer.own, server), half=self.trainer.half)
+        codec = codec_for("contribution", self._link_Bps(server), half=self._half)
         key = (stage, shard)
         before = self._feedback.residual(key)
         blob = bytes(await asyncio.to_thread(self._feedback.encode, key, total, codec))
@@ -334,97 +291,12 @@ class Reducer:
         )
         tickets = b"".join(p.tickets for p in parts)
         try:
-            answer, _ = await self.trainer.send(server, request, [blob, tickets], FORWARD_TIMEOUT_S)
+            answer, _ = await self._send(server, request, [blob, tickets], FORWARD_TIMEOUT_S)
         except RpcError:
             self._feedback.put_back(key, before)  # the sum was not taken: neither is its rounding
             raise
         self.stats.bytes_sent += len(blob)
         return answer
-
-    # --- deltas back to the members -----------------------------------------------------------
-
-    def _relay(self, stage: int, shard: int) -> _Relay:
-        relay = self.relays.get((stage, shard))
-        if relay is None:
-            relay = self.relays[(stage, shard)] = _Relay()
-        return relay
-
-    def _ask(self, stage: int, shard: int, share_ids: list[int]) -> None:
-        relay = self._relay(stage, shard)
-        _remember(relay.asked, [i for i in share_ids if i not in relay.committed])
-
-    def asked(self, stage: int, shard: int) -> list[int]:
-        """Members' share IDs of this shard to ask the server about (the head's pulls carry them)."""
-        relay = self.relays.get((stage, shard))
-        return [] if relay is None else list(relay.asked)
-
-    async def offer(self, stage: int, shard: int, answer: Pulled, blobs: list[bytes]) -> None:
-        """What the head's cell pulled of a shard it heads: kept for the members' pulls."""
-        relay = self._relay(stage, shard)
-        _remember(relay.committed, answer.committed)
-        relay.unknown = frozenset(answer.unknown)
-        for i in answer.committed:
-            relay.asked.pop(i, None)
-        if answer.kind == "full":
-            relay.deltas.clear()  # members further behind than this pull from the server
-            relay.version = answer.version
-        elif answer.kind == "deltas":
-            if relay.version >= 0 and answer.versions[0] != relay.version + 1:
-                relay.deltas.clear()
-            relay.deltas.extend(zip(answer.versions, blobs, strict=True))
-            relay.version = answer.versions[-1]
-        elif answer.version < relay.version:  # the server is another lineage now: start over
-            relay.deltas.clear()
-            relay.version = -1
-        async with relay.changed:
-            relay.changed.notify_all()
-
-    async def pull(self, sender: str, request: PullFromHead) -> tuple[Pulled, list[bytes]]:
-        """A member's long poll of a shard this peer's cell heads, answered from its relay."""
-        self._head_for(request)
-        if sender != self.trainer.cell_holder((request.pipeline, request.stage)):
-            raise NotHolder(
-                f"{sender[:16]} does not hold cell ({request.pipeline}, {request.stage}) here; "
-                "pull from the shard's server"
-            )
-        relay = self._relay(request.stage, request.shard)
-        have = request.have_version
-        if have < 0:
-            self.stats.pulls_refused += 1
-            raise Unavailable(f"a whole slice of shard ({request.stage}, {request.shard}) comes from its server")
-        pending = request.pending_share_ids
-        _remember(relay.asked, [i for i in pending if i not in relay.committed])
-
-        def news() -> bool:
-            return relay.version > have or any(i in relay.committed for i in pending)
-
-        if request.wait_s > 0 and not news():
-            async with relay.changed:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(relay.changed.wait_for(news), min(request.wait_s, MAX_WAIT_S))
-        if relay.version < have:  # this head has nothing yet, or is behind the cell: the server answers
-            self.stats.pulls_refused += 1
-            raise Unavailable(
-                f"this head holds shard ({request.stage}, {request.shard}) at version {relay.version}, "
-                f"behind the cell's {have}; pull from the shard's server"
-            )
-        newer = [(v, blob) for v, blob in relay.deltas if v > have]  # none when the head is at the cell's
-        if relay.version > have and (not newer or newer[0][0] != have + 1):
-            self.stats.pulls_refused += 1
-            raise Unavailable(
-                f"shard ({request.stage}, {request.shard}) at version {have} is further behind than "
-                f"this head keeps (from {newer[0][0] if newer else relay.version}); pull from the "
-                "shard's server"
-            )
-        self.stats.pulls += 1
-        answer = Pulled(
-            version=relay.version,
-            kind="deltas" if newer else "none",
-            versions=[v for v, _ in newer],
-            committed=[i for i in pending if i in relay.committed],
-            unknown=[i for i in pending if i in relay.unknown],
-        )
-        return answer, [blob for _, blob in newer]
 
     async def stop(self) -> None:
         """Send what is waiting now (members are owed an answer), then end."""
@@ -445,8 +317,7 @@ class Reducer:
             "singles": s.singles,
             "refused_sums": s.refused_sums,
             "bytes_sent": s.bytes_sent,
-            "pulls": s.pulls,
-            "pulls_refused": s.pulls_refused,
+            **self.relays.info(),
         }
 
 

@@ -12,7 +12,7 @@ holder (the trainer's view of the pool, ``holder_of``), under the lineage of its
 holding; entries must follow each other without a gap; the log and the checkpoint are
 bounded in count and bytes. A checkpoint is read whole before it is kept: it must load, match
 its digest, hold finite tensors of its slice's dtype and length, be at the version its sender
-says, and, checked against the stage's layout (``ShardRules``: the trainer's opener), be of
+says, and, checked against the stage's layout (``ShardRules``: ``shard_sources.StageGeometry``), be of
 this run and shard, made by the sender, at a version the swarm may have reached. A logged
 delta must be a finite fp16 vector of the slice's length. Every refusal is ``BadRequest``
 (the sender's fault) and counted in ``invalid``.
@@ -51,7 +51,7 @@ class LogEntry:
 
 
 class ShardRules(Protocol):
-    """What a replica is checked against (the trainer's ``ShardOpener``)."""
+    """What a replica is checked against (``shard_sources.StageGeometry``)."""
 
     def layout(self, key: Shard) -> ShardLayout | None:
         """The shard's run, slice and mode under the assignment in force (None: no assignment yet)."""

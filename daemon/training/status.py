@@ -86,7 +86,7 @@ def training_status(trainer: Trainer) -> dict[str, Any]:
     last = [w for (_, s), w in trainer.cells.items() if s == trainer.stages - 1]
     losses = sorted((m, loss) for w in last for m, loss in w.losses)
     recent = [loss for _, loss in losses[-16:]]
-    ledger = trainer.handlers.ledger
+    ledger = trainer.held.ledger
     # Trained tokens: applied updates times the tokens of an update (a batch, H batches in
     # local mode), as shard (0, 0)'s server counts them; its version survives hand-overs.
     per_update = trainer.trained_tokens(1)
@@ -114,8 +114,8 @@ def training_status(trainer: Trainer) -> dict[str, Any]:
         "reducer": trainer.reducer.info(),
         "replicas": trainer.replicas.status(),
         "checkpoints": {
-            "refused_states": trainer.opener.refused_states,
-            "set_aside": trainer.opener.set_aside,
+            "refused_states": trainer.sources.refused_states,
+            "set_aside": trainer.sources.set_aside,
             "refused_replicas": trainer.replicas.invalid,
         },
         "standby": trainer.books.standby,

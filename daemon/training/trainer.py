@@ -12,14 +12,19 @@ every cell is told where its neighbours, its stage's servers and the ledger are.
 It also serves the data path's requests addressed to what it holds (``handlers``), keeps the
 replicas of the shards it stands by for (``ReplicaStore``), and on stop hands everything back:
 cells stop, servers flush and copy to their standbys, and the leases are released at once.
+
+Its parts are built from values, not from the trainer (``run_facts``): the run's facts, what
+this peer holds (``Held``), the pool view the trainer itself implements (``PoolView``), and
+each other, in the order they are built here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -33,7 +38,6 @@ from swarmd.peers.taskpool.exchange import ExchangeConfig, step_micro_batches
 from swarmd.peers.taskpool.servers import SeenVersions, Shard, ShardLease
 from swarmd.peers.taskpool.shares import Share
 from swarmd.peers.taskpool.tickets import LedgerKeepers, ShareTicket
-from swarmd.peers.wire.errors import NotHolder
 from swarmd.peers.wire.protocol import Request
 from swarmd.system.tasks import cancel_all
 from swarmd.training import export
@@ -48,14 +52,16 @@ from swarmd.training.bookkeeping import (
     cells_to_scan,
     step,
 )
-from swarmd.training.cell import CellWorker
+from swarmd.training.cell_making import CellMaker
 from swarmd.training.evaluation import Evaluation, score_weights
 from swarmd.training.handlers import TrainingHandlers
+from swarmd.training.head_relay import HeadRelays
 from swarmd.training.lifecycle import Lifecycle
 from swarmd.training.opening import ShardOpener
 from swarmd.training.reducer import Reducer
 from swarmd.training.replicas import ReplicaStore
-from swarmd.training.shard_server import ShardServer
+from swarmd.training.run_facts import Held, RunFacts, Send
+from swarmd.training.shard_sources import ShardSources, StageGeometry
 from swarmd.training.status import Progress, training_status
 
 if TYPE_CHECKING:  # hivemind loads only where the DHT runs (it cannot share a process with py-libp2p)
@@ -65,9 +71,6 @@ if TYPE_CHECKING:  # hivemind loads only where the DHT runs (it cannot share a p
     from swarmd.peers.dht.swarm_dht import SwarmDHT
 
 logger = logging.getLogger(__name__)
-
-Send = Callable[[str, Request, list[bytes], float], Awaitable[tuple[Any, list[bytes]]]]
-
 
 REST_CANCEL_S = 5.0
 """How long stopping waits for the cancelled deliveries of stopped cells' contributions."""
@@ -137,15 +140,11 @@ class Trainer:
         self.error: str | None = None
         self.books = Books(own=self.own, live=frozenset({self.own}))
         """What this peer claims and last read of the pool (``bookkeeping``)."""
-        self.cells: dict[Cell, CellWorker] = {}
-        self.cell_tasks: dict[Cell, asyncio.Task[None]] = {}
-        self.rest_deliveries: set[asyncio.Task[bool]] = set()
-        """Stopped cells' contributions still on their way (``Lifecycle.close_cell``)."""
-        self.servers: dict[Shard, ShardServer] = {}
-        self.replicas = ReplicaStore(self.shard_holder)
+        self.held = Held()
+        # The same containers as ``held``'s, never rebound: the status, the export and the tests read them here.
+        self.cells, self.cell_tasks, self.servers = self.held.cells, self.held.cell_tasks, self.held.servers
+        self.handed_over, self.rest_deliveries = self.held.handed_over, self.held.rest_deliveries
         self.seen = SeenVersions(self.own)
-        self.handed_over: dict[Shard, tuple[int, Path]] = {}
-        """Shards this peer served and closed: their final state, for whoever holds them next."""
         self.data: TrainingData | None = None
         self.inputs = inputs
         self._opening_data: asyncio.Task[TrainingData] | None = None
@@ -154,14 +153,49 @@ class Trainer:
         self.evaluation = Evaluation(spec_.eval_every, spec_.eval_sequences)
         self._extra_pipelines: set[int] = set()  # asked about by the ledger, not scanned last round
         self._keepers = LedgerKeepers()
-        self.opener = ShardOpener(self)
-        self.handlers = TrainingHandlers(self)
-        self.reducer = Reducer(self)
-        self.lifecycle = Lifecycle(self)
         self.paused = False
-        self._round = asyncio.Lock()  # a round and a pause never interleave
         self.reachable: frozenset[str] = frozenset()
         """Every live member, workers or not (a paused one still serves the state it handed back)."""
+        self.facts = facts = RunFacts(spec, identity, checkpoint_dir, self.stages, self.mode, self.half)
+        self.geometry = StageGeometry(facts, self, self.seen)
+        self.replicas = ReplicaStore(self.shard_holder, self.geometry)
+        self.sources = ShardSources(
+            facts, self, self.geometry, self.replicas, self.seen, inputs.initial_slice, self.send
+        )
+        self.opener = ShardOpener(
+            facts, self, self.geometry, self.sources, self.send, self.stage0_holder, self.sign_ticket
+        )
+        self.relays = HeadRelays(self, self.held.cells)
+        link_Bps = functools.partial(roles.link_Bps, self.own)
+        self.reducer = Reducer(
+            self, self.held.cells, self.relays, self.geometry.stage_size, self.send, link_Bps, self.half
+        )
+        cell_maker = CellMaker(facts, self.exchange_settings, self.send, link_Bps, self.relays)
+        self.lifecycle = Lifecycle(
+            facts,
+            self,
+            self.held,
+            dht.publish_pool_lease,
+            self.seen,
+            self.replicas,
+            self.sources.note_holders,
+            self.opener,
+            cell_maker,
+            self.reducer.stop,
+            lambda: self.data,
+        )
+        self.handlers = TrainingHandlers(
+            facts,
+            self,
+            self.held,
+            self.replicas,
+            self.geometry,
+            self.reducer,
+            self.relays,
+            self.lifecycle.close_shard,
+            lambda: self.paused,
+        )
+        self._round = asyncio.Lock()  # a round and a pause never interleave
 
     # --- the books, as the helpers read them (``opening``, ``handlers``, ``reducer``) --------------
 
@@ -232,7 +266,7 @@ class Trainer:
             CellsSeen(tuple(lease for scan in found for lease in scan), tuple(self.cells), stopped, now), now
         )
         self.lifecycle.update_views()
-        ledger = self.handlers.ledger
+        ledger = self.held.ledger
         if ledger is not None:
             ledger.follow(assignment.share_micro_batches)
             ledger.tick(now, set(self.live))
@@ -348,18 +382,6 @@ class Trainer:
             self._extra_pipelines.add(pipeline)
             return None
         return lease.peer_id
-
-    def worker(self, cell: Cell) -> CellWorker:
-        worker = self.cells.get(cell)
-        if worker is None:
-            raise NotHolder(f"this peer does not work cell {cell} (any more); read the cell leases again")
-        return worker
-
-    def server(self, key: Shard) -> ShardServer:
-        server = self.servers.get(key)
-        if server is None:
-            raise NotHolder(f"this peer does not serve shard {key} (any more); read the shard leases again")
-        return server
 
     async def gather_weights(self) -> dict[str, Any]:
         """Every stage's newest committed weights, from its shards' holders, written here as

@@ -162,7 +162,7 @@ def test_local_steps_contribute_a_pseudo_gradient_every_h_shares_and_learn(tmp_p
     async def scenario(swarm: Swarm) -> list[dict[str, Any]]:
         await swarm.wait_for("4 outer steps", lambda: swarm.updates() >= 4, 200)
         for m in swarm.members.values():
-            assert m.trainer.opener.config().outer_lr == outer_step_for(4)[0]
+            assert m.trainer.geometry.config().outer_lr == outer_step_for(4)[0]
         return [m.trainer.status() for m in swarm.members.values()]
 
     statuses = run(tmp_path, 2, scenario, spec_changes=local)

@@ -1,21 +1,33 @@
 """daemon/training/opening.py, in the in-process swarm (swarm_in_process.py): a restarted daemon
 never resumes from its own checkpoint file when that file cannot be trusted (truncated, NaN with
 its checksum recomputed, another run's): the file is renamed aside, and the shard is taken from
-the peer that kept it meanwhile, at no fewer updates than were committed, never left unhosted."""
+the peer that kept it meanwhile, at no fewer updates than were committed, never left unhosted.
+
+And ``ShardOpener`` alone, with fakes: a server opens on the state its sources believe (shard
+(0, 0)'s with the ledger), under this peer's lineage and provenance, and logs its steps and
+checkpoints at the standby the books name."""
 
 from __future__ import annotations
 
 import asyncio
-import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
 
 from swarmd.models.checkpoint import load_safetensors, save_safetensors_atomic, tensors_digest
-from swarmd.training.opening import OPEN_GRACE_S, ShardOpener, StillServed, shard_file
+from swarmd.models.checkpoint_check import Provenance, ShardLayout, TracedShard
+from swarmd.models.parameter_shard import ShardStep
+from swarmd.models.shard_config import ShardConfig, ShardError
+from swarmd.peers.taskpool.exchange import ExchangeConfig
+from swarmd.peers.wire.messages import Ack, ReplicaCheckpoint, ReplicaLog
+from swarmd.training.bookkeeping import Books
+from swarmd.training.opening import ShardOpener
+from swarmd.training.shard_sources import shard_file
 from tests.unit.training.swarm_in_process import Member, Swarm
+from tests.unit.training.test_shard_server import grid
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -71,7 +83,7 @@ def test_a_bad_own_checkpoint_is_set_aside_and_the_shard_fetched_from_its_standb
         await swarm.wait_for("the shard served again", lambda: bool(served(swarm)), 120)
         damage(path, how)
         member = await restart(swarm, victim)
-        await swarm.wait_for("the bad file set aside", lambda: member.trainer.opener.set_aside > 0, 120)
+        await swarm.wait_for("the bad file set aside", lambda: member.trainer.sources.set_aside > 0, 120)
         # The victim is named the shard's server again: it takes the state from the standby.
         await swarm.wait_for("the restarted peer serving the shard", lambda: KEY in member.trainer.servers, 120)
         return committed, member.trainer.servers[KEY].version, member, path
@@ -86,58 +98,118 @@ def test_a_bad_own_checkpoint_is_set_aside_and_the_shard_fetched_from_its_standb
 
     committed, resumed, member, path = asyncio.run(main())
     assert resumed >= committed  # fetched from the peer that kept it, not the seed
-    assert member.trainer.opener.set_aside == 1
+    assert member.trainer.sources.set_aside == 1
     assert member.trainer.status()["checkpoints"]["set_aside"] == 1
     aside = [p.name for p in path.parent.iterdir() if p.name.startswith(f"{path.name}.bad-")]
     assert len(aside) == 1, sorted(p.name for p in path.parent.iterdir())
 
 
-LAYOUT = SimpleNamespace(span=(0, 8))
+# --- ShardOpener with fakes -----------------------------------------------------------------------
+
+RUN = "tiny." + "a" * 24
+CONFIG = ShardConfig(mode="gradient", lr=1e-2, weight_decay=0.0)
 
 
-class _Seen:
-    def __init__(self, seen: int) -> None:
-        self.seen = seen
-
-    def of(self, key: tuple[int, int]) -> int:
-        return self.seen
-
-    def admits(self, key: tuple[int, int], version: int) -> bool:
-        return True
+@dataclass(frozen=True)
+class Facts:
+    checkpoint_dir: Path
+    own: str = "12D3KooWme"
+    run_id: str = RUN
 
 
-def _opener_between(answers: dict[str, object], seen: int) -> ShardOpener:
-    """An opener whose sources answer as ``answers`` says: a version (its state) or an
-    exception (raised by the fetch)."""
-    trainer = SimpleNamespace(replicas=SimpleNamespace(newest=lambda key: None, rules=None), seen=_Seen(seen))
-    opener = ShardOpener(trainer)  # type: ignore[arg-type]
+@dataclass
+class Pool:
+    books: Books = field(default_factory=lambda: Books(own="12D3KooWme", shard_claims={(0, 0): 1000.0}))
 
-    async def fetch(key: object, peer: str, layout: object, step: int) -> object:
-        answer = answers[peer]
-        if isinstance(answer, Exception):
-            raise answer
-        return SimpleNamespace(version=answer)
-
-    opener._sources = lambda key: list(answers)  # type: ignore[method-assign]
-    opener._fetch = fetch  # type: ignore[method-assign]
-    opener._own_checkpoint = lambda path, layout, step: None  # type: ignore[method-assign]
-    return opener
+    def exchange_settings(self) -> ExchangeConfig:
+        return ExchangeConfig(batch_micro_batches=4, share_micro_batches=2)
 
 
-def test_a_shard_is_not_opened_from_a_standby_while_its_holder_still_serves_it(tmp_path: Path) -> None:
-    """The failure this guards against (four daemons on loaded cores): the assignment moved shard
-    (0, 0) while its holder still followed the older one; the new holder took the standby's
-    replica at version 13 while the holder committed 14, and the version went back."""
-    still = StillServed(14)  # the holder's answer: kind "serving"
-    opener = _opener_between({"holder": still, "standby": 13}, seen=13)
-    waiting = asyncio.run(opener._believable_state((0, 0), LAYOUT, tmp_path / "f", 1))  # type: ignore[arg-type]
-    assert waiting is None  # waits for the holder to hand its state over
-    # Once it follows the same assignment it closes and hands its state over: that is opened.
-    opener = _opener_between({"holder": 14, "standby": 13}, seen=13)
-    found = asyncio.run(opener._believable_state((0, 0), LAYOUT, tmp_path / "f", 1))  # type: ignore[arg-type]
-    assert found is not None and found.version == 14
-    # A holder that never lets go does not hold the shard up past the grace: the best is opened.
-    opener = _opener_between({"holder": still, "standby": 13}, seen=13)
-    opener._waiting_since[(0, 0)] = time.monotonic() - OPEN_GRACE_S - 1
-    found = asyncio.run(opener._believable_state((0, 0), LAYOUT, tmp_path / "f", 1))  # type: ignore[arg-type]
-    assert found is not None and found.version == 13
+@dataclass(frozen=True)
+class Geometry:
+    """Stage 0 has shards (0, 0) and (0, 1) of 8 parameters each."""
+
+    def layout(self, key: tuple[int, int]) -> ShardLayout | None:
+        return ShardLayout(RUN, 0, key[1], 2, (8 * key[1], 8 * key[1] + 8), "gradient") if key[0] == 0 else None
+
+    def stage_size(self, stage: int) -> int:
+        return 16
+
+
+@dataclass
+class Sources:
+    """Has a state of every shard at ``version`` (None: none yet)."""
+
+    version: int | None
+    served: list[tuple[int, int]] = field(default_factory=list)
+
+    async def believable_state(
+        self, key: tuple[int, int], layout: ShardLayout, path: Path, step: int
+    ) -> TracedShard | None:
+        if self.version is None:
+            return None
+        lo, hi = layout.span
+        return TracedShard(lo, hi, torch.zeros(hi - lo), CONFIG, step_micro_batches=step, version=self.version)
+
+    def opened(self, key: tuple[int, int]) -> None:
+        self.served.append(key)
+
+
+@dataclass
+class Standby:
+    sent: list[tuple[str, Any, list[bytes]]] = field(default_factory=list)
+
+    async def send(self, peer: str, request: Any, blobs: list[bytes], timeout_s: float) -> tuple[Any, list[bytes]]:
+        self.sent.append((peer, request, blobs))
+        return Ack(), []
+
+
+def opener(tmp_path: Path, sources: Sources, standby: Standby, pool: Pool | None = None) -> ShardOpener:
+    return ShardOpener(
+        Facts(tmp_path),  # type: ignore[arg-type]
+        pool or Pool(),
+        Geometry(),  # type: ignore[arg-type]
+        sources,  # type: ignore[arg-type]
+        standby.send,
+        lambda pipeline: None,
+        lambda share, pipeline, now: "ticket",
+    )
+
+
+def test_a_server_opens_on_the_believable_state_and_shard_0_0_keeps_the_ledger(tmp_path: Path) -> None:
+    sources, standby = Sources(version=5), Standby()
+    o = opener(tmp_path, sources, standby)
+    first = asyncio.run(o.open((0, 0), grid(1)))
+    other = asyncio.run(o.open((0, 1), grid(1)))
+    assert first is not None and other is not None and sources.served == [(0, 0), (0, 1)]
+    assert first.ledger is not None and other.ledger is None
+    server = first.server
+    assert (server.version, server.shards, server.lineage) == (5, 2, "12D3KooWme@1000.000")
+    assert server.checkpoint_path == shard_file(tmp_path, (0, 0), 2)
+    assert server.ledger_state() == first.ledger.state()  # the ledger goes with every logged step
+    assert server.shard.provenance == Provenance.of(Geometry().layout((0, 0)), "12D3KooWme")  # type: ignore[arg-type]
+
+
+def test_no_server_opens_without_a_believable_state_or_outside_the_assignment(tmp_path: Path) -> None:
+    sources = Sources(version=None)
+    o = opener(tmp_path, sources, Standby())
+    assert asyncio.run(o.open((0, 0), grid(1))) is None and sources.served == []
+    with pytest.raises(ShardError, match="no shard"):
+        asyncio.run(o.open((3, 0), grid(1)))
+
+
+def test_a_servers_steps_and_checkpoints_go_to_the_standby_under_its_lineage(tmp_path: Path) -> None:
+    standby, pool = Standby(), Pool()
+    opened = asyncio.run(opener(tmp_path, Sources(version=5), standby, pool).open((0, 1), grid(1)))
+    assert opened is not None
+    server = opened.server
+    step = ShardStep(version=6, delta=torch.zeros(8, dtype=torch.float16), share_ids=(3,), micro_batches=2)
+    # What the server calls after each step and every few steps (``ShardServer``'s log_step and send_checkpoint).
+    assert asyncio.run(server._log_step(step, "")) is False and standby.sent == []  # no standby yet
+    pool.books = replace(pool.books, standby="12D3KooWstandby")
+    assert asyncio.run(server._log_step(step, "")) is True
+    assert asyncio.run(server._send_checkpoint(6, b"state")) is True
+    (peer, log, _), (_, checkpoint, blobs) = standby.sent
+    assert peer == "12D3KooWstandby" and isinstance(log, ReplicaLog) and isinstance(checkpoint, ReplicaCheckpoint)
+    assert (log.stage, log.shard, log.version, log.share_ids, log.lineage) == (0, 1, 6, [3], server.lineage)
+    assert (checkpoint.version, checkpoint.lineage, blobs) == (6, server.lineage, [b"state"])

@@ -28,7 +28,7 @@ CONFIG = ShardConfig(mode="gradient", lr=1e-2, weight_decay=0.0)
 
 
 class Rules:
-    """The opener's answers: the layout of shard KEY, versions up to 100 admitted."""
+    """The stage geometry's answers: the layout of shard KEY, versions up to 100 admitted."""
 
     def layout(self, key: Shard) -> ShardLayout | None:
         return LAYOUT if key == KEY else None

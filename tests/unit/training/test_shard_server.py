@@ -26,9 +26,9 @@ from swarmd.peers.taskpool.tickets import ShareTicket
 from swarmd.peers.wire.codecs import encode_vector
 from swarmd.peers.wire.errors import AlreadyApplied, BadRequest, NotHolder, Unavailable
 from swarmd.peers.wire.messages import Contribute, Pull
-from swarmd.training.opening import replay
 from swarmd.training.replicas import LogEntry, ReplicaStore
 from swarmd.training.shard_server import ShardServer
+from swarmd.training.shard_sources import replay
 
 pytestmark = pytest.mark.timeout(60)
 

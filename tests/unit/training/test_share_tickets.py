@@ -8,22 +8,18 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import torch
 
 from swarmd.peers.records.identity import Identity
-from swarmd.peers.taskpool.assignment import Assignment
-from swarmd.peers.taskpool.exchange import ExchangeConfig
 from swarmd.peers.taskpool.tickets import ShareTicket
 from swarmd.peers.wire.codecs import encode_vector
 from swarmd.peers.wire.errors import BadRequest
 from swarmd.peers.wire.messages import Contribute, Reduce
-from swarmd.training.reducer import Reducer
 from tests.unit.training.swarm_in_process import Swarm
-from tests.unit.training.test_shard_server import grid
+from tests.unit.training.test_reducer import KEEPER, RUN, Server, head
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -37,7 +33,7 @@ def test_made_up_foreign_and_squatted_shares_are_refused_and_training_goes_on(tm
         mallory = next(p for p, t in trainers.items() if (1, stage) in t.cells)
         server_peer = next(p for p, t in trainers.items() if (stage, 0) in t.servers)
         server = trainers[server_peer].servers[(stage, 0)]
-        ledger = next(t.handlers.ledger for t in trainers.values() if t.handlers.ledger is not None)
+        ledger = next(t.held.ledger for t in trainers.values() if t.held.ledger is not None)
         blob = encode_vector(torch.full((server.shard.size,), 1e-3), "fp32")
         upcoming = ledger.ledger.next_id
 
@@ -113,30 +109,12 @@ def test_a_keeper_is_believed_only_for_its_own_signature() -> None:
     assert t.signed_by("tiny." + "a" * 24, keeper.peer_id) and not t.signed_by("tiny." + "a" * 24, other.peer_id)
 
 
-@dataclass
-class HeadTrainer:
-    """What a reduction head's ``Reducer.reduce`` reads of its trainer before it takes a slice."""
-
-    assignment: Assignment
-    keeper: str
-    cells: dict[tuple[int, int], object] = field(default_factory=lambda: {(0, 0): object()})
-
-    def cell_holder(self, cell: tuple[int, int]) -> str:
-        return f"cell-{cell[0]}"
-
-    def exchange_settings(self) -> ExchangeConfig:
-        return ExchangeConfig(batch_micro_batches=1, share_micro_batches=2)
-
-    def ledger_keepers(self) -> list[str]:
-        return [self.keeper]
-
-
 def test_a_head_refuses_a_members_slice_for_shares_not_ticketed_to_its_pipeline() -> None:
     # One member's bad tickets in a head's sum would make the server refuse the sum and count
     # it against the head: the head checks each member's tickets for the member's own pipeline.
-    keeper = Identity.generate()
-    run_id = "tiny." + "a" * 24
-    head = Reducer(HeadTrainer(grid(2, group=2), keeper.peer_id))  # type: ignore[arg-type]
+    keeper, run_id = KEEPER, RUN
+    server = Server()
+    reducer = head(server)
 
     def ticket(share_id: int, pipeline: int) -> bytes:
         fields = dict(share_id=share_id, first=2 * share_id, count=2, pipeline=pipeline)
@@ -156,8 +134,9 @@ def test_a_head_refuses_a_members_slice_for_shares_not_ticketed_to_its_pipeline(
             pipeline=1,
             tickets=count,
         )
-        asyncio.run(head.reduce("cell-1", request, b"", tickets))
+        asyncio.run(reducer.reduce("cell-1", request, b"", tickets))
 
     for tickets, count, reason in ((b"", 0, r"\(ticket\)"), (ticket(5, 0), 1, r"\(ticket_pipeline\)")):
         with pytest.raises(BadRequest, match=reason):
             reduce(tickets, count)
+    assert server.sent == []  # neither went on to the server

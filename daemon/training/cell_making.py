@@ -1,0 +1,77 @@
+"""Making a cell: its stage's module built from the run's seed, its compute, its worker.
+
+Every peer builds a stage's module alike from the run's seed (``stage_module``): the seed
+weights a shard starts from (``shard_sources.StageGeometry``) and the module a cell computes
+with are the same. The cell's weights are then whatever its stage's shards serve.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from swarmd.models.cell_compute import CellCompute
+from swarmd.models.stages import StageModule, split_layers
+from swarmd.peers.records.run_spec import run_seed
+from swarmd.peers.taskpool.assignment import Assignment
+from swarmd.peers.taskpool.cells import Cell
+from swarmd.peers.taskpool.exchange import ExchangeConfig, window
+from swarmd.training.cell import CellWorker
+from swarmd.training.head_relay import HeadRelays
+from swarmd.training.run_facts import RunFacts, Send
+
+if TYPE_CHECKING:  # the run's data loads where it is opened (``swarmd.data.run_files``)
+    from swarmd.data.training_data import TrainingData
+
+
+def stage_module(facts: RunFacts, stage: int) -> StageModule:
+    s = facts.spec
+    return StageModule.from_shape(s.model, run_seed(facts.run_id), split_layers(s.model.layers, facts.stages), stage)
+
+
+class CellMaker:
+    """Builds the cells this peer is given. ``exchange_settings``: the exchange under the
+    assignment in force; ``link_Bps``: the measured link from here to a peer; ``reducer``: the
+    relays of the shards this peer's cells head (a heading cell hands them what it pulls)."""
+
+    def __init__(
+        self,
+        facts: RunFacts,
+        exchange_settings: Callable[[], ExchangeConfig],
+        send: Send,
+        link_Bps: Callable[[str], float],
+        reducer: HeadRelays,
+    ) -> None:
+        self._facts = facts
+        self._exchange_settings = exchange_settings
+        self._send = send
+        self._link_Bps = link_Bps
+        self.reducer = reducer
+
+    def make(self, cell: Cell, assignment: Assignment, data: TrainingData) -> CellWorker:
+        facts = self._facts
+        s = facts.spec
+        compute = CellCompute(
+            stage_module(facts, cell[1]),
+            mode=facts.mode,
+            window=window(facts.stages),
+            lr=s.lr,
+            weight_decay=s.weight_decay,
+            schedule=s.schedule,
+        )
+        worker = CellWorker(
+            cell,
+            facts.stages,
+            self._exchange_settings(),
+            compute,
+            data,
+            s.micro_batch,
+            facts.run_id,
+            self._send,
+            self._link_Bps,
+            shape=s.model,
+            shards=assignment.shard_counts()[cell[1]],
+            half=facts.half,
+        )
+        worker.reducer = self.reducer
+        return worker
