@@ -9,12 +9,14 @@ what lets parameter servers and workers start a run without shipping the initial
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PretrainedConfig, PreTrainedModel
 
 from swarmd.models.shape import FAMILIES, ModelError, ModelShape, llama_intermediate_size
+
+if TYPE_CHECKING:  # imported where a model is made: 2 s a daemon start need not pay until then
+    from transformers import PretrainedConfig, PreTrainedModel
 
 __all__ = [
     "ATTN_IMPLEMENTATION",
@@ -62,6 +64,8 @@ def make_config(shape: ModelShape) -> PretrainedConfig:
     ``bos``/``eos`` token ids are cleared: GPT-2's defaults (50256) lie outside a byte-level
     vocabulary and Llama's (1, 2) would name ordinary bytes; the tokenizer sets its own.
     """
+    from transformers import GPT2Config, LlamaConfig
+
     common: dict[str, Any] = {
         "vocab_size": shape.vocab,
         "tie_word_embeddings": shape.tied,
@@ -109,6 +113,8 @@ def build_model(shape: ModelShape, seed: int) -> PreTrainedModel:
     The global RNG is forked so building a model neither depends on nor disturbs whatever the
     caller seeded (a data loader's shuffle, say).
     """
+    from transformers import AutoModelForCausalLM
+
     config = make_config(shape)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

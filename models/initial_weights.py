@@ -1,4 +1,6 @@
-"""The weights a run starts from, when it starts from a checkpoint: described chunk by chunk,
+"""The weights a run starts from when it starts from a checkpoint, described chunk by chunk.
+
+The weights a run starts from, when it starts from a checkpoint: described chunk by chunk,
 so that a peer without the checkpoint can check every value it is sent.
 
 A run that continues from a pretrained model pins one small file, the initial weights'

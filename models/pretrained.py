@@ -25,14 +25,16 @@ import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
-from transformers import GPT2Config, LlamaConfig, PretrainedConfig
 
 from swarmd.models.shape import FAMILIES, ModelError, ModelShape
 from swarmd.models.stages import EMBEDDING_KEYS, HEAD_KEY, stage_parameter_shapes, stage_sizes
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 __all__ = [
     "PretrainedError",
@@ -53,7 +55,14 @@ MAX_INDEX_BYTES = 64 * 1024 * 1024
 """An index names every tensor once; a 400B model's is a few MB."""
 DIGEST_FORMAT = b"swarmd-checkpoint/1\n"
 _FLOAT_DTYPES = {"F32", "F16", "BF16", "F64"}
-_CONFIG_CLASSES: dict[str, type[PretrainedConfig]] = {"gpt2": GPT2Config, "llama": LlamaConfig}
+
+
+def _config_class(family: str) -> type[PretrainedConfig]:
+    from transformers import GPT2Config, LlamaConfig  # where a checkpoint is read: not at a daemon's start
+
+    return {"gpt2": GPT2Config, "llama": LlamaConfig}[family]
+
+
 _TIED_BY_DEFAULT = {"gpt2": True, "llama": False}
 """``tie_word_embeddings`` when a config.json leaves it out (GPT2Config's and LlamaConfig's defaults)."""
 _BASE_PREFIX = {"gpt2": "transformer.", "llama": "model."}
@@ -171,7 +180,7 @@ def shape_from_checkpoint(folder: str | Path, *, seq_len: int, tied: bool | None
     try:
         # The family's config class reads the file as from_pretrained would: legacy keys
         # (rope_scaling, rope_theta at the top) land where transformers 5 keeps them.
-        config = _CONFIG_CLASSES[family].from_dict(raw)
+        config = _config_class(family).from_dict(raw)
     except (TypeError, ValueError, KeyError) as e:
         raise PretrainedError(f"{path}: transformers cannot read it as a {family} config: {e}") from None
     fields = _gpt2_fields(config, path) if family == "gpt2" else _llama_fields(config, path)

@@ -1,6 +1,8 @@
-"""Robust statistics for a shard's contributions: a median that a few senders cannot drag,
-centred clipping of each contribution around the shard's last aggregate, and a trust in each
-sender from how its contributions agreed with the others'.
+"""Robust statistics for a shard's contributions.
+
+A median that a few senders cannot drag, centred clipping of each contribution around the
+shard's last aggregate, and a trust in each sender from how its contributions agreed with the
+others'.
 
 A shard combines a round's contributions into one step (``parameter_shard``). Their plain
 weighted mean lets one contribution move the step as far as it likes; three defences live here:

@@ -23,14 +23,16 @@ import math
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from swarmd.models.build import ModelError, ModelShape, build_model, make_config
+
+if TYPE_CHECKING:  # imported where a model is made (swarmd.models.build)
+    from transformers import PreTrainedModel
 
 # Label value that the loss skips (padding), the same convention as transformers.
 IGNORE_INDEX = -100
@@ -318,6 +320,8 @@ class StageModule(nn.Module):
 
 def full_state_dict_keys(shape: ModelShape) -> set[str]:
     """The state-dict keys of the full model of ``shape`` (built on the meta device: no memory)."""
+    from transformers import AutoModelForCausalLM
+
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(make_config(shape))
     return set(model.state_dict())
@@ -378,6 +382,8 @@ def stage_parameter_shapes(
     """The names and shapes of the stage's parameters in ``named_parameters()`` order: the layout
     of its flat vector (``cell_compute.flatten_parameters``). Built on the meta device, so it
     costs no memory whatever the model's size; cached, since a peer asks it for every slice."""
+    from transformers import AutoModelForCausalLM
+
     with torch.device("meta"):
         module = StageModule(AutoModelForCausalLM.from_config(make_config(shape)), ranges, stage)
     return tuple((name, tuple(p.shape)) for name, p in module.named_parameters())

@@ -1,4 +1,6 @@
-"""``swarmd export``: a run's stage weights, gathered from the swarm's shards onto this peer
+"""The ``swarmd export`` command, which gathers a run's weights into one folder.
+
+``swarmd export``: a run's stage weights, gathered from the swarm's shards onto this peer
 (``Trainer.gather_weights``), merged into a ``from_pretrained`` folder."""
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Shell completion and a man page, both generated from ``swarmd``'s own parser, so that they
+"""Shell completion and a man page generated from the command line's own parser.
+
+Shell completion and a man page, both generated from ``swarmd``'s own parser, so that they
 never lag behind a flag: ``swarmd completion bash`` and ``swarmd man``."""
 
 from __future__ import annotations

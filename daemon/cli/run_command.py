@@ -1,4 +1,6 @@
-"""``swarmd run``'s work once its arguments are checked: the config with the command line's
+"""What ``swarmd run`` does once its arguments are checked.
+
+``swarmd run``'s work once its arguments are checked: the config with the command line's
 flags over it (at start, and again at each reload), the node on its asyncio loop with the
 signals a service gets (SIGTERM and SIGINT stop it, a second exits at once; SIGHUP reloads),
 and ``swarmd run create``, which signs a new run's spec."""

@@ -1,4 +1,6 @@
-"""``swarmd status --watch``: the status view, refreshed in place on a terminal (rich's Live),
+"""The status view of ``swarmd status --watch``, refreshed in place.
+
+``swarmd status --watch``: the status view, refreshed in place on a terminal (rich's Live),
 instead of a scrolling log. A daemon that stops answering is said so, and the view keeps asking;
 Ctrl-C leaves. Off a terminal each view is printed whole, one after the other."""
 

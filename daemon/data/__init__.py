@@ -1,4 +1,6 @@
-"""A run's files on this peer (import package ``swarmd.data``): the tokenizer, the data
+"""A run's files on this peer, each pinned by its SHA-256.
+
+A run's files on this peer (import package ``swarmd.data``): the tokenizer, the data
 manifest and its token shards, and the weights a run starts from, each pinned by its SHA-256.
 
 - ``run_files``      one run's files: found in the data folders, fetched when missing, served to members

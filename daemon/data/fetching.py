@@ -1,4 +1,6 @@
-"""Fetching a run's file by its digest: from the sources the data manifest lists, else from
+"""Fetching a run's file by its digest, checked in full before it is kept.
+
+Fetching a run's file by its digest: from the sources the data manifest lists, else from
 members that hold it, checked in full before it enters the cache.
 
 One fetch runs per file at a time (callers of the same file share it) and at most

@@ -1,4 +1,6 @@
-"""The weights a run starts from, on this peer: computed from the checkpoint folder where it is
+"""The weights a run starts from, as this peer finds or fetches them.
+
+The weights a run starts from, on this peer: computed from the checkpoint folder where it is
 here, else fetched chunk by chunk from a member that holds it, every chunk checked against the
 initial weights' manifest the run spec pins (``swarmd.models.initial_weights``).
 

@@ -1,4 +1,6 @@
-"""Reading a run's file from a source its data manifest lists: a folder (a shared disk, a
+"""Reading a run's file from a folder or an HTTP(S) mirror its manifest lists.
+
+Reading a run's file from a source its data manifest lists: a folder (a shared disk, a
 mounted bucket) or an HTTP(S) mirror.
 
 A source is a base: a folder path or a URL, and the file is ``base/NAME``. Both are read in a

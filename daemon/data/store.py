@@ -1,4 +1,6 @@
-"""This peer's checked copies of a run's files, by SHA-256: found in its data folders, or
+"""This peer's checked copies of a run's files, found on disk or fetched into a bounded cache.
+
+This peer's checked copies of a run's files, by SHA-256: found in its data folders, or
 fetched into a cache that never outgrows ``[limits] data_cache_gib``.
 
 A run pins every file it reads (the tokenizer, the data manifest, each token shard, the initial

@@ -1,5 +1,6 @@
-"""Whom this daemon's request server serves: the run's live members, and strangers only for the
-reads the run spec opens to them.
+"""Whom this daemon's request server serves.
+
+The run's live members, and strangers only for the reads the run spec opens to them.
 
 The server (``swarmd.peers.wire.rpc``) asks twice, both before a byte of a request's blobs is
 read: when a stream opens, whether its speaker is a member (a member's slot, else one of the

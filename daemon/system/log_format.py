@@ -1,5 +1,6 @@
-"""How the daemon's log lines look: plain text on a terminal, syslog priorities for journald,
-or one JSON object a line.
+"""How the daemon's log lines look.
+
+Plain text on a terminal, syslog priorities for journald, or one JSON object a line.
 
 Under systemd, stderr is a stream into the journal and ``$JOURNAL_STREAM`` names it (device
 and inode): a line that starts with ``<N>`` is stored at syslog priority N, so that

@@ -1,4 +1,6 @@
-"""The data side of a run: the text a run trains on and the token sequences cut from it
+"""The data side of a run (import package ``swarmd.models.data``).
+
+The data side of a run: the text a run trains on and the token sequences cut from it
 (import package ``swarmd.models.data``).
 
 - ``windows``       a run's sequences by data index, over shards read by callback: the same tokens everywhere

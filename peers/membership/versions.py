@@ -1,5 +1,7 @@
-"""Whether the swarm runs a newer swarmd than this peer: told in ``swarmd status``, ``swarmd
-peers`` and the unit's STATUS line, so that a volunteer knows to upgrade.
+"""Whether the swarm runs a newer swarmd than this peer.
+
+Told in ``swarmd status``, ``swarmd peers`` and the unit's STATUS line, so that a volunteer
+knows to upgrade.
 
 A version is the leading numbers of its text (``0.2.0``, ``0.2.0rc1`` as ``0.2.0``); a
 heartbeat's version that does not start with a number is left out. It is each peer's word on

@@ -1,4 +1,6 @@
-"""One planning's context: the scenario as the planner sees it, the model over it, and each
+"""One planning's context, and each step a plan or a repair takes on a grid.
+
+One planning's context: the scenario as the planner sees it, the model over it, and each
 step a plan or a repair takes on a grid (``swarmd.peers.planning.planner`` for the method).
 
 - ``GridCandidate``: a grid with its layer split, shard servers, H and k, and its prediction;

@@ -1,4 +1,6 @@
-"""Measured links: what one peer measured to others (RTT, bandwidth) and of itself (compute),
+"""Measured links and compute, kept smoothed and published as a signed record.
+
+Measured links: what one peer measured to others (RTT, bandwidth) and of itself (compute),
 kept smoothed, probed within a budget, and published as a signed DHT record.
 
 Every peer assembles the swarm's latency and bandwidth matrix from these records

@@ -1,4 +1,6 @@
-"""The task pool: who works which cell, who serves which shard, which data each pipeline trains
+"""The task pool, which says who works which cell and serves which shard.
+
+The task pool: who works which cell, who serves which shard, which data each pipeline trains
 (``swarmd.peers.taskpool``; the protocol is ``docs/data-path.md``).
 
 - ``exchange``  shares, rounds, shards, staleness and when a server steps: the exchange schedule

@@ -1,4 +1,6 @@
-"""The assignment in force: who should hold each cell and each shard, from the plan or, before
+"""The assignment in force: who should hold each cell and each shard.
+
+The assignment in force: who should hold each cell and each shard, from the plan or, before
 there is one, by the provisional rule every member computes alike.
 
 The coordinator's signed plan (``swarmd.peers.records.plan_record``) names a peer per cell, the servers

@@ -1,5 +1,7 @@
-"""What every lease of the task pool is: a signed, expiring claim by one peer, renewed while it
-lives, released when it lets go. ``cells`` and ``servers`` add what is claimed."""
+"""What every lease of the task pool is.
+
+A signed, expiring claim by one peer, renewed while it lives, released when it lets go.
+``cells`` and ``servers`` add what is claimed."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Requests for a run's files between members: a chunk of a file named by its digest, and a
-slice of the weights a run starts from.
+"""Requests for a run's files between members.
+
+A chunk of a file named by its digest, and a slice of the weights a run starts from.
 
 A run pins every file it needs by SHA-256 (the tokenizer, the data manifest and the token
 shards it lists; ``swarmd.data``), so a file is asked for by its digest alone: whoever holds

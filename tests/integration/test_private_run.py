@@ -144,9 +144,9 @@ def test_a_token_run_admits_the_token_holder_and_no_one_else(
     creator = daemon_factory(creator_dir, run_id, train=True)
     joiner = daemon_factory(joiner_dir, run_id, ["--join-token", token], train=True)
     outsider = daemon_factory(outsider_dir, run_id)  # no token, and no training: it only has to be refused
-    addrs = creator.start().wait_running()["addrs"]
+    running = creator.start().wait_running()
+    addrs, creator_id = running["addrs"], running["peer_id"]
     joiner_id = joiner.start(addrs).wait_running()["peer_id"]
-    creator_id = creator.status()["peer_id"]  # type: ignore[index]
     wait_for(lambda: creator.seen_peers() == {joiner_id} and joiner.seen_peers() == {creator_id}, 60, "admission")
 
     # Without a token, a daemon stops on joining, saying what to ask for.

@@ -1,6 +1,8 @@
-"""When this peer pauses by itself, as the owner set it in ``[limits]``: outside the time
-windows it may train in, on battery, while one of the listed programs runs, while the owner
-uses the machine, or while another process uses its GPU (``swarmd.node.limits.machine_use``).
+"""When this peer pauses by itself, as the owner set it in ``[limits]``.
+
+Outside the time windows it may train in, on battery, while one of the listed programs runs,
+while the owner uses the machine, or while another process uses its GPU
+(``swarmd.node.limits.machine_use``).
 
 Each round reads the local clock, the power supplies (``/sys/class/power_supply``: a battery
 and no mains online) and the process names (psutil), and names the first reason to pause, or

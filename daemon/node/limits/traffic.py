@@ -1,4 +1,6 @@
-"""What ``[limits]`` sets of the training traffic: the caps, today's bytes kept across restarts,
+"""The caps ``[limits]`` sets on the training traffic, and the bytes counted against them.
+
+What ``[limits]`` sets of the training traffic: the caps, today's bytes kept across restarts,
 and the daily cap's reason to pause.
 
 The data path paces and counts its bytes through the process's shaper
