@@ -8,6 +8,7 @@ what lets parameter servers and workers start a run without shipping the initial
 
 from __future__ import annotations
 
+import importlib
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ __all__ = [
     "ModelShape",
     "build_model",
     "llama_intermediate_size",
+    "load_model_library",
     "make_config",
 ]
 
@@ -39,6 +41,16 @@ logger = logging.getLogger(__name__)
 # depends only on its weights and its input, never on which peer ran it. Sequences are short
 # (the default run uses 128 tokens), so the T x T scores eager materialises cost little.
 ATTN_IMPLEMENTATION = "eager"
+
+
+def load_model_library() -> None:
+    """Import the model classes every family builds (blocking: a worker thread).
+
+    transformers loads them on first use, about 2 s of imports on a CPU: a daemon does that in a
+    thread before it builds its first stage, so that its event loop (heartbeats, status, the
+    requests it serves) never stands still that long."""
+    for family in FAMILIES:
+        importlib.import_module(f"transformers.models.{family}.modeling_{family}")
 
 
 def make_config(shape: ModelShape) -> PretrainedConfig:

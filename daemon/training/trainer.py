@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from swarmd.errors import SwarmdError
+from swarmd.models.build import load_model_library
 from swarmd.peers.records.identity import Identity
 from swarmd.peers.records.plan_record import PlanRecord
 from swarmd.peers.records.run_spec import SignedRunSpec, run_seed
@@ -301,7 +302,7 @@ class Trainer:
         """Whether the run's data is open here; opens it in the background (it may be fetched)."""
         task = self._opening_data
         if task is None:
-            self._opening_data = asyncio.create_task(self.inputs.training_data(), name="open the run's data")
+            self._opening_data = asyncio.create_task(_open_data(self.inputs), name="open the run's data")
             self.state = "opening the run's data"
             return False
         if not task.done():
@@ -400,3 +401,10 @@ class Trainer:
 
     def status(self) -> dict[str, Any]:
         return training_status(self)
+
+
+async def _open_data(inputs: RunInputs) -> TrainingData:
+    """The run's data, and meanwhile the model library loaded in a thread: the first stage built
+    on the event loop would otherwise stall it (heartbeats, status, requests) for 2 s of imports."""
+    _, data = await asyncio.gather(asyncio.to_thread(load_model_library), inputs.training_data())
+    return data
