@@ -3,7 +3,9 @@
 - ``churn``          when each device of a scenario comes and goes
 - ``shared_links``   transfers sharing the network as concurrent TCP flows (max-min fair)
 - ``engine``         the event queue, and messages as flows (direct, relayed, cut when an end leaves)
-- ``workload``       a run's parameters per stage and shard, compute per micro-batch, bytes per message
+- ``world``          the settings, the devices' state, the engine and the counts every part reads
+- ``workload``       a run's parameters per stage and shard, compute per micro-batch, bytes per message,
+                     and the sizes swarmd's path fixes at its first plan (k, H, the exchange)
 - ``timing``         a pipeline's compute and boundary times per micro-batch, for a share's length
 - ``pipeline_state`` a pipeline and its cells as records, and the epoch stamp their events carry
 - ``ledger_client``  the cells' side of the share ledger: shares held, renewed, given back unspent
@@ -18,13 +20,13 @@
 - ``shards``         the shard servers: a shard's and a contribution's records, and the four parts
 - ``reduction``      reduction groups: members' sums at a head before the servers, as the reducers run them
 - ``allreduce``      a ring all-reduce among a group of devices, as flows on the shared links
-- ``swarmd_path``    swarmd's own data path: the share ledger, the cells and the shard servers together
+- ``swarmd_path``    swarmd's own data path: builds and owns the ledger, the cells and the shard servers
 - ``sync_path``      the baselines' data paths, synchronous as their papers publish them
 - ``op_times``       count and mean time per phase, for the results' breakdown
 - ``control``        the elected coordinator's plans and repairs, and the relays
 - ``results``        what a run measured, and the compute bound and single device it is held against
 - ``time_to_target`` what a run's tokens teach, and when it reaches a target loss
-- ``simulator``      the settings, the strategy type and the run that composes the above
+- ``simulator``      the strategy type and the run: the world, the control plane and a data path
 - ``strategies``     the placement strategies compared on the same seed and churn
 
 It runs the daemon's own decision functions and data-path rules (planning, elections, the task

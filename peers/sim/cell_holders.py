@@ -18,13 +18,15 @@ from swarmd.peers.taskpool.cells import spare_for, spares
 if TYPE_CHECKING:
     from swarmd.peers.sim.ledger_client import LedgerClient
     from swarmd.peers.sim.rounds import Rounds
-    from swarmd.peers.sim.simulator import Simulation
+    from swarmd.peers.sim.shards import ShardServers
+    from swarmd.peers.sim.world import World
 
 
 class CellHolders:
-    def __init__(self, sim: Simulation, ledger: LedgerClient, rounds: Rounds) -> None:
-        self.sim = sim
+    def __init__(self, world: World, ledger: LedgerClient, rounds: Rounds, shards: ShardServers) -> None:
+        self.world = world
         self.ledger = ledger
+        self.shards = shards
         self.rounds = rounds
         self._pid = 0
 
@@ -34,7 +36,6 @@ class CellHolders:
         """The pipelines that follow a plan's grid: each row keeps the pipeline most of its
         cells come from; a cell that changes hands (or a new pipeline's) fetches its stage's
         weights first. ``seeded``: the run's start, when every peer builds the initial weights."""
-        sim = self.sim
         where = {(s, c.device): p for p in pipelines for s, c in enumerate(p.cells) if c.device is not None}
         for p in pipelines:
             for s, c in enumerate(p.cells):
@@ -55,7 +56,7 @@ class CellHolders:
             else:
                 self._pid += 1
                 pipeline = Pipeline(self._pid, round_started=now)
-                pipeline.cells = [Cell(pipeline, s, len(sim.shards.stages[s])) for s in range(len(row))]
+                pipeline.cells = [Cell(pipeline, s, len(self.shards.stages[s])) for s in range(len(row))]
             for cell, d in zip(pipeline.cells, row, strict=True):
                 if cell.device != d:
                     self.hand(now, cell, d, seeded)
@@ -85,39 +86,38 @@ class CellHolders:
         if seeded:
             cell.ready = True
         else:
-            self.sim.shards.load(now, cell)
+            self.shards.load(now, cell)
 
     def _lose_round(self, cell: Cell, device: int) -> None:
         """A holder leaves its cell with the round's work unsent: a later stage's is lost
         (counted); stage 0's shares are issued again (by the ledger, when the holder is known
         gone, or at once if it lives on elsewhere)."""
-        sim = self.sim
+        world = self.world
         if cell.stage > 0:
             if cell.round_shares:
-                sim.counts["contributions_lost"] += 1
+                world.counts["contributions_lost"] += 1
             return
-        if sim.up[device] and cell.round_shares:
-            self.ledger.abandon(sim.ids[device], cell.round_shares)
+        if world.up[device] and cell.round_shares:
+            self.ledger.abandon(world.ids[device], cell.round_shares)
 
     def departed(self, now: float, pipelines: list[Pipeline], device: int) -> None:
         """``device`` left: every cell it held breaks (module doc); its contributions in flight
         are cut with its flows."""
-        sim = self.sim
         for p in pipelines:
             for cell in p.cells:
                 if cell.device != device:
                     continue
-                cut = sim.shards.cut(cell)
+                cut = self.shards.cut(cell)
                 if cell.stage > 0 and cut:  # stage 0's shares are issued again instead
-                    sim.counts["contributions_lost"] += cut
+                    self.world.counts["contributions_lost"] += cut
                 self.hand(now, cell, None)
                 self.rounds.try_start(now, p)  # it waits for the cell (counted from now)
 
     def claim_open_cells(self, now: float, pipelines: list[Pipeline]) -> None:
         """Open cells go to live members that hold none, by the pool's rule (``spare_for``)."""
-        sim = self.sim
+        world = self.world
         named = {
-            (p.pid, c.stage): sim.ids[c.device if c.device is not None else c.named]
+            (p.pid, c.stage): world.ids[c.device if c.device is not None else c.named]
             for p in pipelines
             for c in p.cells
             if c.device is not None or c.named >= 0
@@ -125,10 +125,10 @@ class CellHolders:
         open_cells = [(p.pid, c.stage) for p in pipelines for c in p.cells if c.device is None]
         if not open_cells:
             return
-        live = {sim.ids[d] for d in sim.members()}
-        holding = {sim.ids[c.device] for p in pipelines for c in p.cells if c.device is not None}
+        live = {world.ids[d] for d in world.members()}
+        holding = {world.ids[c.device] for p in pipelines for c in p.cells if c.device is not None}
         candidates = [peer for peer in spares(named, live) if peer not in holding]
         by_pid = {p.pid: p for p in pipelines}
         for (pid, stage), peer in spare_for(open_cells, candidates).items():
-            sim.counts["spare_claims"] += 1
-            self.hand(now, by_pid[pid].cells[stage], sim.index[peer])
+            world.counts["spare_claims"] += 1
+            self.hand(now, by_pid[pid].cells[stage], world.index[peer])

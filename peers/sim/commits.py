@@ -16,8 +16,9 @@ from swarmd.peers.sim.contributions import settle
 
 if TYPE_CHECKING:
     from swarmd.peers.sim.pulls import Pulls
-    from swarmd.peers.sim.shards import Shard
-    from swarmd.peers.sim.simulator import Simulation
+    from swarmd.peers.sim.shards import Shard, ShardClients
+    from swarmd.peers.sim.workload import RunSizes
+    from swarmd.peers.sim.world import World
 
 MAX_VERSION_TOKENS = 4096
 """Committed versions of shard (0, 0) whose micro-batches are kept, to take off a lost one's."""
@@ -33,8 +34,9 @@ class LoggedStep(NamedTuple):
 
 
 class Commits:
-    def __init__(self, sim: Simulation, ledger_shard: Shard, pulls: Pulls) -> None:
-        self.sim = sim
+    def __init__(self, world: World, sizes: RunSizes, ledger_shard: Shard, pulls: Pulls, clients: ShardClients) -> None:
+        self.world, self.sizes = world, sizes
+        self.clients = clients
         self.ledger_shard = ledger_shard
         """Shard (0, 0): only its commits count what is trained."""
         self.pulls = pulls
@@ -44,23 +46,23 @@ class Commits:
     def step(self, now: float, shard: Shard) -> None:
         """The buffer is applied as a new version, logged at the standby (committed at once
         without one)."""
-        sim = self.sim
+        world, workload = self.world, self.sizes.workload
         shard.version += 1
         shard.steps.append((shard.version, shard.buffer, now))
         shard.buffer, shard.buffered = [], 0.0
         if shard.standby is None:
             self.commit(now, shard, shard.version)  # nobody to replicate to
             return
-        sim.engine.send(
+        world.engine.send(
             now,
             shard.holder,
             shard.standby,
-            sim.workload.delta_bytes(shard.stage, shard.index),
+            workload.delta_bytes(shard.stage, shard.index),
             self._logged,
             LoggedStep(shard, shard.epoch, shard.standby, shard.version),
         )
-        if shard.version % sim.settings.checkpoint_every == 0:
-            sim.engine.send(now, shard.holder, shard.standby, sim.workload.checkpoint_bytes(shard.stage, shard.index))
+        if shard.version % world.settings.checkpoint_every == 0:
+            world.engine.send(now, shard.holder, shard.standby, workload.checkpoint_bytes(shard.stage, shard.index))
 
     def _logged(self, now: float, step: LoggedStep) -> None:
         shard = step.shard
@@ -82,19 +84,19 @@ class Commits:
 
     def commit(self, now: float, shard: Shard, upto: int) -> None:
         """Every step up to version ``upto`` is committed: its contributions settle."""
-        sim = self.sim
+        world, k = self.world, self.sizes.share_micro_batches
         trained = steps = 0
         first = shard is self.ledger_shard
         while shard.steps and shard.steps[0][0] <= upto:
             version, contributions, stepped = shard.steps.popleft()
             steps += 1
-            sim.phases.add("commit_lag", now - stepped)
+            world.phases.add("commit_lag", now - stepped)
             mb = 0
             for c in contributions:
                 if first:  # only shard (0, 0) counts what is trained
-                    mb += sum(i not in shard.done for i in c.share_ids) * sim.share_micro_batches
+                    mb += sum(i not in shard.done for i in c.share_ids) * k
                 shard.remember(c.share_ids)
-                settle(now, c, sim.pipelines)
+                settle(now, c, self.clients)
             if first:
                 trained += mb
                 self.version_mb[version] = mb
@@ -104,14 +106,13 @@ class Commits:
         if shard.standby is not None and shard.standby_ready:
             shard.replicas[shard.standby] = upto
         if first:
-            sim.trained(now, trained, steps)
+            world.trained(now, trained, steps)
         self.pulls.committed(now, shard)
 
     def lose(self, shard: Shard, restored: int) -> None:
         """A failover restores ``shard`` at ``restored``: the versions committed above it are
         lost (counted), and at shard (0, 0) what they trained is not trained after all."""
-        sim = self.sim
         lost = max(0, shard.committed - restored)
-        sim.counts["updates_lost"] += lost
+        self.world.counts["updates_lost"] += lost
         if shard is self.ledger_shard and lost:
-            sim.untrained(sum(self.version_mb.pop(v, 0) for v in range(restored + 1, shard.committed + 1)))
+            self.world.untrained(sum(self.version_mb.pop(v, 0) for v in range(restored + 1, shard.committed + 1)))

@@ -19,9 +19,9 @@ from swarmd.peers.taskpool.exchange import staleness_weight, step_micro_batches
 if TYPE_CHECKING:
     from swarmd.peers.sim.commits import Commits
     from swarmd.peers.sim.pipeline_state import Cell
-    from swarmd.peers.sim.pipelines import Pipelines
-    from swarmd.peers.sim.shards import Contribution, Shard
-    from swarmd.peers.sim.simulator import Simulation
+    from swarmd.peers.sim.shards import Contribution, Shard, ShardClients
+    from swarmd.peers.sim.workload import RunSizes
+    from swarmd.peers.sim.world import World
 
 
 class Delivery(NamedTuple):
@@ -32,25 +32,29 @@ class Delivery(NamedTuple):
     contribution: Contribution
 
 
-def settle(now: float, c: Contribution, pipelines: Pipelines) -> None:
+def settle(now: float, c: Contribution, cells: ShardClients) -> None:
     """``c`` (each of its parts, for a head's sum) is through at its shard: once every shard
     of stage 0 has its round's, the round's shares complete at the ledger."""
     for part in c.parts:
-        settle(now, part, pipelines)
+        settle(now, part, cells)
     group = c.group
     if group is None:
         return
     group.left -= 1
     if group.left == 0:
-        pipelines.round_settled(now, group)
+        cells.round_settled(now, group)
 
 
 class Intake:
-    def __init__(self, sim: Simulation, stages: list[list[Shard]], commits: Commits) -> None:
-        self.sim = sim
+    def __init__(
+        self, world: World, sizes: RunSizes, stages: list[list[Shard]], commits: Commits, clients: ShardClients
+    ) -> None:
+        self.world, self.workload = world, sizes.workload
+        self.exchange = sizes.exchange
         self.stages = stages
         self.commits = commits
-        self.step_mb = step_micro_batches(sim.exchange)
+        self.clients = clients
+        self.step_mb = step_micro_batches(sizes.exchange)
         self._cid = 0
 
     def next_cid(self) -> int:
@@ -60,16 +64,16 @@ class Intake:
     def contribute(self, now: float, c: Contribution, sender: int | None = None) -> None:
         """Cell ``c.device`` (or ``sender``: the head of its reduction group, forwarding it)
         sends ``c`` to its shard's holder (again, after a failover)."""
-        sim = self.sim
+        engine = self.world.engine
         shard = self.stages[c.stage][c.shard]
         shard.in_flight[c.cid] = c
         if c.cell.serial == c.serial:
             c.cell.in_flight.add(c.cid)
         c.sent_at = now
         src = c.device if sender is None else sender
-        nbytes = sim.workload.contribution_bytes(c.stage, c.shard, sim.engine.path_rate(src, shard.holder, None))
-        via = sim.engine.route(src, shard.holder, nbytes, for_speed=False)
-        sim.engine.send(now, src, shard.holder, nbytes, self._arrived, Delivery(shard, shard.epoch, c), via)
+        nbytes = self.workload.contribution_bytes(c.stage, c.shard, engine.path_rate(src, shard.holder, None))
+        via = engine.route(src, shard.holder, nbytes, for_speed=False)
+        engine.send(now, src, shard.holder, nbytes, self._arrived, Delivery(shard, shard.epoch, c), via)
 
     def cut(self, cell: Cell) -> int:
         """``cell``'s device left: its contributions in flight to the shards of its stage stop
@@ -87,13 +91,12 @@ class Intake:
             return  # the shard changed hands meanwhile: it was sent again to the new holder
         if shard.in_flight.pop(c.cid, None) is None:
             return  # given up when its cell's holder left (an engine retry after a blip)
-        sim = self.sim
-        sim.phases.add("contribution", now - c.sent_at)
+        self.world.phases.add("contribution", now - c.sent_at)
         if c.parts:
             return self._sum_arrived(now, shard, c)
         if c.cell.serial == c.serial:
             c.cell.in_flight.discard(c.cid)
-            sim.pipelines.delivered(now, c.cell)
+            self.clients.delivered(now, c.cell)
         self._take(now, shard, c)
 
     def _sum_arrived(self, now: float, shard: Shard, c: Contribution) -> None:
@@ -102,7 +105,7 @@ class Intake:
         for part in c.parts:
             if part.cell.serial == part.serial:
                 part.cell.in_flight.discard(part.cid)
-                self.sim.pipelines.delivered(now, part.cell)
+                self.clients.delivered(now, part.cell)
         if any(i in shard.done for i in c.share_ids):
             for part in c.parts:
                 self._take(now, shard, part)
@@ -110,19 +113,19 @@ class Intake:
         self._take(now, shard, c)
 
     def _take(self, now: float, shard: Shard, c: Contribution) -> None:
-        sim = self.sim
+        world = self.world
         if all(i in shard.done for i in c.share_ids):
-            sim.counts["duplicates"] += 1
-            settle(now, c, sim.pipelines)
+            world.counts["duplicates"] += 1
+            settle(now, c, self.clients)
             return
         staleness = max(0, shard.version - c.base)
-        weight = staleness_weight(staleness, sim.exchange)
+        weight = staleness_weight(staleness, self.exchange)
         if weight == 0.0:
-            sim.counts["stale_dropped"] += 1
+            world.counts["stale_dropped"] += 1
             shard.remember(c.share_ids)
-            settle(now, c, sim.pipelines)
+            settle(now, c, self.clients)
             return
-        sim.staleness[staleness] += 1
+        world.staleness[staleness] += 1
         shard.buffer.append(c)
         shard.buffered += weight * c.micro_batches
         if shard.buffered >= self.step_mb:

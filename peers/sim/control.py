@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
@@ -28,7 +28,18 @@ from swarmd.peers.planning.scenario import ScenarioError
 from swarmd.peers.sim.results import PlanEvent
 
 if TYPE_CHECKING:
-    from swarmd.peers.sim.simulator import Simulation
+    from swarmd.peers.sim.simulator import Strategy
+    from swarmd.peers.sim.world import World
+
+
+class PlanTarget(Protocol):
+    """Who follows the coordinator's plans (``simulator.Simulation``, for its data path)."""
+
+    def follow(self, now: float, plan: Plan) -> None:
+        """A new plan is published."""
+
+    def assignment(self) -> Plan:
+        """What holds what now, for a repair."""
 
 
 class CoordinatorRound(NamedTuple):
@@ -48,15 +59,15 @@ class PlanReady(NamedTuple):
 
 
 class Control:
-    def __init__(self, sim: Simulation) -> None:
-        self.sim = sim
-        settings = sim.settings
-        connectivity = median_rates(sim.scenario.bandwidth_Bps)
+    def __init__(self, world: World, strategy: Strategy, target: PlanTarget) -> None:
+        self.world, self.strategy, self.target = world, strategy, target
+        settings = world.settings
+        connectivity = median_rates(world.scenario.bandwidth_Bps)
         self.candidates = [
             RoleCandidate(p, float(a), float(c))
-            for p, a, c in zip(sim.ids, sim.availability, connectivity, strict=True)
+            for p, a, c in zip(world.ids, world.availability, connectivity, strict=True)
         ]
-        self.round_phase = np.random.default_rng([settings.seed, 1]).uniform(0.0, settings.coordinate_s, sim.n)
+        self.round_phase = np.random.default_rng([settings.seed, 1]).uniform(0.0, settings.coordinate_s, world.n)
         self.coordinator: int | None = None
         self.relays: list[int] = []
         self.plan: Plan | None = None
@@ -70,10 +81,10 @@ class Control:
         """Elect the first coordinator and make the first plan (its runtime is reported; the
         run starts on it at time 0, as every peer would from the seed)."""
         self.elect()
-        live = self.sim.members()
-        view = self.sim.scenario.with_devices(live)
+        live = self.world.members()
+        view = self.world.scenario.with_devices(live)
         started = time.perf_counter()
-        local = self.sim.strategy.full_plan(view)
+        local = self.strategy.full_plan(view)
         runtime = time.perf_counter() - started
         self.events.append(PlanEvent(0.0, "full", runtime, len(live), len(local.pipelines)))
         return self._with_relays(local.remapped(live), live)
@@ -82,18 +93,18 @@ class Control:
         """The coordinator among the members. ``elect_coordinator`` keeps an eligible
         incumbent whoever else is there, so the candidates are listed only when the incumbent
         left or fell below the thresholds."""
-        sim = self.sim
-        current = self.coordinator if self.coordinator is not None and sim.member[self.coordinator] else None
-        if current is not None and eligible(self.candidates[current], sim.settings.thresholds, incumbent=True):
+        world = self.world
+        current = self.coordinator if self.coordinator is not None and world.member[self.coordinator] else None
+        if current is not None and eligible(self.candidates[current], world.settings.thresholds, incumbent=True):
             return
         chosen = elect_coordinator(
-            [self.candidates[d] for d in sim.members()],
-            None if current is None else sim.ids[current],
-            sim.settings.thresholds,
+            [self.candidates[d] for d in world.members()],
+            None if current is None else world.ids[current],
+            world.settings.thresholds,
         )
-        elected = None if chosen is None else sim.index[chosen]
+        elected = None if chosen is None else world.index[chosen]
         if self.coordinator is not None and elected != self.coordinator:
-            sim.counts["coordinator_changes"] += 1
+            world.counts["coordinator_changes"] += 1
         self.coordinator = elected
 
     # --- planning at the coordinator's rounds ----------------------------------------------------
@@ -108,15 +119,15 @@ class Control:
             self.wanted = True
             return
         c = self.coordinator
-        if c is None or not self.sim.up[c]:
+        if c is None or not self.world.up[c]:
             self.wanted = True
             return
         self.wanted = False
         self.pending = True
-        self.sim.engine.at(self._next_round(c, now), self._plan_start, CoordinatorRound(c, int(self.sim.epoch[c])))
+        self.world.engine.at(self._next_round(c, now), self._plan_start, CoordinatorRound(c, int(self.world.epoch[c])))
 
     def _next_round(self, c: int, now: float) -> float:
-        period = self.sim.settings.coordinate_s
+        period = self.world.settings.coordinate_s
         if period <= 0:
             return now
         phase = float(self.round_phase[c])
@@ -125,27 +136,27 @@ class Control:
     def _plan_start(self, now: float, turn: CoordinatorRound) -> None:
         self.pending = False
         c = turn.coordinator
-        if self.coordinator == c and self.sim.epoch[c] == turn.epoch and self.sim.up[c]:
+        if self.coordinator == c and self.world.epoch[c] == turn.epoch and self.world.up[c]:
             self._plan_now(now, c)
         else:  # it left, or was replaced, before its round: whoever coordinates now plans
             self.wanted = True
             self.want_plan(now)
 
     def _plan_now(self, now: float, c: int) -> None:
-        sim = self.sim
-        strategy = sim.strategy
-        live = sim.members()
-        current = sim.assignment()
+        world = self.world
+        strategy = self.strategy
+        live = world.members()
+        current = self.target.assignment()
         started = time.perf_counter()
         try:
             if strategy.mend_live is not None:
-                result, kind = strategy.mend_live(sim.scenario, np.asarray(live), current), "repair"
+                result, kind = strategy.mend_live(world.scenario, np.asarray(live), current), "repair"
             else:
-                view = sim.scenario.with_devices(live)
+                view = world.scenario.with_devices(live)
                 if strategy.mend is not None:
                     referenced = sorted(set(current.roles()) | set(live))
                     local = {d: i for i, d in enumerate(referenced)}
-                    mended = strategy.mend(view, current.remapped(local), [sim.ids[d] for d in referenced])
+                    mended = strategy.mend(view, current.remapped(local), [world.ids[d] for d in referenced])
                     result, kind = mended.remapped(live), "repair"
                 else:
                     result, kind = strategy.full_plan(view).remapped(live), "replan"
@@ -156,32 +167,32 @@ class Control:
         runtime = time.perf_counter() - started
         self.events.append(PlanEvent(now, kind, runtime, len(live), len(result.pipelines)))
         self.planning = True
-        sim.engine.at(now + runtime, self._plan_ready, PlanReady(result, live, c, int(sim.epoch[c])))
+        world.engine.at(now + runtime, self._plan_ready, PlanReady(result, live, c, int(world.epoch[c])))
 
     def _plan_ready(self, now: float, ready: PlanReady) -> None:
         self.planning = False
-        sim = self.sim
-        if sim.epoch[ready.by] != ready.epoch:
+        world = self.world
+        if world.epoch[ready.by] != ready.epoch:
             # Its coordinator left while computing it: nobody publishes it. The next one plans
             # once that departure is noticed (``Simulation._notice`` elects it).
-            sim.counts["plans_lost"] += 1
+            world.counts["plans_lost"] += 1
             self.wanted = True
         else:
-            sim.follow(now, self._with_relays(ready.plan, ready.live))
+            self.target.follow(now, self._with_relays(ready.plan, ready.live))
         if self.wanted:
             self.want_plan(now)
 
     def _with_relays(self, plan: Plan, live: list[int]) -> Plan:
         """The plan with its relays elected as the daemon's coordinator elects them."""
-        sim = self.sim
-        incumbents = [sim.ids[r] for r in self.relays if sim.member[r]]
-        preferred = [sim.ids[r] for r in plan.relays]
-        wanted = relays_wanted(len(live)) if sim.strategy.relays else 0
+        world = self.world
+        incumbents = [world.ids[r] for r in self.relays if world.member[r]]
+        preferred = [world.ids[r] for r in plan.relays]
+        wanted = relays_wanted(len(live)) if self.strategy.relays else 0
         chosen = elect_relays(
-            [self.candidates[d] for d in live], incumbents, sim.settings.thresholds, wanted, preferred=preferred
+            [self.candidates[d] for d in live], incumbents, world.settings.thresholds, wanted, preferred=preferred
         )
-        self.relays = [sim.index[p] for p in chosen]
-        sim.engine.set_relays(self.relays)
+        self.relays = [world.index[p] for p in chosen]
+        world.engine.set_relays(self.relays)
         self.plan = Plan(
             pipelines=plan.pipelines,
             layers_per_stage=plan.layers_per_stage,

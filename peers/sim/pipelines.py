@@ -23,8 +23,9 @@ A pipeline is a row of the plan's grid: one cell ``(p, s)`` per stage, each held
   (``cells.spare_for``) once the lease lapses, or the coordinator's repair does; the new
   device fetches its stage's weights whole before the pipeline starts again.
 
-``Pipelines`` holds the list of pipelines, builds those parts, and is what the rest of the run
-calls (the plan, departures, and what the shard servers report).
+``Pipelines`` holds the list of pipelines, builds those parts and the reduction groups'
+``Reducers`` (which read the list), and is what the rest of the path calls (the plan,
+departures, and what the shard servers report).
 """
 
 from __future__ import annotations
@@ -32,22 +33,28 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from swarmd.peers.sim.cell_holders import CellHolders
-from swarmd.peers.sim.ledger_client import LedgerClient
+from swarmd.peers.sim.reduction import Reducers
 from swarmd.peers.sim.rounds import Rounds
 
 if TYPE_CHECKING:
+    from swarmd.peers.sim.ledger_client import LedgerClient
     from swarmd.peers.sim.pipeline_state import Cell, Pipeline
-    from swarmd.peers.sim.shards import RoundGroup
-    from swarmd.peers.sim.simulator import Simulation
+    from swarmd.peers.sim.shards import RoundGroup, ShardServers
+    from swarmd.peers.sim.workload import RunSizes
+    from swarmd.peers.sim.world import World
 
 
 class Pipelines:
-    def __init__(self, sim: Simulation) -> None:
-        self.sim = sim
+    def __init__(
+        self, world: World, sizes: RunSizes, ledger: LedgerClient, shards: ShardServers, groups: tuple[int, ...]
+    ) -> None:
+        """``groups``: the first plan's reduction group size per stage."""
+        self.world = world
         self.pipelines: list[Pipeline] = []
-        self.ledger = LedgerClient(sim)
-        self.rounds = Rounds(sim, self.ledger)
-        self.holders = CellHolders(sim, self.ledger, self.rounds)
+        self.ledger = ledger
+        self.reducers = Reducers(world, sizes, self, shards, groups)
+        self.rounds = Rounds(world, sizes, ledger, shards, self.reducers)
+        self.holders = CellHolders(world, ledger, self.rounds, shards)
 
     def cells_of_stage(self, stage: int) -> list[Cell]:
         return [p.cells[stage] for p in self.pipelines]
@@ -72,7 +79,7 @@ class Pipelines:
 
     def noticed_departure(self, now: float, device: int) -> None:
         """Its leases lapsed: the ledger issues its shares again, and spares take its cells."""
-        self.ledger.forget(self.sim.ids[device])
+        self.ledger.forget(self.world.ids[device])
         self.holders.claim_open_cells(now, self.pipelines)
 
     # --- what the shards report ---------------------------------------------------------------

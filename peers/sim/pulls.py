@@ -15,8 +15,9 @@ from swarmd.peers.taskpool.reduction import HEAD_KEEP_VERSIONS
 
 if TYPE_CHECKING:
     from swarmd.peers.sim.pipeline_state import Cell
-    from swarmd.peers.sim.shards import Shard
-    from swarmd.peers.sim.simulator import Simulation
+    from swarmd.peers.sim.shards import Shard, ShardClients
+    from swarmd.peers.sim.workload import Workload
+    from swarmd.peers.sim.world import World
 
 
 class PullAnswer(NamedTuple):
@@ -42,40 +43,41 @@ class SliceCopy(NamedTuple):
 
 
 class Pulls:
-    def __init__(self, sim: Simulation, stages: list[list[Shard]]) -> None:
-        self.sim = sim
+    def __init__(self, world: World, workload: Workload, stages: list[list[Shard]], clients: ShardClients) -> None:
+        self.world, self.workload = world, workload
         self.stages = stages
+        self.clients = clients
 
     def pull(self, now: float, shard: Shard, cell: Cell) -> None:
         """The cell's long poll of this shard answers when it lacks a committed version: from
         its group's head for the shard where it has one that holds a newer version within the
         deltas it keeps (``reduction.HEAD_KEEP_VERSIONS``), else from the server."""
-        sim = self.sim
+        world = self.world
         k = shard.index
         if cell.pulling[k] or not cell.ready:
             return
         source, version = shard.holder, shard.committed
-        head = sim.reducers.pull_head(cell, k)
+        head = self.clients.pull_head(cell, k)
         if head is not None:
             if head.arrived[k] <= cell.arrived[k]:
                 return  # the head's own pull brings it first, then this one goes
             if head.arrived[k] - cell.arrived[k] <= HEAD_KEEP_VERSIONS:
                 assert head.device is not None
                 source, version = head.device, head.arrived[k]
-        if not sim.up[source]:
+        if not world.up[source]:
             return
         behind = version - cell.arrived[k]
         if behind <= 0:
             return
-        nbytes = sim.workload.pull_bytes(shard.stage, k, behind, sim.settings.keep_versions)
+        nbytes = self.workload.pull_bytes(shard.stage, k, behind, world.settings.keep_versions)
         cell.pulling[k] = True
-        via = sim.engine.route(source, cell.device, nbytes, for_speed=False)
+        via = world.engine.route(source, cell.device, nbytes, for_speed=False)
         answer = PullAnswer(shard, shard.epoch, cell, cell.serial, version, now)
-        sim.engine.send(now, source, cell.device, nbytes, self._pulled, answer, via)
+        world.engine.send(now, source, cell.device, nbytes, self._pulled, answer, via)
 
     def committed(self, now: float, shard: Shard) -> None:
         """``shard`` committed a new version: every cell of its stage may pull it."""
-        for cell in self.sim.pipelines.cells_of_stage(shard.stage):
+        for cell in self.clients.cells_of_stage(shard.stage):
             self.pull(now, shard, cell)
 
     def _pulled(self, now: float, a: PullAnswer) -> None:
@@ -84,11 +86,11 @@ class Pulls:
             return
         cell.pulling[shard.index] = False
         cell.arrived[shard.index] = max(cell.arrived[shard.index], a.version)
-        self.sim.phases.add("pull", now - a.asked)
+        self.world.phases.add("pull", now - a.asked)
         self.pull(now, shard, cell)
-        for member in self.sim.reducers.members_of(cell, shard.index):  # a head passes it on
+        for member in self.clients.members_of(cell, shard.index):  # a head passes it on
             self.pull(now, shard, member)
-        self.sim.pipelines.pulled(now, cell)
+        self.clients.pulled(now, cell)
 
     def load(self, now: float, cell: Cell) -> None:
         """A new cell fetches its stage's weights, every slice whole, before it starts."""
@@ -98,13 +100,13 @@ class Pulls:
             self._send_slice(now, shard, cell)
 
     def _send_slice(self, now: float, shard: Shard, cell: Cell) -> None:
-        sim = self.sim
-        if not sim.up[shard.holder] or cell.device is None:
+        world = self.world
+        if not world.up[shard.holder] or cell.device is None:
             return  # its holder left: the failover sends it
-        nbytes = sim.workload.slice_bytes(shard.stage, shard.index)
-        via = sim.engine.route(shard.holder, cell.device, nbytes, for_speed=False)
+        nbytes = self.workload.slice_bytes(shard.stage, shard.index)
+        via = world.engine.route(shard.holder, cell.device, nbytes, for_speed=False)
         copy = SliceCopy(shard, shard.epoch, cell, cell.serial, shard.committed)
-        sim.engine.send(now, shard.holder, cell.device, nbytes, self._slice_in, copy, via)
+        world.engine.send(now, shard.holder, cell.device, nbytes, self._slice_in, copy, via)
 
     def _slice_in(self, now: float, s: SliceCopy) -> None:
         shard, cell = s.shard, s.cell
@@ -115,16 +117,16 @@ class Pulls:
         cell.arrived[k] = s.version
         if not cell.missing:
             cell.ready = True
-            self.sim.phases.add("weights", now - cell.loading_since)
-            self.sim.pipelines.cell_ready(now, cell)
+            self.world.phases.add("weights", now - cell.loading_since)
+            self.clients.cell_ready(now, cell)
             for other in self.stages[cell.stage]:
                 self.pull(now, other, cell)
 
     def rejoin(self, now: float, shard: Shard, restored: int) -> None:
         """``shard`` changed hands at version ``restored``: the cells of its stage pull from the
         new holder, the whole slice if they hold updates it lost or were still fetching it."""
-        keep_versions = self.sim.settings.keep_versions
-        for cell in self.sim.pipelines.cells_of_stage(shard.stage):
+        keep_versions = self.world.settings.keep_versions
+        for cell in self.clients.cells_of_stage(shard.stage):
             k = shard.index
             cell.pulling[k] = False
             if cell.arrived[k] > restored:  # it holds updates the shard lost: it takes the slice whole

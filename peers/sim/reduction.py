@@ -28,7 +28,10 @@ from swarmd.peers.taskpool.reduction import group_of, head_of, reduce_wait_s, su
 
 if TYPE_CHECKING:
     from swarmd.peers.sim.pipeline_state import Cell
-    from swarmd.peers.sim.simulator import Simulation
+    from swarmd.peers.sim.pipelines import Pipelines
+    from swarmd.peers.sim.shards import ShardServers
+    from swarmd.peers.sim.workload import RunSizes
+    from swarmd.peers.sim.world import World
 
 
 @dataclass(eq=False)
@@ -57,14 +60,19 @@ class BucketDue(NamedTuple):
 
 
 class Reducers:
-    def __init__(self, sim: Simulation) -> None:
-        self.sim = sim
-        self.groups: tuple[int, ...] = ()
+    def __init__(
+        self, world: World, sizes: RunSizes, pipelines: Pipelines, shards: ShardServers, groups: tuple[int, ...]
+    ) -> None:
+        """``pipelines``: whose list the groups cut (read at each call: a plan replaces it)."""
+        self.world, self.sizes = world, sizes
+        self.pipelines = pipelines
+        self.shards = shards
+        self.groups: tuple[int, ...] = tuple(groups)
         self.buckets: dict[tuple[int, int, int], Bucket] = {}
         self.to_head: dict[int, tuple[int, Contribution]] = {}
         """Parts on their way to a head or in its bucket, by contribution ID: (head, part)."""
         self._positions: dict[int, int] = {}
-        """id(pipeline) -> its index in the simulation's list, rebuilt when the list changed."""
+        """id(pipeline) -> its index in the pipelines' list, rebuilt when the list changed."""
 
     def follow(self, groups: tuple[int, ...]) -> None:
         self.groups = tuple(groups)
@@ -74,13 +82,13 @@ class Reducers:
 
     def head_cell(self, cell: Cell, shard: int) -> Cell | None:
         """The held cell that reduces ``cell``'s slices of ``shard`` (None: none, go direct)."""
-        pipes = self.sim.pipelines.pipelines
+        pipes = self.pipelines.pipelines
         index = self._index(cell)
         head = None if index is None else head_of(index, len(pipes), self.group_size(cell.stage), shard)
         if head is None:
             return None
         found = pipes[head].cells[cell.stage]
-        return found if found.device is not None and self.sim.up[found.device] else None
+        return found if found.device is not None and self.world.up[found.device] else None
 
     def pull_head(self, cell: Cell, shard: int) -> Cell | None:
         """The held, ready cell ``cell`` pulls ``shard`` from (None: from the server)."""
@@ -89,7 +97,7 @@ class Reducers:
 
     def members_of(self, head: Cell, shard: int) -> list[Cell]:
         """The cells that pull ``shard`` from ``head`` (none when it heads no group for it)."""
-        pipes = self.sim.pipelines.pipelines
+        pipes = self.pipelines.pipelines
         index = self._index(head)
         size = self.group_size(head.stage)
         if index is None or size < 2 or head_of(index, len(pipes), size, shard) != index:
@@ -99,7 +107,7 @@ class Reducers:
     def _index(self, cell: Cell) -> int | None:
         if self.group_size(cell.stage) < 2:
             return None
-        pipes = self.sim.pipelines.pipelines
+        pipes = self.pipelines.pipelines
         at = self._positions.get(id(cell.pipeline))
         if at is None or at >= len(pipes) or pipes[at] is not cell.pipeline:
             self._positions = {id(p): i for i, p in enumerate(pipes)}
@@ -113,7 +121,7 @@ class Reducers:
         head = self.head_cell(c.cell, c.shard)
         if head is None:
             return False
-        sim = self.sim
+        world = self.world
         assert head.device is not None
         c.cell.in_flight.add(c.cid)
         c.sent_at = now
@@ -122,17 +130,17 @@ class Reducers:
         if head.device == c.device:
             self._arrived(now, delivery)
         else:
-            rate = sim.engine.path_rate(c.device, head.device, None)
-            nbytes = sim.workload.contribution_bytes(c.stage, c.shard, rate)
-            via = sim.engine.route(c.device, head.device, nbytes, for_speed=False)
-            sim.engine.send(now, c.device, head.device, nbytes, self._arrived, delivery, via)
+            rate = world.engine.path_rate(c.device, head.device, None)
+            nbytes = self.sizes.workload.contribution_bytes(c.stage, c.shard, rate)
+            via = world.engine.route(c.device, head.device, nbytes, for_speed=False)
+            world.engine.send(now, c.device, head.device, nbytes, self._arrived, delivery, via)
         return True
 
     def _arrived(self, now: float, d: HeadDelivery) -> None:
         head, c = d.head, d.contribution
         if self.to_head.get(c.cid, (None, None))[1] is not d.contribution:
             return  # sent to the server meanwhile (its head left)
-        pipes = self.sim.pipelines.pipelines
+        pipes = self.pipelines.pipelines
         index = next((i for i, p in enumerate(pipes) if p.pid == d.head_pid), None)
         if index is None:
             return self._direct(now, c)  # the head's pipeline is gone from the plan
@@ -142,17 +150,17 @@ class Reducers:
             bucket = self.buckets[key] = Bucket(head, c.stage, c.shard, index)
             cell = pipes[index].cells[c.stage]
             wait = reduce_wait_s(self._round_s(cell))
-            self.sim.engine.at(now + wait, self._flush, BucketDue(key, bucket))
+            self.world.engine.at(now + wait, self._flush, BucketDue(key, bucket))
         bucket.parts.append(c)
         if len(bucket.parts) >= self._expected(bucket):
             self._flush(now, BucketDue(key, bucket))
 
     def _round_s(self, cell: Cell) -> float:
         p = cell.pipeline
-        return p.per_share_s * self.sim.local_steps
+        return p.per_share_s * self.sizes.local_steps
 
     def _expected(self, bucket: Bucket) -> int:
-        pipes = self.sim.pipelines.pipelines
+        pipes = self.pipelines.pipelines
         members = group_of(bucket.head_pipeline, len(pipes), self.group_size(bucket.stage))
         return max(1, sum(pipes[p].cells[bucket.stage].device is not None for p in members))
 
@@ -161,20 +169,20 @@ class Reducers:
         if self.buckets.get(key) is not bucket:
             return
         del self.buckets[key]
-        sim = self.sim
+        world, shards = self.world, self.shards
         for part in bucket.parts:
             self.to_head.pop(part.cid, None)
         chosen, base = summable([p.base for p in bucket.parts])
         alone = [p for i, p in enumerate(bucket.parts) if i not in chosen or len(chosen) == 1]
         for part in alone:
-            sim.shards.contribute(now, part, sender=bucket.head)
+            shards.contribute(now, part, sender=bucket.head)
         if len(chosen) < 2:
             return
         parts = [bucket.parts[i] for i in chosen]
-        sim.counts["reduced_sums"] += 1
-        sim.counts["reduced_parts"] += len(parts)
+        world.counts["reduced_sums"] += 1
+        world.counts["reduced_parts"] += len(parts)
         combined = Contribution(
-            sim.shards.next_cid(),
+            shards.next_cid(),
             bucket.head,
             parts[0].cell,
             -1,
@@ -186,7 +194,7 @@ class Reducers:
             None,
             parts=parts,
         )
-        sim.shards.contribute(now, combined)
+        shards.contribute(now, combined)
 
     # --- faults -------------------------------------------------------------------------------
 
@@ -199,7 +207,7 @@ class Reducers:
             if head == device:
                 del self.to_head[cid]
                 self._direct(now, part)
-        for shard in self.sim.shards.all():
+        for shard in self.shards.all():
             for cid, c in list(shard.in_flight.items()):
                 if c.parts and c.device == device:
                     del shard.in_flight[cid]
@@ -207,9 +215,8 @@ class Reducers:
                         self._direct(now, part)
 
     def _direct(self, now: float, part: Contribution) -> None:
-        sim = self.sim
         part.cell.in_flight.discard(part.cid)
-        if sim.up[part.device]:
-            sim.shards.contribute(now, part)
+        if self.world.up[part.device]:
+            self.shards.contribute(now, part)
         elif part.group is None:
-            sim.counts["contributions_lost"] += 1
+            self.world.counts["contributions_lost"] += 1

@@ -21,23 +21,30 @@ from swarmd.peers.taskpool.exchange import SYNC_WAIT_S
 if TYPE_CHECKING:
     from swarmd.peers.sim.ledger_client import LedgerClient
     from swarmd.peers.sim.pipeline_state import Cell, Pipeline
-    from swarmd.peers.sim.simulator import Simulation
+    from swarmd.peers.sim.reduction import Reducers
+    from swarmd.peers.sim.shards import ShardServers
+    from swarmd.peers.sim.workload import RunSizes
+    from swarmd.peers.sim.world import World
 
 
 class Rounds:
-    def __init__(self, sim: Simulation, ledger: LedgerClient) -> None:
-        self.sim = sim
+    def __init__(
+        self, world: World, sizes: RunSizes, ledger: LedgerClient, shards: ShardServers, reducers: Reducers
+    ) -> None:
+        self.world, self.sizes = world, sizes
         self.ledger = ledger
-        self.segments = Segments(sim, ledger, self.try_start)
+        self.shards = shards
+        self.reducers = reducers
+        self.segments = Segments(world, sizes, ledger, self.try_start)
 
     def try_start(self, now: float, p: Pipeline) -> None:
         """Start the rest of the pipeline's round (or end the round) if nothing holds it back."""
-        sim = self.sim
+        world, local_steps = self.world, self.sizes.local_steps
         if p.segment:
             return
         if not all(c.ready and c.device is not None for c in p.cells):
             return self._wait(now, p, "cells")
-        if p.shares_done >= sim.local_steps:
+        if p.shares_done >= local_steps:
             return self._end_round(now, p)
         if p.sync_bases is not None:
             behind = any(
@@ -48,17 +55,17 @@ class Rounds:
             if behind and now < p.sync_until:
                 return self._wait(now, p, "sync")
             p.sync_bases = None
-        server = sim.shards.ledger_shard.holder
+        server = self.shards.ledger_shard.holder
         d0 = p.cells[0].device
         assert d0 is not None
-        if not sim.up[server]:
+        if not world.up[server]:
             return self._wait(now, p, "ledger")
-        holder = sim.ids[d0]
-        shares = self.ledger.issue(now, holder, sim.local_steps - p.shares_done)
+        holder = world.ids[d0]
+        shares = self.ledger.issue(now, holder, local_steps - p.shares_done)
         if not shares:
             return self._wait(now, p, "ledger")
         self._waited(now, p)
-        self.segments.run(now, p, holder, shares, now + sim.engine.rtt(d0, server))
+        self.segments.run(now, p, holder, shares, now + world.engine.rtt(d0, server))
 
     def interrupt(self, now: float, p: Pipeline) -> None:
         """The pipeline changes: its segment in flight breaks (``Segments.interrupt``), its
@@ -75,7 +82,7 @@ class Rounds:
 
     def _waited(self, now: float, p: Pipeline) -> None:
         if p.waiting:
-            self.sim.phases.add("wait_" + p.waiting, now - p.wait_since)
+            self.world.phases.add("wait_" + p.waiting, now - p.wait_since)
             p.waiting = ""
 
     def _end_round(self, now: float, p: Pipeline) -> None:
@@ -84,27 +91,27 @@ class Rounds:
         if any(c.in_flight for c in p.cells):
             return self._wait(now, p, "backpressure")
         self._waited(now, p)
-        sim = self.sim
+        world = self.world
         for cell in p.cells:
             self._contribute(now, cell)
             cell.round_shares = []
-        sim.phases.add("round", now - p.round_started)
+        world.phases.add("round", now - p.round_started)
         p.round_started, p.shares_done = now, 0
-        if sim.exchange.mode == "gradient":  # synchronous rounds, as the daemons' cells run them
+        if self.sizes.exchange.mode == "gradient":  # synchronous rounds, as the daemons' cells run them
             p.sync_bases = [list(c.base) for c in p.cells]
             p.sync_until = now + SYNC_WAIT_S
-            sim.engine.at(p.sync_until, self._sync_lapsed, p.stamp())
+            world.engine.at(p.sync_until, self._sync_lapsed, p.stamp())
         self.try_start(now, p)
 
     def _contribute(self, now: float, cell: Cell) -> None:
         """The cell's round to each shard of its stage: to its group's head, or to the server.
         A stage-0 cell's are one group, whose shares complete at the ledger together."""
-        sim, shards = self.sim, self.sim.shards
+        world, shards = self.world, self.shards
         assert cell.device is not None
         ids = tuple(cell.round_shares)
         group = None
         if cell.stage == 0:
-            group = RoundGroup(sim.ids[cell.device], ids, len(shards.stages[0]))
+            group = RoundGroup(world.ids[cell.device], ids, len(shards.stages[0]))
         for shard in shards.stages[cell.stage]:
             c = Contribution(
                 shards.next_cid(),
@@ -114,17 +121,17 @@ class Rounds:
                 cell.stage,
                 shard.index,
                 ids,
-                len(ids) * sim.share_micro_batches,
+                len(ids) * self.sizes.share_micro_batches,
                 cell.base[shard.index],
                 group,
             )
-            if not sim.reducers.send(now, c):
+            if not self.reducers.send(now, c):
                 shards.contribute(now, c)
 
     def _sync_lapsed(self, now: float, at: PipelineEpoch) -> None:
         p = at.pipeline
         if at.current() and p.waiting == "sync":
-            self.sim.counts["sync_timeouts"] += 1
+            self.world.counts["sync_timeouts"] += 1
             self.try_start(now, p)
 
     # --- what the shards report ---------------------------------------------------------------

@@ -21,7 +21,8 @@ from swarmd.peers.taskpool.exchange import share_seconds
 if TYPE_CHECKING:
     from swarmd.peers.sim.ledger_client import LedgerClient
     from swarmd.peers.sim.pipeline_state import Pipeline
-    from swarmd.peers.sim.simulator import Simulation
+    from swarmd.peers.sim.workload import RunSizes
+    from swarmd.peers.sim.world import World
     from swarmd.peers.taskpool.shares import Share
 
 
@@ -34,16 +35,18 @@ class BoundaryStream(NamedTuple):
 
 
 class Segments:
-    def __init__(self, sim: Simulation, ledger: LedgerClient, done: Callable[[float, Pipeline], None]) -> None:
+    def __init__(
+        self, world: World, sizes: RunSizes, ledger: LedgerClient, done: Callable[[float, Pipeline], None]
+    ) -> None:
         """``done(now, pipeline)``: a segment ended, its shares recorded in the round."""
-        self.sim = sim
+        self.world, self.sizes = world, sizes
         self.ledger = ledger
         self.done = done
 
     def run(self, now: float, p: Pipeline, holder: str, shares: list[Share], answered: float) -> None:
         """``holder`` was issued ``shares`` at ``now``; the ledger's answer is in at ``answered``."""
         p.segment, p.holder, p.started = shares, holder, -1.0
-        self.sim.engine.at(answered, self._go, p.stamp())
+        self.world.engine.at(answered, self._go, p.stamp())
 
     def _go(self, now: float, at: PipelineEpoch) -> None:
         """The ledger's answer is in: the segment's shares run one after the other, flushing
@@ -51,25 +54,25 @@ class Segments:
         as one stream each way. A contribution's base is taken when the last share begins."""
         if not at.current():
             return
-        sim, p = self.sim, at.pipeline
+        world, p = self.world, at.pipeline
         m = len(p.segment)
-        t = p.timing = p.timing or pipeline_timing(sim, [c.device for c in p.cells])
-        k = sim.share_micro_batches
+        t = p.timing = p.timing or pipeline_timing(world, self.sizes.workload, [c.device for c in p.cells])
+        k = self.sizes.share_micro_batches
         p.per_share_s = max(share_seconds(t.forward_s, t.backward_s, t.send_s, k), k * t.floor_s)
-        sim.phases.add("share_compute", p.per_share_s, m)
+        world.phases.add("share_compute", p.per_share_s, m)
         p.started, p.compute_done, p.flow_end = now, False, now
         p.flows_left = 2 * len(t.send_s)
         if m == 1:
             self._take_base(now, at)
         else:
-            sim.engine.at(now + (m - 1) * p.per_share_s, self._take_base, at)
-        sim.engine.at(now + m * p.per_share_s, self._computed, at)
+            world.engine.at(now + (m - 1) * p.per_share_s, self._take_base, at)
+        world.engine.at(now + m * p.per_share_s, self._computed, at)
         for b, (nbytes, via) in enumerate(zip(t.nbytes, t.via, strict=True)):
             a, c = p.cells[b].device, p.cells[b + 1].device
             assert a is not None and c is not None
             forward, backward = BoundaryStream(at, t.tail_forward[b]), BoundaryStream(at, t.tail_backward[b])
-            sim.engine.stream(now, a, c, m * k * nbytes, self._boundary, forward, via)
-            sim.engine.stream(now, c, a, m * k * nbytes, self._boundary, backward, via)
+            world.engine.stream(now, a, c, m * k * nbytes, self._boundary, forward, via)
+            world.engine.stream(now, c, a, m * k * nbytes, self._boundary, backward, via)
 
     def _take_base(self, now: float, at: PipelineEpoch) -> None:
         """Between two shares every cell applies what its pulls brought; the last share's
@@ -97,7 +100,7 @@ class Segments:
         if not p.compute_done or p.flows_left:
             return
         if p.flow_end > now:
-            self.sim.engine.at(p.flow_end, self._end, at)
+            self.world.engine.at(p.flow_end, self._end, at)
         else:
             self._end(now, at)
 
@@ -106,7 +109,7 @@ class Segments:
         if not at.current() or not p.segment:
             return
         m = len(p.segment)
-        self.sim.phases.add("share", (now - p.started) / m, m)
+        self.world.phases.add("share", (now - p.started) / m, m)
         for cell in p.cells:
             cell.round_shares.extend(x.share_id for x in p.segment)
         p.shares_done += m
@@ -125,5 +128,5 @@ class Segments:
             cell.round_shares.extend(x.share_id for x in done)
         p.shares_done += len(done)
         self.ledger.give_back(p.holder, [x.share_id for x in p.segment], begun > 0)
-        self.sim.counts["shares_broken"] += 1
+        self.world.counts["shares_broken"] += 1
         p.segment = []

@@ -12,14 +12,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 from swarmd.peers.membership.election import elect_standby
-from swarmd.peers.taskpool.shares import ShareLedger
 
 if TYPE_CHECKING:
     from swarmd.peers.sim.commits import Commits
     from swarmd.peers.sim.contributions import Intake
     from swarmd.peers.sim.pulls import Pulls
-    from swarmd.peers.sim.shards import Shard
-    from swarmd.peers.sim.simulator import Simulation
+    from swarmd.peers.sim.shards import Shard, ShardClients
+    from swarmd.peers.sim.workload import Workload
+    from swarmd.peers.sim.world import World
 
 
 class CheckpointCopy(NamedTuple):
@@ -42,44 +42,52 @@ class ShardMove(NamedTuple):
 
 class ShardHolders:
     def __init__(
-        self, sim: Simulation, stages: list[list[Shard]], intake: Intake, commits: Commits, pulls: Pulls
+        self,
+        world: World,
+        workload: Workload,
+        stages: list[list[Shard]],
+        intake: Intake,
+        commits: Commits,
+        pulls: Pulls,
+        clients: ShardClients,
     ) -> None:
-        self.sim = sim
+        self.world, self.workload = world, workload
         self.stages = stages
         self.intake = intake
         self.commits = commits
         self.pulls = pulls
+        self.clients = clients
 
     def elect_standby(self, now: float, shard: Shard, seeded: bool = False) -> None:
         """The holder's standby (``elect_standby``, the daemon's rule), which gets a checkpoint
         copy; at the start every peer has the seeded weights and needs none."""
-        sim = self.sim
+        world = self.world
         holder = shard.holder
         chosen = elect_standby(
             (
                 (
-                    sim.ids[d],
-                    round(float(sim.availability[d]), 1),
-                    now - float(sim.member_since[d]),
-                    float(sim.scenario.bandwidth_Bps[holder, d]),
+                    world.ids[d],
+                    round(float(world.availability[d]), 1),
+                    now - float(world.member_since[d]),
+                    float(world.scenario.bandwidth_Bps[holder, d]),
                 )
-                for d in sim.members()
+                for d in world.members()
                 if d != holder
             ),
-            sim.settings.thresholds.min_reliability,
+            world.settings.thresholds.min_reliability,
         )
         if chosen is None:
             shard.standby, shard.standby_ready = None, False
             if shard.steps:
                 self.commits.commit(now, shard, shard.version)
             return
-        standby = sim.index[chosen]
+        standby = world.index[chosen]
         shard.standby, shard.standby_ready, shard.logged = standby, seeded, set()
         if seeded:
             return
         copy = CheckpointCopy(shard, shard.epoch, standby, shard.version)
-        nbytes = sim.workload.checkpoint_bytes(shard.stage, shard.index)
-        sim.engine.send(now, holder, standby, nbytes, self._standby_ready, copy)
+        nbytes = self.workload.checkpoint_bytes(shard.stage, shard.index)
+        world.engine.send(now, holder, standby, nbytes, self._standby_ready, copy)
 
     def _standby_ready(self, now: float, copy: CheckpointCopy) -> None:
         shard = copy.shard
@@ -100,18 +108,18 @@ class ShardHolders:
                     shard.moving_to = None
 
     def _fail_over(self, now: float, shard: Shard) -> None:
-        sim = self.sim
-        sim.counts["failovers"] += 1
+        world = self.world
+        world.counts["failovers"] += 1
         shard.replicas.pop(shard.holder, None)
-        if shard.standby is not None and sim.member[shard.standby] and shard.standby_ready:
+        if shard.standby is not None and world.member[shard.standby] and shard.standby_ready:
             successor, restored = shard.standby, shard.committed
         else:
-            copies = {d: v for d, v in shard.replicas.items() if sim.member[d]}
+            copies = {d: v for d, v in shard.replicas.items() if world.member[d]}
             if copies:
-                successor = max(copies, key=lambda d: (copies[d], sim.availability[d], -d))
+                successor = max(copies, key=lambda d: (copies[d], world.availability[d], -d))
                 restored = copies[successor]
             else:  # no copy survives: the shard starts again from the seeded weights
-                successor, restored = sim.best_member(shard.stage), 0
+                successor, restored = self.clients.restart_server(shard.stage), 0
         self.commits.lose(shard, restored)
         self._take_over(now, shard, successor, restored)
 
@@ -120,38 +128,35 @@ class ShardHolders:
         assignment names holds the shard once it has a lease: ``servers.resolve_shards``),
         with a checkpoint from its holder and the log since: nothing is lost. A plan cut
         into other shard counts is not followed (its leases would be void)."""
-        sim = self.sim
+        world = self.world
         if [len(row) for row in servers] != [len(row) for row in self.stages]:
             return
         for row, named in zip(self.stages, servers, strict=True):
             for shard, server in zip(row, named, strict=True):
-                if server == shard.holder or server == shard.moving_to or not sim.member[server]:
+                if server == shard.holder or server == shard.moving_to or not world.member[server]:
                     continue
                 shard.moving_to = server
-                nbytes = sim.workload.checkpoint_bytes(shard.stage, shard.index)
-                sim.engine.send(now, shard.holder, server, nbytes, self._moved, ShardMove(shard, shard.epoch, server))
+                nbytes = self.workload.checkpoint_bytes(shard.stage, shard.index)
+                world.engine.send(now, shard.holder, server, nbytes, self._moved, ShardMove(shard, shard.epoch, server))
 
     def _moved(self, now: float, move: ShardMove) -> None:
         shard = move.shard
         if move.epoch != shard.epoch or shard.moving_to != move.server:
             return
-        self.sim.counts["shard_moves"] += 1
+        self.world.counts["shard_moves"] += 1
         self._take_over(now, shard, move.server, shard.committed)
 
     def _take_over(self, now: float, shard: Shard, successor: int, restored: int) -> None:
         """``successor`` holds the shard at version ``restored``; what was not committed is
         sent again by the cells that hold it."""
-        sim = self.sim
+        world = self.world
         resend = shard.hand_over(successor, restored)
         self.elect_standby(now, shard)
         for c in [part for sent in resend for part in (sent.parts or [sent])]:  # a head's sum: its members resend
-            if sim.up[c.device]:
+            if world.up[c.device]:
                 self.intake.contribute(now, c)
             elif c.group is None:
-                sim.counts["contributions_lost"] += 1
-        if shard is self.stages[0][0]:  # the ledger lives with shard (0, 0)
-            sim.ledger = ShareLedger.from_metadata(
-                sim.ledger.to_metadata(), sim.share_micro_batches, sim.settings.lease_s
-            )
-            sim.pipelines.ledger_restarted(now)
+                world.counts["contributions_lost"] += 1
+        if shard is self.stages[0][0]:  # the ledger lives with shard (0, 0): it is rebuilt there
+            self.clients.ledger_restarted(now)
         self.pulls.rejoin(now, shard, restored)

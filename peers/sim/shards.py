@@ -30,7 +30,9 @@ its failover rebuilds the ledger from its checkpoint's metadata, so every share 
 issued again, as the daemon's standby does. Trained tokens are counted at that shard's commits.
 
 This module holds the records the four parts share (a shard, a contribution, a stage-0 round's
-group) and ``ShardServers``, which builds the parts and is what the rest of the run calls.
+group), what they ask of the rest of the path (``ShardClients``: the cells, their reduction
+heads, the plan), and ``ShardServers``, which builds the parts and is what the rest of the path
+calls.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from swarmd.peers.sim.commits import Commits
 from swarmd.peers.sim.contributions import Intake
@@ -47,7 +49,8 @@ from swarmd.peers.sim.shard_holders import ShardHolders
 
 if TYPE_CHECKING:
     from swarmd.peers.sim.pipeline_state import Cell
-    from swarmd.peers.sim.simulator import Simulation
+    from swarmd.peers.sim.workload import RunSizes
+    from swarmd.peers.sim.world import World
 
 MAX_DONE_SHARES = 1 << 16
 """Share IDs a shard remembers as committed (a recompute of an older one is rare)."""
@@ -138,17 +141,50 @@ class Shard:
         return resend
 
 
+class ShardClients(Protocol):
+    """What the shard servers tell the cells and ask of the rest of the path
+    (``swarmd_path.SwarmdPath``: its pipelines, their reduction groups, the plan in force)."""
+
+    def cells_of_stage(self, stage: int) -> list[Cell]: ...
+
+    def delivered(self, now: float, cell: Cell) -> None:
+        """A contribution of ``cell`` arrived at its shard."""
+
+    def cell_ready(self, now: float, cell: Cell) -> None:
+        """``cell`` holds its stage's weights, every slice whole."""
+
+    def pulled(self, now: float, cell: Cell) -> None:
+        """A pull brought ``cell`` a newer version."""
+
+    def round_settled(self, now: float, group: RoundGroup) -> None:
+        """A stage-0 round is through at every shard of stage 0."""
+
+    def ledger_restarted(self, now: float) -> None:
+        """Shard (0, 0), and the ledger with it, failed over."""
+
+    def pull_head(self, cell: Cell, shard: int) -> Cell | None:
+        """The cell ``cell`` pulls ``shard`` from (None: the server)."""
+
+    def members_of(self, head: Cell, shard: int) -> list[Cell]:
+        """The cells that pull ``shard`` from ``head``."""
+
+    def restart_server(self, stage: int) -> int:
+        """Where a shard of ``stage`` that no copy survived of starts again."""
+
+
 class ShardServers:
     """Every shard of the run, and the parts that serve them: ``Intake`` takes contributions
     in, ``Commits`` steps and commits at the standby, ``Pulls`` serves the cells' pulls and
     slices, ``ShardHolders`` elects standbys and moves shards between devices."""
 
-    def __init__(self, sim: Simulation, servers: tuple[tuple[int, ...], ...]) -> None:
+    def __init__(
+        self, world: World, sizes: RunSizes, servers: tuple[tuple[int, ...], ...], clients: ShardClients
+    ) -> None:
         self.stages: list[list[Shard]] = [[Shard(s, k, d) for k, d in enumerate(row)] for s, row in enumerate(servers)]
-        self.pulls = Pulls(sim, self.stages)
-        self.commits = Commits(sim, self.ledger_shard, self.pulls)
-        self.intake = Intake(sim, self.stages, self.commits)
-        self.holders = ShardHolders(sim, self.stages, self.intake, self.commits, self.pulls)
+        self.pulls = Pulls(world, sizes.workload, self.stages, clients)
+        self.commits = Commits(world, sizes, self.ledger_shard, self.pulls, clients)
+        self.intake = Intake(world, sizes, self.stages, self.commits, clients)
+        self.holders = ShardHolders(world, sizes.workload, self.stages, self.intake, self.commits, self.pulls, clients)
         for shard in self.all():
             # Every peer builds the initial weights from the run's seed: a standby needs no copy.
             self.holders.elect_standby(0.0, shard, seeded=True)

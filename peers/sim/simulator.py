@@ -26,78 +26,30 @@ keeps one count per ``bucket_s``).
 
 The data path is a ``DataPlane`` chosen by the strategy: swarmd's (``swarmd_path``), or a
 baseline's own as its paper publishes it (``sync_path``: DT-FM, SWARM, DiLoCo), all on the
-same engine, churn, control plane and metrics.
+same engine, churn, control plane and metrics. The run builds the ``World`` (``world``: the
+devices' state, the engine, the counts and the settings), the control plane, the first plan
+and the data path on it; it plays the churn and the membership's notices out on them.
 """
 
 from __future__ import annotations
 
-import math
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from swarmd.peers.membership.election import ElectionConfig
 from swarmd.peers.planning.plan_cost import Plan
 from swarmd.peers.planning.scenario import Scenario
-from swarmd.peers.planning.transfers import KEEP_VERSIONS
 from swarmd.peers.sim.churn import ChurnEvent, churn_schedule
 from swarmd.peers.sim.control import Control
-from swarmd.peers.sim.engine import Engine, Overheads
-from swarmd.peers.sim.op_times import OpTimes
 from swarmd.peers.sim.results import PathFigures, SimResult, compute_bound_tokens_per_s, recovery_times
 from swarmd.peers.sim.swarmd_path import SwarmdPath
 from swarmd.peers.sim.sync_path import POLICIES, SyncPath
+from swarmd.peers.sim.world import SimConfig, World
 
-if TYPE_CHECKING:
-    from swarmd.peers.sim.pipelines import Pipelines
-    from swarmd.peers.sim.reduction import Reducers
-    from swarmd.peers.sim.shards import ShardServers
-    from swarmd.peers.sim.workload import Workload
-    from swarmd.peers.taskpool.exchange import ExchangeConfig
-    from swarmd.peers.taskpool.shares import ShareLedger
-
-
-@dataclass(frozen=True)
-class SimConfig:
-    hours: float = 1.0
-    seed: int = 0
-    churn: bool = True
-    max_staleness: int = 4
-    """Server versions a contribution may lag and still count (the run spec's)."""
-    detect_s: float = 60.0
-    """A departure is noticed this long after it happens (the heartbeat TTL, and a lease's)."""
-    join_s: float = 30.0
-    """A returning device is in the membership this long after it comes back."""
-    lease_s: float = 900.0
-    """A share's lease at the ledger."""
-    bucket_s: float = 60.0
-    checkpoint_every: int = 10
-    """Steps between the checkpoints a shard's holder sends its standby."""
-    keep_versions: int = KEEP_VERSIONS
-    """Deltas a shard keeps for pulls; a cell further behind gets the whole slice."""
-    standing_queue_s: float = 0.0
-    """The delay a busy interface's buffer adds to every packet through it (bufferbloat)."""
-    request_overhead_s: float = 0.0
-    """A request's cost beyond its latency and bytes (the calibration measures it)."""
-    connection_queue_bytes: float = 0.0
-    """The bytes of another transfer between the same two peers a message waits behind."""
-    coalesce_flows: int = 2000
-    """Past this many flows in flight the links re-divide rates at most every ``coalesce_s``:
-    an exchange of a thousand cells with a hundred shards each is a hundred thousand flows."""
-    coalesce_s: float = 0.5
-    coordinate_s: float = 10.0
-    """The coordinator's round: it plans at its first round after a change is noticed (the
-    daemon's coordination loop runs every two heartbeats, within 4-10 s: 10 s at the default
-    heartbeat). Each device's rounds have their own phase, drawn from the seed."""
-    thresholds: ElectionConfig = ElectionConfig()
-    """Who may coordinate and relay (the daemon's ``[roles]``, whose defaults these are)."""
-    data_via_relay: str = "auto"
-    """The daemon's ``[swarm] data_via_relay``: auto, always or never."""
-    max_events: int = 200_000_000
+__all__ = ["DataPlane", "Notice", "SimConfig", "Simulation", "Strategy", "simulate"]
 
 
 class Notice(NamedTuple):
@@ -110,10 +62,8 @@ class Notice(NamedTuple):
 
 
 class DataPlane(Protocol):
-    """What a simulated data path does when the run asks (``swarmd_path``, ``sync_path``)."""
-
-    def begin(self, plan: Plan) -> None:
-        """Start on the first plan, at time 0, every peer with the seeded weights."""
+    """What a simulated data path does when the run asks (``swarmd_path``, ``sync_path``).
+    Each is built on the first plan, at time 0, every peer with the seeded weights."""
 
     def follow(self, now: float, plan: Plan) -> None:
         """A new plan is published."""
@@ -154,16 +104,6 @@ class Strategy:
 
 
 class Simulation:
-    # Set by the data path's ``begin``: the run's sizes (every path), and swarmd's own parts.
-    workload: Workload
-    share_micro_batches: int
-    local_steps: int
-    exchange: ExchangeConfig
-    ledger: ShareLedger
-    pipelines: Pipelines
-    shards: ShardServers
-    reducers: Reducers
-
     def __init__(
         self,
         scenario: Scenario,
@@ -172,7 +112,8 @@ class Simulation:
         schedule: tuple[np.ndarray, list[ChurnEvent]] | None = None,
     ) -> None:
         """``schedule``: who is up at the start and the churn events, instead of drawing them
-        from the scenario (``churn_schedule``)."""
+        from the scenario (``churn_schedule``). The first plan is made here: the data path is
+        built on it."""
         self.scenario, self.strategy, self.settings = scenario, strategy, settings
         self.horizon = settings.hours * 3600.0
         if schedule is not None:
@@ -181,39 +122,17 @@ class Simulation:
             up0, churn = churn_schedule(scenario, self.horizon, settings.seed)
         else:
             up0, churn = np.ones(scenario.n, dtype=bool), []
-        self.n = scenario.n
         self.up0, self.churn = up0.copy(), churn
-        self.up = up0.copy()
-        self.member = up0.copy()  # what the membership knows (noticed departures and returns)
-        self.member_since = np.zeros(self.n)
-        self.epoch = np.zeros(self.n, dtype=np.int64)  # bumped at a departure: its events lapse
-        self.ids = scenario.ids
-        self.index = {p: i for i, p in enumerate(self.ids)}
-        self.tflops = scenario.device_arrays.tflops * 1e12
-        self.availability = scenario.device_arrays.availability
-        overheads = Overheads(
-            settings.request_overhead_s,
-            settings.standing_queue_s,
-            settings.connection_queue_bytes,
-            settings.coalesce_flows,
-            settings.coalesce_s,
-        )
-        self.engine = Engine(
-            scenario.latency_s, scenario.bandwidth_Bps, self.ids, self.up, overheads, settings.data_via_relay
-        )
+        self.world = World(scenario, settings, up0)
         for ev in churn:
-            self.engine.at(ev.at_s, self._churn, ev)
-        self.counts: Counter[str] = Counter()
-        self.phases = OpTimes()
-        self.staleness: Counter[int] = Counter()
-        self.timeline = [0] * (int(math.ceil(self.horizon / settings.bucket_s)) + 1)
-        self.trained_mb = 0
-        self.updates = 0
+            self.world.engine.at(ev.at_s, self._churn, ev)
         self.departure_times: list[float] = []
-        self.control = Control(self)
-        self.plane: DataPlane = _plane(self, strategy.data_path)
-        self._started = False
-        self._wall_s = 0.0
+        self.control = Control(self.world, strategy, self)
+        started = time.perf_counter()
+        first = self.control.start()
+        self.shape = (len(first.layers_per_stage), len(first.pipelines))
+        self.plane = _plane(self.world, strategy.data_path, first)
+        self._wall_s = time.perf_counter() - started  # the first plan is part of the run's time
 
     # --- the run ------------------------------------------------------------------------------
 
@@ -223,18 +142,11 @@ class Simulation:
         return self._result()
 
     def advance(self, until: float) -> None:
-        """Run the events up to ``until`` (at most the horizon): the first call plans. A caller
-        can read the counters part way (the calibration takes off a warm-up) and go on."""
+        """Run the events up to ``until`` (at most the horizon). A caller can read the counters
+        part way (the calibration takes off a warm-up) and go on."""
         started = time.perf_counter()
-        if not self._started:
-            self._started = True
-            self._begin(self.control.start())
-        self.engine.run_until(min(until, self.horizon), self.settings.max_events)
+        self.world.engine.run_until(min(until, self.horizon), self.settings.max_events)
         self._wall_s += time.perf_counter() - started
-
-    def _begin(self, plan: Plan) -> None:
-        self.shape = (len(plan.layers_per_stage), len(plan.pipelines))
-        self.plane.begin(plan)
 
     def follow(self, now: float, plan: Plan) -> None:
         """A new plan is published: the data path follows it."""
@@ -245,70 +157,42 @@ class Simulation:
 
     # --- membership ---------------------------------------------------------------------------
 
-    def members(self) -> list[int]:
-        return [int(i) for i in np.flatnonzero(self.member)]
-
-    def best_member(self, stage: int) -> int:
-        """Where a shard no copy survived of starts again: the plan's server for it if it is
-        a member, else the likeliest member to stay."""
-        plan = self.control.plan
-        if plan is not None and self.member[plan.parameter_servers[stage]]:
-            return plan.parameter_servers[stage]
-        live = self.members()
-        return max(live, key=lambda d: (self.availability[d], -d))
-
     def _churn(self, now: float, ev: ChurnEvent) -> None:
-        device, up = ev.device, ev.up
-        self.up[device] = up
+        world, device, up = self.world, ev.device, ev.up
+        epoch = world.changed(device, up)
         if device in self.control.relays:
-            self.engine.relay_changed()
+            world.engine.relay_changed()
         if up:
-            self.counts["returns"] += 1
-            self.engine.returned(now, device)
-            self.engine.at(now + self.settings.join_s, self._notice, Notice(device, True, int(self.epoch[device])))
+            world.counts["returns"] += 1
+            world.engine.returned(now, device)
+            world.engine.at(now + self.settings.join_s, self._notice, Notice(device, True, epoch))
             return
-        self.counts["departures"] += 1
-        self.epoch[device] += 1
-        if self._planned(device):
+        world.counts["departures"] += 1
+        if self.plane.planned(device):
             self.departure_times.append(now)
-        self.engine.cut(now, device)
+        world.engine.cut(now, device)
         self.plane.departed(now, device)
-        self.engine.at(now + self.settings.detect_s, self._notice, Notice(device, False, int(self.epoch[device])))
-
-    def _planned(self, device: int) -> bool:
-        return self.plane.planned(device)
+        world.engine.at(now + self.settings.detect_s, self._notice, Notice(device, False, epoch))
 
     def _notice(self, now: float, notice: Notice) -> None:
-        device, up = notice.device, notice.up
-        if self.epoch[device] != notice.epoch or self.up[device] != up:
+        world, device, up = self.world, notice.device, notice.up
+        if world.epoch[device] != notice.epoch or world.up[device] != up:
             return  # it changed again before anyone noticed
-        self.member[device] = up
-        self.member_since[device] = now
+        world.noticed(now, device, up)
         self.control.elect()
         if not up:
-            self.engine.forget(device)
+            world.engine.forget(device)
             self.plane.noticed_departure(now, device)
         self.control.want_plan(now)
 
-    # --- what is trained ------------------------------------------------------------------------
-
-    def trained(self, now: float, micro_batches: int, updates: int) -> None:
-        """Shard (0, 0) committed ``updates`` steps applying ``micro_batches`` new ones."""
-        self.updates += updates
-        self.trained_mb += micro_batches
-        bucket = int(now // self.settings.bucket_s)
-        if bucket < len(self.timeline):
-            self.timeline[bucket] += micro_batches
-
-    def untrained(self, micro_batches: int) -> None:
-        """Committed micro-batches a failover could not restore are not trained after all."""
-        self.trained_mb -= micro_batches
+    # --- the results --------------------------------------------------------------------------
 
     def _result(self) -> SimResult:
-        sent, received = self.engine.carried(self.horizon)
+        world = self.world
+        sent, received = world.engine.carried(self.horizon)
         path = self.plane.figures()
         per_mb = path.tokens_per_micro_batch
-        c = self.counts
+        c = world.counts
         roles = self.plane.roles()
         for r in self.control.relays:
             roles.setdefault(r, []).append("relay")
@@ -316,26 +200,26 @@ class Simulation:
             strategy=self.strategy.name,
             hours=self.settings.hours,
             seed=self.settings.seed,
-            devices=self.n,
-            tokens=self.trained_mb * per_mb,
-            tokens_per_s=self.trained_mb * per_mb / self.horizon,
-            timeline=self.timeline,
+            devices=world.n,
+            tokens=world.trained_mb * per_mb,
+            tokens_per_s=world.trained_mb * per_mb / self.horizon,
+            timeline=world.timeline,
             bucket_s=self.settings.bucket_s,
             tokens_per_micro_batch=per_mb,
-            updates=self.updates,
+            updates=world.updates,
             updates_lost=c["updates_lost"],
             shares_recomputed=path.shares_recomputed,
             micro_batches_recomputed=path.micro_batches_recomputed,
             contributions_lost=c["contributions_lost"],
             stale_dropped=c["stale_dropped"],
-            staleness=dict(sorted(self.staleness.items())),
+            staleness=dict(sorted(world.staleness.items())),
             duplicates=c["duplicates"],
             departures=c["departures"],
             returns=c["returns"],
             plan_events=self.control.events,
-            recovery_s=recovery_times(self.timeline, self.settings.bucket_s, self.departure_times),
+            recovery_s=recovery_times(world.timeline, self.settings.bucket_s, self.departure_times),
             wall_s=self._wall_s,
-            events=self.engine.events_run,
+            events=world.engine.events_run,
             failovers=c["failovers"],
             shape=self.shape,
             shards=path.shards,
@@ -346,21 +230,21 @@ class Simulation:
             coordinator_changes=c["coordinator_changes"],
             plans_lost=c["plans_lost"],
             relays=len(self.control.relays),
-            relayed_transfers=self.engine.counts["relayed_transfers"],
+            relayed_transfers=world.engine.counts["relayed_transfers"],
             spare_claims=c["spare_claims"],
             sent_bytes=sent.tolist(),
             received_bytes=received.tolist(),
-            phases=self.phases.status(),
+            phases=world.phases.status(),
             final_pipelines=path.pipelines,
             roles=roles,
         )
 
 
-def _plane(sim: Simulation, name: str) -> DataPlane:
+def _plane(world: World, name: str, first: Plan) -> DataPlane:
     if name == "swarmd":
-        return SwarmdPath(sim)
+        return SwarmdPath(world, first)
     if name in POLICIES:
-        return SyncPath(sim, POLICIES[name])
+        return SyncPath(world, POLICIES[name], first)
     raise ValueError(f"data path {name!r} is not one of swarmd, {', '.join(POLICIES)}")
 
 

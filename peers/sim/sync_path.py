@@ -40,7 +40,7 @@ from swarmd.peers.taskpool.exchange import share_seconds
 from swarmd.peers.wire.sizes import message_bytes
 
 if TYPE_CHECKING:
-    from swarmd.peers.sim.simulator import Simulation
+    from swarmd.peers.sim.world import World
 
 DILOCO_INNER_STEPS = 500
 """H of DiLoCo's experiments (Douillard et al. 2023)."""
@@ -109,9 +109,11 @@ class Reduced(NamedTuple):
 
 
 class SyncPath:
-    def __init__(self, sim: Simulation, policy: Policy) -> None:
-        self.sim, self.policy = sim, policy
-        self.rng = np.random.default_rng([sim.settings.seed, 2])
+    def __init__(self, world: World, policy: Policy, plan: Plan) -> None:
+        """Start on the first plan, at time 0, every peer with the seeded weights."""
+        self.world, self.policy = world, policy
+        sc = world.scenario
+        self.rng = np.random.default_rng([world.settings.seed, 2])
         self.grid: list[tuple[int, ...]] = []
         self.holds: dict[int, int] = {}  # device -> the stage whose weights it holds
         self.loading: dict[int, int] = {}
@@ -127,21 +129,16 @@ class SyncPath:
         self.since_checkpoint = 0
         self.aborted = 0
         self.lost_mb = 0
-
-    # --- the hooks ----------------------------------------------------------------------------
-
-    def begin(self, plan: Plan) -> None:
-        sim, sc = self.sim, self.sim.scenario
         self.layers = plan.layers_per_stage
-        stages = len(self.layers)
-        sim.workload = Workload.of(sc, self.layers, (1,) * stages)
-        sim.share_micro_batches = 1  # ``pipeline_timing`` prices one micro-batch a boundary
+        self.workload = Workload.of(sc, self.layers, (1,) * len(self.layers))
         params = stage_parameters(sc, self.layers)
         self.stage_bytes = [message_bytes(p, "fp16") for p in params]
         self.state_bytes = [message_bytes(STATE_FLOATS_PER_PARAM * p, "fp32") for p in params]
         self.batch = max(1, sc.batch_sequences // sc.micro_batch)
         self._set_grid(0.0, plan.pipelines, seeded=True)
         self.start_step(0.0)
+
+    # --- the hooks ----------------------------------------------------------------------------
 
     def follow(self, now: float, plan: Plan) -> None:
         if len(plan.layers_per_stage) != len(self.layers):
@@ -177,7 +174,7 @@ class SyncPath:
             self._row_done(now, RowDone(self.epoch, None))  # the round goes on without it
         elif self.phase == "compute":  # reroute: the rest of the step on the live peers
             done = min(1.0, (now - self.started) / self.expected) if self.expected > 0 else 0.0
-            self.sim.counts["rerouted"] += 1
+            self.world.counts["rerouted"] += 1
             self._compute(now, self._without(device), 1.0 - done)
         # In an all-reduce the ring waits; it is redone without the member once it is noticed.
 
@@ -210,7 +207,7 @@ class SyncPath:
             shares_recomputed=self.aborted,
             micro_batches_recomputed=self.lost_mb,
             pipelines=len(self.grid),
-            tokens_per_micro_batch=self.sim.workload.tokens_per_micro_batch,
+            tokens_per_micro_batch=self.workload.tokens_per_micro_batch,
         )
 
     # --- membership ---------------------------------------------------------------------------
@@ -229,17 +226,17 @@ class SyncPath:
 
     def _load(self, now: float, device: int, stage: int) -> None:
         """A new member fetches its stage's weights and optimizer state from one that has them."""
-        sim = self.sim
+        world = self.world
         self.holds.pop(device, None)
-        sources = [d for d, s in self.holds.items() if s == stage and sim.up[d]]
+        sources = [d for d, s in self.holds.items() if s == stage and world.up[d]]
         if not sources:  # nobody holds the stage: back to the last checkpoint
-            sim.counts["updates_lost"] += self.since_checkpoint
+            world.counts["updates_lost"] += self.since_checkpoint
             self.since_checkpoint = 0
             self.holds[device] = stage
             return
-        source = min(sources, key=lambda d: float(sim.scenario.latency_s[d, device]))
+        source = min(sources, key=lambda d: float(world.scenario.latency_s[d, device]))
         self.loading[device] = stage
-        sim.engine.send(now, source, device, self.state_bytes[stage], self._loaded, StateCopy(device, stage, now))
+        world.engine.send(now, source, device, self.state_bytes[stage], self._loaded, StateCopy(device, stage, now))
 
     def _loaded(self, now: float, copy: StateCopy) -> None:
         device, stage = copy.device, copy.stage
@@ -247,11 +244,11 @@ class SyncPath:
             return
         del self.loading[device]
         self.holds[device] = stage
-        self.sim.phases.add("weights", now - copy.asked)
+        self.world.phases.add("weights", now - copy.asked)
         self.start_step(now)
 
     def _ready(self, row: tuple[int, ...]) -> bool:
-        return all(self.sim.up[d] and self.holds.get(d) == s for s, d in enumerate(row))
+        return all(self.world.up[d] and self.holds.get(d) == s for s, d in enumerate(row))
 
     # --- the step -----------------------------------------------------------------------------
 
@@ -274,7 +271,7 @@ class SyncPath:
         self.epoch += 1
         self.phase = "compute"
         self.step_rows = rows
-        sim, epoch = self.sim, self.epoch
+        world, epoch = self.world, self.epoch
         if self.policy.wiring:
             self.left = 1
             self.expected = self._wired(now, rows, fraction)
@@ -283,46 +280,48 @@ class SyncPath:
         micro = max(1, round(self.k * self.policy.local_steps * fraction))
         longest = 0.0
         for row in rows:
-            t = pipeline_timing(sim, row)
+            t = pipeline_timing(world, self.workload, row)
             compute = max(share_seconds(t.forward_s, t.backward_s, t.send_s, micro), micro * t.floor_s)
             longest = max(longest, compute)
             join = RowJoin(1 + 2 * len(t.send_s), now + compute, row)
-            sim.engine.at(now + compute, self._part, RowPart(join, epoch, 0.0))
+            world.engine.at(now + compute, self._part, RowPart(join, epoch, 0.0))
             for b, (nbytes, via) in enumerate(zip(t.nbytes, t.via, strict=True)):
                 a, c = row[b], row[b + 1]
-                sim.engine.stream(now, a, c, micro * nbytes, self._part, RowPart(join, epoch, t.tail_forward[b]), via)
-                sim.engine.stream(now, c, a, micro * nbytes, self._part, RowPart(join, epoch, t.tail_backward[b]), via)
+                world.engine.stream(now, a, c, micro * nbytes, self._part, RowPart(join, epoch, t.tail_forward[b]), via)
+                world.engine.stream(
+                    now, c, a, micro * nbytes, self._part, RowPart(join, epoch, t.tail_backward[b]), via
+                )
         self.expected = longest
 
     def _wired(self, now: float, rows: list[tuple[int, ...]], fraction: float) -> float:
         """SWARM: each stage's live peers as one at their summed speed; every peer sends its
         share of the activations to a peer of the next stage drawn by throughput."""
-        sim, w = self.sim, self.sim.workload
+        world, w = self.world, self.workload
         stages = len(self.layers)
         groups = self._groups(rows)
         if not all(groups):
             self._abort()  # a stage with nobody left: wait for the next plan
             return 0.0
-        speed = [float(sim.tflops[g].sum()) for g in groups]
+        speed = [float(world.tflops[g].sum()) for g in groups]
         micro = max(1, round(self.batch * fraction))
         fwd = [w.forward_flops[s] / speed[s] for s in range(stages)]
         bwd = [w.backward_flops[s] / speed[s] for s in range(stages)]
         send, flows = [], []
         for s in range(stages - 1):
             senders, receivers = np.asarray(groups[s]), np.asarray(groups[s + 1])
-            weights = sim.tflops[receivers] / sim.tflops[receivers].sum()
+            weights = world.tflops[receivers] / world.tflops[receivers].sum()
             drawn = receivers[self.rng.choice(len(receivers), size=len(senders), p=weights)]
-            rates = np.array([float(sim.scenario.bandwidth_Bps[a, b]) for a, b in zip(senders, drawn, strict=True)])
+            rates = np.array([float(world.scenario.bandwidth_Bps[a, b]) for a, b in zip(senders, drawn, strict=True)])
             act = w.activation_bytes(float(np.median(rates)))
-            send.append(float(np.median(sim.scenario.latency_s[senders, drawn])) + act / rates.sum())
-            share = sim.tflops[senders] / sim.tflops[senders].sum()
+            send.append(float(np.median(world.scenario.latency_s[senders, drawn])) + act / rates.sum())
+            share = world.tflops[senders] / world.tflops[senders].sum()
             flows += [(int(a), int(b), micro * act * float(f)) for a, b, f in zip(senders, drawn, share, strict=True)]
         compute = share_seconds(fwd, bwd, send, micro)
         join = RowJoin(1 + 2 * len(flows), now + compute, None)
-        sim.engine.at(now + compute, self._part, RowPart(join, self.epoch, 0.0))
+        world.engine.at(now + compute, self._part, RowPart(join, self.epoch, 0.0))
         for a, b, nbytes in flows:
-            sim.engine.stream(now, a, b, nbytes, self._part, RowPart(join, self.epoch, bwd[-1]), None)
-            sim.engine.stream(now, b, a, nbytes, self._part, RowPart(join, self.epoch, bwd[0]), None)
+            world.engine.stream(now, a, b, nbytes, self._part, RowPart(join, self.epoch, bwd[-1]), None)
+            world.engine.stream(now, b, a, nbytes, self._part, RowPart(join, self.epoch, bwd[0]), None)
         return compute
 
     def _part(self, now: float, part: RowPart) -> None:
@@ -333,7 +332,7 @@ class SyncPath:
         join.left -= 1
         join.end = max(join.end, now + part.tail)
         if join.left == 0:
-            self.sim.engine.at(max(now, join.end), self._row_done, RowDone(part.epoch, join.row))
+            self.world.engine.at(max(now, join.end), self._row_done, RowDone(part.epoch, join.row))
 
     def _row_done(self, now: float, done: RowDone) -> None:
         row = done.row
@@ -347,7 +346,7 @@ class SyncPath:
         if not self.step_rows:
             self._abort()
             return
-        self.sim.phases.add("step_compute", now - self.started)
+        self.world.phases.add("step_compute", now - self.started)
         self._reduce(now)
 
     def _groups(self, rows: list[tuple[int, ...]]) -> list[list[int]]:
@@ -361,7 +360,7 @@ class SyncPath:
         groups = self._groups(self.step_rows)
         self.left = len(groups)
         for s, group in enumerate(groups):
-            all_reduce(self.sim, now, group, self.stage_bytes[s], self._reduced, Reduced(self.epoch))
+            all_reduce(self.world, now, group, self.stage_bytes[s], self._reduced, Reduced(self.epoch))
 
     def _reduced(self, now: float, done: Reduced) -> None:
         if done.epoch != self.epoch or self.phase != "reduce":
@@ -369,12 +368,12 @@ class SyncPath:
         self.left -= 1
         if self.left > 0:
             return
-        sim = self.sim
-        sim.phases.add("all_reduce", now - self.reduce_started)
-        sim.phases.add("step", now - self.started)
-        sim.staleness[0] += 1
-        sim.trained(now, self.step_mb, 1)
-        self.since_checkpoint = (self.since_checkpoint + 1) % sim.settings.checkpoint_every
+        world = self.world
+        world.phases.add("all_reduce", now - self.reduce_started)
+        world.phases.add("step", now - self.started)
+        world.staleness[0] += 1
+        world.trained(now, self.step_mb, 1)
+        self.since_checkpoint = (self.since_checkpoint + 1) % world.settings.checkpoint_every
         self.phase = "idle"
         self.start_step(now)
 

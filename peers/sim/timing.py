@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from swarmd.peers.sim.simulator import Simulation
+    from swarmd.peers.sim.workload import Workload
+    from swarmd.peers.sim.world import World
 
 
 @dataclass
@@ -29,14 +30,14 @@ class Timing:
     """A device holding several cells computes them one after the other."""
 
 
-def pipeline_timing(sim: Simulation, cells: Sequence[int | None]) -> Timing:
+def pipeline_timing(world: World, w: Workload, cells: Sequence[int | None]) -> Timing:
     """The times of a pipeline of these devices, stage by stage: compute from their TFLOPS,
     each boundary's activation in its link's codec, through a relay when the routing rule
     says so. A device holding several cells computes them one after the other."""
-    w, engine = sim.workload, sim.engine
+    engine = world.engine
     devices = [d for d in cells if d is not None]
     assert len(devices) == len(cells), "every cell needs a device"
-    tflops = [float(sim.tflops[d]) for d in devices]
+    tflops = [float(world.tflops[d]) for d in devices]
     fwd = [f / t for f, t in zip(w.forward_flops, tflops, strict=True)]
     bwd = [b / t for b, t in zip(w.backward_flops, tflops, strict=True)]
     send: list[float] = []
@@ -48,7 +49,7 @@ def pipeline_timing(sim: Simulation, cells: Sequence[int | None]) -> Timing:
             nbytes.append(0.0)
             vias.append(None)
             continue
-        act = w.activation_bytes(float(sim.scenario.bandwidth_Bps[a, c]))
+        act = w.activation_bytes(float(world.scenario.bandwidth_Bps[a, c]))
         via = engine.route(a, c, act)
         rate = engine.path_rate(a, c, via)
         act = w.activation_bytes(rate)

@@ -10,6 +10,9 @@ as the planner's cost model prices them.
 - Messages: an activation (or its gradient) in the codec its link calls for; a contribution
   per shard; a step's delta in fp16; a whole slice in fp32; a checkpoint of a shard (its
   fp32 weights, AdamW's two moments and the delta's error-feedback residual).
+
+``RunSizes`` adds what swarmd's data path fixes with them at its first plan: ``k``, ``H`` and
+the exchange's schedule (``taskpool.exchange.ExchangeConfig``).
 """
 
 from __future__ import annotations
@@ -18,9 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from swarmd.peers.planning.plan_cost import stage_flops_per_sequence, stage_parameters
+from swarmd.peers.planning.plan_cost import Plan, stage_flops_per_sequence, stage_parameters
 from swarmd.peers.planning.scenario import Scenario
-from swarmd.peers.taskpool.exchange import shard_sizes
+from swarmd.peers.taskpool.exchange import ExchangeConfig, shard_sizes
 from swarmd.peers.wire.sizes import activation_elements, codec_for, message_bytes
 
 CHECKPOINT_FLOATS_PER_PARAM = 4
@@ -82,3 +85,30 @@ class Workload:
         if behind > keep_versions:
             return self.slice_bytes(stage, shard)
         return behind * self.delta_bytes(stage, shard)
+
+
+@dataclass(frozen=True)
+class RunSizes:
+    """What swarmd's data path fixes at its first plan: the workload, ``k`` micro-batches a
+    share, ``H`` shares a round, and the exchange's schedule (``swarmd_path`` module doc)."""
+
+    workload: Workload
+    share_micro_batches: int
+    local_steps: int
+    exchange: ExchangeConfig
+
+    @classmethod
+    def of(cls, scenario: Scenario, plan: Plan, max_staleness: int) -> RunSizes:
+        k = plan.micro_batches_per_share(scenario)
+        return cls(
+            workload=Workload.of(scenario, plan.layers_per_stage, tuple(len(row) for row in plan.shard_servers)),
+            share_micro_batches=k,
+            local_steps=plan.local_steps,
+            exchange=ExchangeConfig(
+                batch_micro_batches=max(1, scenario.batch_sequences // scenario.micro_batch),
+                share_micro_batches=k,
+                local_steps=plan.local_steps,
+                max_staleness=max_staleness,
+                pipelines=max(1, len(plan.pipelines)),
+            ),
+        )

@@ -19,6 +19,7 @@ from swarmd.peers.planning.planner import PlannerConfig, plan, repair
 from swarmd.peers.planning.scenario import Scenario
 from swarmd.peers.sim.churn import ChurnEvent
 from swarmd.peers.sim.simulator import SimConfig, Simulation, Strategy
+from swarmd.peers.sim.swarmd_path import SwarmdPath
 from tests.benchmarks.calibration.scenario import HEARTBEAT_INTERVAL_S, HEARTBEAT_TTL_S, tokens_per_micro_batch
 from tests.benchmarks.calibration.sides import BUCKET_S, LEDGER_COUNTS, Side, mean_side, summarize
 
@@ -165,14 +166,16 @@ def simulate_window(
         (np.ones(args.devices, dtype=bool), churn),
     )
     sim.advance(warm_s)
-    sent, received = sim.engine.carried(warm_s)
-    updates, ledger = sim.updates, asdict(sim.ledger.counters)
+    path = sim.plane
+    assert isinstance(path, SwarmdPath)  # the calibration runs swarmd's data path
+    sent, received = sim.world.engine.carried(warm_s)
+    updates, ledger = sim.world.updates, asdict(path.ledger.ledger.counters)
     result = sim.run()
     first = int(round(warm_s / BUCKET_S))
     return result.timeline[first : first + int(np.ceil(args.seconds / BUCKET_S))], {
         "sent_MB": ((np.array(result.sent_bytes) - sent) / 1e6).tolist(),
         "received_MB": ((np.array(result.received_bytes) - received) / 1e6).tolist(),
         "updates": result.updates - updates,
-        "ledger": {key: getattr(sim.ledger.counters, key) - ledger[key] for key in LEDGER_COUNTS},
+        "ledger": {key: getattr(path.ledger.ledger.counters, key) - ledger[key] for key in LEDGER_COUNTS},
         "roles": {int(d): r for d, r in sorted(result.roles.items())},
     }

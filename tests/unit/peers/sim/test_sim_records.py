@@ -12,7 +12,7 @@ import pytest
 from swarmd.peers.sim.ledger_client import LedgerClient
 from swarmd.peers.sim.pipeline_state import Cell, Pipeline
 from swarmd.peers.sim.shards import MAX_DONE_SHARES, Contribution, Shard
-from swarmd.peers.taskpool.shares import OPEN_ROUNDS, ShareLedger
+from swarmd.peers.taskpool.shares import OPEN_ROUNDS
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -58,9 +58,9 @@ def test_a_pipelines_events_lapse_once_its_epoch_moves_on() -> None:
 
 
 def client(local_steps: int = 1) -> LedgerClient:
-    settings = SimpleNamespace(lease_s=900.0)
-    sim = SimpleNamespace(ledger=ShareLedger(2, 900.0), settings=settings, local_steps=local_steps, counts=Counter())
-    return LedgerClient(sim)  # type: ignore[arg-type]
+    world = SimpleNamespace(settings=SimpleNamespace(lease_s=900.0), counts=Counter())
+    sizes = SimpleNamespace(share_micro_batches=2, local_steps=local_steps)
+    return LedgerClient(world, sizes)  # type: ignore[arg-type]
 
 
 def test_a_holder_is_issued_shares_up_to_its_open_rounds() -> None:
@@ -77,7 +77,7 @@ def test_a_broken_segment_gives_back_the_share_in_flight_to_recompute_and_the_re
     assert ledger.unspent == {1, 2} and ledger.held["a"] == set()
     again = [s.share_id for s in ledger.issue(1.0, "b", 3)]
     assert sorted(again) == [0, 1, 2]
-    assert ledger.sim.counts["reissued_unspent"] == 2 and not ledger.unspent  # type: ignore[attr-defined]
+    assert ledger.world.counts["reissued_unspent"] == 2 and not ledger.unspent  # type: ignore[attr-defined]
 
 
 def test_a_departed_holders_shares_are_issued_again_and_completed_ones_closed() -> None:

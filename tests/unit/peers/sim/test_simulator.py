@@ -16,6 +16,7 @@ from swarmd.peers.planning.scenario import Scenario, parse_scenario
 from swarmd.peers.sim.churn import ChurnEvent
 from swarmd.peers.sim.results import SimResult, flops_per_token, single_device
 from swarmd.peers.sim.simulator import SimConfig, Simulation, Strategy, simulate
+from swarmd.peers.sim.swarmd_path import SwarmdPath
 from swarmd.peers.sim.workload import Workload
 from swarmd.peers.taskpool.exchange import share_seconds
 from swarmd.peers.taskpool.reduction import group_size
@@ -92,6 +93,12 @@ def fixed(
     return Strategy("fixed", lambda view: first, mend)
 
 
+def path(sim: Simulation) -> SwarmdPath:
+    """The run's data path: swarmd's, whose parts the tests look into."""
+    assert isinstance(sim.plane, SwarmdPath)
+    return sim.plane
+
+
 def run(
     sc: Scenario, strategy: Strategy, hours: float, events: list[ChurnEvent] | None = None, **settings: Any
 ) -> SimResult:
@@ -159,8 +166,8 @@ def test_a_reduction_group_sends_the_server_one_sum_a_round_and_relays_its_delta
     sim = Simulation(sc, fixed(rows, (4,), (4,), k=2, groups=(2,)), SimConfig(hours=0.25), (np.ones(5, dtype=bool), []))
     r = sim.run()
     assert r.tokens_per_s == pytest.approx(plain.tokens_per_s, rel=0.05)
-    assert sim.counts["reduced_parts"] == 2 * sim.counts["reduced_sums"]
-    assert sim.counts["reduced_sums"] >= 2 * (r.updates - 2)  # two groups, one round an update
+    assert sim.world.counts["reduced_parts"] == 2 * sim.world.counts["reduced_sums"]
+    assert sim.world.counts["reduced_sums"] >= 2 * (r.updates - 2)  # two groups, one round an update
     assert r.updates_lost == r.stale_dropped == 0
     # The members' slices go to their heads and only the heads' sums to the server; the deltas
     # come back the same way: the server sends each step to the two heads (and its standby's
@@ -217,14 +224,14 @@ def test_a_departed_cell_breaks_its_share_which_is_recomputed_and_a_spare_takes_
         sc, strategy, SimConfig(hours=0.5, detect_s=30.0), (np.ones(5, dtype=bool), [ChurnEvent(600.3, 3, False)])
     )
     sim.advance(600.2)
-    assert sim.pipelines.pipelines[1].segment  # d3 leaves in the middle of a share
+    assert path(sim).pipelines.pipelines[1].segment  # d3 leaves in the middle of a share
     r = sim.run()
     assert (r.departures, r.failovers, r.updates_lost) == (1, 0, 0)
     assert r.shares_recomputed == 1  # the share in flight, issued again
     assert r.contributions_lost == 0  # its round had nothing else in it (H = 1)
-    assert r.spare_claims == 1 and [c.device for c in sim.pipelines.pipelines[1].cells] == [2, 4]
+    assert r.spare_claims == 1 and [c.device for c in path(sim).pipelines.pipelines[1].cells] == [2, 4]
     assert r.phases["weights"]["n"] == 1  # d4 fetched stage 1 whole before the pipeline went on
-    assert r.received_bytes[4] >= message_bytes(sim.workload.shard_elements[1][0], "fp32")
+    assert r.received_bytes[4] >= message_bytes(path(sim).sizes.workload.shard_elements[1][0], "fp32")
     assert r.phases["wait_cells"]["mean_ms"] >= 30_000  # until the lease lapsed and d4 was in
     assert [e.kind for e in r.plan_events] == ["full", "repair"]  # the repair found no hole left
     assert sum(r.timeline[12:]) > 0.9 * sum(r.timeline[:10]) * len(r.timeline[12:]) / 10
@@ -243,11 +250,11 @@ def test_a_departure_in_the_middle_of_a_round_keeps_its_shares_done_and_recomput
         (np.ones(5, dtype=bool), []),
     )
     sim.advance(300.0)
-    p = sim.pipelines.pipelines[1]
+    p = path(sim).pipelines.pipelines[1]
     while not (p.segment and p.started > 0 and len(p.segment) == 4):
-        sim.advance(sim.engine.now + 0.01)
+        sim.advance(sim.world.engine.now + 0.01)
     leave = p.started + 2.5 * p.per_share_s
-    sim.engine.at(leave, sim._churn, ChurnEvent(leave, 3, False))
+    sim.world.engine.at(leave, sim._churn, ChurnEvent(leave, 3, False))
     sim.advance(leave)
     assert p.shares_done == 2 and [len(c.round_shares) for c in p.cells] == [2, 0]
     r = sim.run()
@@ -263,11 +270,11 @@ def test_a_departed_server_fails_over_to_its_standby_and_no_committed_update_is_
         sc, strategy, SimConfig(hours=0.5, detect_s=30.0), (np.ones(5, dtype=bool), [ChurnEvent(600.0, 0, False)])
     )
     sim.advance(599.0)
-    assert [shard.standby for shard in sim.shards.all()] == [4, 4]
-    committed = sim.shards.stages[0][0].committed
+    assert [shard.standby for shard in path(sim).shards.all()] == [4, 4]
+    committed = path(sim).shards.stages[0][0].committed
     r = sim.run()
     assert r.failovers == 1 and r.updates_lost == 0
-    assert sim.shards.stages[0][0].holder == 4 and sim.shards.stages[0][0].committed > committed
+    assert path(sim).shards.stages[0][0].holder == 4 and path(sim).shards.stages[0][0].committed > committed
     assert r.shares_recomputed >= 1  # the shares open at the failover are issued again
     assert sum(r.timeline[12:]) > 0
 
@@ -281,10 +288,10 @@ def test_a_server_that_drops_off_and_is_back_before_anyone_notices_gets_its_cont
     events = [ChurnEvent(600.0, 1, False), ChurnEvent(610.0, 1, True)]
     sim = Simulation(sc, strategy, SimConfig(hours=0.5, detect_s=30.0), (np.ones(5, dtype=bool), events))
     sim.advance(599.0)
-    version = sim.shards.stages[1][0].version
+    version = path(sim).shards.stages[1][0].version
     r = sim.run()
-    assert r.failovers == 0 and sim.engine.counts["retried"] >= 1
-    assert sim.shards.stages[1][0].version > version + 10
+    assert r.failovers == 0 and sim.world.engine.counts["retried"] >= 1
+    assert path(sim).shards.stages[1][0].version > version + 10
     # Every minute after the blip trains at least 90% of what a minute before it did (without
     # the retry, pipeline 1 waited forever on its cut contribution: 5%).
     before = np.mean(r.timeline[1:10])
@@ -296,10 +303,11 @@ def test_a_server_and_its_standby_leaving_together_lose_the_committed_updates_an
     events = [ChurnEvent(600.0, 0, False), ChurnEvent(600.0, 4, False)]
     sim = Simulation(sc, strategy, SimConfig(hours=0.5, detect_s=30.0), (np.ones(5, dtype=bool), events))
     sim.advance(599.0)
-    committed = sim.shards.stages[0][0].committed
+    committed = path(sim).shards.stages[0][0].committed
     r = sim.run()
     assert committed > 0 and r.updates_lost >= committed  # no live copy of stage 0's shard
-    assert r.tokens < r.updates * sim.exchange.batch_micro_batches * 128  # lost updates' tokens are taken off
+    batch = path(sim).sizes.exchange.batch_micro_batches
+    assert r.tokens < r.updates * batch * 128  # lost updates' tokens are taken off
 
 
 def test_a_contribution_that_arrives_too_many_versions_late_is_dropped_and_its_shares_settled() -> None:

@@ -15,6 +15,8 @@ from swarmd.peers.sim.churn import ChurnEvent
 from swarmd.peers.sim.simulator import SimConfig, Simulation, Strategy
 from swarmd.peers.sim.strategies import diloco_plan
 from swarmd.peers.sim.timing import pipeline_timing
+from swarmd.peers.sim.workload import Workload
+from swarmd.peers.sim.world import World
 from swarmd.peers.taskpool.exchange import share_seconds
 from swarmd.peers.wire.sizes import message_bytes
 
@@ -62,14 +64,14 @@ def simulation(
 
 def test_a_ring_all_reduce_sends_two_n_minus_one_over_n_of_the_bytes_and_waits_for_its_slowest_hop() -> None:
     sc = scenario(3, regions=["b", "a", "a"])
-    sim = simulation(sc, fixed(((0,), (1,), (2,)), (4,), "dtfm"), 0.1)
-    assert ring_order(sim, [0, 1, 2]) == [1, 2, 0]  # by region, then ID
+    world = World(sc, SimConfig(hours=0.1), np.ones(sc.n, dtype=bool))
+    assert ring_order(world, [0, 1, 2]) == [1, 2, 0]  # by region, then ID
     done: list[float] = []
-    all_reduce(sim, 0.0, [0, 1, 2], 3e8, lambda t, _: done.append(t), None)
-    sim.engine.run_until(100.0, 1000)
+    all_reduce(world, 0.0, [0, 1, 2], 3e8, lambda t, _: done.append(t), None)
+    world.engine.run_until(100.0, 1000)
     # Each member sends 2 * 2 / 3 of 300 MB (400 MB, 4 s at 100 MB/s) and the four chunk steps
     # each wait for a hop's 1 ms; the flows' own latency is one more.
-    assert ring_seconds(sim, [1, 2, 0]) == pytest.approx(0.004)
+    assert ring_seconds(world, [1, 2, 0]) == pytest.approx(0.004)
     assert done == [pytest.approx(4.0 + 0.001 + 0.004)]
 
 
@@ -78,7 +80,7 @@ def test_dtfm_steps_are_the_slowest_pipelines_1f1b_then_each_stages_all_reduce()
     sc = scenario(4)
     sim = simulation(sc, fixed(((0, 1), (2, 3)), (2, 2), "dtfm"), 0.5)
     r = sim.run()
-    t = pipeline_timing(sim, (0, 1))
+    t = pipeline_timing(sim.world, Workload.of(sc, (2, 2), (1, 1)), (0, 1))
     compute = share_seconds(t.forward_s, t.backward_s, t.send_s, 4)
     params = stage_parameters(sc, (2, 2))
     # Two members a ring: each sends the whole stage (2 (N-1) / N = 1) to the other, in fp16.
@@ -104,7 +106,7 @@ def test_swarm_reroutes_a_departed_peers_work_and_its_step_goes_on() -> None:
     sc = scenario(4)
     sim = simulation(sc, fixed(((0, 1), (2, 3)), (2, 2), "swarm"), 0.5, [ChurnEvent(600.0, 3, False)], detect_s=30.0)
     r = sim.run()
-    assert sim.counts["rerouted"] + r.shares_recomputed >= 1
+    assert sim.world.counts["rerouted"] + r.shares_recomputed >= 1
     assert sum(r.timeline[11:]) > 0 and r.updates_lost == 0
 
 
