@@ -8,6 +8,7 @@
 - ``evaluation``     the swarm's weights scored on the held-out split every few versions, by shard (0, 0)'s holder
 - ``opening``        a shard opened from the newest state it may believe; a cell built for its stage
 - ``cell``           one cell at work: shares through the pipeline, tensors straight to its neighbours
+- ``cell_facts``     what a cell's parts are built from: its facts, its view, narrow handles on it
 - ``in_flight``      a cell's share in flight: its queued work, stage 0's window, how long shares take
 - ``feeder``         stage 0's shares from the ledger: asked for, fed, given back when dropped
 - ``neighbours``     a cell's tensors straight to its neighbours, tried again on a broken path

@@ -463,6 +463,6 @@ def make_cell(trainer: Trainer, cell: Cell, assignment: Assignment, data: Traini
         shape=s.model,
         shards=assignment.shard_counts()[cell[1]],
         half=trainer.half,
+        reducer=trainer.reducer,
     )
-    worker.reducer = trainer.reducer
     return worker
