@@ -108,7 +108,6 @@ class CellWorker:
         )
         self.cell = cell
         self.pipeline, self.stage = cell
-        self.settings = settings
         self.compute = compute
         self.data = data
         """The run's sequences (``swarmd.data``): stage 0 reads its inputs there, the last stage its labels."""
@@ -179,19 +178,12 @@ class CellWorker:
 
     def round_seconds(self) -> float:
         """How long a round takes here lately (H shares; 0 before the first share is done)."""
-        return self.flight.round_seconds(self.settings.local_steps)
+        return self.flight.round_seconds(self.facts.settings.local_steps)
 
     def info(self) -> dict[str, Any]:
-        share = self.flight.share
-        return cell_info(
-            self.cell,
-            self.view.epoch,
-            None if share is None else share.share_id,
-            self.stats,
-            self.losses,
-            self.puller.info(),
-            self.contributions.info(),
-        )
+        share = None if self.flight.share is None else self.flight.share.share_id
+        parts = self.puller.info(), self.contributions.info()
+        return cell_info(self.cell, self.view.epoch, share, self.stats, self.losses, *parts)
 
     # --- what the collaborators use -----------------------------------------------------------
 
@@ -247,7 +239,7 @@ class CellWorker:
             )
         # A share holds k micro-batches (a share issued before a re-plan keeps its k, so the
         # batch bounds it when that is more): a neighbour's claim of more is not the ledger's.
-        most = max(self.settings.share_micro_batches, self.settings.batch_micro_batches)
+        most = max(self.facts.settings.share_micro_batches, self.facts.settings.batch_micro_batches)
         if message.share_count > most:
             self.stats.refused_share += 1
             raise BadRequest(
