@@ -11,6 +11,7 @@
 - ``shard_sources``  where a shard's state comes from: replica, last holders, own file, seed; its geometry
 - ``cell_making``    a cell built for its stage: the seed's stage module, its compute, its worker
 - ``cell``           one cell at work: shares through the pipeline, tensors straight to its neighbours
+- ``cell_facts``     what a cell's parts are built from: its facts, its view, narrow handles on it
 - ``in_flight``      a cell's share in flight: its queued work, stage 0's window, how long shares take
 - ``feeder``         stage 0's shares from the ledger: asked for, fed, given back when dropped
 - ``neighbours``     a cell's tensors straight to its neighbours, tried again on a broken path

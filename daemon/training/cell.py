@@ -27,7 +27,8 @@ goes through this cell's one worker thread, in order.
 backward at a time); it hands the rest to its collaborators: ``InFlight`` (the share in flight,
 its queue and the window), ``Feeder`` (stage 0's shares from the ledger), ``Neighbours`` (the
 tensors sent on), ``CellRounds`` (the end of a share and of a round, the sync), ``Puller`` and
-``Contributions`` (the exchange with the shards).
+``Contributions`` (the exchange with the shards). It builds each from the cell's facts, the
+siblings it uses and a narrow handle on the worker (``cell_facts``), never the worker itself.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from swarmd.data.store import DataError
@@ -47,18 +47,18 @@ from swarmd.models.build import ModelError, ModelShape
 from swarmd.models.cell_compute import CellCompute
 from swarmd.peers.taskpool.cells import Cell
 from swarmd.peers.taskpool.exchange import ExchangeConfig, window
-from swarmd.peers.wire.codecs import FrameSpec, decode_tensor
+from swarmd.peers.wire.codecs import decode_tensor
 from swarmd.peers.wire.errors import BadRequest, FrameError, RpcError, Unavailable, WrongEpoch
 from swarmd.peers.wire.messages import CellBackward, CellForward
 from swarmd.peers.wire.protocol import Request
 from swarmd.system.tasks import cancel_all
+from swarmd.training.cell_facts import CellFacts, CellView
 from swarmd.training.cell_stats import CellStats, cell_info
 from swarmd.training.contributions import Contributions
 from swarmd.training.feeder import Feeder
-from swarmd.training.head_relay import HeadRelays
 from swarmd.training.in_flight import InFlight, Item, ShareInFlight
 from swarmd.training.neighbours import Neighbours
-from swarmd.training.puller import Puller
+from swarmd.training.puller import Puller, PullRelay
 from swarmd.training.rounds import CellRounds
 from swarmd.training.throttle import DutyCycle
 
@@ -80,23 +80,7 @@ MAX_LOSSES_KEPT = 4096
 Send = Callable[[str, Request, list[bytes], float], Awaitable[tuple[Any, list[bytes]]]]
 """Sends a request to a peer (direct or through a relay) and returns its answer and blobs."""
 
-
-@dataclass
-class CellView:
-    """What the trainer knows of the cell's surroundings, renewed every round of the pool."""
-
-    epoch: str | None = None
-    prev: str | None = None
-    next: str | None = None
-    servers: list[str | None] = field(default_factory=list)
-    """The holders of this stage's shards, by shard index."""
-    ledger: str | None = None
-    """The holder of shard (0, 0), who keeps the share ledger."""
-    heads: list[str | None] = field(default_factory=list)
-    """By shard index, who reduces this cell's slice of it with its group's (this peer
-    included: its own slices go through its reducer too); None: straight to the server."""
-    head_pipelines: list[int | None] = field(default_factory=list)
-    """By shard index, the pipeline whose cell heads it for this cell's group (None: no group)."""
+__all__ = ["CellView", "CellWorker"]  # CellView lives in ``cell_facts``; the trainer's side imports it here
 
 
 class CellWorker:
@@ -115,40 +99,40 @@ class CellWorker:
         shape: ModelShape,
         shards: int,
         half: str = "fp16",
+        reducer: PullRelay | None = None,
     ) -> None:
+        """``reducer`` is this peer's head relays (``swarmd.training.head_relay``): a cell that
+        heads a shard for its group hands it what it pulls. None where no group is formed (a
+        test's lone cell)."""
+        self.facts = facts = CellFacts.of(
+            cell, stages, settings, micro_batch, run_id, shape=shape, shards=shards, half=half
+        )
         self.cell = cell
         self.pipeline, self.stage = cell
-        self.stages = stages
-        self.settings = settings
         self.compute = compute
         self.data = data
         """The run's sequences (``swarmd.data``): stage 0 reads its inputs there, the last stage its labels."""
-        self.micro_batch = micro_batch
-        self.run_id = run_id
         self._send = send
-        self.link_Bps = link_Bps
-        self.half = half
-        self.shards = shards
         self.view = CellView()
         self.stats = CellStats()
         self.losses: deque[tuple[int, float]] = deque(maxlen=MAX_LOSSES_KEPT)
-        self.is_first, self.is_last = self.stage == 0, self.stage == stages - 1
-        self.in_spec = FrameSpec.activation(shape, self.stage, micro_batch) if not self.is_first else None
-        self.out_spec = FrameSpec.activation(shape, self.stage + 1, micro_batch) if not self.is_last else None
         self._exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"cell-{self.pipeline}-{self.stage}")
         self.duty = DutyCycle()  # [limits] cpu_share, paid in the worker thread before each job
         self._stop = asyncio.Event()
         self.failure: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.flight = InFlight(window(stages))
-        self.rounds = CellRounds(self)
-        self.neighbours = Neighbours(self)
-        self.feeder = Feeder(self) if self.is_first else None
-        self.puller = Puller(self)
-        self.contributions = Contributions(self)
-        self.reducer: HeadRelays | None = None
-        """This peer's head relays (``swarmd.training.head_relay``), set by the trainer: a cell that heads
-        a shard for its group hands it what it pulls."""
+        # In the order they use each other; the one cycle left (a dropped round's shares go back
+        # through the feeder, which itself works the rounds) goes through ``_give_back``.
+        self.contributions = Contributions(facts, self, link_Bps)
+        self.puller = Puller(facts, self, compute, self.contributions, reducer)
+        self.rounds = CellRounds(facts, self, compute, self.stats, self.puller, self.contributions, self._give_back)
+        self.neighbours = Neighbours(facts, self, self.stats, link_Bps, lambda: self.puller.version)
+        self.feeder = (
+            Feeder(facts, self, self.flight, self.rounds, self.contributions, lambda: self.puller.loaded)
+            if facts.is_first
+            else None
+        )
 
     # --- the trainer's side -----------------------------------------------------------------
 
@@ -195,10 +179,12 @@ class CellWorker:
 
     def round_seconds(self) -> float:
         """How long a round takes here lately (H shares; 0 before the first share is done)."""
-        return self.flight.round_seconds(self.settings.local_steps)
+        return self.flight.round_seconds(self.facts.settings.local_steps)
 
     def info(self) -> dict[str, Any]:
-        return cell_info(self)
+        share = None if self.flight.share is None else self.flight.share.share_id
+        parts = self.puller.info(), self.contributions.info()
+        return cell_info(self.cell, self.view.epoch, share, self.stats, self.losses, *parts)
 
     # --- what the collaborators use -----------------------------------------------------------
 
@@ -254,7 +240,7 @@ class CellWorker:
             )
         # A share holds k micro-batches (a share issued before a re-plan keeps its k, so the
         # batch bounds it when that is more): a neighbour's claim of more is not the ledger's.
-        most = max(self.settings.share_micro_batches, self.settings.batch_micro_batches)
+        most = max(self.facts.settings.share_micro_batches, self.facts.settings.batch_micro_batches)
         if message.share_count > most:
             self.stats.refused_share += 1
             raise BadRequest(
@@ -298,8 +284,12 @@ class CellWorker:
         self.stats.abandoned += 1
         self.rounds.abandoned()
         asyncio.create_task(self.in_thread(self.compute.drop_share))
+        self._give_back([share.share_id])
+
+    def _give_back(self, share_ids: list[int]) -> None:
+        """Shares this pipeline will not finish go back to the ledger (stage 0's feeder took them from it)."""
         if self.feeder is not None:
-            self.feeder.give_back([share.share_id])
+            self.feeder.give_back(share_ids)
 
     async def _one(self, item: Item) -> None:
         message = item.message
@@ -326,7 +316,7 @@ class CellWorker:
             assert message is not None and item.blob is not None
             if m in share.done or m not in self.compute.in_flight:
                 return  # delivered twice, or for a forward this cell no longer holds
-            grad = await self.in_thread(decode_tensor, item.blob, self.out_spec, what="codec")
+            grad = await self.in_thread(decode_tensor, item.blob, self.facts.out_spec, what="codec")
             grad_in = await self.in_thread(self.compute.backward, m, grad)
             self.stats.backwards += 1
             await self.neighbours.backward(share, m, grad_in)
@@ -350,17 +340,17 @@ class CellWorker:
         """Micro-batch ``m``'s tokens: its shard fetched first if it is not here (rarely: the
         shards training reads next are fetched ahead), then read on the worker thread."""
         with self.stats.timing("waiting"):
-            await self.data.ready(m, 1, self.micro_batch, DATA_WAIT_S)
-        return await self.in_thread(self.data.micro_batch, m, self.micro_batch, what="codec")
+            await self.data.ready(m, 1, self.facts.micro_batch, DATA_WAIT_S)
+        return await self.in_thread(self.data.micro_batch, m, self.facts.micro_batch, what="codec")
 
     async def _forward(self, share: ShareInFlight, m: int, blob: bytes | None) -> None:
-        if self.is_first:
+        if self.facts.is_first:
             x = await self._tokens(m)
         else:
             assert blob is not None
-            x = await self.in_thread(decode_tensor, blob, self.in_spec, what="codec")
+            x = await self.in_thread(decode_tensor, blob, self.facts.in_spec, what="codec")
         self.stats.forwards += 1
-        if self.is_last:
+        if self.facts.is_last:
             labels = await self._tokens(m)
             grad_in, loss = await self.in_thread(self.compute.forward_backward_last, m, x, labels)
             self.losses.append((m, loss))
@@ -376,6 +366,6 @@ class CellWorker:
         if not self.flight.micro_batch_done(share, m):
             return
         await self.rounds.share_done(share)
-        if not self.is_first:
+        if not self.facts.is_first:
             await self.rounds.between_shares()
         self.flight.settle()

@@ -59,7 +59,7 @@ class CellMaker:
             weight_decay=s.weight_decay,
             schedule=s.schedule,
         )
-        worker = CellWorker(
+        return CellWorker(
             cell,
             facts.stages,
             self._exchange_settings(),
@@ -72,6 +72,5 @@ class CellMaker:
             shape=s.model,
             shards=assignment.shard_counts()[cell[1]],
             half=facts.half,
+            reducer=self.reducer,
         )
-        worker.reducer = self.reducer
-        return worker

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from swarmd.training.cell import CellWorker
+from swarmd.peers.taskpool.cells import Cell
 
 
 @dataclass
@@ -41,17 +40,23 @@ class CellStats:
             self.seconds[what] += time.perf_counter() - started
 
 
-def cell_info(cell: CellWorker) -> dict[str, Any]:
-    """The cell's entry in the status JSON: its counters, its recent loss, its weights and
-    contributions."""
-    s = cell.stats
-    recent = [loss for _, loss in list(cell.losses)[-16:]]
-    share = cell.flight.share
+def cell_info(
+    cell: Cell,
+    epoch: str | None,
+    share: int | None,
+    s: CellStats,
+    losses: Iterable[tuple[int, float]],
+    weights: dict[str, Any],
+    contributions: dict[str, Any],
+) -> dict[str, Any]:
+    """The cell's entry in the status JSON: which it is, its epoch and share in flight, its
+    counters, its recent loss, and its parts' own entries (``Puller.info``, ``Contributions.info``)."""
+    recent = [loss for _, loss in list(losses)[-16:]]
     return {
-        "pipeline": cell.pipeline,
-        "stage": cell.stage,
-        "epoch": cell.view.epoch,
-        "share": None if share is None else share.share_id,
+        "pipeline": cell[0],
+        "stage": cell[1],
+        "epoch": epoch,
+        "share": share,
         "shares": s.shares,
         "abandoned": s.abandoned,
         "dropped_rounds": s.dropped_rounds,
@@ -64,6 +69,6 @@ def cell_info(cell: CellWorker) -> dict[str, Any]:
         "sync_timeouts": s.sync_timeouts,
         "seconds": {k: round(v, 2) for k, v in s.seconds.items()},
         "loss": round(sum(recent) / len(recent), 4) if recent else None,
-        "weights": cell.puller.info(),
-        "contributions": cell.contributions.info(),
+        "weights": weights,
+        "contributions": contributions,
     }

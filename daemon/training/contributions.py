@@ -35,7 +35,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -45,9 +45,7 @@ from swarmd.peers.wire.codecs import ErrorFeedback
 from swarmd.peers.wire.errors import AlreadyApplied, BadRequest, RpcError, Stale
 from swarmd.peers.wire.messages import Contribute, Contributed, LedgerComplete, Reduce
 from swarmd.peers.wire.sizes import codec_for
-
-if TYPE_CHECKING:
-    from swarmd.training.cell import CellWorker
+from swarmd.training.cell_facts import CellFacts, Sends, Views
 
 logger = logging.getLogger(__name__)
 
@@ -109,9 +107,14 @@ def _cancel_requested() -> bool:
     return task is not None and task.cancelling() > 0
 
 
+class ContributingCell(Sends, Views, Protocol):
+    """What the contributions use of their cell: its way to its peers, its view, whether it stopped."""
+
+
 class Contributions:
-    def __init__(self, cell: CellWorker) -> None:
-        self.cell = cell
+    def __init__(self, facts: CellFacts, cell: ContributingCell, link_Bps: Callable[[str], float]) -> None:
+        """``link_Bps`` is a peer's link rate: it picks each slice's codec."""
+        self.facts, self.cell, self.link_Bps = facts, cell, link_Bps
         self.rounds: list[_Round] = []
         self.stats = ContributionStats()
         self._feedback = ErrorFeedback()
@@ -123,7 +126,7 @@ class Contributions:
         self._rest = False  # the cell stopped: its slices go straight to the servers the pool shows
 
     def start(self) -> list[asyncio.Task[None]]:
-        return [asyncio.create_task(self._deliver_loop(), name=f"cell {self.cell.cell} contributions")]
+        return [asyncio.create_task(self._deliver_loop(), name=f"cell {self.facts.cell} contributions")]
 
     # --- the cell's side ----------------------------------------------------------------------
 
@@ -135,13 +138,13 @@ class Contributions:
         try:
             packed = pack_tickets(tickets)
         except TicketError as e:  # a share fed with no ticket: its servers refuse the round
-            logger.warning("cell %s: the round of shares %s lacks tickets (%s)", self.cell.cell, share_ids[:4], e)
+            logger.warning("cell %s: the round of shares %s lacks tickets (%s)", self.facts.cell, share_ids[:4], e)
             packed = b""
         blobs, codecs = [], []
         for k in range(shards):
             lo, hi = shard_range(vector.numel(), shards, k)
             to = self._head(k) or (self.cell.view.servers[k] if k < len(self.cell.view.servers) else None)
-            codec = codec_for("contribution", self.cell.link_Bps(to or ""), half=self.cell.half)
+            codec = codec_for("contribution", self.link_Bps(to or ""), half=self.facts.half)
             blobs.append(self._feedback.encode(k, vector[lo:hi], codec))
             codecs.append(codec)
         self.rounds.append(
@@ -220,10 +223,10 @@ class Contributions:
                 logger.warning(
                     "cell %s stopped; its contribution for shares %s found no holder of its shards in %.0f s: "
                     "stage %d does not learn from them",
-                    self.cell.cell,
+                    self.facts.cell,
                     left[:8],
                     within_s,
-                    self.cell.stage,
+                    self.facts.stage,
                 )
                 return False
             for r in list(self.rounds):
@@ -282,21 +285,21 @@ class Contributions:
         """Send slice ``k`` to its reduction head (``swarmd.training.reducer``), which answers
         with what the server answered, or, when there is none or it failed this slice once,
         to the server itself."""
-        cell = self.cell
+        cell, facts = self.cell, self.facts
         fields = dict(
-            run_id=cell.run_id,
-            stage=cell.stage,
+            run_id=facts.run_id,
+            stage=facts.stage,
             shard=k,
             shards=len(r.committed),
             share_ids=r.share_ids,
             base_version=r.bases[k],
             micro_batches=r.micro_batches,
-            kind="gradient" if cell.settings.mode == "gradient" else "pseudo",
+            kind="gradient" if facts.settings.mode == "gradient" else "pseudo",
             codec=r.codecs[k],
             tickets=len(r.tickets) // TICKET_BYTES,
         )
         head = None if r.direct[k] else self._head(k)
-        request = Contribute(**fields) if head is None else Reduce(**fields, pipeline=cell.pipeline)
+        request = Contribute(**fields) if head is None else Reduce(**fields, pipeline=facts.pipeline)
         again = r.delivered_to[k] is not None
         try:
             blobs = [r.blobs[k], r.tickets] if r.tickets else [r.blobs[k]]
@@ -305,12 +308,12 @@ class Contributions:
             # The server has this round's shares already (our first try got there and its answer
             # was lost, or the shard's new holder took them from the old one's log): delivered;
             # the pulls report them committed.
-            logger.debug("cell %s: shard %d had shares %s already", cell.cell, k, r.share_ids[:4])
+            logger.debug("cell %s: shard %d had shares %s already", facts.cell, k, r.share_ids[:4])
             return self._delivered(r, k, server, None, again)
         except (BadRequest, Stale) as e:
             # Refused for good (malformed, or from a lineage the server cannot use): nothing to
             # wait for; the round's work on this slice is not applied.
-            logger.info("cell %s: shard %d refused a contribution (%s); dropped", cell.cell, k, e)
+            logger.info("cell %s: shard %d refused a contribution (%s); dropped", facts.cell, k, e)
             r.committed[k], r.dropped[k] = True, True
             self.stats.dropped += 1
             self._settle()
@@ -321,7 +324,7 @@ class Contributions:
                 # once, whether or not the head's sum of it got there first.
                 logger.debug(
                     "cell %s: reduction head %s failed slice %d (%s); sending it to the server",
-                    cell.cell,
+                    facts.cell,
                     head[:16],
                     k,
                     e,
@@ -329,7 +332,7 @@ class Contributions:
                 r.direct[k] = True
                 self.stats.direct += 1
             else:
-                logger.debug("cell %s: contribution to shard %d at %s failed (%s); retrying", cell.cell, k, server, e)
+                logger.debug("cell %s: contribution to shard %d at %s failed (%s); retrying", facts.cell, k, server, e)
             return False
         return self._delivered(r, k, server, answer, again)
 
@@ -362,9 +365,10 @@ class Contributions:
         while self.rounds and self.rounds[0].done:
             r = self.rounds.pop(0)
             self.stats.committed_rounds += not r.lost
-            if self.cell.is_first and self.cell.view.ledger is not None and not r.lost:
-                request = LedgerComplete(run_id=self.cell.run_id, pipeline=self.cell.pipeline, share_ids=r.share_ids)
-                self.cell.tell(self.cell.view.ledger, request)
+            ledger = self.cell.view.ledger
+            if self.facts.is_first and ledger is not None and not r.lost:
+                request = LedgerComplete(run_id=self.facts.run_id, pipeline=self.facts.pipeline, share_ids=r.share_ids)
+                self.cell.tell(ledger, request)
 
     def info(self) -> dict[str, Any]:
         s = self.stats

@@ -17,14 +17,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from swarmd.peers.wire.errors import RpcError
 from swarmd.peers.wire.messages import LedgerAbandon, LedgerIssue
-from swarmd.training.in_flight import ShareInFlight
-
-if TYPE_CHECKING:
-    from swarmd.training.cell import CellWorker
+from swarmd.training.cell_facts import CellFacts, CellHandle
+from swarmd.training.contributions import Contributions
+from swarmd.training.in_flight import InFlight, ShareInFlight
+from swarmd.training.rounds import CellRounds
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +42,18 @@ Issued = tuple[int, int, int, str, str]
 
 
 class Feeder:
-    def __init__(self, cell: CellWorker) -> None:
-        self.cell = cell
+    def __init__(
+        self,
+        facts: CellFacts,
+        cell: CellHandle,
+        flight: InFlight,
+        rounds: CellRounds,
+        contributions: Contributions,
+        loaded: Callable[[], bool],
+    ) -> None:
+        """``loaded`` says whether the cell's weights are in (``Puller.loaded``): it feeds none before."""
+        self.facts, self.cell, self.flight = facts, cell, flight
+        self.rounds, self.contributions, self.loaded = rounds, contributions, loaded
         self._attempts = 0  # shares fed so far
         self._ahead: asyncio.Task[Issued | None] | None = None
         self._ahead_at = 0.0
@@ -60,7 +70,7 @@ class Feeder:
         while not cell.stopped:
             if backoff:
                 await cell.sleep(backoff)
-            await cell.rounds.between_shares()  # the first whole pull too: nothing is in flight here now
+            await self.rounds.between_shares()  # the first whole pull too: nothing is in flight here now
             if not await self._ready():
                 await self._idle()
                 continue
@@ -75,27 +85,26 @@ class Feeder:
                 continue
             self._ahead, self._ahead_at = asyncio.create_task(self._issue()), time.monotonic()
             for m in range(share.first, share.first + share.count):
-                if not await cell.flight.feed(share, m):
+                if not await self.flight.feed(share, m):
                     break
-            await cell.flight.settled()
-            finished = cell.flight.abandoned_at != share.share_id
+            await self.flight.settled()
+            finished = self.flight.abandoned_at != share.share_id
             backoff = 0.0 if finished else min(max(2 * backoff, ABANDON_BACKOFF_S[0]), ABANDON_BACKOFF_S[1])
 
     def _open(self, share_id: int, first: int, count: int, ticket: str, ledger: str) -> ShareInFlight | None:
         """The share the ledger issued, opened here; None when the pool's view lost this
         pipeline while the ledger answered (its epoch is gone): the share goes back to that
         ledger at once, else it would wait out its lease before anyone trained it."""
-        cell = self.cell
-        epoch = cell.view.epoch
+        epoch = self.cell.view.epoch
         if epoch is None:
             self.give_back([share_id], ledger)
             return None
-        cell.rounds.share_begins()
-        round_end = cell.rounds.issued()
+        self.rounds.share_begins()
+        round_end = self.rounds.issued()
         # Increasing across this cell's restarts too: a downstream cell may still hold an older try.
         self._attempts = max(self._attempts + 1, int(time.time() * 10))
         share = ShareInFlight(share_id, first, count, round_end, epoch, self._attempts, ticket)
-        cell.flight.open(share)
+        self.flight.open(share)
         return share
 
     def give_back(self, share_ids: list[int], ledger: str | None = None) -> None:
@@ -104,17 +113,17 @@ class Feeder:
         cell = self.cell
         ledger = ledger or cell.view.ledger
         if ledger is not None:
-            request = LedgerAbandon(run_id=cell.run_id, pipeline=cell.pipeline, share_ids=list(share_ids))
+            request = LedgerAbandon(run_id=self.facts.run_id, pipeline=self.facts.pipeline, share_ids=list(share_ids))
             cell.tell(ledger, request)
 
     async def _ready(self) -> bool:
-        cell, v = self.cell, self.cell.view
+        v = self.cell.view
         return (
             v.epoch is not None
             and v.ledger is not None
-            and (cell.is_last or v.next is not None)
-            and cell.puller.loaded
-            and await cell.contributions.room()
+            and (self.facts.is_last or v.next is not None)
+            and self.loaded()
+            and await self.contributions.room()
         )
 
     async def _next(self) -> Issued | None:
@@ -151,12 +160,12 @@ class Feeder:
         if ledger is None:
             return None
         request = LedgerIssue(
-            run_id=cell.run_id, pipeline=cell.pipeline, renew=cell.contributions.open_shares(), want=1
+            run_id=self.facts.run_id, pipeline=self.facts.pipeline, renew=self.contributions.open_shares(), want=1
         )
         try:
             answer, _ = await cell.send(ledger, request, [], 30.0)
         except RpcError as e:
-            logger.debug("cell %s: no share from the ledger at %s (%s)", cell.cell, ledger, e)
+            logger.debug("cell %s: no share from the ledger at %s (%s)", self.facts.cell, ledger, e)
             return None
         if not answer.shares:
             return None
@@ -167,7 +176,7 @@ class Feeder:
         """Stage 0 cannot feed yet: wait for what it lacks (room to contribute, weights, a view),
         woken as soon as the contributions move on, else after a short while."""
         cell = self.cell
-        if cell.puller.loaded and cell.view.epoch is not None and cell.view.ledger is not None:
-            await cell.timed(cell.contributions.wait_for_room(0.5))
+        if self.loaded() and cell.view.epoch is not None and cell.view.ledger is not None:
+            await cell.timed(self.contributions.wait_for_room(0.5))
         else:
             await cell.sleep(0.2)

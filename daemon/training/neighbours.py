@@ -9,7 +9,8 @@ neighbour is in another epoch: the share is dropped).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -17,43 +18,52 @@ from swarmd.peers.wire.codecs import encode_tensor
 from swarmd.peers.wire.errors import StreamBroken, Unreachable, WrongEpoch
 from swarmd.peers.wire.messages import CellBackward, CellForward
 from swarmd.peers.wire.sizes import codec_for
+from swarmd.training.cell_facts import CellFacts, CellHandle
+from swarmd.training.cell_stats import CellStats
 from swarmd.training.in_flight import ShareInFlight
-
-if TYPE_CHECKING:
-    from swarmd.training.cell import CellWorker
 
 SEND_ATTEMPTS = 4
 SEND_BACKOFF_S = 0.25
 
 
 class Neighbours:
-    def __init__(self, cell: CellWorker) -> None:
-        self.cell = cell
+    def __init__(
+        self,
+        facts: CellFacts,
+        cell: CellHandle,
+        stats: CellStats,
+        link_Bps: Callable[[str], float],
+        version: Callable[[], int],
+    ) -> None:
+        """``link_Bps`` is a peer's link rate (it picks the codec); ``version`` the weights' version
+        the tensors are computed with (``Puller.version``)."""
+        self.facts, self.cell, self.stats = facts, cell, stats
+        self.link_Bps, self.version = link_Bps, version
 
     async def forward(self, share: ShareInFlight, m: int, out: torch.Tensor) -> None:
         """Micro-batch ``m``'s activation to the next cell."""
         cell = self.cell
-        codec = codec_for("activation", cell.link_Bps(cell.view.next or ""), half=cell.half)
+        codec = codec_for("activation", self.link_Bps(cell.view.next or ""), half=self.facts.half)
         frame = await cell.in_thread(encode_tensor, out, codec, what="codec")
-        forward = CellForward(stage=cell.stage + 1, **self._hop(share, m))
+        forward = CellForward(stage=self.facts.stage + 1, **self._hop(share, m))
         await self._deliver(cell.view.next, forward, frame)
 
     async def backward(self, share: ShareInFlight, m: int, grad_in: torch.Tensor | None) -> None:
         """Micro-batch ``m``'s input gradient to the previous cell (stage 0 has none to send)."""
         cell = self.cell
-        if cell.is_first or grad_in is None:
+        if self.facts.is_first or grad_in is None:
             return
-        codec = codec_for("activation", cell.link_Bps(cell.view.prev or ""), half=cell.half)
+        codec = codec_for("activation", self.link_Bps(cell.view.prev or ""), half=self.facts.half)
         frame = await cell.in_thread(encode_tensor, grad_in, codec, what="codec")
-        backward = CellBackward(stage=cell.stage - 1, **self._hop(share, m))
+        backward = CellBackward(stage=self.facts.stage - 1, **self._hop(share, m))
         await self._deliver(cell.view.prev, backward, frame)
 
     def _hop(self, share: ShareInFlight, m: int) -> dict[str, Any]:
         """What a tensor sent along the pipeline says of itself: its share and micro-batch, and
         the weights' version it was computed with."""
         return {
-            "run_id": self.cell.run_id,
-            "pipeline": self.cell.pipeline,
+            "run_id": self.facts.run_id,
+            "pipeline": self.facts.pipeline,
             "epoch": share.epoch,
             "share_id": share.share_id,
             "share_first": share.first,
@@ -61,7 +71,7 @@ class Neighbours:
             "round_end": share.round_end,
             "attempt": share.attempt,
             "micro_batch": m,
-            "version": self.cell.puller.version,
+            "version": self.version(),
             "ticket": share.ticket,
         }
 
@@ -72,13 +82,14 @@ class Neighbours:
         for attempt in range(SEND_ATTEMPTS):
             if peer is None or message.epoch != cell.view.epoch:
                 raise WrongEpoch(
-                    f"cell {cell.cell}: the pipeline changed while micro-batch {message.micro_batch} was on its way"
+                    f"cell {self.facts.cell}: the pipeline changed while micro-batch {message.micro_batch} "
+                    "was on its way"
                 )
             try:
                 await cell.send(peer, message, [frame], 30.0)
                 return
             except (Unreachable, StreamBroken):
-                cell.stats.send_failures += 1
+                self.stats.send_failures += 1
                 if attempt == SEND_ATTEMPTS - 1:
                     raise
                 await cell.sleep(delay)

@@ -26,17 +26,17 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
+from swarmd.models.cell_compute import CellCompute
 from swarmd.peers.taskpool.exchange import shard_range
 from swarmd.peers.wire.codecs import decode_vector
 from swarmd.peers.wire.errors import FrameError, RpcError
-from swarmd.peers.wire.messages import Pull, PullFromHead
-
-if TYPE_CHECKING:
-    from swarmd.training.cell import CellWorker
+from swarmd.peers.wire.messages import Pull, Pulled, PullFromHead
+from swarmd.training.cell_facts import CellFacts, CellHandle
+from swarmd.training.contributions import Contributions
 
 logger = logging.getLogger(__name__)
 
@@ -61,10 +61,29 @@ class _ShardWeights:
     head_failed_at: float = -HEAD_RETRY_S
 
 
+class PullRelay(Protocol):
+    """This peer's head relays (``swarmd.training.head_relay``), as a cell that heads a shard for its
+    group uses it: the members' share IDs to ask about, and what was pulled, for them."""
+
+    def asked(self, stage: int, shard: int) -> list[int]: ...
+
+    async def offer(self, stage: int, shard: int, answer: Pulled, blobs: list[bytes]) -> None: ...
+
+
 class Puller:
-    def __init__(self, cell: CellWorker) -> None:
-        self.cell = cell
-        size, shards = cell.compute.size, cell.shards
+    def __init__(
+        self,
+        facts: CellFacts,
+        cell: CellHandle,
+        compute: CellCompute,
+        contributions: Contributions,
+        reducer: PullRelay | None,
+    ) -> None:
+        """``contributions`` learn their commits from the pulls; ``reducer`` (None: no group here)
+        is handed what this cell pulls of a shard it heads."""
+        self.facts, self.cell, self.compute = facts, cell, compute
+        self.contributions, self.reducer = contributions, reducer
+        size, shards = compute.size, facts.shards
         self.shards = [_ShardWeights(*shard_range(size, shards, k)) for k in range(shards)]
         self._bases = [-1] * shards
         self._changed = asyncio.Event()
@@ -75,7 +94,7 @@ class Puller:
 
     def start(self) -> list[asyncio.Task[None]]:
         return [
-            asyncio.create_task(self._poll(k), name=f"cell {self.cell.cell} pull {k}") for k in range(len(self.shards))
+            asyncio.create_task(self._poll(k), name=f"cell {self.facts.cell} pull {k}") for k in range(len(self.shards))
         ]
 
     @property
@@ -97,7 +116,7 @@ class Puller:
         return list(self._bases)
 
     def round_started(self) -> None:
-        if self.cell.settings.mode == "gradient":
+        if self.facts.settings.mode == "gradient":
             self._bases = [s.applied for s in self.shards]
 
     async def wait_past(self, bases: list[int], timeout_s: float) -> bool:
@@ -120,7 +139,7 @@ class Puller:
         if not ready:
             return
         first_load = not self.loaded
-        compute = self.cell.compute
+        compute = self.compute
         for s in ready:
             full, deltas = s.full, s.deltas
             s.full, s.deltas = None, []
@@ -136,7 +155,7 @@ class Puller:
                 self._bases = [s.applied for s in self.shards]
             return
         await self.cell.in_thread(compute.rebase)
-        if self.cell.settings.mode == "local":
+        if self.facts.settings.mode == "local":
             self._bases = [s.applied for s in self.shards]
 
     async def _poll(self, k: int) -> None:
@@ -152,28 +171,27 @@ class Puller:
             if holder != s.holder:
                 s.holder = holder
             head = self._head(k, s)
-            pending = self.cell.contributions.pending_for(k)
-            reducer = self.cell.reducer
-            heading = reducer is not None and self._heads(k)
-            if heading:  # the members' IDs first: past the message's limit, the oldest go
-                pending = reducer.asked(self.cell.stage, k) + pending  # type: ignore[union-attr]
+            pending = self.contributions.pending_for(k)
+            reducer = self.reducer if self._heads(k) else None
+            if reducer is not None:  # the members' IDs first: past the message's limit, the oldest go
+                pending = reducer.asked(self.facts.stage, k) + pending
             # A long poll for the version after the newest fetched (applied or not): it also brings
             # the commits of our pending contributions, which happen with new versions only.
             fields = dict(
-                run_id=self.cell.run_id,
-                stage=self.cell.stage,
+                run_id=self.facts.run_id,
+                stage=self.facts.stage,
                 shard=k,
                 shards=len(self.shards),
                 have_version=s.fetched,
                 pending_share_ids=list(dict.fromkeys(pending))[-4096:],
                 wait_s=0.0 if s.fetched < 0 else POLL_WAIT_S,
             )
-            request = Pull(**fields) if head is None else PullFromHead(**fields, pipeline=self.cell.pipeline)
+            request = Pull(**fields) if head is None else PullFromHead(**fields, pipeline=self.facts.pipeline)
             try:
                 answer, blobs = await self.cell.send(head or holder, request, [], POLL_WAIT_S + 30.0)
                 self._take(s, answer, blobs)
             except (RpcError, FrameError) as e:
-                logger.debug("cell %s: pull of shard %d from %s failed (%s)", self.cell.cell, k, head or holder, e)
+                logger.debug("cell %s: pull of shard %d from %s failed (%s)", self.facts.cell, k, head or holder, e)
                 if head is not None:  # the server answers instead, at once
                     s.head_failed_at = time.monotonic()
                     continue
@@ -181,25 +199,25 @@ class Puller:
                 delay = min(delay * 2, RETRY_S[1])
                 continue
             self.head_pulls += head is not None
-            if heading:
-                await reducer.offer(self.cell.stage, k, answer, blobs)  # type: ignore[union-attr]
+            if reducer is not None:
+                await reducer.offer(self.facts.stage, k, answer, blobs)
             delay = RETRY_S[0]
             self._arrived.set()
-            self.cell.contributions.committed(k, set(answer.committed))
+            self.contributions.committed(k, set(answer.committed))
             if answer.unknown:  # a step it dropped: what went to the server, or to the head, goes again
                 for recipient in {r for r in (holder, head) if r is not None}:
-                    self.cell.contributions.unknown(k, set(answer.unknown), recipient)
+                    self.contributions.unknown(k, set(answer.unknown), recipient)
 
     def _heads(self, k: int) -> bool:
         """Whether this cell heads shard ``k`` for a group of two or more."""
         heads = self.cell.view.head_pipelines
-        return k < len(heads) and heads[k] == self.cell.pipeline
+        return k < len(heads) and heads[k] == self.facts.pipeline
 
     def _head(self, k: int, s: _ShardWeights) -> str | None:
         """Whom to pull shard ``k`` from instead of its server: the group's head for it, unless
         this cell is that head, or the head failed a pull lately (None: the server)."""
         heads, pipelines = self.cell.view.heads, self.cell.view.head_pipelines
-        if k >= len(heads) or heads[k] is None or pipelines[k] in (None, self.cell.pipeline):
+        if k >= len(heads) or heads[k] is None or pipelines[k] in (None, self.facts.pipeline):
             return None
         if s.fetched < 0 or time.monotonic() - s.head_failed_at < HEAD_RETRY_S:
             return None
@@ -217,7 +235,7 @@ class Puller:
             self.delta_pulls += 1
         elif answer.version < s.fetched:  # the holder is behind us: another lineage, start over
             logger.info(
-                "cell %s: shard at %d is behind our %d; pulling it whole", self.cell.cell, answer.version, s.fetched
+                "cell %s: shard at %d is behind our %d; pulling it whole", self.facts.cell, answer.version, s.fetched
             )
             s.fetched = -1
 

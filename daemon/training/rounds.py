@@ -14,15 +14,18 @@ contribution went into.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
+from swarmd.models.cell_compute import CellCompute
 from swarmd.peers.taskpool.exchange import SYNC_WAIT_S
+from swarmd.training.cell_facts import CellFacts, Views, Works
+from swarmd.training.cell_stats import CellStats
+from swarmd.training.contributions import Contributions
 from swarmd.training.in_flight import ShareInFlight
-
-if TYPE_CHECKING:
-    from swarmd.training.cell import CellWorker
+from swarmd.training.puller import Puller
 
 logger = logging.getLogger(__name__)
 
@@ -42,9 +45,25 @@ def named_once(share_ids: list[int], tickets: list[str]) -> tuple[list[int], lis
     return [share_ids[i] for i in keep], [tickets[i] for i in keep]
 
 
+class RoundsCell(Views, Works, Protocol):
+    """What the rounds use of their cell: whether it stopped, its worker thread, its waits."""
+
+
 class CellRounds:
-    def __init__(self, cell: CellWorker) -> None:
-        self.cell = cell
+    def __init__(
+        self,
+        facts: CellFacts,
+        cell: RoundsCell,
+        compute: CellCompute,
+        stats: CellStats,
+        puller: Puller,
+        contributions: Contributions,
+        give_back: Callable[[list[int]], None],
+    ) -> None:
+        """``give_back`` hands a dropped round's shares back to the ledger (stage 0 only: the
+        stage-0 feeder does it; elsewhere it does nothing)."""
+        self.facts, self.cell, self.compute, self.stats = facts, cell, compute, stats
+        self.puller, self.contributions, self.give_back = puller, contributions, give_back
         self._shares: list[int] = []  # the shares done here this round
         self._tickets: list[str] = []  # and their tickets, in the same order
         self._issued = 0  # stage 0: the shares fed this round, less those abandoned
@@ -53,12 +72,12 @@ class CellRounds:
     def share_begins(self) -> None:
         """A share opens here; the first of a round takes the weights applied just now as its base."""
         if not self._shares:
-            self.cell.puller.round_started()
+            self.puller.round_started()
 
     def issued(self) -> bool:
         """Stage 0 feeds another share this round; True when it is the round's last."""
         self._issued += 1
-        return self._issued >= self.cell.settings.local_steps
+        return self._issued >= self.facts.settings.local_steps
 
     def abandoned(self) -> None:
         """The share in flight was dropped: stage 0 feeds another in its place this round."""
@@ -67,14 +86,14 @@ class CellRounds:
     async def share_done(self, share: ShareInFlight) -> None:
         """Every micro-batch of ``share`` ran its backward here: the compute ends the share, and
         the round with it when the share is its last."""
-        cell = self.cell
-        while share.round_end and not cell.stopped and not await cell.contributions.room():
-            await cell.timed(cell.contributions.wait_for_room(1.0))  # backpressure: the last round is not delivered yet
-        cell.stats.shares += 1
+        cell, contributions = self.cell, self.contributions
+        while share.round_end and not cell.stopped and not await contributions.room():
+            await cell.timed(contributions.wait_for_room(1.0))  # backpressure: the last round is not delivered yet
+        self.stats.shares += 1
         # Local mode's inner step, numbered as the swarm's: the rounds behind the weights here,
         # H steps each, and the shares of this one.
-        inner_step = cell.puller.version * cell.settings.local_steps + len(self._shares)
-        await cell.in_thread(cell.compute.end_share, inner_step)
+        inner_step = self.puller.version * self.facts.settings.local_steps + len(self._shares)
+        await cell.in_thread(self.compute.end_share, inner_step)
         self._shares.append(share.share_id)
         self._tickets.append(share.ticket)
         if share.round_end:
@@ -82,17 +101,17 @@ class CellRounds:
 
     async def _end_round(self) -> None:
         cell = self.cell
-        vector, micro_batches = await cell.in_thread(cell.compute.contribution)
-        cell.stats.rounds += 1
+        vector, micro_batches = await cell.in_thread(self.compute.contribution)
+        self.stats.rounds += 1
         share_ids, tickets = named_once(self._shares, self._tickets)
         self._shares, self._tickets, self._issued = [], [], 0
         non_finite = await cell.in_thread(_non_finite, vector)
         if non_finite:
             self._drop(share_ids, non_finite, vector.numel())
             return
-        bases = cell.puller.round_bases()
-        cell.contributions.add(share_ids, tickets, vector, micro_batches, bases)
-        if cell.settings.mode == "gradient":
+        bases = self.puller.round_bases()
+        self.contributions.add(share_ids, tickets, vector, micro_batches, bases)
+        if self.facts.settings.mode == "gradient":
             self._sync_after = bases
 
     def _drop(self, share_ids: list[int], non_finite: int, elements: int) -> None:
@@ -100,29 +119,26 @@ class CellRounds:
         and a server must not step on it): its shares go back to the ledger to be trained
         again. Left open there, they held the pipeline's quota until their lease lapsed
         (``LEASE_S``, ten minutes) and the pipeline stood still."""
-        cell = self.cell
-        cell.stats.dropped_rounds += 1
+        self.stats.dropped_rounds += 1
         logger.warning(
             "cell %s: the round of shares %s came out with %d non-finite values of %d (weights at version %s); "
             "dropping it: its shares are trained again",
-            cell.cell,
+            self.facts.cell,
             share_ids,
             non_finite,
             elements,
-            cell.puller.version,
+            self.puller.version,
         )
-        if cell.feeder is not None:
-            cell.feeder.give_back(share_ids)
+        self.give_back(share_ids)
 
     async def between_shares(self) -> None:
         """Apply the weights that arrived: no micro-batch is in flight here now. In gradient mode
         the next round waits (at most ``SYNC_WAIT_S``) for the step its contribution went into:
         H = 1 is chosen where the exchange is cheap next to the compute, and so the rounds are
         synchronous SGD, each on the weights of every pipeline's previous round, at little cost."""
-        cell = self.cell
         if self._sync_after is not None:
             bases, self._sync_after = self._sync_after, None
-            with cell.stats.timing("sync"):
-                if not await cell.puller.wait_past(bases, SYNC_WAIT_S):
-                    cell.stats.sync_timeouts += 1
-        await cell.puller.apply()
+            with self.stats.timing("sync"):
+                if not await self.puller.wait_past(bases, SYNC_WAIT_S):
+                    self.stats.sync_timeouts += 1
+        await self.puller.apply()

@@ -52,7 +52,7 @@ class SignFlip:
     a cell's round becomes slices), as a member running a patched daemon would."""
 
     def __init__(self) -> None:
-        self.cells: set[int] = set()  # id() of the lying member's CellWorkers
+        self.cells: set[int] = set()  # id() of the lying member's cells' Contributions
         self.flipped = 0
         self._add = Contributions.add
 
@@ -60,7 +60,7 @@ class SignFlip:
         flipper = self
 
         def add(self: Contributions, shares: list[int], tickets: list[str], vector: torch.Tensor, *rest: Any) -> None:
-            if id(self.cell) in flipper.cells:
+            if id(self) in flipper.cells:
                 vector, flipper.flipped = -vector, flipper.flipped + 1
             flipper._add(self, shares, tickets, vector, *rest)
 
@@ -90,7 +90,7 @@ async def run(
 
         def watch() -> bool:
             if scenario == "sign-flip":
-                flip.cells |= {id(worker) for worker in liar.cells.values()}
+                flip.cells |= {id(worker.contributions) for worker in liar.cells.values()}
             return any(s.version >= updates for s in scores())
 
         try:

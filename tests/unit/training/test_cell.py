@@ -4,18 +4,18 @@ this epoch, for a share no larger than the run's; everything else is refused and
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
-import torch
 
 from swarmd.models.presets import DEFAULT_RUN
 from swarmd.models.shape import ModelShape
 from swarmd.peers.taskpool.exchange import ExchangeConfig
-from swarmd.peers.wire.errors import BadRequest, NotHolder, WrongEpoch
-from swarmd.peers.wire.messages import CellBackward, CellForward, Contributed
+from swarmd.peers.wire.errors import BadRequest, WrongEpoch
+from swarmd.peers.wire.messages import CellBackward, CellForward
 from swarmd.training.cell import CellView, CellWorker
+from swarmd.training.in_flight import ShareInFlight
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -26,15 +26,36 @@ async def never(*_: Any) -> Any:
     raise AssertionError("handle() sends nothing")
 
 
-def worker() -> CellWorker:
+@dataclass
+class Compute:
+    """What a cell's compute is asked outside a micro-batch: the size of its stage's parameters,
+    and to drop the share in flight."""
+
+    size: int = 100
+    dropped: int = 0
+
+    def drop_share(self) -> None:
+        self.dropped += 1
+
+
+def worker(cell: tuple[int, int] = (0, 1), send: Any = never) -> CellWorker:
     """Cell (0, 1) of two stages, whose previous cell is ``prev`` in epoch ``e1``; k = 2 of a
     batch of 4. ``handle`` checks and queues; nothing here computes."""
-    shape = ModelShape.from_dict(DEFAULT_RUN["model"])
-    settings = ExchangeConfig(batch_micro_batches=4, share_micro_batches=2)
-    compute: Any = SimpleNamespace(size=100)
-    cell = CellWorker((0, 1), 2, settings, compute, None, 4, RUN_ID, never, lambda _: 1e9, shape=shape, shards=1)  # type: ignore[arg-type]
-    cell.update(CellView(epoch="e1", prev="prev", next=None, servers=["server"]))
-    return cell
+    worker = CellWorker(
+        cell,
+        2,
+        ExchangeConfig(batch_micro_batches=4, share_micro_batches=2),
+        Compute(),  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]  # no data: nothing here reads tokens
+        4,
+        RUN_ID,
+        send,
+        lambda _: 1e9,
+        shape=ModelShape.from_dict(DEFAULT_RUN["model"]),
+        shards=1,
+    )
+    worker.update(CellView(epoch="e1", prev="prev", next=None, servers=["server"]))
+    return worker
 
 
 def forward(**kw: Any) -> CellForward:
@@ -76,46 +97,7 @@ def test_a_neighbours_tensor_is_queued_only_from_the_neighbour_for_a_share_of_th
     asyncio.run(scenario())
 
 
-def test_a_stopped_cells_contribution_reaches_its_shards_next_holder() -> None:
-    """The plan moved the cell and the shard at once: the slice the cell could not deliver to the
-    shard's old holder goes to the new one as soon as the pool shows it, and once only."""
-    holders = ["old", "old", None, "new"]  # what each look at the pool shows
-    sent: list[str] = []
-
-    async def send(peer: str, request: Any, blobs: list[bytes], timeout_s: float) -> Any:
-        sent.append(peer)
-        if peer != "new":
-            raise NotHolder(f"{peer} does not hold shard 0 (any more)")
-        return Contributed(version=3, accepted=True, staleness=0, weight=1.0, duplicate=False, committed=True), []
-
-    def servers() -> list[str | None]:
-        return [holders.pop(0) if len(holders) > 1 else holders[0]]
-
-    async def scenario() -> None:
-        cell = worker()
-        cell._send = send
-        cell.contributions.add([5], ["t"], torch.ones(100), 2, [3])
-        assert cell.contributions.undelivered() == 1
-        assert await cell.contributions.deliver_rest(servers, within_s=30)
-        assert cell.contributions.undelivered() == 0 and sent.count("new") == 1 and "old" in sent
-
-    asyncio.run(scenario())
-
-
-def test_a_stopped_cells_contribution_with_no_holder_is_given_up_in_time() -> None:
-    async def scenario() -> None:
-        cell = worker()
-        cell.contributions.add([5], ["t"], torch.ones(100), 2, [3])
-        assert not await cell.contributions.deliver_rest(lambda: [None], within_s=1)
-        assert cell.contributions.undelivered() == 1
-
-    asyncio.run(scenario())
-
-
-def test_a_share_issued_as_the_view_lost_the_pipeline_goes_back_to_its_ledger_at_once() -> None:
-    """The pool's view dropped this pipeline (no epoch) while the ledger answered: stage 0 neither
-    opens the share nor keeps it until its lease lapses, it gives it back to the ledger that
-    issued it (the view names none any more)."""
+def test_a_new_epoch_drops_the_share_in_flight_and_stage_zero_gives_it_back_to_its_ledger() -> None:
     told: list[tuple[str, Any]] = []
 
     async def send(peer: str, request: Any, blobs: list[bytes], timeout_s: float) -> Any:
@@ -123,15 +105,14 @@ def test_a_share_issued_as_the_view_lost_the_pipeline_goes_back_to_its_ledger_at
         return None, []
 
     async def scenario() -> None:
-        shape = ModelShape.from_dict(DEFAULT_RUN["model"])
-        settings = ExchangeConfig(batch_micro_batches=4, share_micro_batches=2)
-        compute: Any = SimpleNamespace(size=100)
-        cell = CellWorker((0, 0), 2, settings, compute, None, 4, RUN_ID, send, lambda _: 1e9, shape=shape, shards=1)  # type: ignore[arg-type]
-        cell.update(CellView())  # no epoch, no ledger
-        assert cell.feeder is not None
-        assert cell.feeder._open(7, 28, 2, "ticket", "ledger-peer") is None
-        await asyncio.sleep(0)  # the background send
-        assert cell.flight.share is None
-        assert [(peer, type(r).__name__, r.share_ids) for peer, r in told] == [("ledger-peer", "LedgerAbandon", [7])]
+        cell = worker((0, 0), send)
+        cell.update(CellView(epoch="e1", next="next", servers=["server"], ledger="ledger-a"))
+        cell.flight.open(ShareInFlight(7, 28, 2, False, "e1", 1, "t7"))
+        cell.update(CellView(epoch="e2", next="next", servers=["server"], ledger="ledger-b"))
+        await asyncio.sleep(0.2)  # the background send and the worker thread's drop
+        assert cell.flight.share is None and cell.stats.abandoned == 1
+        assert isinstance(cell.compute, Compute) and cell.compute.dropped == 1
+        assert [(peer, type(r).__name__, r.share_ids) for peer, r in told] == [("ledger-a", "LedgerAbandon", [7])]
+        await cell.stop(1.0)
 
     asyncio.run(scenario())

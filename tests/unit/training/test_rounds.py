@@ -1,10 +1,19 @@
-"""training/rounds.py: a round names each share once, however often it was trained in it."""
+"""training/rounds.py: a round names each share once, however often it was trained in it; it is
+contributed when its last share is done, on the weights it started from, or dropped, its shares
+given back, when it is not finite; it waits for room, and in gradient mode for its step."""
 
 from __future__ import annotations
 
-import pytest
+import asyncio
+from dataclasses import dataclass, field
 
-from swarmd.training.rounds import named_once
+import pytest
+import torch
+
+from swarmd.training.cell_stats import CellStats
+from swarmd.training.in_flight import ShareInFlight
+from swarmd.training.rounds import CellRounds, named_once
+from tests.unit.training.cell_fakes import FakeCell, facts
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -24,3 +33,124 @@ def test_a_round_of_distinct_shares_is_unchanged() -> None:
 
 def test_the_order_is_that_of_each_share_last_done() -> None:
     assert named_once([1, 2, 1, 3], ["a", "b", "c", "d"]) == ([2, 1, 3], ["b", "c", "d"])
+
+
+@dataclass
+class Compute:
+    """A cell's compute at the end of a share and of a round: the round's contribution is ``vector``."""
+
+    vector: torch.Tensor = field(default_factory=lambda: torch.ones(8))
+    ended: list[int] = field(default_factory=list)  # each share's inner step
+
+    def end_share(self, inner_step: int) -> None:
+        self.ended.append(inner_step)
+
+    def contribution(self) -> tuple[torch.Tensor, int]:
+        return self.vector, 2 * len(self.ended)
+
+
+@dataclass
+class Weights:
+    """The puller, as the rounds use it: weights at ``version``; each shard's step comes at once
+    unless ``late``."""
+
+    version: int = 4
+    late: bool = False
+    calls: list[str] = field(default_factory=list)
+
+    def round_started(self) -> None:
+        self.calls.append("round started")
+
+    def round_bases(self) -> list[int]:
+        return [self.version]
+
+    async def wait_past(self, bases: list[int], timeout_s: float) -> bool:
+        self.calls.append(f"wait past {bases}")
+        return not self.late
+
+    async def apply(self) -> None:
+        self.calls.append("apply")
+
+
+@dataclass
+class Outbox:
+    """The contributions: room once ``room_after`` checks have been made; what was added."""
+
+    room_after: int = 0
+    added: list[tuple[list[int], list[str], torch.Tensor, int, list[int]]] = field(default_factory=list)
+    checks: int = 0
+
+    async def room(self) -> bool:
+        self.checks += 1
+        return self.checks > self.room_after
+
+    async def wait_for_room(self, timeout_s: float) -> bool:
+        return False
+
+    def add(
+        self, share_ids: list[int], tickets: list[str], vector: torch.Tensor, micro_batches: int, bases: list[int]
+    ) -> None:
+        self.added.append((share_ids, tickets, vector, micro_batches, bases))
+
+
+def rounds(
+    compute: Compute, outbox: Outbox, weights: Weights, local_steps: int = 2
+) -> tuple[CellRounds, list[list[int]], CellStats]:
+    """Rounds of ``local_steps`` shares at cell (0, 1); what goes back to the ledger is recorded."""
+    given_back: list[list[int]] = []
+    stats = CellStats()
+    r = CellRounds(facts(local_steps=local_steps), FakeCell(), compute, stats, weights, outbox, given_back.append)  # type: ignore[arg-type]
+    return r, given_back, stats
+
+
+def share(share_id: int, round_end: bool) -> ShareInFlight:
+    return ShareInFlight(share_id, 4 * share_id, 2, round_end, "e1", 1, f"t{share_id}")
+
+
+def test_a_round_is_contributed_once_its_last_share_is_done_on_the_bases_it_started_from() -> None:
+    async def scenario() -> None:
+        compute, outbox, weights = Compute(), Outbox(), Weights()
+        r, given_back, stats = rounds(compute, outbox, weights)
+        r.share_begins()
+        await r.share_done(share(1, round_end=False))
+        r.share_begins()  # the round's second share: its base was taken already
+        await r.share_done(share(1, round_end=False))  # issued again within the round
+        assert outbox.added == [] and weights.calls == ["round started"]
+        r.share_begins()
+        await r.share_done(share(2, round_end=True))
+        [(share_ids, tickets, vector, micro_batches, bases)] = outbox.added
+        assert (share_ids, tickets, micro_batches, bases) == ([1, 2], ["t1", "t2"], 6, [4])
+        assert vector is compute.vector and compute.ended == [8, 9, 10]  # H = 2 steps a round behind version 4
+        assert given_back == [] and (stats.shares, stats.rounds) == (3, 1)
+
+    asyncio.run(scenario())
+
+
+def test_a_round_that_is_not_finite_is_dropped_and_its_shares_go_back() -> None:
+    async def scenario() -> None:
+        compute, outbox, weights = Compute(vector=torch.tensor([1.0, float("nan"), float("inf")])), Outbox(), Weights()
+        r, given_back, stats = rounds(compute, outbox, weights)
+        await r.share_done(share(1, round_end=False))
+        await r.share_done(share(2, round_end=True))
+        assert outbox.added == [] and given_back == [[1, 2]] and stats.dropped_rounds == 1
+        compute.vector = torch.ones(3)  # the next round is fit to send, and names only its own shares
+        await r.share_done(share(3, round_end=True))
+        assert [added[0] for added in outbox.added] == [[3]] and given_back == [[1, 2]]
+
+    asyncio.run(scenario())
+
+
+def test_a_round_waits_for_room_and_in_gradient_mode_the_next_waits_for_its_step() -> None:
+    async def scenario() -> None:
+        compute, outbox, weights = Compute(), Outbox(room_after=3), Weights(late=True)
+        r, _, stats = rounds(compute, outbox, weights, local_steps=1)
+        await r.between_shares()
+        assert weights.calls == ["apply"]  # no round contributed yet: nothing to wait for
+        await r.share_done(share(1, round_end=True))
+        assert outbox.checks == 4 and len(outbox.added) == 1  # held back until the last round was delivered
+        await r.between_shares()
+        assert weights.calls == ["apply", "wait past [4]", "apply"] and stats.sync_timeouts == 1
+        await r.between_shares()  # once only
+        assert weights.calls[3:] == ["apply"]
+
+    asyncio.run(scenario())
