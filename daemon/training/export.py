@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -24,16 +26,40 @@ from swarmd.peers.wire.errors import RpcError
 from swarmd.peers.wire.messages import Pull
 from swarmd.system.state_dir import GATHERED_TOKENIZER
 from swarmd.training.cell_making import stage_module
+from swarmd.training.run_facts import RunFacts, RunInputs, Send
 
 if TYPE_CHECKING:
-    from swarmd.training.trainer import Trainer
+    from swarmd.data.training_data import TrainingData
+    from swarmd.peers.taskpool.assignment import Assignment
+    from swarmd.training.shard_server import ShardServer
 
 GATHER_WAIT_S = 45.0
 """How long a gather waits for a shard that is between holders."""
 GATHER_BACKOFF_S = (0.5, 4.0)
 
 
-async def gather_weights(trainer: Trainer) -> dict[str, Any]:
+class Gathering(Protocol):
+    """What a gather reads of a trainer: the run, the pool, the shards served here, a way to ask
+    the others, and where the weights go."""
+
+    facts: RunFacts
+    stages: int
+    checkpoint_dir: Path
+    data: TrainingData | None
+    inputs: RunInputs
+    servers: Mapping[Shard, ShardServer]
+
+    @property
+    def assignment(self) -> Assignment | None: ...
+
+    def shard_holder(self, key: Shard) -> str | None: ...
+
+    async def score(self, stages: list[dict[str, torch.Tensor]]) -> float | None: ...
+
+    send: Send
+
+
+async def gather_weights(trainer: Gathering) -> dict[str, Any]:
     """Write every stage's weights to the trainer's checkpoint folder, with the run's tokenizer
     file when it has one, and score them on the held-out split: what ``swarmd export`` prints.
     Returns each stage's oldest shard version and the held-out loss (None before the data is open)."""
@@ -49,10 +75,10 @@ async def gather_weights(trainer: Trainer) -> dict[str, Any]:
     loss = None
     if trainer.data is not None:
         loss = await trainer.score([state for _, state in stages])
-    return {"versions": versions, "held_out_loss": loss, "held_out_sequences": trainer.spec.spec.eval_sequences}
+    return {"versions": versions, "held_out_loss": loss, "held_out_sequences": trainer.facts.spec.eval_sequences}
 
 
-async def gather_stages(trainer: Trainer) -> list[tuple[int, dict[str, torch.Tensor]]]:
+async def gather_stages(trainer: Gathering) -> list[tuple[int, dict[str, torch.Tensor]]]:
     """Every stage's newest committed weights as a state dict, with its oldest shard's version."""
     assignment = trainer.assignment
     if assignment is None:
@@ -72,7 +98,7 @@ async def gather_stages(trainer: Trainer) -> list[tuple[int, dict[str, torch.Ten
     return stages
 
 
-async def _whole_slice(trainer: Trainer, key: Shard, shards: int, size: int) -> tuple[int, torch.Tensor]:
+async def _whole_slice(trainer: Gathering, key: Shard, shards: int, size: int) -> tuple[int, torch.Tensor]:
     """Shard ``key``'s newest weights, from here or its holder; a shard between holders is
     asked for again (with backoff) for up to ``GATHER_WAIT_S``."""
     deadline = time.monotonic() + GATHER_WAIT_S
@@ -85,7 +111,7 @@ async def _whole_slice(trainer: Trainer, key: Shard, shards: int, size: int) -> 
         why = "it has no holder right now"
         if holder is not None:
             request = Pull(
-                run_id=trainer.spec.run_id,
+                run_id=trainer.facts.run_id,
                 stage=key[0],
                 shard=key[1],
                 shards=shards,

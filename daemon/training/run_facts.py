@@ -12,7 +12,8 @@ none of them reaches into the trainer:
   test fakes it with a small dataclass;
 - ``Held``: the cells and shard servers this peer holds now, with what they leave behind (a
   closed shard's final state, a stopped cell's contributions still on their way) and the
-  ledger the holder of shard (0, 0) keeps. ``lifecycle`` changes it; the others read it.
+  ledger the holder of shard (0, 0) keeps. ``lifecycle`` changes it; the others read it;
+- ``RunInputs``: what the trainer reads of the run's files (``swarmd.data.run_files.RunFiles``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
 
 from swarmd.peers.records.identity import Identity
 from swarmd.peers.records.run_spec import RunSpec, SignedRunSpec
@@ -33,6 +36,9 @@ from swarmd.training.cell import CellWorker
 from swarmd.training.contributors import ContributorPool
 from swarmd.training.ledger_host import LedgerHost
 from swarmd.training.shard_server import ShardServer
+
+if TYPE_CHECKING:  # the run's data loads where it is opened (``swarmd.data.run_files``)
+    from swarmd.data.training_data import TrainingData
 
 Send = Callable[[str, Request[Any], list[bytes], float], Awaitable[tuple[Any, list[bytes]]]]
 """One request to a peer, this peer itself included (``Trainer.send``)."""
@@ -93,3 +99,17 @@ class Held:
     """Stopped cells' contributions still on their way (``Lifecycle.close_cell``)."""
     ledger: LedgerHost | None = None
     """Set while this peer serves shard (0, 0), which keeps the share ledger."""
+
+
+class RunInputs(Protocol):
+    """What the trainer reads of the run's files (``swarmd.data.run_files.RunFiles``)."""
+
+    async def training_data(self) -> TrainingData:
+        """The run's training and held-out sequences here (it may wait for files to be fetched)."""
+
+    async def initial_slice(self, stage: int, lo: int, hi: int) -> torch.Tensor | None:
+        """A slice of a stage's starting weights for a run that starts from a checkpoint; None
+        for a run that starts from its seed; ``DataError`` when it cannot be had yet."""
+
+    def tokenizer_file(self) -> Path | None:
+        """The run's tokenizer file here (None: bytes, or not fetched yet)."""

@@ -17,20 +17,55 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from swarmd.peers.taskpool.servers import Shard
-from swarmd.training.evaluation import newest_score
+from swarmd.training.evaluation import Evaluation, newest_score
 
 if TYPE_CHECKING:
-    from swarmd.training.trainer import Trainer
+    from swarmd.peers.taskpool.assignment import Assignment
+    from swarmd.peers.taskpool.cells import Cell
+    from swarmd.training.bookkeeping import Books
+    from swarmd.training.cell import CellWorker
+    from swarmd.training.reducer import Reducer
+    from swarmd.training.replicas import ReplicaStore
+    from swarmd.training.run_facts import Held
+    from swarmd.training.shard_server import ShardServer
+    from swarmd.training.shard_sources import ShardSources
 
 SAMPLES = 30
 """Rounds over which the rate is measured (a round is the trainer's tick)."""
 RECENT_LOSSES = 8
 """The last stage's losses that, all non-finite, say that training is stalled."""
+
+
+class Reported(Protocol):
+    """What the status reads of a trainer: what it holds and what it counted."""
+
+    own: str
+    state: str
+    error: str | None
+    stages: int
+    mode: str
+    books: Books
+    held: Held
+    cells: Mapping[Cell, CellWorker]
+    servers: Mapping[Shard, ShardServer]
+    progress: Progress
+    evaluation: Evaluation
+    reducer: Reducer
+    replicas: ReplicaStore
+    sources: ShardSources
+
+    @property
+    def assignment(self) -> Assignment | None: ...
+
+    def members(self) -> list[dict[str, Any]]: ...
+
+    def trained_tokens(self, version: int) -> int: ...
 
 
 class Progress:
@@ -51,10 +86,10 @@ class Progress:
         (t0, n0), (t1, n1) = self._samples[0], self._samples[-1]
         return round((n1 - n0) * per_update / (t1 - t0), 1)
 
-    def stalled(self, trainer: Trainer) -> list[str]:
+    def stalled(self, servers: Mapping[Shard, ShardServer], cells: Mapping[Cell, CellWorker], stages: int) -> list[str]:
         """Why no step can be made here now (module doc); [] when nothing says so."""
         why = []
-        for key, server in sorted(trainer.servers.items()):
+        for key, server in sorted(servers.items()):
             known = self._finite.get(key)
             if known is None or known[0] != server.version:  # checked once a version: a pass over the slice
                 found = server.weights()
@@ -65,9 +100,9 @@ class Progress:
                 why.append(
                     f"shard {key}'s weights hold NaN or Inf at version {known[0]}: no contribution can be applied"
                 )
-        for key in set(self._finite) - set(trainer.servers):
+        for key in set(self._finite) - set(servers):
             del self._finite[key]
-        last = [w for (_, s), w in sorted(trainer.cells.items()) if s == trainer.stages - 1]
+        last = [w for (_, s), w in sorted(cells.items()) if s == stages - 1]
         for worker in last:
             recent = [loss for _, loss in list(worker.losses)[-RECENT_LOSSES:]]
             if len(recent) == RECENT_LOSSES and not any(math.isfinite(loss) for loss in recent):
@@ -75,7 +110,7 @@ class Progress:
         return why
 
 
-def training_status(trainer: Trainer) -> dict[str, Any]:
+def training_status(trainer: Reported) -> dict[str, Any]:
     """The ``training`` object of the daemon's status JSON."""
     a = trainer.assignment
     cells = [w.info() for _, w in sorted(trainer.cells.items())]
@@ -91,7 +126,7 @@ def training_status(trainer: Trainer) -> dict[str, Any]:
     # local mode), as shard (0, 0)'s server counts them; its version survives hand-overs.
     per_update = trainer.trained_tokens(1)
     first = trainer.servers.get((0, 0))
-    stalled = trainer.progress.stalled(trainer)
+    stalled = trainer.progress.stalled(trainer.servers, trainer.cells, trainer.stages)
     return {
         "state": "stalled" if stalled and trainer.state == "training" else trainer.state,
         "stalled": stalled,

@@ -61,7 +61,7 @@ from swarmd.training.lifecycle import Lifecycle
 from swarmd.training.opening import ShardOpener
 from swarmd.training.reducer import Reducer
 from swarmd.training.replicas import ReplicaStore
-from swarmd.training.run_facts import Held, RunFacts, Send
+from swarmd.training.run_facts import Held, RunFacts, RunInputs, Send
 from swarmd.training.shard_sources import ShardSources, StageGeometry
 from swarmd.training.status import Progress, training_status
 
@@ -75,20 +75,6 @@ logger = logging.getLogger(__name__)
 
 REST_CANCEL_S = 5.0
 """How long stopping waits for the cancelled deliveries of stopped cells' contributions."""
-
-
-class RunInputs(Protocol):
-    """What the trainer reads of the run's files (``swarmd.data.run_files.RunFiles``)."""
-
-    async def training_data(self) -> TrainingData:
-        """The run's training and held-out sequences here (it may wait for files to be fetched)."""
-
-    async def initial_slice(self, stage: int, lo: int, hi: int) -> torch.Tensor | None:
-        """A slice of a stage's starting weights for a run that starts from a checkpoint; None
-        for a run that starts from its seed; ``DataError`` when it cannot be had yet."""
-
-    def tokenizer_file(self) -> Path | None:
-        """The run's tokenizer file here (None: bytes, or not fetched yet)."""
 
 
 class RoleView(Protocol):
