@@ -1,8 +1,7 @@
 """Making a cell: its stage's module built from the run's seed, its compute, its worker.
 
-Every peer builds a stage's module alike from the run's seed (``stage_module``): the seed
-weights a shard starts from (``shard_sources.StageGeometry``) and the module a cell computes
-with are the same. The cell's weights are then whatever its stage's shards serve.
+The module is the run's seed stage (``run_facts.stage_module``), as the shard servers start
+from; the cell's weights are then whatever its stage's shards serve.
 """
 
 from __future__ import annotations
@@ -11,22 +10,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from swarmd.models.cell_compute import CellCompute
-from swarmd.models.stages import StageModule, split_layers
-from swarmd.peers.records.run_spec import run_seed
 from swarmd.peers.taskpool.assignment import Assignment
 from swarmd.peers.taskpool.cells import Cell
 from swarmd.peers.taskpool.exchange import ExchangeConfig, window
-from swarmd.training.cell import CellWorker
-from swarmd.training.head_relay import HeadRelays
-from swarmd.training.run_facts import RunFacts, Send
+from swarmd.training.cells.cell import CellWorker
+from swarmd.training.run_facts import RunFacts, Send, stage_module
+from swarmd.training.shards.head_relay import HeadRelays
 
 if TYPE_CHECKING:  # the run's data loads where it is opened (``swarmd.data.run_files``)
     from swarmd.data.training_data import TrainingData
-
-
-def stage_module(facts: RunFacts, stage: int) -> StageModule:
-    s = facts.spec
-    return StageModule.from_shape(s.model, run_seed(facts.run_id), split_layers(s.model.layers, facts.stages), stage)
 
 
 class CellMaker:

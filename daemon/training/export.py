@@ -25,13 +25,12 @@ from swarmd.peers.wire.codecs import decode_vector
 from swarmd.peers.wire.errors import RpcError
 from swarmd.peers.wire.messages import Pull
 from swarmd.system.state_dir import GATHERED_TOKENIZER
-from swarmd.training.cell_making import stage_module
-from swarmd.training.run_facts import RunFacts, RunInputs, Send
+from swarmd.training.run_facts import RunFacts, RunInputs, Send, stage_module
 
 if TYPE_CHECKING:
     from swarmd.data.training_data import TrainingData
     from swarmd.peers.taskpool.assignment import Assignment
-    from swarmd.training.shard_server import ShardServer
+    from swarmd.training.shards.shard_server import ShardServer
 
 GATHER_WAIT_S = 45.0
 """How long a gather waits for a shard that is between holders."""

@@ -44,14 +44,16 @@ from swarmd.peers.wire.messages import (
     ReplicaLog,
 )
 from swarmd.peers.wire.protocol import Request
-from swarmd.training.cell import CellWorker
-from swarmd.training.head_relay import HeadRelays
-from swarmd.training.ledger_host import LedgerHost
-from swarmd.training.reducer import Reducer
-from swarmd.training.replicas import LogEntry, ReplicaStore
-from swarmd.training.run_facts import Held, PoolView, RunFacts
-from swarmd.training.shard_server import ShardServer
-from swarmd.training.shard_sources import StageGeometry, replica_checkpoint
+from swarmd.training.cells.cell import CellWorker
+from swarmd.training.held import Held
+from swarmd.training.run_facts import RunFacts
+from swarmd.training.shards.head_relay import HeadRelays
+from swarmd.training.shards.ledger_host import LedgerHost
+from swarmd.training.shards.pool_view import PoolView
+from swarmd.training.shards.reducer import Reducer
+from swarmd.training.shards.replicas import LogEntry, ReplicaStore
+from swarmd.training.shards.shard_server import ShardServer
+from swarmd.training.shards.shard_sources import StageGeometry, replica_checkpoint
 
 Handler = Callable[[str, Any, list[bytes]], Awaitable[tuple[Any, list[bytes]]]]
 

@@ -38,11 +38,12 @@ from swarmd.training.bookkeeping import (
     StandbyChanged,
     StopReducer,
 )
-from swarmd.training.cell import CellView, CellWorker
 from swarmd.training.cell_making import CellMaker
-from swarmd.training.opening import ShardOpener
-from swarmd.training.replicas import ReplicaStore
-from swarmd.training.run_facts import Held, RunFacts
+from swarmd.training.cells.cell import CellView, CellWorker
+from swarmd.training.held import Held
+from swarmd.training.run_facts import RunFacts
+from swarmd.training.shards.opening import ShardOpener
+from swarmd.training.shards.replicas import ReplicaStore
 
 if TYPE_CHECKING:  # the run's data loads where it is opened (``swarmd.data.run_files``)
     from swarmd.data.training_data import TrainingData

@@ -29,12 +29,12 @@ if TYPE_CHECKING:
     from swarmd.peers.taskpool.assignment import Assignment
     from swarmd.peers.taskpool.cells import Cell
     from swarmd.training.bookkeeping import Books
-    from swarmd.training.cell import CellWorker
-    from swarmd.training.reducer import Reducer
-    from swarmd.training.replicas import ReplicaStore
-    from swarmd.training.run_facts import Held
-    from swarmd.training.shard_server import ShardServer
-    from swarmd.training.shard_sources import ShardSources
+    from swarmd.training.cells.cell import CellWorker
+    from swarmd.training.held import Held
+    from swarmd.training.shards.reducer import Reducer
+    from swarmd.training.shards.replicas import ReplicaStore
+    from swarmd.training.shards.shard_server import ShardServer
+    from swarmd.training.shards.shard_sources import ShardSources
 
 SAMPLES = 30
 """Rounds over which the rate is measured (a round is the trainer's tick)."""

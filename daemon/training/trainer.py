@@ -56,13 +56,14 @@ from swarmd.training.bookkeeping import (
 from swarmd.training.cell_making import CellMaker
 from swarmd.training.evaluation import Evaluation, score_weights
 from swarmd.training.handlers import TrainingHandlers
-from swarmd.training.head_relay import HeadRelays
+from swarmd.training.held import Held
 from swarmd.training.lifecycle import Lifecycle
-from swarmd.training.opening import ShardOpener
-from swarmd.training.reducer import Reducer
-from swarmd.training.replicas import ReplicaStore
-from swarmd.training.run_facts import Held, RunFacts, RunInputs, Send
-from swarmd.training.shard_sources import ShardSources, StageGeometry
+from swarmd.training.run_facts import RunFacts, RunInputs, Send
+from swarmd.training.shards.head_relay import HeadRelays
+from swarmd.training.shards.opening import ShardOpener
+from swarmd.training.shards.reducer import Reducer
+from swarmd.training.shards.replicas import ReplicaStore
+from swarmd.training.shards.shard_sources import ShardSources, StageGeometry
 from swarmd.training.status import Progress, training_status
 
 if TYPE_CHECKING:  # hivemind loads only where the DHT runs (it cannot share a process with py-libp2p)

@@ -1,5 +1,5 @@
 """Reduction groups in the simulated data path, as the daemons' reducers run them
-(``swarmd.peers.taskpool.reduction``, ``swarmd.training.reducer``).
+(``swarmd.peers.taskpool.reduction``, ``swarmd.training.shards.reducer``).
 
 Where the plan groups a stage's pipelines, a cell's contribution to shard ``k`` goes to the
 cell that heads ``k`` in its group (a flow on the member's link; nothing crosses for the head's

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from swarmd.models.presets import DEFAULT_RUN  # noqa: E402
 from swarmd.peers.records.identity import Identity  # noqa: E402
-from swarmd.training.contributions import Contributions  # noqa: E402
+from swarmd.training.cells.contributions import Contributions  # noqa: E402
 from tests.unit.training.swarm_in_process import Swarm  # noqa: E402
 
 SCENARIOS = ("clean", "sign-flip")

@@ -264,6 +264,59 @@ def test_daemon_layers() -> None:
     assert layer_violations(_modules("daemon"), ("swarmd",), DAEMON_LAYERS, _imports) == []
 
 
+# Inside ``swarmd.training``: the cell's side and the shard server's side are built from the same
+# values (``bookkeeping``'s books, ``run_facts``) and never import each other or the trainer's
+# modules, which compose them. Annotations count here too.
+TRAINING_LAYERS = {
+    "bookkeeping": 0,
+    "run_facts": 0,
+    "cells": 1,
+    "shards": 1,
+    "cell_making": 2,
+    "held": 2,
+    "lifecycle": 2,
+    "handlers": 2,
+    "evaluation": 2,
+    "export": 2,
+    "status": 2,
+    "trainer": 2,
+}
+TRAINING_SIDES = ("cells", "shards")
+
+
+def side_crossings(modules: Iterable[tuple[Path, str]], prefix: tuple[str, ...], sides: tuple[str, ...]) -> list[str]:
+    """Every import from one of ``sides`` (packages under ``prefix``) into another of them."""
+    found: dict[tuple[str, int], str] = {}  # one per import statement (``from a import b`` names a and a.b)
+    for path, module in modules:
+        own = _package(module, prefix, dict.fromkeys(sides, 0))
+        for line, name in _imports(path, module) if own else ():
+            other = _package(name, prefix, dict.fromkeys(sides, 0))
+            if other is not None and other != own:
+                found.setdefault((module, line), f"{path.name}:{line} ({own}) imports {name} ({other})")
+    return list(found.values())
+
+
+def test_training_sides() -> None:
+    folder = ROOT / "daemon" / "training"
+    packages = {p.parent.name for p in folder.glob("*/__init__.py")}
+    modules = {p.stem for p in folder.glob("*.py") if p.name != "__init__.py"}
+    assert packages | modules == set(TRAINING_LAYERS), "every package and module of training/ has a layer here"
+    training = [(path, name) for path, name in _modules("daemon") if name.startswith("swarmd.training.")]
+    assert layer_violations(training, ("swarmd", "training"), TRAINING_LAYERS, _imports) == []
+    assert side_crossings(training, ("swarmd", "training"), TRAINING_SIDES) == []
+
+
+def test_side_check_finds_a_crossing(tmp_path: Path) -> None:
+    module = tmp_path / "puller.py"
+    module.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from swarmd.training.shards.reducer import Reducer\n"
+    )
+    found = side_crossings([(module, "swarmd.training.cells.puller")], ("swarmd", "training"), TRAINING_SIDES)
+    assert found == ["puller.py:3 (cells) imports swarmd.training.shards.reducer (shards)"]
+    found = side_crossings([(module, "swarmd.training.shards.puller")], ("swarmd", "training"), TRAINING_SIDES)
+    assert found == []
+
+
 def test_daemon_layer_check_counts_annotations_only_imports(tmp_path: Path) -> None:
     source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from swarmd.node.node import Node\n"
     (tmp_path / "config.py").write_text(source)

@@ -1,7 +1,7 @@
 """The ``[limits]`` in force, applied to this process at start and again on every reload.
 
 ``LiveLimits.apply`` takes a new ``LimitsConfig`` and applies what it can at once: the CPU share
-(``swarmd.training.throttle``), torch's threads, the GPU memory cap, the traffic caps
+(``swarmd.training.cells.throttle``), torch's threads, the GPU memory cap, the traffic caps
 (``swarmd.peers.wire.shaping``); the pause reasons (windows, battery, programs, in use, the GPU's
 other users) are read from it at the node's next check. ``reload_changes`` compares two whole
 configs: the ``[limits]`` keys that changed are applied live, those of every other section need
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from swarmd.errors import SwarmdError
 from swarmd.peers.wire.shaping import apply_traffic_limits
-from swarmd.training.throttle import COMPUTE_LIMITS, ComputeLimits
+from swarmd.training.cells.throttle import COMPUTE_LIMITS, ComputeLimits
 
 if TYPE_CHECKING:
     from swarmd.config import Config, LimitsConfig

@@ -29,7 +29,7 @@ SIM_WINDOWS = 24
 simulated window alone would carry the phase of its start. Their figures are averaged."""
 WARMUP_S = 20.0
 WARMUP_STEP_S = 2.0
-SHARE_LEASE_S = 600.0  # a share's lease at the daemon's ledger (``swarmd.training.ledger_host.LEASE_S``)
+SHARE_LEASE_S = 600.0  # a share's lease at the daemon's ledger (``swarmd.training.shards.ledger_host.LEASE_S``)
 PLAN_BUDGET_S = 0.5  # the daemons' coordinator's planning budget (``swarmd.node.plan_publisher.PLAN_BUDGET_S``)
 
 

@@ -18,9 +18,9 @@ from swarmd.peers.wire.errors import NotHolder, NotMember
 from swarmd.peers.wire.messages import CellForward, Contribute, LedgerAbandon, Pull, ReplicaFetch
 from swarmd.training.bookkeeping import Books
 from swarmd.training.handlers import TrainingHandlers
-from swarmd.training.replicas import ReplicaStore
-from swarmd.training.run_facts import Held
-from tests.unit.training.test_shard_server import HOLDER, grid
+from swarmd.training.held import Held
+from swarmd.training.shards.replicas import ReplicaStore
+from tests.unit.training.shards.test_shard_server import HOLDER, grid
 
 pytestmark = pytest.mark.timeout(30)
 

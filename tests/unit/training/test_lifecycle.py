@@ -17,11 +17,11 @@ from swarmd.peers.taskpool.assignment import Assignment
 from swarmd.peers.taskpool.lease import Lease
 from swarmd.peers.taskpool.servers import SeenVersions, Shard, ShardLease
 from swarmd.training.bookkeeping import Books, CloseShard, NoteVersions, OpenShard, PublishShard, StandbyChanged
+from swarmd.training.held import Held
 from swarmd.training.lifecycle import Lifecycle
-from swarmd.training.opening import Opened
-from swarmd.training.replicas import ReplicaStore
-from swarmd.training.run_facts import Held
-from tests.unit.training.test_shard_server import grid
+from swarmd.training.shards.opening import Opened
+from swarmd.training.shards.replicas import ReplicaStore
+from tests.unit.training.shards.test_shard_server import grid
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -18,8 +18,8 @@ from swarmd.peers.taskpool.tickets import ShareTicket
 from swarmd.peers.wire.codecs import encode_vector
 from swarmd.peers.wire.errors import BadRequest
 from swarmd.peers.wire.messages import Contribute, Reduce
+from tests.unit.training.shards.test_reducer import KEEPER, RUN, Server, head
 from tests.unit.training.swarm_in_process import Swarm
-from tests.unit.training.test_reducer import KEEPER, RUN, Server, head
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -10,7 +10,7 @@ import pytest
 from swarmd.config import Config, LimitsConfig, SwarmConfig
 from swarmd.node.limits import live as limits_module
 from swarmd.node.limits.live import LiveLimits, gpu_memory_fraction, reload_changes
-from swarmd.training.throttle import ComputeLimits
+from swarmd.training.cells.throttle import ComputeLimits
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -1,4 +1,4 @@
-"""daemon/training/contributions.py: a round's slices go to their shards' holders and are kept
+"""daemon/training/cells/contributions.py: a round's slices go to their shards' holders and are kept
 until committed; a cell starts no round while the last is undelivered (backpressure)."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import torch
 
 from swarmd.peers.wire.errors import BadRequest, NotHolder, Unavailable
 from swarmd.peers.wire.messages import Contribute, Contributed, LedgerComplete, Reduce
-from swarmd.training.cell_facts import CellView
-from swarmd.training.contributions import Contributions
-from tests.unit.training.cell_fakes import FakeCell, facts
+from swarmd.training.cells.cell_facts import CellView
+from swarmd.training.cells.contributions import Contributions
+from tests.unit.training.cells.cell_fakes import FakeCell, facts
 
 pytestmark = pytest.mark.timeout(60)
 

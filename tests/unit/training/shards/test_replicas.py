@@ -1,4 +1,4 @@
-"""daemon/training/replicas.py: a standby keeps a checkpoint or a logged step only from the
+"""daemon/training/shards/replicas.py: a standby keeps a checkpoint or a logged step only from the
 shard's holder, and only when it is whole, finite, of the shard's slice, of this run and shard,
 made by that holder and at a version the swarm may have reached; anything else is refused with
 BadRequest and counted, and the replica held before is kept."""
@@ -16,7 +16,7 @@ from swarmd.models.shard_config import ShardConfig
 from swarmd.peers.taskpool.servers import Shard
 from swarmd.peers.wire.codecs import encode_vector
 from swarmd.peers.wire.errors import BadRequest, NotHolder
-from swarmd.training.replicas import LogEntry, ReplicaStore
+from swarmd.training.shards.replicas import LogEntry, ReplicaStore
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,4 +1,4 @@
-"""daemon/training/puller.py: a cell's weights come whole, then as deltas, and are taken up only
+"""daemon/training/cells/puller.py: a cell's weights come whole, then as deltas, and are taken up only
 between shares; the pulls report the contributions' commits, and a holder behind the cell
 sends it back to a whole pull."""
 
@@ -13,9 +13,9 @@ import torch
 
 from swarmd.peers.wire.codecs import encode_vector
 from swarmd.peers.wire.messages import Pull, Pulled, PullFromHead
-from swarmd.training.cell_facts import CellView
-from swarmd.training.puller import POLL_WAIT_S, Puller
-from tests.unit.training.cell_fakes import FakeCell, facts
+from swarmd.training.cells.cell_facts import CellView
+from swarmd.training.cells.puller import POLL_WAIT_S, Puller
+from tests.unit.training.cells.cell_fakes import FakeCell, facts
 
 pytestmark = pytest.mark.timeout(60)
 

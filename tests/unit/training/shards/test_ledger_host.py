@@ -1,4 +1,4 @@
-"""daemon/training/ledger_host.py: every share the ledger issues comes with a ticket its keeper
+"""daemon/training/shards/ledger_host.py: every share the ledger issues comes with a ticket its keeper
 signed for the asking pipeline, which a shard server on another peer can check."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from swarmd.peers.taskpool.shares import Share
 from swarmd.peers.taskpool.tickets import ShareTicket, TicketVerifier
 from swarmd.peers.wire.errors import NotHolder
 from swarmd.peers.wire.messages import LedgerIssue
-from swarmd.training.ledger_host import LedgerHost
+from swarmd.training.shards.ledger_host import LedgerHost
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,4 +1,4 @@
-"""daemon/training/feeder.py: stage 0 asks the ledger for the next share while the current one
+"""daemon/training/cells/feeder.py: stage 0 asks the ledger for the next share while the current one
 trains, so the round trip does not idle the pipeline; a share asked for ahead that the feeder
 cannot use goes back to the ledger that issued it."""
 
@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from swarmd.peers.wire.messages import Issued, LedgerAbandon, LedgerIssue
-from swarmd.training.cell_facts import CellView
-from swarmd.training.feeder import Feeder
-from tests.unit.training.cell_fakes import FakeCell, facts
+from swarmd.training.cells.cell_facts import CellView
+from swarmd.training.cells.feeder import Feeder
+from tests.unit.training.cells.cell_fakes import FakeCell, facts
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -1,4 +1,4 @@
-"""daemon/training/cell.py: a neighbour's tensor is queued only from this pipeline's neighbour in
+"""daemon/training/cells/cell.py: a neighbour's tensor is queued only from this pipeline's neighbour in
 this epoch, for a share no larger than the run's; everything else is refused and counted."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from swarmd.models.shape import ModelShape
 from swarmd.peers.taskpool.exchange import ExchangeConfig
 from swarmd.peers.wire.errors import BadRequest, WrongEpoch
 from swarmd.peers.wire.messages import CellBackward, CellForward
-from swarmd.training.cell import CellView, CellWorker
-from swarmd.training.in_flight import ShareInFlight
+from swarmd.training.cells.cell import CellView, CellWorker
+from swarmd.training.cells.in_flight import ShareInFlight
 
 pytestmark = pytest.mark.timeout(60)
 

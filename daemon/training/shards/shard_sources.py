@@ -53,9 +53,8 @@ from swarmd.peers.wire.codecs import decode_vector
 from swarmd.peers.wire.errors import RpcError
 from swarmd.peers.wire.messages import ReplicaFetch
 from swarmd.training.bookkeeping import Books
-from swarmd.training.cell_making import stage_module
-from swarmd.training.replicas import Replica, ReplicaStore
-from swarmd.training.run_facts import RunFacts, Send
+from swarmd.training.run_facts import RunFacts, Send, stage_module
+from swarmd.training.shards.replicas import Replica, ReplicaStore
 
 logger = logging.getLogger(__name__)
 

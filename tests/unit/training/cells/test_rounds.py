@@ -1,4 +1,4 @@
-"""training/rounds.py: a round names each share once, however often it was trained in it; it is
+"""training/cells/rounds.py: a round names each share once, however often it was trained in it; it is
 contributed when its last share is done, on the weights it started from, or dropped, its shares
 given back, when it is not finite; it waits for room, and in gradient mode for its step."""
 
@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from swarmd.training.cell_stats import CellStats
-from swarmd.training.in_flight import ShareInFlight
-from swarmd.training.rounds import CellRounds, named_once
-from tests.unit.training.cell_fakes import FakeCell, facts
+from swarmd.training.cells.cell_stats import CellStats
+from swarmd.training.cells.in_flight import ShareInFlight
+from swarmd.training.cells.rounds import CellRounds, named_once
+from tests.unit.training.cells.cell_fakes import FakeCell, facts
 
 pytestmark = pytest.mark.timeout(10)
 

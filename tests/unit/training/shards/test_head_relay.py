@@ -1,4 +1,4 @@
-"""daemon/training/head_relay.py with a fake pool: a head keeps the deltas its cell pulled and
+"""daemon/training/shards/head_relay.py with a fake pool: a head keeps the deltas its cell pulled and
 answers its members' long polls from them; a member further behind than it keeps, a new one,
 or a peer that does not hold the member's cell is sent to the server."""
 
@@ -12,8 +12,8 @@ import pytest
 from swarmd.peers.taskpool.assignment import Assignment
 from swarmd.peers.wire.errors import NotHolder, Unavailable
 from swarmd.peers.wire.messages import Pulled, PullFromHead
-from swarmd.training.head_relay import HeadRelays
-from tests.unit.training.test_shard_server import grid
+from swarmd.training.shards.head_relay import HeadRelays
+from tests.unit.training.shards.test_shard_server import grid
 
 pytestmark = pytest.mark.timeout(30)
 

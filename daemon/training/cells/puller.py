@@ -13,7 +13,7 @@ replay everything) is a new lineage: the cell pulls the whole slice again rather
 deltas to weights the server never had.
 
 Where the plan groups the stage's pipelines, a shard this cell does not head is pulled from its
-group's head for it (``PullFromHead``, ``swarmd.training.head_relay``), and one it heads is pulled
+group's head for it (``PullFromHead``, ``swarmd.training.shards.head_relay``), and one it heads is pulled
 from the server for the group: what comes is offered to the head's relay, and the pull asks
 about the members' share IDs too. A head that cannot answer (gone, or the cell is new or too
 far behind) sends the cell to the server for ``HEAD_RETRY_S``.
@@ -35,8 +35,8 @@ from swarmd.peers.taskpool.exchange import shard_range
 from swarmd.peers.wire.codecs import decode_vector
 from swarmd.peers.wire.errors import FrameError, RpcError
 from swarmd.peers.wire.messages import Pull, Pulled, PullFromHead
-from swarmd.training.cell_facts import CellFacts, CellHandle
-from swarmd.training.contributions import Contributions
+from swarmd.training.cells.cell_facts import CellFacts, CellHandle
+from swarmd.training.cells.contributions import Contributions
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class _ShardWeights:
 
 
 class PullRelay(Protocol):
-    """This peer's head relays (``swarmd.training.head_relay``), as a cell that heads a shard for its
+    """This peer's head relays (``swarmd.training.shards.head_relay``), as a cell that heads a shard for its
     group uses it: the members' share IDs to ask about, and what was pulled, for them."""
 
     def asked(self, stage: int, shard: int) -> list[int]: ...

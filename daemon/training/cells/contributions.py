@@ -11,7 +11,7 @@ Once every shard of stage 0 has committed a round, its stage-0 cell tells the le
 shares are complete.
 
 Where the plan groups the stage's pipelines, a slice goes to its group's head for that shard
-(``Reduce``, ``swarmd.training.reducer``), which answers with what the server answered the
+(``Reduce``, ``swarmd.training.shards.reducer``), which answers with what the server answered the
 group's sum; a slice whose head fails it goes to the server itself from then on.
 
 A cell that stops (the plan moved it) with slices not yet delivered hands them over to
@@ -45,7 +45,7 @@ from swarmd.peers.wire.codecs import ErrorFeedback
 from swarmd.peers.wire.errors import AlreadyApplied, BadRequest, RpcError, Stale
 from swarmd.peers.wire.messages import Contribute, Contributed, LedgerComplete, Reduce
 from swarmd.peers.wire.sizes import codec_for
-from swarmd.training.cell_facts import CellFacts, Sends, Views
+from swarmd.training.cells.cell_facts import CellFacts, Sends, Views
 
 logger = logging.getLogger(__name__)
 
@@ -282,7 +282,7 @@ class Contributions:
         return heads[k] if k < len(heads) else None
 
     async def _send_slice(self, r: _Round, k: int, server: str) -> bool:
-        """Send slice ``k`` to its reduction head (``swarmd.training.reducer``), which answers
+        """Send slice ``k`` to its reduction head (``swarmd.training.shards.reducer``), which answers
         with what the server answered, or, when there is none or it failed this slice once,
         to the server itself."""
         cell, facts = self.cell, self.facts

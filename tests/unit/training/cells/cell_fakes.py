@@ -1,4 +1,4 @@
-"""Small fakes of what a cell's parts are built from (``swarmd.training.cell_facts``), for their unit tests.
+"""Small fakes of what a cell's parts are built from (``swarmd.training.cells.cell_facts``), for their unit tests.
 
 ``FakeCell`` is the handle a part calls its cell through: it records what is sent and told,
 answers a request with ``answer`` (a function of the peer and request, sync or async; it may
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from swarmd.peers.taskpool.exchange import ExchangeConfig
-from swarmd.training.cell_facts import CellFacts, CellView
+from swarmd.training.cells.cell_facts import CellFacts, CellView
 
 T = TypeVar("T")
 

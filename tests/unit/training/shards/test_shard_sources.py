@@ -1,4 +1,4 @@
-"""daemon/training/shard_sources.py with fakes: the state a shard opens from. Not from a standby
+"""daemon/training/shards/shard_sources.py with fakes: the state a shard opens from. Not from a standby
 while the holder the assignment moved it from still serves it (unless it never lets go past the
 grace); a fetched state far past what the swarm has seen, or made by someone the shard never
 had as holder, is refused; this peer's own file that cannot be traced is set aside; a shard
@@ -21,8 +21,8 @@ from swarmd.peers.taskpool.servers import SeenVersions, ShardLease
 from swarmd.peers.wire.errors import RpcError, Unavailable
 from swarmd.peers.wire.messages import Fetched, ReplicaFetch
 from swarmd.training.bookkeeping import Books
-from swarmd.training.replicas import ReplicaStore
-from swarmd.training.shard_sources import OPEN_GRACE_S, ShardSources, shard_file
+from swarmd.training.shards.replicas import ReplicaStore
+from swarmd.training.shards.shard_sources import OPEN_GRACE_S, ShardSources, shard_file
 
 pytestmark = pytest.mark.timeout(30)
 

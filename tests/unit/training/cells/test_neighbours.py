@@ -1,4 +1,4 @@
-"""daemon/training/neighbours.py: activations go forward to the next cell and input gradients back
+"""daemon/training/cells/neighbours.py: activations go forward to the next cell and input gradients back
 to the previous one, each naming its share, the pipeline's epoch and the weights' version; a
 broken path is tried again, a pipeline that changed is not."""
 
@@ -14,11 +14,11 @@ from swarmd.peers.wire.codecs import encode_tensor
 from swarmd.peers.wire.errors import StreamBroken, Unreachable, WrongEpoch
 from swarmd.peers.wire.messages import CellBackward, CellForward
 from swarmd.peers.wire.sizes import codec_for
-from swarmd.training.cell_facts import CellFacts
-from swarmd.training.cell_stats import CellStats
-from swarmd.training.in_flight import ShareInFlight
-from swarmd.training.neighbours import Neighbours
-from tests.unit.training.cell_fakes import RUN_ID, FakeCell, facts
+from swarmd.training.cells.cell_facts import CellFacts
+from swarmd.training.cells.cell_stats import CellStats
+from swarmd.training.cells.in_flight import ShareInFlight
+from swarmd.training.cells.neighbours import Neighbours
+from tests.unit.training.cells.cell_fakes import RUN_ID, FakeCell, facts
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -18,9 +18,9 @@ from swarmd.peers.wire.codecs import encode_tensor
 from swarmd.peers.wire.errors import StreamBroken, Unreachable, WrongEpoch
 from swarmd.peers.wire.messages import CellBackward, CellForward
 from swarmd.peers.wire.sizes import codec_for
-from swarmd.training.cell_facts import CellFacts, CellHandle
-from swarmd.training.cell_stats import CellStats
-from swarmd.training.in_flight import ShareInFlight
+from swarmd.training.cells.cell_facts import CellFacts, CellHandle
+from swarmd.training.cells.cell_stats import CellStats
+from swarmd.training.cells.in_flight import ShareInFlight
 
 SEND_ATTEMPTS = 4
 SEND_BACKOFF_S = 0.25

@@ -1,4 +1,4 @@
-"""daemon/training/opening.py, in the in-process swarm (swarm_in_process.py): a restarted daemon
+"""daemon/training/shards/opening.py, in the in-process swarm (swarm_in_process.py): a restarted daemon
 never resumes from its own checkpoint file when that file cannot be trusted (truncated, NaN with
 its checksum recomputed, another run's): the file is renamed aside, and the shard is taken from
 the peer that kept it meanwhile, at no fewer updates than were committed, never left unhosted.
@@ -24,10 +24,10 @@ from swarmd.models.shard_config import ShardConfig, ShardError
 from swarmd.peers.taskpool.exchange import ExchangeConfig
 from swarmd.peers.wire.messages import Ack, ReplicaCheckpoint, ReplicaLog
 from swarmd.training.bookkeeping import Books
-from swarmd.training.opening import ShardOpener
-from swarmd.training.shard_sources import shard_file
+from swarmd.training.shards.opening import ShardOpener
+from swarmd.training.shards.shard_sources import shard_file
+from tests.unit.training.shards.test_shard_server import grid
 from tests.unit.training.swarm_in_process import Member, Swarm
-from tests.unit.training.test_shard_server import grid
 
 pytestmark = pytest.mark.timeout(240)
 

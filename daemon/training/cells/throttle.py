@@ -2,7 +2,7 @@
 
 A duty cycle for the whole process, kept as a token bucket of busy seconds: every second of
 wall time earns ``share`` seconds, every second during which any compute runs (on one cell's
-worker thread or several at once: ``swarmd.training.cell``) spends one, and a job starts only
+worker thread or several at once: ``swarmd.training.cells.cell``) spends one, and a job starts only
 when the balance is not negative. So over any stretch of time compute runs at most ``share``
 of it, plus ``BURST_S``: busy 0.2 s at a share of 0.5 owes 0.2 s idle. Time the compute is idle
 anyway (a cell waiting for a neighbour's tensor) pays the debt, so a peer whose compute already

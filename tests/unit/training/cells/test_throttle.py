@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from swarmd.errors import ConfigError
-from swarmd.training.throttle import BURST_S, ComputeLimits, DutyCycle
+from swarmd.training.cells.throttle import BURST_S, ComputeLimits, DutyCycle
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -43,9 +43,9 @@ from swarmd.peers.wire.codecs import ErrorFeedback, decode_vector
 from swarmd.peers.wire.errors import AlreadyApplied, BadRequest, FrameError, NotHolder, RpcError, Stale, Unavailable
 from swarmd.peers.wire.messages import MAX_SHARE_IDS, Contribute, Contributed, Reduce
 from swarmd.peers.wire.sizes import codec_for
-from swarmd.training.contributors import ticket_error
-from swarmd.training.head_relay import HeadCell, HeadRelays, HeadsView, head_for
 from swarmd.training.run_facts import Send
+from swarmd.training.shards.contributors import ticket_error
+from swarmd.training.shards.head_relay import HeadCell, HeadRelays, HeadsView, head_for
 
 logger = logging.getLogger(__name__)
 

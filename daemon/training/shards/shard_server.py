@@ -58,7 +58,7 @@ from swarmd.peers.taskpool.tickets import TicketVerifier
 from swarmd.peers.wire.codecs import decode_vector, encode_vector
 from swarmd.peers.wire.errors import AlreadyApplied, BadRequest, FrameError, RpcError, Stale, Unavailable
 from swarmd.peers.wire.messages import Contribute, Contributed, Pull, Pulled
-from swarmd.training.contributors import ContributorPool, contributor_refusal, ticket_error, ticket_pipelines
+from swarmd.training.shards.contributors import ContributorPool, contributor_refusal, ticket_error, ticket_pipelines
 
 logger = logging.getLogger(__name__)
 

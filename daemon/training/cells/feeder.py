@@ -21,10 +21,10 @@ from collections.abc import Callable
 
 from swarmd.peers.wire.errors import RpcError
 from swarmd.peers.wire.messages import LedgerAbandon, LedgerIssue
-from swarmd.training.cell_facts import CellFacts, CellHandle
-from swarmd.training.contributions import Contributions
-from swarmd.training.in_flight import InFlight, ShareInFlight
-from swarmd.training.rounds import CellRounds
+from swarmd.training.cells.cell_facts import CellFacts, CellHandle
+from swarmd.training.cells.contributions import Contributions
+from swarmd.training.cells.in_flight import InFlight, ShareInFlight
+from swarmd.training.cells.rounds import CellRounds
 
 logger = logging.getLogger(__name__)
 

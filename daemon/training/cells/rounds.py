@@ -21,11 +21,11 @@ import torch
 
 from swarmd.models.cell_compute import CellCompute
 from swarmd.peers.taskpool.exchange import SYNC_WAIT_S
-from swarmd.training.cell_facts import CellFacts, Views, Works
-from swarmd.training.cell_stats import CellStats
-from swarmd.training.contributions import Contributions
-from swarmd.training.in_flight import ShareInFlight
-from swarmd.training.puller import Puller
+from swarmd.training.cells.cell_facts import CellFacts, Views, Works
+from swarmd.training.cells.cell_stats import CellStats
+from swarmd.training.cells.contributions import Contributions
+from swarmd.training.cells.in_flight import ShareInFlight
+from swarmd.training.cells.puller import Puller
 
 logger = logging.getLogger(__name__)
 

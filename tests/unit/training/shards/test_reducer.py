@@ -1,4 +1,4 @@
-"""daemon/training/reducer.py with a fake pool and a fake send: a head sums its group's slices
+"""daemon/training/shards/reducer.py with a fake pool and a fake send: a head sums its group's slices
 into one contribution to the shard's server, weighted by micro-batches, hands the share IDs to
 its relay, and answers every member with the server's answer; a refused sum goes one by one."""
 
@@ -19,9 +19,9 @@ from swarmd.peers.taskpool.tickets import ShareTicket
 from swarmd.peers.wire.codecs import decode_vector, encode_vector
 from swarmd.peers.wire.errors import AlreadyApplied, NotHolder
 from swarmd.peers.wire.messages import Contribute, Contributed, Reduce
-from swarmd.training.head_relay import HeadRelays
-from swarmd.training.reducer import Reducer
-from tests.unit.training.test_shard_server import grid
+from swarmd.training.shards.head_relay import HeadRelays
+from swarmd.training.shards.reducer import Reducer
+from tests.unit.training.shards.test_shard_server import grid
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -1,4 +1,4 @@
-"""daemon/training/shard_server.py: the periodic checkpoint copy to the standby travels while
+"""daemon/training/shards/shard_server.py: the periodic checkpoint copy to the standby travels while
 steps go on, and the standby's replica (its older copy, the log, then the new copy) rebuilds
 the committed weights whichever arrives first; only the stage's cells contribute (a sum only
 from a group's head), only for shares the ledger ticketed to the sender's pipelines, and a
@@ -26,9 +26,9 @@ from swarmd.peers.taskpool.tickets import ShareTicket
 from swarmd.peers.wire.codecs import encode_vector
 from swarmd.peers.wire.errors import AlreadyApplied, BadRequest, NotHolder, Unavailable
 from swarmd.peers.wire.messages import Contribute, Pull
-from swarmd.training.replicas import LogEntry, ReplicaStore
-from swarmd.training.shard_server import ShardServer
-from swarmd.training.shard_sources import replay
+from swarmd.training.shards.replicas import LogEntry, ReplicaStore
+from swarmd.training.shards.shard_server import ShardServer
+from swarmd.training.shards.shard_sources import replay
 
 pytestmark = pytest.mark.timeout(60)
 

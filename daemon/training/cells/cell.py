@@ -52,15 +52,15 @@ from swarmd.peers.wire.errors import BadRequest, FrameError, RpcError, Unavailab
 from swarmd.peers.wire.messages import CellBackward, CellForward
 from swarmd.peers.wire.protocol import Request
 from swarmd.system.tasks import cancel_all
-from swarmd.training.cell_facts import CellFacts, CellView
-from swarmd.training.cell_stats import CellStats, cell_info
-from swarmd.training.contributions import Contributions
-from swarmd.training.feeder import Feeder
-from swarmd.training.in_flight import InFlight, Item, ShareInFlight
-from swarmd.training.neighbours import Neighbours
-from swarmd.training.puller import Puller, PullRelay
-from swarmd.training.rounds import CellRounds
-from swarmd.training.throttle import DutyCycle
+from swarmd.training.cells.cell_facts import CellFacts, CellView
+from swarmd.training.cells.cell_stats import CellStats, cell_info
+from swarmd.training.cells.contributions import Contributions
+from swarmd.training.cells.feeder import Feeder
+from swarmd.training.cells.in_flight import InFlight, Item, ShareInFlight
+from swarmd.training.cells.neighbours import Neighbours
+from swarmd.training.cells.puller import Puller, PullRelay
+from swarmd.training.cells.rounds import CellRounds
+from swarmd.training.cells.throttle import DutyCycle
 
 if TYPE_CHECKING:
     import torch
@@ -101,7 +101,7 @@ class CellWorker:
         half: str = "fp16",
         reducer: PullRelay | None = None,
     ) -> None:
-        """``reducer`` is this peer's head relays (``swarmd.training.head_relay``): a cell that
+        """``reducer`` is this peer's head relays (``swarmd.training.shards.head_relay``): a cell that
         heads a shard for its group hands it what it pulls. None where no group is formed (a
         test's lone cell)."""
         self.facts = facts = CellFacts.of(

@@ -27,10 +27,10 @@ from swarmd.peers.taskpool.shares import Share, open_limit
 from swarmd.peers.wire.codecs import encode_vector
 from swarmd.peers.wire.messages import ReplicaCheckpoint, ReplicaLog
 from swarmd.training.bookkeeping import Books
-from swarmd.training.ledger_host import LedgerHost
 from swarmd.training.run_facts import RunFacts, Send
-from swarmd.training.shard_server import ShardServer
-from swarmd.training.shard_sources import FETCH_TIMEOUT_S, ShardSources, StageGeometry, shard_file
+from swarmd.training.shards.ledger_host import LedgerHost
+from swarmd.training.shards.shard_server import ShardServer
+from swarmd.training.shards.shard_sources import FETCH_TIMEOUT_S, ShardSources, StageGeometry, shard_file
 
 if TYPE_CHECKING:
     from swarmd.models.parameter_shard import ShardStep
