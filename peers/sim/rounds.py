@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from swarmd.peers.sim.pipeline_state import PipelineEpoch
 from swarmd.peers.sim.segments import Segments
-from swarmd.peers.sim.shards import Contribution, RoundGroup
+from swarmd.peers.sim.shard_records import Contribution, RoundGroup
 from swarmd.peers.taskpool.exchange import SYNC_WAIT_S
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ way to move layers between stages, and a shard lease from another sharding is vo
 ``SwarmdPath`` builds and owns the parts, each given the world and its siblings: the ledger's
 client (``ledger_client``, which keeps the ledger), the shard servers, and the pipelines with
 their reduction groups. The shard servers report to the cells through the path
-(``shards.ShardClients``), which also answers for the plan in force.
+(``shard_records.ShardClients``), which also answers for the plan in force.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from swarmd.peers.sim.workload import RunSizes
 
 if TYPE_CHECKING:
     from swarmd.peers.sim.pipeline_state import Cell
-    from swarmd.peers.sim.shards import RoundGroup
+    from swarmd.peers.sim.shard_records import RoundGroup
     from swarmd.peers.sim.world import World
 
 
@@ -107,7 +107,7 @@ class SwarmdPath:
             reduce_groups=self.pipelines.reducers.groups,
         )
 
-    # --- what the shard servers ask (``shards.ShardClients``) -----------------------------------
+    # --- what the shard servers ask (``shard_records.ShardClients``) -----------------------------
 
     def cells_of_stage(self, stage: int) -> list[Cell]:
         return self.pipelines.cells_of_stage(stage)
