@@ -1,5 +1,6 @@
-"""Reduction groups in the simulated data path, as the daemons' reducers run them
-(``swarmd.peers.taskpool.reduction``, ``swarmd.training.reducer``).
+"""Reduction groups in the simulated data path, as the daemons' reducers run them.
+
+The daemon's side: ``swarmd.peers.taskpool.reduction`` and ``swarmd.training.reducer``.
 
 Where the plan groups a stage's pipelines, a cell's contribution to shard ``k`` goes to the
 cell that heads ``k`` in its group (a flow on the member's link; nothing crosses for the head's

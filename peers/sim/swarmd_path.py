@@ -1,6 +1,8 @@
-"""swarmd's own data path in the simulator (``docs/data-path.md``): the share ledger, the cells
-of ``swarmd.peers.sim.pipelines`` and the shard servers of ``swarmd.peers.sim.shards``, behind
-the hooks every simulated data path offers the run (``simulator.DataPlane``).
+"""swarmd's own data path in the simulator (``docs/data-path.md``).
+
+The share ledger, the cells of ``swarmd.peers.sim.pipelines`` and the shard servers of
+``swarmd.peers.sim.shards``, behind the hooks every simulated data path offers the run
+(``simulator.DataPlane``).
 
 The run's shape is its first plan's: the stage cut, each stage's shard count, H and k
 (``workload.RunSizes``). A repair changes who holds what, never those (the data path has no

@@ -10,6 +10,7 @@ taskpool, wire -> planning -> sim; and no module imports itself round a cycle.
 from __future__ import annotations
 
 import ast
+import re
 import tomllib
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -422,3 +423,55 @@ def test_no_two_classes_of_one_name() -> None:
             if isinstance(node, ast.ClassDef):
                 where.setdefault(node.name, []).append(str(path.relative_to(ROOT)))
     assert {name: paths for name, paths in where.items() if len(paths) > 1} == {}
+
+
+# --- module docstrings: one plain sentence first (STYLE) -------------------------------------
+
+SECOND_SENTENCE = re.compile(r"[.!?] [A-Z]")
+
+
+def docstring_opening_problem(doc: str | None) -> str | None:
+    """What keeps a module docstring from opening with one plain sentence (its first line ends
+    with a full stop, holds no second sentence, and a blank line or nothing follows it); None:
+    nothing does."""
+    if not doc:
+        return "no docstring"
+    lines = doc.splitlines()
+    first = lines[0]
+    if not first.endswith("."):
+        return f"its first line is no whole sentence: {first!r}"
+    if SECOND_SENTENCE.search(first):
+        return f"its first line holds a second sentence: {first!r}"
+    if len(lines) > 1 and lines[1].strip():
+        return f"its first line runs on, with no blank line after it: {first!r}"
+    return None
+
+
+def docstring_opening_offenders(modules: Iterable[tuple[Path, str]]) -> list[str]:
+    found = []
+    for path, module in modules:
+        doc = ast.get_docstring(parse(path.read_text(), str(path)), clean=True)
+        if (problem := docstring_opening_problem(doc)) is not None:
+            found.append(f"{module}: {problem}")
+    return found
+
+
+def test_module_docstrings_open_with_one_sentence() -> None:
+    modules = [m for folder in TOP for m in _modules(folder)]
+    assert len(modules) > 100
+    assert docstring_opening_offenders(modules) == []
+
+
+def test_docstring_opening_check_catches_offenders(tmp_path: Path) -> None:
+    assert docstring_opening_problem("One plain sentence.") is None
+    assert docstring_opening_problem("Who holds what: the cells, e.g. one.\n\nThe spec. More.") is None
+    assert docstring_opening_problem(None) == "no docstring"
+    assert "no whole sentence" in str(docstring_opening_problem("The cells: who holds\nthem, and when."))
+    assert "second sentence" in str(docstring_opening_problem("One sentence. Another one."))
+    assert "runs on" in str(docstring_opening_problem("A summary.\nSpecification at once."))
+    (tmp_path / "bad.py").write_text('"""The cells: who holds each one,\nand when it moves."""\n')
+    (tmp_path / "good.py").write_text('"""The cells.\n\nWho holds each one, and when it moves.\n"""\n')
+    modules = [(tmp_path / "bad.py", "swarmd.bad"), (tmp_path / "good.py", "swarmd.good")]
+    assert docstring_opening_offenders(modules) == [
+        "swarmd.bad: its first line is no whole sentence: 'The cells: who holds each one,'"
+    ]
