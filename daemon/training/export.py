@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -28,14 +29,64 @@ from swarmd.system.state_dir import GATHERED_TOKENIZER
 from swarmd.training.cell_making import stage_module
 
 if TYPE_CHECKING:
-    from swarmd.training.trainer import Trainer
+    from pathlib import Path
+
+    from swarmd.data.training_data import TrainingData
+    from swarmd.peers.records.run_spec import SignedRunSpec
+    from swarmd.peers.taskpool.assignment import Assignment
+    from swarmd.peers.wire.protocol import Request
+    from swarmd.training.run_facts import RunFacts
+    from swarmd.training.shard_server import ShardServer
+
+
+class TokenizerSource(Protocol):
+    def tokenizer_file(self) -> Path | None:
+        """The run's tokenizer file here (None: bytes, or not fetched yet)."""
+
+
+class WeightSource(Protocol):
+    """What a gather reads of the trainer (``trainer.Trainer``): the run, the pool as last read,
+    the shards served here, a request to a peer, and the held-out scoring."""
+
+    @property
+    def spec(self) -> SignedRunSpec: ...
+
+    @property
+    def facts(self) -> RunFacts: ...
+
+    @property
+    def stages(self) -> int: ...
+
+    @property
+    def assignment(self) -> Assignment | None: ...
+
+    @property
+    def servers(self) -> Mapping[Shard, ShardServer]: ...
+
+    @property
+    def checkpoint_dir(self) -> Path: ...
+
+    @property
+    def inputs(self) -> TokenizerSource: ...
+
+    @property
+    def data(self) -> TrainingData | None: ...
+
+    def shard_holder(self, key: Shard) -> str | None: ...
+
+    async def send(
+        self, peer: str, request: Request[Any], blobs: list[bytes], timeout_s: float
+    ) -> tuple[Any, list[bytes]]: ...
+
+    async def score(self, stages: list[dict[str, torch.Tensor]]) -> float | None: ...
+
 
 GATHER_WAIT_S = 45.0
 """How long a gather waits for a shard that is between holders."""
 GATHER_BACKOFF_S = (0.5, 4.0)
 
 
-async def gather_weights(trainer: Trainer) -> dict[str, Any]:
+async def gather_weights(trainer: WeightSource) -> dict[str, Any]:
     """Write every stage's weights to the trainer's checkpoint folder, with the run's tokenizer
     file when it has one, and score them on the held-out split: what ``swarmd export`` prints.
     Returns each stage's oldest shard version and the held-out loss (None before the data is open)."""
@@ -54,7 +105,7 @@ async def gather_weights(trainer: Trainer) -> dict[str, Any]:
     return {"versions": versions, "held_out_loss": loss, "held_out_sequences": trainer.spec.spec.eval_sequences}
 
 
-async def gather_stages(trainer: Trainer) -> list[tuple[int, dict[str, torch.Tensor]]]:
+async def gather_stages(trainer: WeightSource) -> list[tuple[int, dict[str, torch.Tensor]]]:
     """Every stage's newest committed weights as a state dict, with its oldest shard's version."""
     assignment = trainer.assignment
     if assignment is None:
@@ -74,7 +125,7 @@ async def gather_stages(trainer: Trainer) -> list[tuple[int, dict[str, torch.Ten
     return stages
 
 
-async def _whole_slice(trainer: Trainer, key: Shard, shards: int, size: int) -> tuple[int, torch.Tensor]:
+async def _whole_slice(trainer: WeightSource, key: Shard, shards: int, size: int) -> tuple[int, torch.Tensor]:
     """Shard ``key``'s newest weights, from here or its holder; a shard between holders is
     asked for again (with backoff) for up to ``GATHER_WAIT_S``."""
     deadline = time.monotonic() + GATHER_WAIT_S

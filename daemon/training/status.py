@@ -18,7 +18,8 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -26,12 +27,77 @@ from swarmd.peers.taskpool.servers import Shard
 from swarmd.training.evaluation import newest_score
 
 if TYPE_CHECKING:
-    from swarmd.training.trainer import Trainer
+    from swarmd.peers.taskpool.assignment import Assignment
+    from swarmd.training.bookkeeping import Books
+    from swarmd.training.cell import CellWorker
+    from swarmd.training.evaluation import Evaluation
+    from swarmd.training.reducer import Reducer
+    from swarmd.training.replicas import ReplicaStore
+    from swarmd.training.run_facts import Held
+    from swarmd.training.shard_server import ShardServer
+    from swarmd.training.shard_sources import ShardSources
 
 SAMPLES = 30
 """Rounds over which the rate is measured (a round is the trainer's tick)."""
 RECENT_LOSSES = 8
 """The last stage's losses that, all non-finite, say that training is stalled."""
+
+
+class HeldParts(Protocol):
+    """What ``Progress.stalled`` reads of the trainer: the cells and shards held here."""
+
+    @property
+    def stages(self) -> int: ...
+
+    @property
+    def cells(self) -> Mapping[tuple[int, int], CellWorker]: ...
+
+    @property
+    def servers(self) -> Mapping[Shard, ShardServer]: ...
+
+
+class TrainerView(HeldParts, Protocol):
+    """What the status reads of the trainer (``trainer.Trainer``)."""
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def error(self) -> str | None: ...
+
+    @property
+    def mode(self) -> str: ...
+
+    @property
+    def own(self) -> str: ...
+
+    @property
+    def assignment(self) -> Assignment | None: ...
+
+    @property
+    def held(self) -> Held: ...
+
+    @property
+    def books(self) -> Books: ...
+
+    @property
+    def progress(self) -> Progress: ...
+
+    @property
+    def reducer(self) -> Reducer: ...
+
+    @property
+    def replicas(self) -> ReplicaStore: ...
+
+    @property
+    def sources(self) -> ShardSources: ...
+
+    @property
+    def evaluation(self) -> Evaluation: ...
+
+    def members(self) -> list[dict[str, Any]]: ...
+
+    def trained_tokens(self, version: int) -> int: ...
 
 
 class Progress:
@@ -52,7 +118,7 @@ class Progress:
         (t0, n0), (t1, n1) = self._samples[0], self._samples[-1]
         return round((n1 - n0) * per_update / (t1 - t0), 1)
 
-    def stalled(self, trainer: Trainer) -> list[str]:
+    def stalled(self, trainer: HeldParts) -> list[str]:
         """Why no step can be made here now (module doc); [] when nothing says so."""
         why = []
         for key, server in sorted(trainer.servers.items()):
@@ -76,7 +142,7 @@ class Progress:
         return why
 
 
-def training_status(trainer: Trainer) -> dict[str, Any]:
+def training_status(trainer: TrainerView) -> dict[str, Any]:
     """The ``training`` object of the daemon's status JSON."""
     a = trainer.assignment
     cells = [w.info() for _, w in sorted(trainer.cells.items())]
