@@ -1,5 +1,7 @@
-"""The run's weights gathered at one peer for ``swarmd export``: every stage's newest
-committed weights, asked of its shards' holders, written as ``stage<s>.safetensors``.
+"""The run's weights gathered at one peer for ``swarmd export``.
+
+Every stage's newest committed weights, asked of its shards' holders, written as
+``stage<s>.safetensors``.
 
 A shard that is between holders (a hand-over takes a few seconds: the old holder's last step
 copied, the new one's lease published) is asked for again with backoff, for a bounded time.

@@ -1,5 +1,6 @@
-"""The training data path's requests, as this peer serves them: to its cells, its shards, the
-ledger it keeps, and the replicas it stands by for.
+"""The training data path's requests, as this peer serves them.
+
+The requests to its cells, its shards, the ledger it keeps, and the replicas it stands by for.
 
 Each handler checks that the speaker is a live member of the run before anything else
 (``NotMember``), then finds what the request is addressed to (``NotHolder`` when this peer does

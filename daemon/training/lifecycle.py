@@ -1,5 +1,7 @@
-"""The bookkeeping's actions carried out: cells and shard servers opened and closed, leases
-signed and published, and every cell told where its neighbours are.
+"""The bookkeeping's actions carried out.
+
+Cells and shard servers opened and closed, leases signed and published, and every cell told
+where its neighbours are.
 
 ``bookkeeping`` decides, this module acts, one action after the other in the order given: a
 claim is closed before it is released, so that whoever takes it next finds the state handed

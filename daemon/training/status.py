@@ -1,5 +1,6 @@
-"""The training section of the daemon's status: what this peer holds, how far the swarm has
-trained, and at what rate.
+"""The training section of the daemon's status.
+
+What this peer holds, how far the swarm has trained, and at what rate.
 
 Progress is read off shard (0, 0)'s version, the count of updates its server applied: it
 survives hand-overs (a new holder goes on from the version it took over), so the figures stay

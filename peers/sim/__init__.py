@@ -13,11 +13,12 @@
 - ``rounds``         when a pipeline's next shares start, and the contributions a round's end sends
 - ``cell_holders``   who holds each cell: the plan's grid, departures, spares filling the holes
 - ``pipelines``      the cells of the run: the list of pipelines and what the rest of the run calls
+- ``shard_records``  a shard's, a contribution's and a round group's records, and the shards' clients
 - ``contributions``  a shard's intake: arrivals, duplicates, staleness, the buffer, settling rounds
 - ``commits``        a shard's steps, logged and committed at its standby; the tokens trained
 - ``pulls``          the cells' pulls of committed versions (from a head or the server), whole slices
 - ``shard_holders``  each shard's holder and standby: elections, failover, moves a plan names
-- ``shards``         the shard servers: a shard's and a contribution's records, and the four parts
+- ``shards``         the shard servers: the four parts, built together, and what the path calls
 - ``reduction``      reduction groups: members' sums at a head before the servers, as the reducers run them
 - ``allreduce``      a ring all-reduce among a group of devices, as flows on the shared links
 - ``swarmd_path``    swarmd's own data path: builds and owns the ledger, the cells and the shard servers

@@ -1,5 +1,6 @@
-"""Who holds each cell (``pipelines`` module doc, "Faults"): following the plan's grid, cells
-that change hands, departures, and spares that fill the holes.
+"""Who holds each cell (``pipelines`` module doc, "Faults").
+
+Following the plan's grid, cells that change hands, departures, and spares that fill the holes.
 
 A cell whose device leaves breaks its pipeline's segment, loses its holder's progress of the
 round (a later stage's is counted as a contribution lost; stage 0's shares are issued again

@@ -16,7 +16,7 @@ from swarmd.peers.sim.contributions import settle
 
 if TYPE_CHECKING:
     from swarmd.peers.sim.pulls import Pulls
-    from swarmd.peers.sim.shards import Shard, ShardClients
+    from swarmd.peers.sim.shard_records import Shard, ShardClients
     from swarmd.peers.sim.workload import RunSizes
     from swarmd.peers.sim.world import World
 

@@ -12,14 +12,13 @@ last of a stage-0 round's settles completes the round's shares at the ledger.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from swarmd.peers.taskpool.exchange import staleness_weight, step_micro_batches
 
 if TYPE_CHECKING:
-    from swarmd.peers.sim.commits import Commits
     from swarmd.peers.sim.pipeline_state import Cell
-    from swarmd.peers.sim.shards import Contribution, Shard, ShardClients
+    from swarmd.peers.sim.shard_records import Contribution, Shard, ShardClients
     from swarmd.peers.sim.workload import RunSizes
     from swarmd.peers.sim.world import World
 
@@ -30,6 +29,13 @@ class Delivery(NamedTuple):
     shard: Shard
     epoch: int
     contribution: Contribution
+
+
+class Steps(Protocol):
+    """What the intake asks of a shard's steps (``commits.Commits``)."""
+
+    def step(self, now: float, shard: Shard) -> None:
+        """The buffer is applied as the shard's new version."""
 
 
 def settle(now: float, c: Contribution, cells: ShardClients) -> None:
@@ -47,7 +53,7 @@ def settle(now: float, c: Contribution, cells: ShardClients) -> None:
 
 class Intake:
     def __init__(
-        self, world: World, sizes: RunSizes, stages: list[list[Shard]], commits: Commits, clients: ShardClients
+        self, world: World, sizes: RunSizes, stages: list[list[Shard]], commits: Steps, clients: ShardClients
     ) -> None:
         self.world, self.workload = world, sizes.workload
         self.exchange = sizes.exchange

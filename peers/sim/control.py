@@ -18,18 +18,36 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
 from swarmd.peers.membership.election import RoleCandidate, elect_coordinator, elect_relays, eligible, relays_wanted
 from swarmd.peers.planning.plan_cost import Plan
-from swarmd.peers.planning.scenario import ScenarioError
+from swarmd.peers.planning.scenario import Scenario, ScenarioError
 from swarmd.peers.sim.results import PlanEvent
 
 if TYPE_CHECKING:
-    from swarmd.peers.sim.simulator import Strategy
     from swarmd.peers.sim.world import World
+
+
+class PlanStrategy(Protocol):
+    """How the coordinator plans (``simulator.Strategy``): a full plan, a mend of the
+    assignment (``mend`` or ``mend_live``, None: a full plan on every change), and whether
+    relays are elected."""
+
+    @property
+    def full_plan(self) -> Callable[[Scenario], Plan]: ...
+
+    @property
+    def mend(self) -> Callable[[Scenario, Plan, list[str]], Plan] | None: ...
+
+    @property
+    def mend_live(self) -> Callable[[Scenario, np.ndarray, Plan], Plan] | None: ...
+
+    @property
+    def relays(self) -> bool: ...
 
 
 class PlanTarget(Protocol):
@@ -59,7 +77,7 @@ class PlanReady(NamedTuple):
 
 
 class Control:
-    def __init__(self, world: World, strategy: Strategy, target: PlanTarget) -> None:
+    def __init__(self, world: World, strategy: PlanStrategy, target: PlanTarget) -> None:
         self.world, self.strategy, self.target = world, strategy, target
         settings = world.settings
         connectivity = median_rates(world.scenario.bandwidth_Bps)

@@ -1,6 +1,8 @@
-"""The cells' side of the share ledger (``swarmd.peers.taskpool.shares.ShareLedger``, kept
-with shard ``(0, 0)``): the shares each stage-0 holder holds open, their renewals, and the
-shares given back before any of their work began (issuing one again is no recompute).
+"""The cells' side of the share ledger (``swarmd.peers.taskpool.shares.ShareLedger``).
+
+The ledger is kept with shard ``(0, 0)``; its cells' side holds the shares each stage-0 holder
+holds open, their renewals, and the shares given back before any of their work began (issuing
+one again is no recompute).
 
 The client owns the ledger too (``ledger``): a failover of shard ``(0, 0)`` rebuilds it from
 its checkpoint's metadata (``restarted``), as the daemon's standby does.

@@ -1,5 +1,8 @@
-"""The records of the simulated pipelines (``pipelines`` module doc): a pipeline, its cells,
-and the stamp its events carry so that they lapse once the pipeline changed."""
+"""The records of the simulated pipelines (``pipelines`` module doc).
+
+A pipeline, its cells, and the stamp its events carry so that they lapse once the pipeline
+changed.
+"""
 
 from __future__ import annotations
 

@@ -39,7 +39,8 @@ from swarmd.peers.sim.rounds import Rounds
 if TYPE_CHECKING:
     from swarmd.peers.sim.ledger_client import LedgerClient
     from swarmd.peers.sim.pipeline_state import Cell, Pipeline
-    from swarmd.peers.sim.shards import RoundGroup, ShardServers
+    from swarmd.peers.sim.shard_records import RoundGroup
+    from swarmd.peers.sim.shards import ShardServers
     from swarmd.peers.sim.workload import RunSizes
     from swarmd.peers.sim.world import World
 

@@ -15,7 +15,7 @@ from swarmd.peers.taskpool.reduction import HEAD_KEEP_VERSIONS
 
 if TYPE_CHECKING:
     from swarmd.peers.sim.pipeline_state import Cell
-    from swarmd.peers.sim.shards import Shard, ShardClients
+    from swarmd.peers.sim.shard_records import Shard, ShardClients
     from swarmd.peers.sim.workload import Workload
     from swarmd.peers.sim.world import World
 

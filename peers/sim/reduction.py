@@ -1,5 +1,6 @@
-"""Reduction groups in the simulated data path, as the daemons' reducers run them
-(``swarmd.peers.taskpool.reduction``, ``swarmd.training.shards.reducer``).
+"""Reduction groups in the simulated data path, as the daemons' reducers run them.
+
+The daemon's side: ``swarmd.peers.taskpool.reduction`` and ``swarmd.training.shards.reducer``.
 
 Where the plan groups a stage's pipelines, a cell's contribution to shard ``k`` goes to the
 cell that heads ``k`` in its group (a flow on the member's link; nothing crosses for the head's
@@ -7,7 +8,7 @@ own), which keeps it in a bucket per shard. A bucket goes to the server once eve
 whose cell is held has sent one, or ``reduce_wait_s`` of the head's round after the first
 arrived: one part as it came, several (those ``reduction.summable`` takes; the others alone) as
 one contribution at the oldest of their bases, covering their summed micro-batches, whose
-shares and settling are all its parts' (``shards.Contribution.parts``).
+shares and settling are all its parts' (``shard_records.Contribution.parts``).
 
 The deltas come back the same way: a member pulls a shard from its head for it once the head's
 own pull brought a newer version (within ``HEAD_KEEP_VERSIONS`` of the member's), else from the
@@ -21,17 +22,23 @@ the head fail, and go direct); a part whose cell left too is lost with it, as a 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from swarmd.peers.sim.shards import Contribution
+from swarmd.peers.sim.shard_records import Contribution
 from swarmd.peers.taskpool.reduction import group_of, head_of, reduce_wait_s, summable
 
 if TYPE_CHECKING:
-    from swarmd.peers.sim.pipeline_state import Cell
-    from swarmd.peers.sim.pipelines import Pipelines
+    from swarmd.peers.sim.pipeline_state import Cell, Pipeline
     from swarmd.peers.sim.shards import ShardServers
     from swarmd.peers.sim.workload import RunSizes
     from swarmd.peers.sim.world import World
+
+
+class PipelineList(Protocol):
+    """Whose list of pipelines the groups cut (``pipelines.Pipelines``)."""
+
+    @property
+    def pipelines(self) -> list[Pipeline]: ...
 
 
 @dataclass(eq=False)
@@ -61,7 +68,7 @@ class BucketDue(NamedTuple):
 
 class Reducers:
     def __init__(
-        self, world: World, sizes: RunSizes, pipelines: Pipelines, shards: ShardServers, groups: tuple[int, ...]
+        self, world: World, sizes: RunSizes, pipelines: PipelineList, shards: ShardServers, groups: tuple[int, ...]
     ) -> None:
         """``pipelines``: whose list the groups cut (read at each call: a plan replaces it)."""
         self.world, self.sizes = world, sizes

@@ -1,5 +1,6 @@
-"""A pipeline's rounds (``pipelines`` module doc, "Rounds"): when the next segment of shares
-may start, and what a round's end sends.
+"""A pipeline's rounds (``pipelines`` module doc, "Rounds").
+
+When the next segment of shares may start, and what a round's end sends.
 
 A round starts once every cell is held and holds its stage's weights, the ledger's holder is
 up and has shares to issue, and (gradient mode) the cells' pulls brought the step the last
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from swarmd.peers.sim.pipeline_state import PipelineEpoch
 from swarmd.peers.sim.segments import Segments
-from swarmd.peers.sim.shards import Contribution, RoundGroup
+from swarmd.peers.sim.shard_records import Contribution, RoundGroup
 from swarmd.peers.taskpool.exchange import SYNC_WAIT_S
 
 if TYPE_CHECKING:

@@ -1,5 +1,6 @@
-"""A segment: the shares of a round a pipeline runs as one event (``pipelines`` module doc,
-"Shares").
+"""A segment: the shares of a round a pipeline runs as one event.
+
+See the ``pipelines`` module doc, "Shares".
 
 Once the ledger's answer is in, the segment's shares run one after the other, each lasting
 ``exchange.share_seconds`` (1F1B over the cells' compute and the boundaries' activation

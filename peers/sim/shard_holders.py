@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from swarmd.peers.sim.commits import Commits
     from swarmd.peers.sim.contributions import Intake
     from swarmd.peers.sim.pulls import Pulls
-    from swarmd.peers.sim.shards import Shard, ShardClients
+    from swarmd.peers.sim.shard_records import Shard, ShardClients
     from swarmd.peers.sim.workload import Workload
     from swarmd.peers.sim.world import World
 

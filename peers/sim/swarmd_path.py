@@ -1,6 +1,8 @@
-"""swarmd's own data path in the simulator (``docs/data-path.md``): the share ledger, the cells
-of ``swarmd.peers.sim.pipelines`` and the shard servers of ``swarmd.peers.sim.shards``, behind
-the hooks every simulated data path offers the run (``simulator.DataPlane``).
+"""swarmd's own data path in the simulator (``docs/data-path.md``).
+
+The share ledger, the cells of ``swarmd.peers.sim.pipelines`` and the shard servers of
+``swarmd.peers.sim.shards``, behind the hooks every simulated data path offers the run
+(``simulator.DataPlane``).
 
 The run's shape is its first plan's: the stage cut, each stage's shard count, H and k
 (``workload.RunSizes``). A repair changes who holds what, never those (the data path has no
@@ -9,7 +11,7 @@ way to move layers between stages, and a shard lease from another sharding is vo
 ``SwarmdPath`` builds and owns the parts, each given the world and its siblings: the ledger's
 client (``ledger_client``, which keeps the ledger), the shard servers, and the pipelines with
 their reduction groups. The shard servers report to the cells through the path
-(``shards.ShardClients``), which also answers for the plan in force.
+(``shard_records.ShardClients``), which also answers for the plan in force.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from swarmd.peers.sim.workload import RunSizes
 
 if TYPE_CHECKING:
     from swarmd.peers.sim.pipeline_state import Cell
-    from swarmd.peers.sim.shards import RoundGroup
+    from swarmd.peers.sim.shard_records import RoundGroup
     from swarmd.peers.sim.world import World
 
 
@@ -107,7 +109,7 @@ class SwarmdPath:
             reduce_groups=self.pipelines.reducers.groups,
         )
 
-    # --- what the shard servers ask (``shards.ShardClients``) -----------------------------------
+    # --- what the shard servers ask (``shard_records.ShardClients``) -----------------------------
 
     def cells_of_stage(self, stage: int) -> list[Cell]:
         return self.pipelines.cells_of_stage(stage)

@@ -1,5 +1,7 @@
-"""The baselines' own data paths, synchronous as their papers publish them: a compute phase,
-then ring all-reduces (``swarmd.peers.sim.allreduce``), then every replica steps at once.
+"""The baselines' own data paths, synchronous as their papers publish them.
+
+A compute phase, then ring all-reduces (``swarmd.peers.sim.allreduce``), then every replica
+steps at once.
 
 - **DT-FM** (Yuan et al., NeurIPS 2022): the plan's pipelines run 1F1B on ``k = ceil(B / N)``
   micro-batches each a step (``exchange.share_seconds``, the boundaries' bytes as flows), then

@@ -1,6 +1,8 @@
-"""A pipeline's compute and boundary times per micro-batch, for ``exchange.share_seconds``:
-what a share lasts on swarmd's data path (``pipelines``) and a step on the baselines'
-(``sync_path``)."""
+"""A pipeline's compute and boundary times per micro-batch, for ``exchange.share_seconds``.
+
+What a share lasts on swarmd's data path (``pipelines``) and a step on the baselines'
+(``sync_path``).
+"""
 
 from __future__ import annotations
 

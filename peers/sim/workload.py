@@ -1,6 +1,7 @@
-"""What a run's model costs the data path: parameters per stage and shard, compute per
-micro-batch, and the bytes of every message, priced with ``swarmd.peers.wire.sizes`` exactly
-as the planner's cost model prices them.
+"""What a run's model costs the data path.
+
+Parameters per stage and shard, compute per micro-batch, and the bytes of every message, priced
+with ``swarmd.peers.wire.sizes`` exactly as the planner's cost model prices them.
 
 - A stage's parameters are the planner's count (``plan_cost.stage_parameters``: its layers',
   the embedding on the first stage, the output head on the last), cut into the plan's ``K_s``

@@ -1,5 +1,7 @@
-"""A cell's tensors straight to its neighbours: activations to the next cell, input gradients
-back to the previous one (``CellForward`` / ``CellBackward``).
+"""A cell's tensors straight to its neighbours.
+
+Activations to the next cell, input gradients back to the previous one (``CellForward`` /
+``CellBackward``).
 
 Each goes in the codec its link calls for, over the router (a relay only when the direct path
 fails or is slower), and says which share, try and micro-batch it belongs to and the weights'

@@ -1,5 +1,7 @@
-"""Who may contribute to a shard, and for which pipelines' shares: the rules a shard server
-applies before it reads a contribution's tensor (``ShardServer.admit``).
+"""Who may contribute to a shard, and for which pipelines' shares.
+
+The rules a shard server applies before it reads a contribution's tensor
+(``ShardServer.admit``).
 
 Pure functions over the assignment in force and the pool's resolved holders, so that each is
 tested without a server; ``ContributorPool`` is what they read of the trainer.

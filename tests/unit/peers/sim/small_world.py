@@ -1,6 +1,6 @@
 """Small worlds for the simulator's unit tests: a few identical devices on fast links, a tiny
 model, the world (``swarmd.peers.sim.world.World``) on them, the sizes of a hand-made plan,
-and a recording stand-in for what the shard servers ask of the path (``shards.ShardClients``).
+and a recording stand-in for what the shard servers ask of the path (``shard_records.ShardClients``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import numpy as np
 from swarmd.peers.planning.plan_cost import Plan
 from swarmd.peers.planning.scenario import Scenario, parse_scenario
 from swarmd.peers.sim.pipeline_state import Cell, Pipeline
-from swarmd.peers.sim.shards import Contribution, RoundGroup, ShardServers
+from swarmd.peers.sim.shard_records import Contribution, RoundGroup
+from swarmd.peers.sim.shards import ShardServers
 from swarmd.peers.sim.workload import RunSizes
 from swarmd.peers.sim.world import SimConfig, World
 
@@ -81,7 +82,7 @@ def contribution(
 
 
 class Clients:
-    """What the shard servers ask of the path, recorded (``shards.ShardClients``): the cells
+    """What the shard servers ask of the path, recorded (``shard_records.ShardClients``): the cells
     of each stage are the ones given; nobody heads a reduction group."""
 
     def __init__(self, cells: list[Cell] | None = None, server: int = 0) -> None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from swarmd.peers.sim.pipeline_state import Cell
-from swarmd.peers.sim.shards import RoundGroup, ShardServers
+from swarmd.peers.sim.shard_records import RoundGroup
+from swarmd.peers.sim.shards import ShardServers
 from swarmd.peers.sim.world import World
 from tests.unit.peers.sim.small_world import Clients, contribution, pipeline, shard_servers, world
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from swarmd.peers.planning.plan_cost import Plan
-from swarmd.peers.sim.shards import RoundGroup
+from swarmd.peers.sim.shard_records import RoundGroup
 from swarmd.peers.sim.swarmd_path import SwarmdPath
 from tests.unit.peers.sim.small_world import world
 

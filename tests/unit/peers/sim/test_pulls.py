@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from swarmd.peers.sim.shards import Shard, ShardServers
+from swarmd.peers.sim.shard_records import Shard
+from swarmd.peers.sim.shards import ShardServers
 from tests.unit.peers.sim.small_world import Clients, pipeline, shard_servers, world
 
 pytestmark = pytest.mark.timeout(10)

@@ -11,7 +11,7 @@ import pytest
 
 from swarmd.peers.sim.ledger_client import LedgerClient
 from swarmd.peers.sim.pipeline_state import Cell, Pipeline
-from swarmd.peers.sim.shards import MAX_DONE_SHARES, Contribution, Shard
+from swarmd.peers.sim.shard_records import MAX_DONE_SHARES, Contribution, Shard
 from swarmd.peers.taskpool.shares import OPEN_ROUNDS
 
 pytestmark = pytest.mark.timeout(10)
