@@ -84,10 +84,11 @@ class RunFiles:
             wanted = Wanted(digest, MANIFEST_FILE, MAX_MANIFEST_BYTES, "the data manifest", anyone=True)
             path = await self.fetcher.ensure(wanted)
             manifest = Manifest.parse(await asyncio.to_thread(path.read_bytes))
-            if manifest.tokenizer.sha256 != (self.spec.tokenizer_sha256 or manifest.tokenizer.sha256):
+            pinned = self.spec.tokenizer_sha256
+            if pinned and manifest.tokenizer.sha256 != pinned:
                 raise DataError(
-                    f"the data manifest pins tokenizer {manifest.tokenizer.sha256[:12]}..., the run spec "
-                    f"{self.spec.tokenizer_sha256[:12]}...: the run was created from mismatched files"
+                    f"the data manifest pins tokenizer {(manifest.tokenizer.sha256 or 'none')[:12]}..., the run "
+                    f"spec {pinned[:12]}...: the run was created from mismatched files"
                 )
             if manifest.tokenizer.vocab > self.spec.model.vocab:
                 raise DataError(
@@ -97,8 +98,8 @@ class RunFiles:
             self.fetcher.sources = tuple(manifest.sources)
             await asyncio.to_thread(self._offer_beside, path.parent, manifest)
             self.manifest = manifest
-            if manifest.tokenizer.file is not None and manifest.tokenizer.sha256 is not None:
-                tokenizer = manifest.tokenizer
+            tokenizer = manifest.tokenizer
+            if tokenizer.file is not None and tokenizer.sha256 is not None:
                 wanted = Wanted(tokenizer.sha256, tokenizer.file, MAX_TOKENIZER_BYTES, "the tokenizer", anyone=True)
                 self.tokenizer_path = await self.fetcher.ensure(wanted)
         self._opened.set()

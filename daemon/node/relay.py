@@ -227,7 +227,7 @@ class Router:
     async def _relayed(
         self, p2p: Any, relay: str, peer: str, header: dict[str, Any], blobs: Sequence[bytes], timeout_s: float
     ) -> rpc.Frame:
-        forward = Forward(run_id=header.get("run_id"), to=peer, header=json.dumps(header, separators=(",", ":")))
+        forward = Forward(run_id=header["run_id"], to=peer, header=json.dumps(header, separators=(",", ":")))
         forwarded, out = await rpc.call(p2p, relay, forward, blobs, timeout_s=timeout_s)
         self.counters.relayed += 1
         try:

@@ -27,11 +27,12 @@ from swarmd.peers.wire.codecs import decode_vector
 from swarmd.peers.wire.errors import RpcError
 from swarmd.peers.wire.messages import Pull
 from swarmd.system.state_dir import GATHERED_TOKENIZER
-from swarmd.training.run_facts import RunFacts, RunInputs, Send, stage_module
+from swarmd.training.run_facts import RunFacts, RunInputs, stage_module
 
 if TYPE_CHECKING:
     from swarmd.data.training_data import TrainingData
     from swarmd.peers.taskpool.assignment import Assignment
+    from swarmd.peers.wire.protocol import Request
     from swarmd.training.shards.shard_server import ShardServer
 
 GATHER_WAIT_S = 45.0
@@ -48,7 +49,9 @@ class Gathering(Protocol):
     checkpoint_dir: Path
     data: TrainingData | None
     inputs: RunInputs
-    servers: Mapping[Shard, ShardServer]
+
+    @property
+    def servers(self) -> Mapping[Shard, ShardServer]: ...
 
     @property
     def assignment(self) -> Assignment | None: ...
@@ -57,7 +60,9 @@ class Gathering(Protocol):
 
     async def score(self, stages: list[dict[str, torch.Tensor]]) -> float | None: ...
 
-    send: Send
+    async def send(
+        self, peer: str, request: Request[Any], blobs: list[bytes], timeout_s: float
+    ) -> tuple[Any, list[bytes]]: ...
 
 
 async def gather_weights(trainer: Gathering) -> dict[str, Any]:

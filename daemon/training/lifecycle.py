@@ -215,7 +215,7 @@ class Lifecycle:
         pool, stage = self._pool, worker.stage
 
         def servers() -> list[str | None]:
-            counts = pool.assignment.shard_counts() if pool.assignment is not None else []
+            counts = pool.assignment.shard_counts() if pool.assignment is not None else {}
             return [pool.shard_holder((stage, k)) for k in range(counts[stage] if stage < len(counts) else 0)]
 
         task = asyncio.create_task(worker.contributions.deliver_rest(servers), name=f"cell {worker.cell} rest")

@@ -53,8 +53,13 @@ class Reported(Protocol):
     mode: str
     books: Books
     held: Held
-    cells: Mapping[Cell, CellWorker]
-    servers: Mapping[Shard, ShardServer]
+
+    @property
+    def cells(self) -> Mapping[Cell, CellWorker]: ...
+
+    @property
+    def servers(self) -> Mapping[Shard, ShardServer]: ...
+
     progress: Progress
     evaluation: Evaluation
     reducer: Reducer

@@ -354,8 +354,8 @@ class Trainer:
 
     def sign_ticket(self, share: Share, pipeline: int, now: float) -> str:
         """The ticket of a share this peer's ledger issues to ``pipeline``."""
-        fields = dict(share_id=share.share_id, first=share.first, count=share.count, pipeline=pipeline, now=now)
-        return ShareTicket.sign(self.identity, self.spec.run_id, **fields).text()
+        fields = dict(share_id=share.share_id, first=share.first, count=share.count, pipeline=pipeline)  # ints
+        return ShareTicket.sign(self.identity, self.spec.run_id, **fields, now=now).text()
 
     def cell_holder(self, cell: Cell) -> str | None:
         """Who holds ``cell``, as of the last scan of the pool."""

@@ -12,6 +12,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 from swarmd.peers.membership.admission import Refusal, admit, check_own_admission, read_token
 from swarmd.peers.records.heartbeat import Heartbeat
@@ -28,7 +29,7 @@ class PeerView:
     rtt_s: float | None = None
     probes: int = 0
 
-    def as_dict(self, now: float) -> dict[str, object]:
+    def as_dict(self, now: float) -> dict[str, Any]:
         hb = self.heartbeat
         return {
             "peer_id": hb.peer_id,
@@ -154,5 +155,5 @@ class Membership:
             # Smooth like TCP's SRTT so one slow ping does not jump the figure.
             view.rtt_s = rtt_s if view.rtt_s is None else 0.875 * view.rtt_s + 0.125 * rtt_s
 
-    def snapshot(self, now: float) -> list[dict[str, object]]:
+    def snapshot(self, now: float) -> list[dict[str, Any]]:
         return [self.peers[p].as_dict(now) for p in sorted(self.peers)]

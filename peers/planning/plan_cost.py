@@ -22,7 +22,7 @@ on which ``tests/benchmarks/bench_scheduler.py`` compares placements with the ba
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -132,7 +132,7 @@ class Plan:
                 out[d] = ["spare"]
         return out
 
-    def remapped(self, to: Sequence[int]) -> Plan:
+    def remapped(self, to: Sequence[int] | Mapping[int, int]) -> Plan:
         """The same plan with every device index ``d`` replaced by ``to[d]`` (between a
         scenario's indices and those of a restriction of it, as the simulator needs)."""
 

@@ -60,7 +60,7 @@ def repair(
     settings: PlannerConfig | None = None,
     *,
     time_budget_s: float = 0.05,
-    live: Sequence[int] | None = None,
+    live: Sequence[int] | np.ndarray | None = None,
 ) -> Repair:
     """Mend ``previous`` (whose device indices refer to ``previous_ids``) for the devices of
     ``scenario`` now (module doc).

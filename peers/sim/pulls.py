@@ -56,6 +56,8 @@ class Pulls:
         k = shard.index
         if cell.pulling[k] or not cell.ready:
             return
+        device = cell.device
+        assert device is not None, "a ready cell has a holder"
         source, version = shard.holder, shard.committed
         head = self.clients.pull_head(cell, k)
         if head is not None:
@@ -71,9 +73,9 @@ class Pulls:
             return
         nbytes = self.workload.pull_bytes(shard.stage, k, behind, world.settings.keep_versions)
         cell.pulling[k] = True
-        via = world.engine.route(source, cell.device, nbytes, for_speed=False)
+        via = world.engine.route(source, device, nbytes, for_speed=False)
         answer = PullAnswer(shard, shard.epoch, cell, cell.serial, version, now)
-        world.engine.send(now, source, cell.device, nbytes, self._pulled, answer, via)
+        world.engine.send(now, source, device, nbytes, self._pulled, answer, via)
 
     def committed(self, now: float, shard: Shard) -> None:
         """``shard`` committed a new version: every cell of its stage may pull it."""

@@ -21,7 +21,7 @@ its cells carries it, and a change (a cell changed hands) voids the share in fli
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -55,7 +55,7 @@ class CellLease(Lease):
 
 
 def resolve_cells(
-    leases: Iterable[CellLease], named: Mapping[Cell, str], live: set[str], now: float
+    leases: Iterable[CellLease], named: Mapping[Cell, str], live: Set[str], now: float
 ) -> dict[Cell, CellLease]:
     """Who holds each cell of ``named`` (the assignment in force), by the rule of the module doc.
 
@@ -87,7 +87,7 @@ def _claim_order(lease: CellLease) -> tuple[float, str]:
     return (lease.claimed_at, lease.peer_id)
 
 
-def open_cells(named: Mapping[Cell, str], live: set[str]) -> list[Cell]:
+def open_cells(named: Mapping[Cell, str], live: Set[str]) -> list[Cell]:
     """Cells whose named peer is not a live member: spares may take them."""
     return sorted(cell for cell, peer in named.items() if peer not in live)
 
@@ -124,7 +124,7 @@ def pipeline_epoch(pipeline: int, holders: list[str | None]) -> str | None:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def cells_to_hold(me: str, named: Mapping[Cell, str], holders: Mapping[Cell, CellLease], live: set[str]) -> list[Cell]:
+def cells_to_hold(me: str, named: Mapping[Cell, str], holders: Mapping[Cell, CellLease], live: Set[str]) -> list[Cell]:
     """The cells ``me`` should claim or keep: those the assignment names it for; a spare keeps
     the open cell it already holds, else claims the one ``spare_for`` draws for it among the
     open cells no spare holds yet."""

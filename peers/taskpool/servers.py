@@ -21,7 +21,7 @@ few seconds, so a replica far past its last lease is a lie, whoever offers it.
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
@@ -113,7 +113,7 @@ def encode_proof(raw_lease: bytes) -> str:
 
 
 def resolve_shards(
-    leases: Iterable[ShardLease], named: Mapping[Shard, str], shards: Mapping[int, int], live: set[str], now: float
+    leases: Iterable[ShardLease], named: Mapping[Shard, str], shards: Mapping[int, int], live: Set[str], now: float
 ) -> dict[Shard, ShardLease]:
     """Who holds each shard of ``named`` (the assignment's servers), by the module doc's rule.
     ``shards[s]`` is stage ``s``'s shard count in the assignment."""

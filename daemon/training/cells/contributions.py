@@ -35,7 +35,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 import torch
 
@@ -111,6 +111,21 @@ class ContributingCell(Sends, Views, Protocol):
     """What the contributions use of their cell: its way to its peers, its view, whether it stopped."""
 
 
+class _SliceFields(TypedDict):
+    """What a slice's ``Contribute`` and ``Reduce`` share (``Reduce`` adds the pipeline)."""
+
+    run_id: str
+    stage: int
+    shard: int
+    shards: int
+    share_ids: list[int]
+    base_version: int
+    micro_batches: int
+    kind: str
+    codec: str
+    tickets: int
+
+
 class Contributions:
     def __init__(self, facts: CellFacts, cell: ContributingCell, link_Bps: Callable[[str], float]) -> None:
         """``link_Bps`` is a peer's link rate: it picks each slice's codec."""
@@ -140,7 +155,8 @@ class Contributions:
         except TicketError as e:  # a share fed with no ticket: its servers refuse the round
             logger.warning("cell %s: the round of shares %s lacks tickets (%s)", self.facts.cell, share_ids[:4], e)
             packed = b""
-        blobs, codecs = [], []
+        blobs: list[bytes] = []
+        codecs: list[str] = []
         for k in range(shards):
             lo, hi = shard_range(vector.numel(), shards, k)
             to = self._head(k) or (self.cell.view.servers[k] if k < len(self.cell.view.servers) else None)
@@ -286,7 +302,7 @@ class Contributions:
         with what the server answered, or, when there is none or it failed this slice once,
         to the server itself."""
         cell, facts = self.cell, self.facts
-        fields = dict(
+        fields = _SliceFields(
             run_id=facts.run_id,
             stage=facts.stage,
             shard=k,

@@ -26,7 +26,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 import torch
 
@@ -68,6 +68,18 @@ class PullRelay(Protocol):
     def asked(self, stage: int, shard: int) -> list[int]: ...
 
     async def offer(self, stage: int, shard: int, answer: Pulled, blobs: list[bytes]) -> None: ...
+
+
+class _PullFields(TypedDict):
+    """What a shard's ``Pull`` and ``PullFromHead`` share (``PullFromHead`` adds the pipeline)."""
+
+    run_id: str
+    stage: int
+    shard: int
+    shards: int
+    have_version: int
+    pending_share_ids: list[int]
+    wait_s: float
 
 
 class Puller:
@@ -177,7 +189,7 @@ class Puller:
                 pending = reducer.asked(self.facts.stage, k) + pending
             # A long poll for the version after the newest fetched (applied or not): it also brings
             # the commits of our pending contributions, which happen with new versions only.
-            fields = dict(
+            fields = _PullFields(
                 run_id=self.facts.run_id,
                 stage=self.facts.stage,
                 shard=k,

@@ -253,7 +253,7 @@ class ShardServer:
             if deltas == []:
                 return Pulled(version=self.version, kind="none", versions=[], **ids), []
             if deltas is not None:
-                blobs = await asyncio.to_thread(lambda: [encode_vector(d, "fp16") for _, d in deltas])
+                blobs: list[bytes] = await asyncio.to_thread(lambda: [encode_vector(d, "fp16") for _, d in deltas])
                 return Pulled(version=self.version, kind="deltas", versions=[v for v, _ in deltas], **ids), blobs
             found = self.shard.weights()
             assert found is not None, "no step is pending confirmation outside the lock"
