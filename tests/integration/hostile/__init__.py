@@ -15,6 +15,6 @@ run's DHT with a fresh key and attacks the daemons, printing what each step got 
   (oversized frames, slow-loris streams, large requests);
 - ``harness``: what the test and the benchmark share, without hivemind: a training swarm's
   description for Mallory, Mallory run as a subprocess, and the checks that the daemons held;
-- ``silent_daemon``: a real daemon, patched in its own process to claim a fast device and
-  never take work (the silent member; ``tests/integration/test_silent_member.py``).
+- ``silent_daemon``: a real daemon, patched in its own process to claim a device's speed and,
+  silent, never take work (the silent member; ``tests/integration/test_silent_member.py``).
 """
