@@ -40,14 +40,15 @@ def _fake_perf_counter() -> float:
 
 
 time.perf_counter = _fake_perf_counter  # before swarmd is imported
+sys.path.insert(0, str(ROOT))  # the tests' hand-made plans
 
-from swarmd.peers.planning.plan_cost import Plan  # noqa: E402
 from swarmd.peers.planning.planner import PlannerConfig, plan  # noqa: E402
 from swarmd.peers.planning.scenario import Scenario, ScenarioError, load_scenario, parse_scenario  # noqa: E402
 from swarmd.peers.planning.scenario_gen import synthetic_scenario, synthetic_scenario_dict  # noqa: E402
 from swarmd.peers.sim.churn import ChurnEvent  # noqa: E402
-from swarmd.peers.sim.simulator import SimConfig, Simulation, Strategy  # noqa: E402
+from swarmd.peers.sim.simulator import SimConfig, Simulation  # noqa: E402
 from swarmd.peers.sim.strategies import NAMES, make_strategies  # noqa: E402
+from tests.unit.peers.sim.test_simulator import fixed  # noqa: E402  (a hand-made plan, as the tests use)
 
 
 def tiny(n: int, availability: list[float] | None = None) -> Scenario:
@@ -71,39 +72,6 @@ def tiny(n: int, availability: list[float] | None = None) -> Scenario:
             "batch": {"sequences": 8, "micro_batch": 1},
         }
     )
-
-
-def fixed(rows, layers, servers, k, local_steps=1, groups=()) -> Strategy:  # type: ignore[no-untyped-def]
-    first = Plan(
-        pipelines=rows,
-        layers_per_stage=layers,
-        parameter_servers=servers,
-        local_steps=local_steps,
-        share_micro_batches=k,
-        reduce_groups=groups,
-    )
-
-    def mend(view: Scenario, previous: Plan, ids: list[str]) -> Plan:
-        index = view.index()
-        grid = [[index.get(ids[d], -1) for d in row] for row in previous.pipelines]
-        free = [d for d in range(view.n) if all(d not in row for row in grid)]
-        for row in grid:
-            for s, d in enumerate(row):
-                if d < 0:
-                    if not free:
-                        raise ValueError("no device to fill the hole")
-                    row[s] = free.pop(0)
-        ps = tuple(index.get(ids[d], grid[0][s]) for s, d in enumerate(previous.parameter_servers))
-        return Plan(
-            pipelines=tuple(tuple(r) for r in grid),
-            layers_per_stage=layers,
-            parameter_servers=ps,
-            local_steps=local_steps,
-            share_micro_batches=k,
-            reduce_groups=groups,
-        )
-
-    return Strategy("fixed", lambda view: first, mend)
 
 
 def dump(sim: Simulation) -> dict[str, Any]:
