@@ -21,6 +21,8 @@
 - ``shard_checkpoint`` a shard's whole state in one safetensors file, read back whole: checksum, dtypes, lengths, finite
 - ``checkpoint_check`` where a shard checkpoint comes from (run, shard, holder), and a shard that writes it
 - ``cell_compute``  a cell's compute: forwards kept for their backward, shares, rounds, rebases
+- ``cell_memory``   what a cell allocates at its peak: weights, its state, activations in flight (no torch)
+- ``tensor_peak``   the peak of a process's live tensor bytes, on CPU too (a dispatch mode)
 - ``reference``     the single-process synchronous baseline the swarm is measured against
 
 Nothing here imports ``swarmd.peers`` or the daemon's modules: a stage computes; it knows no
