@@ -159,6 +159,7 @@ class PlanPublisher:
             share_micro_batches=result.share_micro_batches,
             spares=list(result.spares),
             reduce_groups=list(result.reduce_groups),
+            checkpointing=list(result.checkpointing),
         )
         shape = f"{len(record.pipelines)} pipelines of {len(record.layers_per_stage)} stages"
         logger.info(
@@ -230,4 +231,5 @@ def record_plan(record: PlanRecord) -> Plan:
         share_micro_batches=record.share_micro_batches,
         spares=tuple(record.spares),
         reduce_groups=tuple(record.reduce_groups),
+        checkpointing=tuple(record.checkpointing),
     )

@@ -20,7 +20,7 @@ import numpy as np
 from swarmd.peers.planning.construction import LARGE, candidate_pools, pipelines_first
 from swarmd.peers.planning.layers import LayerSplitter
 from swarmd.peers.planning.learning import ANCHOR_REPLICAS, FLAT_FROM_STEPS, most_useful_replicas
-from swarmd.peers.planning.plan_cost import Plan, cell_layer_caps
+from swarmd.peers.planning.plan_cost import Plan, cell_layer_caps, checkpointed_stages
 from swarmd.peers.planning.scenario import Scenario, Shape
 from swarmd.peers.planning.schedule import (
     REDUCE_GAIN,
@@ -65,6 +65,8 @@ class GridCandidate:
     share: int
     result: Throughput | None = field(default=None, repr=False)
     groups: tuple[int, ...] = ()
+    checkpointing: tuple[bool, ...] = ()
+    """Per stage, activation checkpointing (``plan_cost.checkpointed_stages``); empty: none."""
 
     @property
     def effective_tokens_per_s(self) -> float:
@@ -85,6 +87,7 @@ class GridCandidate:
             share_micro_batches=self.share,
             spares=spares,
             reduce_groups=self.groups,
+            checkpointing=self.checkpointing,
         )
 
 
@@ -99,14 +102,21 @@ class Planner:
         self.min_availability = min_availability(settings)
         self.usable = usable_devices(self.view, settings, among)
         self.memory = self.view.device_arrays.memory_gib
-        self._caps: dict[tuple[int, bool], np.ndarray] = {}
+        self._caps: dict[tuple[int, bool, bool], np.ndarray] = {}
         self._splitters: dict[tuple[int, bool], LayerSplitter] = {}
 
-    def caps(self, stages: int, local: bool) -> np.ndarray:
-        key = (stages, local)
+    def caps(self, stages: int, local: bool, *, checkpointing: bool = True) -> np.ndarray:
+        """``cell_layer_caps`` of the view's devices (``checkpointing``: where it fits more)."""
+        key = (stages, local, checkpointing)
         if key not in self._caps:
-            self._caps[key] = cell_layer_caps(self.view, self.memory, stages, LOCAL if local else 1)
+            self._caps[key] = cell_layer_caps(
+                self.view, self.memory, stages, LOCAL if local else 1, checkpointing=checkpointing
+            )
         return self._caps[key]
+
+    def checkpointing(self, grid: np.ndarray, layers: tuple[int, ...], local: bool) -> tuple[bool, ...]:
+        """The stages of ``grid`` that must checkpoint to hold ``layers`` (empty: none)."""
+        return checkpointed_stages(self.caps(grid.shape[1], local, checkpointing=False), grid, layers)
 
     def splitter(self, stages: int, local: bool) -> LayerSplitter:
         key = (stages, local)
@@ -145,13 +155,15 @@ class Planner:
             pool = server_pool(self.view, self.min_availability, self.usable)
             counts = shard_counts(self.view, layers, len(pool))
             servers = choose_servers(self.view, grid, layers, pool, counts, keep)
-        times = self.model.times(grid, layers, self.model.stages(layers, servers))
+        flags = self.checkpointing(grid, layers, local)
+        times = self.model.times(grid, layers, self.model.stages(layers, servers), flags)
         fixed = self.settings.local_steps
         gradient = fixed == 1 if fixed is not None else not local
         k = share_micro_batches(times, self.model.batch_micro_batches, gradient=gradient)
         best: GridCandidate | None = None
         for groups in reduction_options(grid.shape[0], servers, gradient):
-            base = GridCandidate(grid, layers, servers, 1 if fixed is None else fixed, k, groups=groups).plan()
+            h0 = 1 if fixed is None else fixed
+            base = GridCandidate(grid, layers, servers, h0, k, groups=groups, checkpointing=flags).plan()
             if fixed is not None or not local:
                 h, result = base.local_steps, self.model.evaluate(base)
             else:
@@ -159,7 +171,7 @@ class Planner:
             if best is None or result.effective_tokens_per_s > best.effective_tokens_per_s * (
                 REDUCE_GAIN if groups else 1 + 1e-9
             ):
-                best = GridCandidate(grid, layers, servers, h, k, result, groups)
+                best = GridCandidate(grid, layers, servers, h, k, result, groups, flags)
         return best
 
     def build(self, shape: Shape, local: bool, candidates: np.ndarray) -> GridCandidate | None:
@@ -270,6 +282,7 @@ class Planner:
         relays = list(relays)
         caps = self.caps(best.grid.shape[1], best.local_steps > 1)
         others = [d for row in best.servers for d in row] + relays
+        best = replace(best, checkpointing=self.checkpointing(best.grid, best.layers, best.local_steps > 1))
         result = best.plan(relays=tuple(relays), spares=spares(self.usable, best.grid, caps, best.layers, others))
         # The planner's own model when it may know everything (its view is the scenario's).
         seen = self.settings.awareness == Awareness()

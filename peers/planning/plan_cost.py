@@ -6,10 +6,14 @@ servers of its shards, the relays, the spares, and the exchange schedule it was 
 ``local_steps`` (H) shares of ``share_micro_batches`` (k) per round (``docs/data-path.md``).
 What such a plan is predicted to train per second is ``swarmd.peers.planning.throughput``'s.
 
-**Memory** (``cell_max_layers``): a cell holds its stage's parameters in fp32 with what the data
-path keeps beside them (``cell_bytes_per_param``: more when it runs H > 1 local steps, whose
-AdamW state then lives on the cell) and the activations of the micro-batches its stage has in
-flight under 1F1B.
+**Memory** (``cell_max_layers``): a cell's peak as ``swarmd.models.cell_memory`` predicts it
+(its stage's fp32 weights, gradients, global copy and round sum, or with H > 1 local steps the
+round's base and AdamW's moments; the activations of the micro-batches its stage has in flight
+under 1F1B, in the scenario's precision; the last stage's logits), for the scenario's model read
+as a Llama block (``scenario_block``), plus what the data path keeps beside it. Where a stage's
+activations would not fit a member but would with activation checkpointing, the plan marks the
+stage checkpointed (``Plan.checkpointing``) and its backward pays one more forward
+(``recompute_flops_per_sequence``).
 
 **Reference cost** (``reference_cost``), the yardstick every scheduler is judged by, exactly as
 ``scenarios/FORMAT.md`` defines it: the data-parallel cost (the worst device's exchange with
@@ -30,21 +34,16 @@ from scipy.optimize import linear_sum_assignment
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_bipartite_matching
 
-from swarmd.peers.planning.scenario import Scenario, Shape
+from swarmd.models.cell_memory import BlockShape, CellLoad, phase_lines, stage_params
+from swarmd.peers.planning.scenario import ModelSpec, Scenario, Shape
 from swarmd.peers.taskpool.exchange import MAX_LOCAL_STEPS
 
-GRADIENT_BYTES_PER_PARAM = 16
-"""What a cell holds per parameter of its stage when it contributes gradients (H = 1): fp32
-weights (4) and gradient accumulator (4), its contribution kept until committed (4: it is
-resent to a standby that takes the shard over) and the error-feedback residual of the int8
-codec (4). The optimizer's state is at the shard servers."""
-LOCAL_BYTES_PER_PARAM = 28
-"""H > 1 local steps add the inner optimizer's two AdamW moments (8) and the round's base
-weights (4), from which the pseudo-gradient is taken and onto which deltas rebase."""
-ACTIVATION_FACTOR = 34
-"""Bytes of stashed activations per token, per hidden unit, per layer, in units of dtype
-bytes: what a transformer block keeps for its backward (Korthikanti et al.'s 34sh + 5as^2h,
-without the attention term, which micro-batches of long sequences make worse)."""
+DATA_PATH_BYTES_PER_PARAM = 8
+"""What a cell's data path keeps per parameter beside ``CellCompute``'s tensors: its last
+contribution until committed (4: it is resent to a standby that takes a shard over) and the
+int8 codec's error-feedback residual (4)."""
+RECOMPUTE_SHARE = 1.0 / 3.0
+"""What a checkpointed layer's backward adds: its forward again, a third of its flops."""
 
 
 ROLES = ("cell", "shard_server", "relay", "spare")
@@ -78,6 +77,10 @@ class Plan:
     reduce_groups: tuple[int, ...] = field(default=(), kw_only=True)
     """G per stage: its pipelines reduce their contributions in groups of G consecutive ones
     before the servers (``swarmd.peers.taskpool.reduction``); empty or 1: no reduction."""
+    checkpointing: tuple[bool, ...] = field(default=(), kw_only=True)
+    """Per stage: whether its cells checkpoint activations (keep each layer's input, recompute
+    the rest in the backward), chosen where the activations in flight would not fit a member
+    otherwise (``checkpointed_stages``). Empty: none does."""
 
     def __post_init__(self) -> None:
         stages = len(self.layers_per_stage)
@@ -97,6 +100,8 @@ class Plan:
             raise ValueError(f"local_steps = {self.local_steps} must be in [1, {MAX_LOCAL_STEPS}]")
         if self.share_micro_batches < 0:
             raise ValueError(f"share_micro_batches = {self.share_micro_batches} must be >= 1 (or 0: from the batch)")
+        if self.checkpointing and len(self.checkpointing) != stages:
+            raise ValueError(f"checkpointing names {len(self.checkpointing)} stages, the plan has {stages}")
         placed = set(self.devices())
         if placed & set(self.spares):
             raise ValueError(f"spares {sorted(placed & set(self.spares))} also hold a cell of the grid")
@@ -113,6 +118,10 @@ class Plan:
 
     def devices(self) -> list[int]:
         return [d for row in self.pipelines for d in row]
+
+    def checkpointed(self, stage: int) -> bool:
+        """Whether stage ``stage``'s cells run with activation checkpointing."""
+        return stage < len(self.checkpointing) and bool(self.checkpointing[stage])
 
     def micro_batches_per_share(self, scenario: Scenario) -> int:
         """k as the plan sets it, or (0) the run's batch over the pipelines."""
@@ -161,6 +170,7 @@ class Plan:
             "share_micro_batches": self.micro_batches_per_share(scenario),
             "spares": [ids[d] for d in self.spares],
             "reduce_groups": list(self.reduce_groups),
+            "checkpointing": [self.checkpointed(s) for s in range(len(self.layers_per_stage))],
             "roles": {ids[d]: roles for d, roles in self.roles().items()},
         }
 
@@ -239,8 +249,50 @@ def stage_parameters(scenario: Scenario, layers_per_stage: Sequence[int]) -> lis
     return out
 
 
-def cell_bytes_per_param(local_steps: int) -> int:
-    return GRADIENT_BYTES_PER_PARAM if local_steps == 1 else LOCAL_BYTES_PER_PARAM
+def recompute_flops_per_sequence(
+    scenario: Scenario, layers: Sequence[int] | np.ndarray, checkpointing: Sequence[bool] = ()
+) -> np.ndarray:
+    """What each stage's backward adds per sequence under activation checkpointing: its layers'
+    forward again (``RECOMPUTE_SHARE`` of their flops; the head is not checkpointed)."""
+    again = np.zeros(len(layers))
+    for s, on in enumerate(checkpointing):
+        if on:
+            again[s] = RECOMPUTE_SHARE * float(layers[s]) * scenario.model.layer_flops_per_sequence()
+    return again
+
+
+def scenario_block(model: ModelSpec) -> BlockShape:
+    """The block a scenario's model stands for in the cell memory model: a Llama block of its
+    hidden width (heads of 64, no grouped queries), whose MLP takes the parameters a layer has
+    beyond attention's ``4 h^2`` (``models.cell_memory``)."""
+    h = model.hidden
+    layer = int(round(model.layer_params))
+    return BlockShape(
+        family="llama",
+        hidden=h,
+        intermediate=max(1, (layer - 4 * h * h) // (3 * h)),
+        heads=max(1, h // 64),
+        kv_heads=max(1, h // 64),
+        vocab=model.vocab,
+        layer_params=layer,
+        first_params=int(model.embedding_params),
+        last_params=int(model.embedding_params) + h,
+    )
+
+
+def precision_of(model: ModelSpec) -> str:
+    """The cells' precision for the scenario's ``dtype_bytes``: 2 is bf16 autocast, else fp32."""
+    return "bf16" if model.dtype_bytes == 2 else "fp32"
+
+
+def activation_memory_bytes(scenario: Scenario, layers: int) -> float:
+    """One micro-batch's activations kept through ``layers`` blocks for the backward (bf16
+    autocast's weight copies included), without checkpointing."""
+    block = scenario_block(scenario.model)
+    tokens = scenario.micro_batch * scenario.model.seq_len
+    precision = precision_of(scenario.model)
+    copies = 2 * block.layer_matmul_params() if precision == "bf16" else 0
+    return layers * (block.layer_bytes_per_token(precision) * tokens + copies)
 
 
 def in_flight(stage: int, stages: int) -> int:
@@ -249,29 +301,64 @@ def in_flight(stage: int, stages: int) -> int:
     return stages - stage
 
 
-def activation_memory_bytes(scenario: Scenario) -> float:
-    """One layer's stashed activations for one micro-batch."""
-    m = scenario.model
-    return ACTIVATION_FACTOR * scenario.micro_batch * m.seq_len * m.hidden * m.dtype_bytes
+def cell_load(scenario: Scenario, stage: int, stages: int, local_steps: int, checkpointing: bool = False) -> CellLoad:
+    """How a cell of stage ``stage`` of ``stages`` runs (``models.cell_memory.CellLoad``)."""
+    return CellLoad(
+        first=stage == 0,
+        last=stage == stages - 1,
+        micro_batch=scenario.micro_batch,
+        seq_len=scenario.model.seq_len,
+        in_flight=in_flight(stage, stages),
+        precision=precision_of(scenario.model),
+        checkpointing=checkpointing,
+        mode="gradient" if local_steps == 1 else "local",
+    )
 
 
 def cell_max_layers(
-    scenario: Scenario, memory_gib: np.ndarray, stage: int, stages: int, local_steps: int
+    scenario: Scenario,
+    memory_gib: np.ndarray,
+    stage: int,
+    stages: int,
+    local_steps: int,
+    checkpointing: bool = False,
 ) -> np.ndarray:
-    """How many layers of stage ``stage`` of ``stages`` fit on devices of ``memory_gib`` (the
-    first stage also holds the embedding, the last the head)."""
-    per_param = cell_bytes_per_param(local_steps)
+    """How many layers of stage ``stage`` of ``stages`` fit on devices of ``memory_gib``: the
+    cell's peak (``models.cell_memory``) and what its data path keeps beside it
+    (``DATA_PATH_BYTES_PER_PARAM``) within the device's memory."""
+    block = scenario_block(scenario.model)
+    load = cell_load(scenario, stage, stages, local_steps, checkpointing)
     budget = np.asarray(memory_gib, dtype=float) * (1 << 30)
-    m = scenario.model
-    edges = int(stage == 0) + int(stage == stages - 1 and stages > 1)
-    budget = budget - edges * m.embedding_params * per_param
-    per_layer = m.layer_params * per_param + activation_memory_bytes(scenario) * in_flight(stage, stages)
-    return np.floor(np.maximum(budget, 0.0) / per_layer).astype(int)
+    edges = stage_params(block, 0, load)
+    most = np.full(budget.shape, np.inf)
+    for fixed, per_layer in phase_lines(block, load).values():
+        fixed += DATA_PATH_BYTES_PER_PARAM * edges
+        per_layer += DATA_PATH_BYTES_PER_PARAM * block.layer_params
+        most = np.minimum(most, (budget - fixed) / per_layer)
+    return np.floor(np.maximum(most, 0.0)).astype(int)
 
 
-def cell_layer_caps(scenario: Scenario, memory_gib: np.ndarray, stages: int, local_steps: int) -> np.ndarray:
-    """caps[d, s]: the layers device ``d`` can hold at stage ``s`` of ``stages``."""
-    return np.stack([cell_max_layers(scenario, memory_gib, s, stages, local_steps) for s in range(stages)], axis=-1)
+def cell_layer_caps(
+    scenario: Scenario, memory_gib: np.ndarray, stages: int, local_steps: int, *, checkpointing: bool = True
+) -> np.ndarray:
+    """caps[d, s]: the layers device ``d`` can hold at stage ``s`` of ``stages``, with
+    activation checkpointing where that fits more (``checkpointing``: allowed)."""
+    out = []
+    for s in range(stages):
+        caps = cell_max_layers(scenario, memory_gib, s, stages, local_steps)
+        if checkpointing:
+            caps = np.maximum(caps, cell_max_layers(scenario, memory_gib, s, stages, local_steps, True))
+        out.append(caps)
+    return np.stack(out, axis=-1)
+
+
+def checkpointed_stages(plain_caps: np.ndarray, grid: np.ndarray, layers: Sequence[int]) -> tuple[bool, ...]:
+    """Which stages of ``grid`` with ``layers`` need checkpointing: those with a member whose
+    memory holds fewer of the stage's layers without it (``plain_caps``: ``cell_layer_caps``
+    with ``checkpointing=False``). Empty when none does."""
+    stage_caps = plain_caps[grid, np.arange(grid.shape[1])[None, :]].min(axis=0)
+    flags = tuple(bool(n > cap) for n, cap in zip(layers, stage_caps, strict=True))
+    return flags if any(flags) else ()
 
 
 # -- lower bounds ---------------------------------------------------------------------------------

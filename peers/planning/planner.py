@@ -38,7 +38,7 @@ from collections.abc import Callable
 import numpy as np
 
 from swarmd.peers.planning.builder import FINALISTS, GridCandidate, Planner
-from swarmd.peers.planning.plan_cost import Plan, activation_memory_bytes, cell_bytes_per_param
+from swarmd.peers.planning.plan_cost import Plan, cell_layer_caps
 from swarmd.peers.planning.repair import Repair, repair
 from swarmd.peers.planning.scenario import Scenario
 from swarmd.peers.planning.settings import Awareness, PlanError, PlannerConfig, planning_view
@@ -96,18 +96,27 @@ def plan(
 
 
 def _no_plan(planner: Planner, scenario: Scenario) -> PlanError:
-    """Why nothing fits, with the numbers: what a layer and the embedding cost on a cell at
-    the least (gradient mode), and what the devices have."""
-    gib = 1 << 30
-    m = scenario.model
-    per_param = cell_bytes_per_param(1)
-    layer = (m.layer_params * per_param + activation_memory_bytes(scenario)) / gib
-    embedding = m.embedding_params * per_param / gib
+    """Why nothing fits, with the numbers: the memory a cell of one layer needs at the least
+    (gradient mode, checkpointing where it helps), stage by stage, and what the devices have."""
     shape = scenario.parallelism
+    stages = shape.stages if shape else 1
+    most = float(planner.memory[planner.usable].max()) if len(planner.usable) else 0.0
+    need = [_one_layer_gib(scenario, stages, s) for s in range(stages)]
     what = f"{shape.stages} stages x {shape.data_parallel} pipelines" if shape else "any shape"
     return PlanError(
-        f"no plan of {what} fits the devices: a layer needs {layer:.2f} GiB on a cell (the first and last stage "
-        f"{embedding:.2f} GiB more) and the {len(planner.usable)} usable device(s) have at most "
-        f"{float(planner.memory[planner.usable].max()) if len(planner.usable) else 0.0:.1f} GiB; add devices with "
-        "more memory or lower batch.micro_batch"
+        f"no plan of {what} fits the devices: a cell of one layer needs "
+        f"{', '.join(f'{g:.2f}' for g in need)} GiB (stage by stage, with activation checkpointing) and the "
+        f"{len(planner.usable)} usable device(s) have at most {most:.1f} GiB; add devices with more memory "
+        "or lower batch.micro_batch"
     )
+
+
+def _one_layer_gib(scenario: Scenario, stages: int, stage: int) -> float:
+    """The least memory that holds one layer of ``stage`` (bisection on ``cell_layer_caps``)."""
+    lo, hi = 0.0, 1.0
+    while cell_layer_caps(scenario, np.array([hi]), stages, 1)[0, stage] < 1 and hi < 1 << 20:
+        lo, hi = hi, hi * 2
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if cell_layer_caps(scenario, np.array([mid]), stages, 1)[0, stage] >= 1 else (mid, hi)
+    return hi

@@ -256,16 +256,26 @@ class ThroughputModel:
     ) -> list[StageShards]:
         return stage_shards(self.scenario, layers, shard_servers, self.half, groups)
 
-    def times(self, rows: np.ndarray, layers: tuple[int, ...], stages: list[StageShards]) -> PipelineTimes:
-        """``rows``' pipeline times, the ledger at shard (0, 0)'s server."""
-        return pipeline_times(self.scenario, self.links, rows, layers, int(stages[0].servers[0]))
+    def times(
+        self, rows: np.ndarray, layers: tuple[int, ...], stages: list[StageShards], checkpointing: tuple[bool, ...] = ()
+    ) -> PipelineTimes:
+        """``rows``' pipeline times, the ledger at shard (0, 0)'s server (``checkpointing``: the
+        stages whose backward recomputes their forward)."""
+        return pipeline_times(self.scenario, self.links, rows, layers, int(stages[0].servers[0]), checkpointing)
 
     def tokens(self, micro_batches: float) -> float:
         return trained_tokens(micro_batches, self.scenario.micro_batch, self.scenario.model.seq_len)
 
-    def prepare(self, rows: np.ndarray, layers: tuple[int, ...], stages: list[StageShards], k: int) -> Prepared:
+    def prepare(
+        self,
+        rows: np.ndarray,
+        layers: tuple[int, ...],
+        stages: list[StageShards],
+        k: int,
+        checkpointing: tuple[bool, ...] = (),
+    ) -> Prepared:
         """What ``rows`` evaluates over and over as the swarm's figures settle, gathered once."""
-        times = self.times(rows, layers, stages)
+        times = self.times(rows, layers, stages, checkpointing)
         links = [cell_links(self.links, rows[:, s], stage) for s, stage in enumerate(stages)]
         return Prepared(times, times.share_s(k), links)
 
@@ -345,11 +355,12 @@ class ThroughputModel:
         stages: list[StageShards],
         k: int,
         groups: tuple[int, ...] = (),
+        checkpointing: tuple[bool, ...] = (),
     ) -> Prepared:
         """``prepare`` for a whole grid, the last one kept: choosing H evaluates one grid several times."""
-        key = (grid.tobytes(), grid.shape, layers, servers, k, groups)
+        key = (grid.tobytes(), grid.shape, layers, servers, k, groups, checkpointing)
         if self._last is None or self._last[0] != key:
-            self._last = (key, self.prepare(grid, layers, stages, k))
+            self._last = (key, self.prepare(grid, layers, stages, k, checkpointing))
         return self._last[1]
 
     def evaluate(self, plan: Plan) -> Throughput:
@@ -360,7 +371,13 @@ class ThroughputModel:
         servers = np.unique(np.concatenate([st.servers for st in stages]))
         step_mb, round_mb = step_micro_batches(settings), settings.round_micro_batches
         prepared = self._prepared(
-            grid, layers, plan.shard_servers, stages, settings.share_micro_batches, plan.reduce_groups
+            grid,
+            layers,
+            plan.shard_servers,
+            stages,
+            settings.share_micro_batches,
+            plan.reduce_groups,
+            plan.checkpointing,
         )
         times = prepared.times
 

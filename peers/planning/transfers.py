@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from swarmd.peers.planning.plan_cost import stage_flops_per_sequence, stage_parameters
+from swarmd.peers.planning.plan_cost import recompute_flops_per_sequence, stage_flops_per_sequence, stage_parameters
 from swarmd.peers.planning.scenario import Scenario
 from swarmd.peers.taskpool.exchange import shard_sizes, share_seconds
 from swarmd.peers.wire.sizes import REQUEST_OVERHEAD_BYTES, SLOW_LINK_Bps, activation_elements, codec_for, message_bytes
@@ -105,12 +105,20 @@ class PipelineTimes(NamedTuple):
 
 
 def pipeline_times(
-    scenario: Scenario, links: Links, rows: np.ndarray, layers: tuple[int, ...], ledger: int
+    scenario: Scenario,
+    links: Links,
+    rows: np.ndarray,
+    layers: tuple[int, ...],
+    ledger: int,
+    checkpointing: tuple[bool, ...] = (),
 ) -> PipelineTimes:
     """``PipelineTimes`` of each row of ``rows`` (a pipeline's devices) with ``layers`` per stage
-    and the ledger at device ``ledger``."""
+    (``checkpointing``: the stages whose backward runs their forward again) and the ledger at
+    device ``ledger``."""
     flops = stage_flops_per_sequence(scenario, np.asarray(layers, dtype=float)) * scenario.micro_batch
-    step = flops[None, :] / (scenario.device_arrays.tflops[rows] * 1e12)
+    speed = scenario.device_arrays.tflops[rows] * 1e12
+    step = flops[None, :] / speed
+    again = recompute_flops_per_sequence(scenario, layers, checkpointing)[None, :] * scenario.micro_batch / speed
     a, b = rows[:, :-1], rows[:, 1:]
     there_s, there = links.activation_s(a, b)
     back_s, back = links.activation_s(b, a)
@@ -118,7 +126,7 @@ def pipeline_times(
     carried[:, :-1] += np.maximum(there, back)
     carried[:, 1:] += np.maximum(there, back)
     ledger_s = links.round_trip_s(rows[:, 0], np.full(len(rows), ledger))
-    return PipelineTimes(step / 3.0, 2.0 * step / 3.0, np.maximum(there_s, back_s), carried, ledger_s)
+    return PipelineTimes(step / 3.0, 2.0 * step / 3.0 + again, np.maximum(there_s, back_s), carried, ledger_s)
 
 
 class StageShards(NamedTuple):

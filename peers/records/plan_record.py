@@ -82,6 +82,14 @@ class PlanRecord(SignedRecord):
     reduce_groups: list[int] = field(default_factory=list)
     """G per stage: its pipelines reduce their contributions in groups of G before the servers
     (``swarmd.peers.taskpool.reduction``); empty or 1: each cell sends to the servers itself."""
+    checkpointing: list[bool] = field(default_factory=list)
+    """Per stage, whether its cells checkpoint activations (the planner's choice where they would
+    not fit otherwise); empty: none does. Left out of the signed body when empty, so a plan
+    without it reads as before."""
+
+    def checkpointed(self, stage: int) -> bool:
+        """Whether stage ``stage``'s cells run with activation checkpointing."""
+        return stage < len(self.checkpointing) and self.checkpointing[stage]
 
     def stage_of(self, peer_id: str) -> int | None:
         """The stage the plan gives ``peer_id`` (None: the plan leaves it out)."""
@@ -103,6 +111,8 @@ class PlanRecord(SignedRecord):
             raise RecordError(f"cannot sign the plan of {self.peer_id} with the key of {identity.peer_id}")
         own = {k: v for k, v in asdict(self).items() if k not in _HEAD_FIELDS}
         devices, version = own.pop("devices"), own.pop("version")
+        if not own["checkpointing"]:
+            del own["checkpointing"]
         found, parts = encode(self.run_id, devices, own)
         head = {k: getattr(self, k) for k in ("run_id", "peer_id", "issued_at", "expires_at")}
         manifest = PlanManifest(**head, version=version, **found)
@@ -165,6 +175,10 @@ class PlanRecord(SignedRecord):
                 f"plan of {claimed}: reduce_groups must give each of {stages} stages a group size "
                 f"of 1 to {MAX_GROUP}, got {reduce_groups[:8]}"
             )
+        checkpointing = body.get("checkpointing", [])
+        ok = isinstance(checkpointing, list) and all(isinstance(c, bool) for c in checkpointing)
+        if not ok or (checkpointing and len(checkpointing) != stages):
+            raise RecordError(f"plan of {claimed}: checkpointing must be {stages} true/false, one per stage")
         predicted_raw = body.get("predicted")
         if not isinstance(predicted_raw, dict) or len(predicted_raw) > 16:
             raise RecordError(f"plan of {claimed}: predicted must be an object of at most 16 figures")
@@ -190,6 +204,7 @@ class PlanRecord(SignedRecord):
             "share_micro_batches": share,
             "spares": spares,
             "reduce_groups": reduce_groups,
+            "checkpointing": checkpointing,
         }
 
 

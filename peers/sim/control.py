@@ -222,6 +222,7 @@ class Control:
             spares=tuple(d for d in plan.spares if d not in plan.devices()),
             meta=plan.meta,
             reduce_groups=plan.reduce_groups,
+            checkpointing=plan.checkpointing,
         )
         return self.plan
 

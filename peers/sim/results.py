@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from swarmd.peers.planning.plan_cost import ACTIVATION_FACTOR
+from swarmd.peers.planning.plan_cost import activation_memory_bytes
 from swarmd.peers.planning.scenario import Scenario
 from swarmd.peers.sim.churn import ChurnEvent
 
@@ -156,8 +156,7 @@ def alone_memory_bytes(scenario: Scenario) -> float:
     """Training the whole model on one device: its parameters' state and one micro-batch's
     stashed activations through every layer."""
     m = scenario.model
-    acts = ACTIVATION_FACTOR * scenario.micro_batch * m.seq_len * m.hidden * m.dtype_bytes * m.layers
-    return m.params * ALONE_BYTES_PER_PARAM + acts
+    return m.params * ALONE_BYTES_PER_PARAM + activation_memory_bytes(scenario, m.layers)
 
 
 def single_device(scenario: Scenario) -> SingleDevice:

@@ -36,6 +36,8 @@ class Assignment:
     relays: tuple[str, ...] = ()
     reduce_groups: tuple[int, ...] = ()
     """G per stage (``reduction``); empty: no stage reduces."""
+    checkpointing: tuple[bool, ...] = ()
+    """Per stage, activation checkpointing as the plan chose it; empty: none."""
 
     @property
     def stages(self) -> int:
@@ -57,6 +59,10 @@ class Assignment:
 
     def shard_counts(self) -> dict[int, int]:
         return {s: len(row) for s, row in enumerate(self.servers)}
+
+    def checkpointed(self, stage: int) -> bool:
+        """Whether the plan has stage ``stage``'s cells checkpoint activations (the cell maker's flag)."""
+        return stage < len(self.checkpointing) and self.checkpointing[stage]
 
     def group_size(self, stage: int) -> int:
         return self.reduce_groups[stage] if stage < len(self.reduce_groups) else 1
@@ -91,6 +97,7 @@ def from_plan(record: PlanRecord, stages: int, batch_micro_batches: int) -> Assi
         share_micro_batches=share,
         relays=tuple(names[d] for d in record.relays),
         reduce_groups=tuple(record.reduce_groups),
+        checkpointing=tuple(record.checkpointing),
     )
 
 

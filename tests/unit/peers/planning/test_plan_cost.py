@@ -63,8 +63,18 @@ def test_remapped_moves_every_index_field() -> None:
         ({"local_steps": 0}, "local_steps = 0"),
         ({"share_micro_batches": -1}, "share_micro_batches = -1"),
         ({"spares": (1, 4)}, r"spares \[1\] also hold a cell"),
+        ({"checkpointing": (True,)}, "checkpointing names 1 stages, the plan has 2"),
     ],
 )
 def test_an_inconsistent_plan_is_refused_naming_the_field(kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         Plan(((0, 1),), (6, 6), (0, 1), **kwargs)  # type: ignore[arg-type]
+
+
+def test_checkpointing_is_per_stage_false_by_default_and_in_the_json() -> None:
+    sc = synthetic_scenario(4, regions=1, seed=1)
+    assert not Plan(((0, 1),), (6, 6), (0, 1)).checkpointed(1)
+    p = Plan(((0, 1),), (6, 6), (0, 1), checkpointing=(False, True))
+    assert [p.checkpointed(s) for s in range(2)] == [False, True]
+    assert p.to_json(sc)["checkpointing"] == [False, True]
+    assert Plan(((0, 1),), (6, 6), (0, 1)).to_json(sc)["checkpointing"] == [False, False]

@@ -3,6 +3,7 @@ hand, the search's invariants, and repairs that touch little."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from typing import Any
@@ -11,7 +12,13 @@ import numpy as np
 import pytest
 
 from swarmd.peers.planning.construction import path_order
-from swarmd.peers.planning.plan_cost import Plan, bottleneck_matching, reference_cost, reference_lower_bound
+from swarmd.peers.planning.plan_cost import (
+    Plan,
+    bottleneck_matching,
+    cell_layer_caps,
+    reference_cost,
+    reference_lower_bound,
+)
 from swarmd.peers.planning.planner import Awareness, PlanError, PlannerConfig, plan, planning_view, repair
 from swarmd.peers.planning.scenario import Scenario, Shape, parse_scenario
 from swarmd.peers.planning.scenario_gen import synthetic_scenario, synthetic_scenario_dict
@@ -272,3 +279,26 @@ def test_a_running_swarm_can_keep_the_layers_cut_evenly() -> None:
     even = plan(scenario, PlannerConfig(time_budget_s=0.2, stages=3, even_layers=True))
     assert even.layers_per_stage == even_layers(scenario.model.layers, 3)
     assert sum(free.layers_per_stage) == sum(even.layers_per_stage)
+
+
+@pytest.mark.parametrize("memory_gib", [14, 80])
+def test_a_stage_whose_activations_fit_only_checkpointed_is_marked_and_pays_the_recompute(memory_gib: int) -> None:
+    raw = synthetic_scenario_dict(
+        4,
+        regions=1,
+        seed=4,
+        model=FOUR_LAYERS,
+        batch={"sequences": 64, "micro_batch": 8},
+        parallelism={"stages": 2, "data_parallel": 2},
+    )
+    for d in raw["devices"]:
+        d["memory_gib"] = memory_gib
+    sc = parse_scenario(raw)
+    p = plan(sc, FAST)
+    plain = cell_layer_caps(sc, sc.device_arrays.memory_gib, 2, p.local_steps, checkpointing=False)
+    needed = [p.layers_per_stage[s] > plain[p.grid()[:, s], s].min() for s in range(2)]
+    assert [p.checkpointed(s) for s in range(2)] == needed
+    assert any(needed) == (memory_gib == 14)  # 14 GiB holds 2 of stage 0's layers plain, 1 of stage 1's
+    if any(needed):
+        unflagged = predict_throughput(sc, dataclasses.replace(p, checkpointing=()))
+        assert predict_throughput(sc, p).tokens_per_s < unflagged.tokens_per_s

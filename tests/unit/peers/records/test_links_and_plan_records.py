@@ -117,6 +117,16 @@ def test_plan_record_round_trip_and_lookups() -> None:
     assert PlanRecord.parse(sharded.sign(A), run_id=RUN, now=T0) == sharded
 
 
+def test_checkpointing_round_trips_and_a_plan_without_it_reads_as_none() -> None:
+    flagged = plan_of(checkpointing=[True, False])
+    parsed = PlanRecord.parse(flagged.sign(A), run_id=RUN, now=T0)
+    assert parsed == flagged and parsed.checkpointed(0) and not parsed.checkpointed(1)
+    body = dataclasses.asdict(plan_of())
+    del body["checkpointing"]  # what a plan signed before the field existed holds
+    old = PlanRecord.parse(signed_bundle(A, body), run_id=RUN, now=T0)
+    assert old.checkpointing == [] and not old.checkpointed(0)
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -135,6 +145,8 @@ def test_plan_record_round_trip_and_lookups() -> None:
         ({"reduce_groups": [2]}, "reduce_groups must give each of 2 stages"),
         ({"reduce_groups": [2, 0]}, "reduce_groups must give each of 2 stages"),
         ({"reduce_groups": [2, 65]}, "reduce_groups holds"),
+        ({"checkpointing": [True]}, "checkpointing must be 2 true/false"),
+        ({"checkpointing": [1, 0]}, "checkpointing must be 2 true/false"),
     ],
 )
 def test_a_malformed_plan_is_refused(change: dict[str, object], message: str) -> None:
