@@ -12,7 +12,6 @@ daemon directly or through a relay, and whether peers run a newer swarmd.
 from __future__ import annotations
 
 import os
-import resource
 import statistics
 import sys
 import time
@@ -158,9 +157,10 @@ def check_cell_memory(ctx: Context) -> list[Check]:
                 "start the daemon once (it fetches the spec), then run doctor again",
             )
         ]
-    peak, stage = _dry_run(spec.spec, ctx.device)
+    peak, stage, predicted = _dry_run(spec.spec, ctx.device)
     found = (
-        f"stage {stage} of {spec.spec.stages}: one micro-batch forward and backward peaked at {peak / 2**20:.0f} MiB"
+        f"stage {stage} of {spec.spec.stages}: a cell's share of one micro-batch peaked at {peak / 2**20:.0f} MiB "
+        f"(the memory model predicts {predicted / 2**20:.0f} MiB)"
     )
     if ctx.memory_bytes and peak > 0.9 * ctx.memory_bytes:
         return [
@@ -176,29 +176,56 @@ def check_cell_memory(ctx: Context) -> list[Check]:
     ]
 
 
-def _dry_run(spec: Any, device: str) -> tuple[int, int]:
+def _dry_run(spec: Any, device: str) -> tuple[int, int, float]:
+    """A cell of the heaviest stage through one share of one micro-batch and its round's end:
+    the peak of tensor memory it took, the stage, and what the cell memory model predicts."""
     import torch
 
+    from swarmd.models.cell_compute import CellCompute
+    from swarmd.models.cell_memory import BlockShape, CellLoad, cell_peak_bytes
     from swarmd.models.stages import StageModule, split_layers
 
     shape, stages = spec.model, spec.stages
     ranges = split_layers(shape.layers, stages)
     stage = 0 if stages == 1 else (stages - 1 if shape.vocab >= shape.hidden else 0)  # the head's stage
-    module = StageModule.from_shape(shape, 0, ranges, stage).to(device)
+    module = StageModule.from_shape(shape, 0, ranges, stage)
     ids = torch.randint(0, shape.vocab, (spec.micro_batch, shape.seq_len), device=device)
-    x = ids if stage == 0 else torch.randn(spec.micro_batch, shape.seq_len, shape.hidden, device=device)
-    before = _peak_bytes(device)
-    out = module(x, labels=ids) if module.is_last else module(x)
-    (out if out.dim() == 0 else out.float().pow(2).mean()).backward()
-    return max(0, _peak_bytes(device) - before), stage
+    hidden = (spec.micro_batch, shape.seq_len, shape.hidden)
+    load = CellLoad(first=stage == 0, last=module.is_last, micro_batch=spec.micro_batch, seq_len=shape.seq_len)
+    predicted = cell_peak_bytes(BlockShape.from_model_shape(shape), ranges[stage][1] - ranges[stage][0], load)
+
+    def share() -> None:
+        cell = CellCompute(module.to(device), mode="gradient", window=1, lr=0.0)
+        x = ids if module.is_first else torch.randn(hidden, device=device)
+        if module.is_last:
+            cell.forward_backward_last(0, x, ids)
+        else:
+            cell.forward(0, x)
+            cell.backward(0, torch.randn(hidden, device=device))
+        cell.end_share()
+        cell.contribution()
+
+    return _peak_bytes(device, share, [*module.parameters(), *module.buffers(), ids]), stage, predicted
 
 
-def _peak_bytes(device: str) -> int:
+def _peak_bytes(device: str, run: Callable[[], None], held: list[Any]) -> int:
+    """The most tensor bytes alive at once while ``run`` runs, ``held`` (tensors made before)
+    included: CUDA's allocator counts them (``max_memory_allocated``); on CPU, ``TensorPeak``."""
+    import torch
+
     if device.startswith("cuda"):
-        import torch
+        where = torch.device(device)
+        torch.cuda.synchronize(where)
+        torch.cuda.reset_peak_memory_stats(where)
+        before = torch.cuda.memory_allocated(where) - sum(t.nbytes for t in held if t.device == where)
+        run()
+        torch.cuda.synchronize(where)
+        return int(torch.cuda.max_memory_allocated(where) - before)
+    from swarmd.models.tensor_peak import TensorPeak
 
-        return int(torch.cuda.max_memory_allocated(torch.device(device)))
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    with TensorPeak(held, device="cpu") as peak:
+        run()
+    return peak.peak
 
 
 def check_swarm(ctx: Context, ask: Ask) -> list[Check]:

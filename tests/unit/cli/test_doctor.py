@@ -58,7 +58,8 @@ def test_a_machine_that_can_join_passes_and_tries_a_cell(
     out = capsys.readouterr().out
     for name in ("config", "run ID", "state dir", "identity", "torch", "cell memory", "clock", "reachability"):
         assert any(line.startswith("pass") and f" {name} " in line for line in out.splitlines()), (name, out)
-    assert "one micro-batch forward and backward peaked at" in out and "this machine can join" in out
+    assert "a cell's share of one micro-batch peaked at" in out and "the memory model predicts" in out
+    assert "this machine can join" in out
 
 
 def test_failures_say_the_fix_and_exit_1(state: tuple[Config, str], capsys: pytest.CaptureFixture[str]) -> None:
