@@ -7,8 +7,10 @@ activation checkpointing, and whether the layers are compiled (``layer_runner``)
 
 ``resolve_precision`` turns the config's ``[compute] precision`` (auto, bf16, fp32) into the
 dtype: "auto" is bf16 on a CUDA device that computes in it natively (Ampere and later; ROCm
-through torch's CUDA API), fp32 elsewhere. fp32 stays the CPU default: bf16 autocast measured
-slower there on the CPUs tried (docs/data-path.md).
+through torch's CUDA API), fp32 elsewhere. fp32 stays the CPU default: most CPUs have no bf16
+units (autocast then emulates it, slowly), and the CPU runs and tests compare against an fp32
+reference. A CPU with AVX512-BF16 did measure bf16 faster (docs/data-path.md): there an
+explicit "bf16" is worth its rounding.
 
 Tensors cross between the wire (host memory) and the device here: ``to_device`` stages a host
 tensor in pinned memory and copies it without blocking on CUDA, and ``to_host`` brings a result

@@ -302,9 +302,7 @@ class Node:
         from swarmd.node.device import resolve_device
         from swarmd.training.run_facts import compute_settings
 
-        compute = self.config.compute
-        device = resolve_device(compute.device)
-        self.limits.start_compute(device)
+        self.limits.start_compute(device := resolve_device(self.config.compute.device))
         assert self.files is not None
         membership = self.membership
 
@@ -321,7 +319,7 @@ class Node:
             self.send,
             self.files,
             lambda: membership.scans > 0,
-            compute_settings(device, compute.precision, compute.compile),
+            compute_settings(device, self.config.compute.precision, self.config.compute.compile),
         )
         assert self.presence is not None
         self.presence.held_out = self.trainer.evaluation.held_out

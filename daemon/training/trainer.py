@@ -105,15 +105,14 @@ class Trainer:
         send: Send,
         inputs: RunInputs,
         members_known: Callable[[], bool] = lambda: True,
-        compute: ComputeSettings | None = None,
+        compute: ComputeSettings = ComputeSettings(),  # noqa: B008 (frozen: one shared default is safe)
     ) -> None:
         """``members``: the live members' heartbeat summaries (``Membership.snapshot``), this peer
         not among them. ``send``: one request to a peer, direct or through a relay.
         ``inputs``: the run's data and starting weights here (``swarmd.data``).
         ``members_known``: whether the swarm's heartbeats have been read at least once: before,
         this peer would take itself for the only member and open every shard afresh.
-        ``compute``: where and how the cells compute (``run_facts.compute_settings``; the CPU in
-        fp32 when None)."""
+        ``compute``: where and how the cells compute (``run_facts.compute_settings``)."""
         self.members_known = members_known
         self.spec = spec
         self.identity = identity
@@ -148,7 +147,6 @@ class Trainer:
         self.paused = False
         self.reachable: frozenset[str] = frozenset()
         """Every live member, workers or not (a paused one still serves the state it handed back)."""
-        compute = compute or ComputeSettings()
         self.facts = facts = RunFacts(spec, identity, checkpoint_dir, self.stages, self.mode, self.half, compute)
         self.geometry = StageGeometry(facts, self, self.seen)
         self.replicas = ReplicaStore(self.shard_holder, self.geometry)
