@@ -29,6 +29,9 @@ MIN_TRAINING_MBIT_S = 4.0
 """The lowest bandwidth cap: peers cut off a request whose blobs arrive under 2 Mbit/s
 (``swarmd.peers.wire.framing.MIN_RATE_Bps``), so a cap must leave room above it."""
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
+PRECISIONS = ("auto", "bf16", "fp32")
+"""``[compute] precision``'s choices: ``swarmd.models.precision.PRECISIONS`` (a test ties the two),
+not imported from there, which would load torch with every command."""
 
 
 def _check_range(section: str, name: str, value: float, lo: float, hi: float) -> None:
@@ -138,12 +141,18 @@ class ComputeConfig:
     """Measure matmul throughput at start (published in heartbeats)."""
     train: bool = True
     """Work cells of the plan and serve shards when elected to."""
+    precision: str = "auto"
+    """The cells' autocast dtype: auto (bf16 on a GPU that has it, fp32 on the CPU), bf16 or fp32."""
+    compile: bool = False
+    """torch.compile the stages' layers (off until measured faster; eager if compiling fails)."""
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda") and not (
             self.device.startswith("cuda:") and self.device[5:].isdigit()
         ):
             raise ConfigError(f"[compute] device = {self.device!r} is not auto, cpu, cuda or cuda:N")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"[compute] precision = {self.precision!r} is not one of {', '.join(PRECISIONS)}")
 
 
 @dataclass(kw_only=True)

@@ -4,6 +4,7 @@
 - ``shape``         a model's shape: the few numbers every peer needs to build the same network
 - ``build``         model shapes and ``transformers`` models built from a config and a seed
 - ``stages``        a model cut into stages by layer ranges; each stage's forward, loss and layout
+- ``layer_runner``  how a stage calls its decoder layers: plain, activation-checkpointed, compiled
 - ``tokenizer``     the byte-level tokenizer (256 ids, nothing to download), and what every tokenizer offers
 - ``bpe_tokenizer`` a ``tokenizers`` ``tokenizer.json``, bounded and pinned by digest; training a byte-level BPE
 - ``data/``         the data side: the built-in corpus, prepared token shards, deterministic sequences by data index
@@ -23,6 +24,7 @@
 - ``cell_compute``  a cell's compute: forwards kept for their backward, shares, rounds, rebases
 - ``cell_memory``   what a cell allocates at its peak: weights, its state, activations in flight (no torch)
 - ``tensor_peak``   the peak of a process's live tensor bytes, on CPU too (a dispatch mode)
+- ``precision``     where and in what precision a cell computes; tensors between the wire and the device
 - ``reference``     the single-process synchronous baseline the swarm is measured against
 
 Nothing here imports ``swarmd.peers`` or the daemon's modules: a stage computes; it knows no

@@ -32,15 +32,13 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# The attention kernel every swarmd model uses. "eager" rather than "sdpa": both give the same
-# numbers when a stage chain is compared with the full model on one machine, but the sdpa
-# dispatcher picks its kernel per device (math, flash, memory-efficient) and the fused CUDA
-# backward passes accumulate with atomics, so the "same" stage computes slightly different
-# gradients on different peers and from run to run. Eager is plain matmul + softmax with an
-# explicit additive mask that the stage builds itself (see stages.py), so a stage's output
-# depends only on its weights and its input, never on which peer ran it. Sequences are short
-# (the default run uses 128 tokens), so the T x T scores eager materialises cost little.
-ATTN_IMPLEMENTATION = "eager"
+# The attention kernel every swarmd model uses: torch's scaled_dot_product_attention, which
+# picks the flash or memory-efficient kernel on CUDA (no T x T scores in memory) and a fused
+# kernel on the CPU. Stages pass no mask, so transformers calls it with is_causal=True
+# (stages.py). Its fused backward passes may sum in a different order on another device or
+# from run to run: a recomputed micro-batch is correct to float rounding, not bit-identical,
+# and nothing depends on more (docs/data-path.md, "Where determinism is kept").
+ATTN_IMPLEMENTATION = "sdpa"
 
 
 def load_model_library() -> None:
@@ -54,10 +52,11 @@ def load_model_library() -> None:
 
 
 def make_config(shape: ModelShape) -> PretrainedConfig:
-    """The transformers config for ``shape``: deterministic, eager attention, every size explicit.
+    """The transformers config for ``shape``: sdpa attention, no dropout, every size explicit.
 
-    Dropout is 0 everywhere: a micro-batch's forward must be recomputable bit for bit (a lost
-    backward task is recomputed from its stored input), and a random mask would differ.
+    Dropout is 0 everywhere: a micro-batch recomputed (its share lost, or a layer under
+    activation checkpointing) must compute what the first forward did, and a random mask would
+    differ.
 
     Word embeddings are untied unless ``shape.tied``. In a pipeline the embedding lives on the
     first stage and the head on the last, usually on different peers with different parameter

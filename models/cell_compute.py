@@ -10,6 +10,13 @@ parameter gradient to the round's sum; local mode (H > 1) takes one inner AdamW 
 cell's local copy. At the end of a **round**, :meth:`CellCompute.contribution` gives the mean
 gradient or the pseudo-gradient (round base minus local weights), once per round.
 
+The cell computes on ``settings.device`` (``precision.ComputeSettings``): its module, the global
+copy, the round's sum or base and the inner AdamW's state live there, in fp32; the forward runs
+under bf16 autocast when ``settings.dtype`` is "bf16" (its backward follows the forward's
+dtypes, and the parameters' gradients are fp32). Tensors come in from the wire and go back out
+in host memory: this class moves them (``precision.to_device`` / ``to_host``), so its callers
+never see the device.
+
 The cell also tracks the **global** weights, the servers' authoritative ones, bit for bit:
 ``apply_deltas`` adds each shard's fp16 deltas in order exactly as the shard did, and
 ``rebase`` takes them up between shares (gradient mode: the cell's weights become them; local
@@ -34,6 +41,7 @@ from torch import nn
 
 from swarmd.models.build import ModelError
 from swarmd.models.lr_schedule import LrSchedule
+from swarmd.models.precision import ComputeSettings, start_device, to_device, to_host
 from swarmd.models.stages import StageModule
 
 logger = logging.getLogger(__name__)
@@ -79,12 +87,17 @@ class CellCompute:
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         schedule: LrSchedule | None = None,
+        settings: ComputeSettings | None = None,
     ) -> None:
         if mode not in MODES:
             raise ModelError(f"mode {mode!r} is not one of {MODES}")
         if window < 1:
             raise ModelError(f"window {window} must be >= 1 micro-batch in flight")
-        self.module = module
+        self.settings = settings = settings or ComputeSettings()
+        self.device = settings.torch_device
+        start_device(self.device)
+        self.module = module.to(self.device)
+        module.set_layer_options(checkpointing=settings.checkpointing, compile=settings.compile)
         self.mode = mode
         self.schedule = schedule
         """The inner steps' rates (local mode; gradient mode's steps are the servers')."""
@@ -97,8 +110,10 @@ class CellCompute:
         # and steps AdamW on the module's parameters, which are its local copy.
         self._sum = torch.zeros_like(self._global) if mode == "gradient" else None
         self._base = self._global.clone() if mode == "local" else None
+        # The fused CUDA kernel steps every parameter in one launch (its numbers are AdamW's).
+        fused = True if self.device.type == "cuda" else None
         self._inner = (
-            torch.optim.AdamW(self._params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+            torch.optim.AdamW(self._params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused)
             if mode == "local"
             else None
         )
@@ -109,19 +124,20 @@ class CellCompute:
     # --- weights ---------------------------------------------------------------------------
 
     def flat(self) -> torch.Tensor:
-        """The weights this cell computes with (its local copy in local mode), flattened: a copy."""
-        return flatten_parameters(self.module)
+        """The weights this cell computes with (its local copy in local mode), flattened: a copy
+        in host memory."""
+        return to_host(flatten_parameters(self.module))
 
     @property
     def global_vector(self) -> torch.Tensor:
-        """A copy of the global weights as the deltas applied so far make them."""
-        return self._global.clone()
+        """A copy, in host memory, of the global weights as the deltas applied so far make them."""
+        return self._global.to("cpu", copy=True)
 
     def load_flat(self, vector: torch.Tensor) -> None:
         """Start over from ``vector`` (a new lineage: the seed, or every shard's whole slice): the
         global copy, the round base and the weights become it, and the round so far is dropped."""
         self._require_between_shares("load_flat")
-        self._global = self._checked_flat(vector).clone()
+        self._global = to_device(self._checked_flat(vector), self.device).clone()
         self._load(self._global)
         if self._base is not None:
             self._base = self._global.clone()
@@ -144,8 +160,10 @@ class CellCompute:
                 )
             if not bool(torch.isfinite(delta).all()):
                 raise ModelError(f"delta for version {version} at {lo} holds NaN or Inf; refused")
+        # fp16 to fp32 is exact and an fp32 add rounds alike on every IEEE device (no fused
+        # multiply-add here): the sums are the shard's to the bit, on the CPU or a GPU.
         for _, delta in deltas:
-            self._global[lo : lo + delta.numel()] += delta.to(torch.float32)
+            self._global[lo : lo + delta.numel()] += to_device(delta, self.device).to(torch.float32)
 
     def load_global(self, lo: int, weights: torch.Tensor) -> None:
         """Set the global copy's slice from ``lo`` to a shard's whole fp32 slice (``weights()``)."""
@@ -153,7 +171,7 @@ class CellCompute:
             raise ModelError(f"a slice of {weights.dtype} {tuple(weights.shape)} at {lo} does not fit {self.size}")
         if not bool(torch.isfinite(weights).all()):
             raise ModelError(f"the slice at {lo} holds NaN or Inf; refused")
-        self._global[lo : lo + weights.numel()] = weights.to(torch.float32)
+        self._global[lo : lo + weights.numel()] = to_device(weights, self.device).to(torch.float32)
 
     def rebase(self) -> None:
         """Take up the global copy between shares: gradient mode, the weights become it; local mode,
@@ -162,7 +180,7 @@ class CellCompute:
         if self._base is None:
             self._load(self._global)
             return
-        local = self.flat()
+        local = flatten_parameters(self.module)
         local.sub_(self._base).add_(self._global)
         self._load(local)
         self._base = self._global.clone()
@@ -181,9 +199,10 @@ class CellCompute:
                 f"run a backward first"
             )
         x_in = self._input(x)
-        output = self.module(x_in)
+        with self.settings.autocast():
+            output = self.module(x_in)
         self._graphs[micro_batch] = (x_in, output)
-        return output.detach()
+        return to_host(output)
 
     def backward(self, micro_batch: int, grad_output: torch.Tensor) -> torch.Tensor | None:
         """Back-propagate the next cell's gradient through ``micro_batch``'s kept graph; the
@@ -202,7 +221,8 @@ class CellCompute:
         if not bool(torch.isfinite(grad_output).all()):
             raise ModelError(f"output gradient of micro-batch {micro_batch} holds NaN or Inf; refused")
         del self._graphs[micro_batch]
-        output.backward(grad_output.to(output.dtype))
+        # Outside autocast, as torch advises: the backward runs in the dtypes the forward chose.
+        output.backward(to_device(grad_output, self.device).to(output.dtype))
         self._share_done.add(micro_batch)
         return None if self.module.is_first else self._grad_of(x_in)
 
@@ -217,7 +237,8 @@ class CellCompute:
         if labels.dtype != torch.long or tuple(labels.shape) != tuple(x.shape[:2]):
             raise ModelError(f"labels are {labels.dtype} {tuple(labels.shape)}; need long {tuple(x.shape[:2])}")
         x_in = self._input(x)
-        loss = self.module(x_in, labels=labels)
+        with self.settings.autocast():
+            loss = self.module(x_in, labels=to_device(labels, self.device))
         loss.backward()
         self._share_done.add(micro_batch)
         grad = None if self.module.is_first else self._grad_of(x_in)
@@ -297,11 +318,11 @@ class CellCompute:
             self._sum.zero_()
         else:
             assert self._base is not None
-            local = self.flat()
+            local = flatten_parameters(self.module)
             vector = self._base - local
             self._base = local
         self._round_micro_batches = 0
-        return vector, count
+        return to_host(vector), count
 
     # --- internals -------------------------------------------------------------------------
 
@@ -317,20 +338,21 @@ class CellCompute:
             raise ModelError(f"micro-batch {micro_batch} is already in this share on stage {self.module.stage}")
 
     def _input(self, x: torch.Tensor) -> torch.Tensor:
-        # Token ids take no gradient; hidden states (fp16 or bf16 off the wire) are computed on
-        # in fp32 and collect the gradient the previous cell needs.
+        # Checked where it arrived (host memory: no device sync), then moved. Token ids take no
+        # gradient; hidden states (fp16 or bf16 off the wire) are computed on in fp32 (or under
+        # autocast) and collect the gradient the previous cell needs.
         if self.module.is_first:
             vocab = int(self.module.config.vocab_size)
             if x.dtype == torch.long and x.numel() and not (int(x.min()) >= 0 and int(x.max()) < vocab):
                 raise ModelError(f"token ids span [{int(x.min())}, {int(x.max())}]; the vocabulary is 0..{vocab - 1}")
-            return x
+            return to_device(x, self.device)
         if not x.is_floating_point() or not bool(torch.isfinite(x).all()):
             raise ModelError(f"stage {self.module.stage} input is {x.dtype} or holds NaN or Inf; refused")
-        return x.detach().to(torch.float32).requires_grad_(True)
+        return to_device(x.detach(), self.device).to(torch.float32).requires_grad_(True)
 
     def _grad_of(self, x_in: torch.Tensor) -> torch.Tensor:
         assert x_in.grad is not None, "hidden-state inputs require grad"
-        return x_in.grad.detach()
+        return to_host(x_in.grad)
 
     def _checked_flat(self, vector: torch.Tensor) -> torch.Tensor:
         if vector.dim() != 1 or vector.numel() != self.size or not vector.is_floating_point():

@@ -7,9 +7,11 @@ parameters keep the names they have in the full ``transformers`` model (``transf
 dicts merge into one checkpoint that ``from_pretrained`` loads, and a parameter server can check
 a gradient's names against the full model.
 
-Chaining the stages of one model reproduces the full model's loss and gradients exactly: each
-stage calls the very same block modules with the same mask and position embeddings the full
-model would give them (tests/unit/models/test_stages.py checks this for both families).
+Chaining the stages of one model reproduces the full model's loss and gradients, to float
+rounding: each stage calls the very same block modules with the same position embeddings, and
+causal attention without a mask, as the full model does with sdpa attention and no padding
+(tests/unit/models/test_stages.py checks this for both families, within a stated tolerance:
+the attention kernel may differ in summation order, never in what it computes).
 
 A model with tied embeddings is staged only as one stage (``check_tied_stages``): its
 embedding and head are one parameter, and cut into two stages they would sit on different
@@ -29,7 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from swarmd.models.build import ModelError, ModelShape, build_model, make_config
+from swarmd.models.build import ATTN_IMPLEMENTATION, ModelError, ModelShape, build_model, make_config
+from swarmd.models.layer_runner import LayerRunner
 
 if TYPE_CHECKING:  # imported where a model is made (swarmd.models.build)
     from transformers import PreTrainedModel
@@ -161,12 +164,6 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     )
 
 
-def _call_block(block: nn.Module, hidden: torch.Tensor, **kwargs: object) -> torch.Tensor:
-    out = block(hidden, **kwargs)
-    # transformers 5 blocks return the hidden states; 4.x returned a tuple with them first.
-    return out[0] if isinstance(out, tuple) else out
-
-
 class _Gpt2Body(nn.Module):
     """The part of ``GPT2LMHeadModel.transformer`` one stage owns (attributes keep their names)."""
 
@@ -219,6 +216,13 @@ class StageModule(nn.Module):
         family = config.model_type
         if family not in ("gpt2", "llama"):
             raise ModelError(f"model type {family!r} cannot be staged; use a gpt2 or llama model")
+        attention = getattr(config, "_attn_implementation", None)
+        if attention != ATTN_IMPLEMENTATION:
+            # The stage passes no mask and leaves causality to the kernel (see _forward_gpt2).
+            raise ModelError(
+                f"the model's attention is {attention!r}; a stage computes with {ATTN_IMPLEMENTATION!r} "
+                f"(build it with models.build.make_config)"
+            )
         layers = config.num_hidden_layers
         check_ranges(layers, ranges)
         if not 0 <= stage < len(ranges):
@@ -250,6 +254,8 @@ class StageModule(nn.Module):
         # first), so the stage's flat vector holds it once and a shard's step moves both ends.
         for name, child in copy.deepcopy(dict(self.named_children())).items():
             setattr(self, name, child)
+        self.layers_run = LayerRunner()
+        """How the decoder layers run (``set_layer_options``): plain by default."""
         self.train(model.training)
 
     @classmethod
@@ -272,6 +278,11 @@ class StageModule(nn.Module):
         if x.size(1) > limit:
             raise ModelError(f"sequence of {x.size(1)} tokens is longer than the model's {limit} positions")
 
+    def set_layer_options(self, *, checkpointing: bool = False, compile: bool = False) -> None:
+        """Run each decoder layer under activation checkpointing and/or compiled (``layer_runner``);
+        the weights, their names and what the stage computes stay as they are."""
+        self.layers_run = LayerRunner(checkpointing=checkpointing, compile=compile)
+
     def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         """Stage 0 takes ids ``[B, T]``, the others hidden states ``[B, T, H]``.
 
@@ -279,6 +290,11 @@ class StageModule(nn.Module):
         shifted here), or logits ``[B, T, V]`` without; other stages return hidden states.
         """
         self._check_input(x)
+        where = f"stage {self.stage}"
+        self.layers_run.try_compile(lambda: self._forward_checked(x, labels), list(self.parameters()), where)
+        return self._forward_checked(x, labels)
+
+    def _forward_checked(self, x: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:
         seq = x.size(1)
         position_ids = torch.arange(seq, device=x.device).unsqueeze(0)
         forward_body = self._forward_gpt2 if self.family == "gpt2" else self._forward_llama
@@ -290,30 +306,26 @@ class StageModule(nn.Module):
             return logits
         return causal_lm_loss(logits, labels)
 
-    def _causal_mask(self, hidden: torch.Tensor) -> torch.Tensor:
-        # The additive mask transformers builds for eager attention without padding: 0 on and
-        # below the diagonal, the dtype's minimum above. Built here rather than by transformers'
-        # create_causal_mask, whose signature changes between releases.
-        seq = hidden.size(1)
-        blocked = torch.full((seq, seq), torch.finfo(hidden.dtype).min, dtype=hidden.dtype, device=hidden.device)
-        return torch.triu(blocked, diagonal=1)[None, None, :, :]
+    # No attention mask is passed: transformers' sdpa attention then calls
+    # scaled_dot_product_attention with is_causal=True, which the flash and memory-efficient
+    # kernels take without a T x T mask (an explicit mask would force the math kernel). The
+    # sequences are unpadded, so causal is the whole mask; __init__ refuses any other kernel,
+    # since eager attention without a mask would not be causal at all.
 
     def _forward_gpt2(self, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         body = self.transformer
         hidden = body.drop(body.wte(x) + body.wpe(position_ids)) if self.is_first else x
-        mask = self._causal_mask(hidden)
         for block in body.h.values():
-            hidden = _call_block(block, hidden, attention_mask=mask)
+            hidden = self.layers_run.call(block, hidden)
         return body.ln_f(hidden) if self.is_last else hidden
 
     def _forward_llama(self, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         body = self.model
         hidden = body.embed_tokens(x) if self.is_first else x
-        mask = self._causal_mask(hidden)
         position_embeddings = body.rotary_emb(hidden, position_ids)
         for block in body.layers.values():
-            hidden = _call_block(
-                block, hidden, attention_mask=mask, position_ids=position_ids, position_embeddings=position_embeddings
+            hidden = self.layers_run.call(
+                block, hidden, position_ids=position_ids, position_embeddings=position_embeddings
             )
         return body.norm(hidden) if self.is_last else hidden
 

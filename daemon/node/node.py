@@ -300,8 +300,9 @@ class Node:
         assert self.identity is not None and self.dht is not None
         assert self.membership is not None and self.rpc is not None
         from swarmd.node.device import resolve_device
+        from swarmd.training.run_facts import compute_settings
 
-        self.limits.start_compute(resolve_device(self.config.compute.device))
+        self.limits.start_compute(device := resolve_device(self.config.compute.device))
         assert self.files is not None
         membership = self.membership
 
@@ -318,6 +319,7 @@ class Node:
             self.send,
             self.files,
             lambda: membership.scans > 0,
+            compute_settings(device, self.config.compute.precision, self.config.compute.compile),
         )
         assert self.presence is not None
         self.presence.held_out = self.trainer.evaluation.held_out

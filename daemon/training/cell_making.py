@@ -1,11 +1,14 @@
 """Making a cell: its stage's module built from the run's seed, its compute, its worker.
 
 The module is the run's seed stage (``run_facts.stage_module``), as the shard servers start
-from; the cell's weights are then whatever its stage's shards serve.
+from; the cell's weights are then whatever its stage's shards serve. It computes as the run's
+facts say (``RunFacts.compute``: device, precision, compile), with activation checkpointing
+where the plan asks for it (``make(..., checkpointing=)``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -40,7 +43,12 @@ class CellMaker:
         self._link_Bps = link_Bps
         self.reducer = reducer
 
-    def make(self, cell: Cell, assignment: Assignment, data: TrainingData) -> CellWorker:
+    def make(
+        self, cell: Cell, assignment: Assignment, data: TrainingData, *, checkpointing: bool = False
+    ) -> CellWorker:
+        """The worker of ``cell``. ``checkpointing``: run each decoder layer under activation
+        checkpointing, the plan's choice for the cell's stage where its activations in flight
+        would not fit (not wired yet: every cell runs without)."""
         facts = self._facts
         s = facts.spec
         compute = CellCompute(
@@ -50,6 +58,7 @@ class CellMaker:
             lr=s.lr,
             weight_decay=s.weight_decay,
             schedule=s.schedule,
+            settings=dataclasses.replace(facts.compute, checkpointing=checkpointing),
         )
         return CellWorker(
             cell,

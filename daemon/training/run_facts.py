@@ -6,7 +6,9 @@ The parts (``shards.opening``, ``shards.shard_sources``, ``cell_making``, ``shar
 none of them reaches into the trainer:
 
 - ``RunFacts``: values fixed for the trainer's life (the signed spec, this peer's identity,
-  its checkpoint folder, the stages, the mode, the wire's half precision);
+  its checkpoint folder, the stages, the mode, the wire's half precision, how its cells compute);
+- ``compute_settings``: the daemon's resolved device and its ``[compute]`` precision and compile
+  as the ``ComputeSettings`` cells are built with;
 - ``stage_module``: a stage's module as every peer builds it alike from the run's seed: the
   seed weights a shard starts from and the module a cell computes with are the same;
 - ``Send``: one request to a peer;
@@ -16,12 +18,13 @@ none of them reaches into the trainer:
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from swarmd.models.precision import ComputeSettings, resolve_precision
 from swarmd.models.stages import StageModule, split_layers
 from swarmd.peers.records.identity import Identity
 from swarmd.peers.records.run_spec import RunSpec, SignedRunSpec, run_seed
@@ -46,6 +49,9 @@ class RunFacts:
     """"gradient" (one local step) or "local" (several, then an outer step)."""
     half: str
     """The half precision tensors travel in (``ModelShape.wire_half``)."""
+    compute: ComputeSettings = field(default_factory=ComputeSettings)
+    """Where and how this peer's cells compute (``compute_settings``); checkpointing is the
+    plan's choice per stage, set by the cell maker."""
 
     @property
     def run_id(self) -> str:
@@ -58,6 +64,12 @@ class RunFacts:
     @property
     def own(self) -> str:
         return self.identity.peer_id
+
+
+def compute_settings(device: str, precision: str = "auto", compile: bool = False) -> ComputeSettings:
+    """The settings this peer's cells compute with: ``device`` as the daemon resolved it
+    (``node.device.resolve_device``), ``precision`` and ``compile`` as ``[compute]`` says."""
+    return ComputeSettings(device=device, dtype=resolve_precision(precision, device), compile=compile)
 
 
 def stage_module(facts: RunFacts, stage: int) -> StageModule:

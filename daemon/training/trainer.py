@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from swarmd.errors import SwarmdError
 from swarmd.models.build import load_model_library
+from swarmd.models.precision import ComputeSettings
 from swarmd.peers.records.identity import Identity
 from swarmd.peers.records.plan_record import PlanRecord
 from swarmd.peers.records.run_spec import SignedRunSpec, run_seed
@@ -104,12 +105,14 @@ class Trainer:
         send: Send,
         inputs: RunInputs,
         members_known: Callable[[], bool] = lambda: True,
+        compute: ComputeSettings = ComputeSettings(),  # noqa: B008 (frozen: one shared default is safe)
     ) -> None:
         """``members``: the live members' heartbeat summaries (``Membership.snapshot``), this peer
         not among them. ``send``: one request to a peer, direct or through a relay.
         ``inputs``: the run's data and starting weights here (``swarmd.data``).
         ``members_known``: whether the swarm's heartbeats have been read at least once: before,
-        this peer would take itself for the only member and open every shard afresh."""
+        this peer would take itself for the only member and open every shard afresh.
+        ``compute``: where and how the cells compute (``run_facts.compute_settings``)."""
         self.members_known = members_known
         self.spec = spec
         self.identity = identity
@@ -144,7 +147,7 @@ class Trainer:
         self.paused = False
         self.reachable: frozenset[str] = frozenset()
         """Every live member, workers or not (a paused one still serves the state it handed back)."""
-        self.facts = facts = RunFacts(spec, identity, checkpoint_dir, self.stages, self.mode, self.half)
+        self.facts = facts = RunFacts(spec, identity, checkpoint_dir, self.stages, self.mode, self.half, compute)
         self.geometry = StageGeometry(facts, self, self.seen)
         self.replicas = ReplicaStore(self.shard_holder, self.geometry)
         self.sources = ShardSources(

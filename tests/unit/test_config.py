@@ -103,6 +103,7 @@ def test_unknown_key(tmp_path: Path) -> None:
         ({"swarm": {"initial_peers": "/ip4/1.2.3.4/tcp/1"}}, r"initial_peers .* should be a list"),
         ({"swarm": {"run_id": 5}}, r"run_id = 5 should be a str"),
         ({"compute": {"device": None}}, r"device = None should be a str"),
+        ({"compute": {"compile": "yes"}}, r"\[compute\] compile = 'yes' should be a bool"),
     ],
 )
 def test_wrong_types(data: dict[str, Any], match: str) -> None:
@@ -126,12 +127,24 @@ def test_wrong_types(data: dict[str, Any], match: str) -> None:
         ({"compute": {"device": "tpu"}}, r"\[compute\] device = 'tpu'"),
         ({"compute": {"device": "cuda:"}}, r"device = 'cuda:'"),
         ({"compute": {"device": "cuda:x"}}, r"device = 'cuda:x'"),
+        ({"compute": {"precision": "fp16"}}, r"\[compute\] precision = 'fp16' is not one of auto, bf16, fp32"),
         ({"swarm": {"host_maddrs": []}}, r"host_maddrs is empty"),
     ],
 )
 def test_out_of_range(data: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         config_from_dict(data)
+
+
+def test_precisions_are_the_models_and_compile_is_off_by_default() -> None:
+    from swarmd.config import PRECISIONS
+    from swarmd.models.precision import PRECISIONS as MODEL_PRECISIONS
+
+    assert PRECISIONS == MODEL_PRECISIONS
+    assert (ComputeConfig().precision, ComputeConfig().compile) == ("auto", False)
+    for precision in PRECISIONS:
+        assert config_from_dict({"compute": {"precision": precision}}).compute.precision == precision
+    assert config_from_dict({"compute": {"compile": True}}).compute.compile is True
 
 
 def test_valid_devices() -> None:

@@ -78,7 +78,7 @@ def test_every_field_reaches_the_llama_config_and_survives_save_and_load(tmp_pat
         rope_scaling=(("factor", 4.0), ("rope_type", "linear")),
     )
     config = make_config(shape)
-    assert config._attn_implementation == "eager"  # a runtime choice: config.json does not keep it
+    assert config._attn_implementation == "sdpa"  # a runtime choice: config.json does not keep it
     config.save_pretrained(tmp_path)
     loaded = AutoConfig.from_pretrained(tmp_path)
     for c in (config, loaded):

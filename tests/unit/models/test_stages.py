@@ -139,10 +139,10 @@ def test_build_model_is_seeded(family: str) -> None:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_config_is_untied_eager_and_dropout_free(family: str) -> None:
+def test_config_is_untied_sdpa_and_dropout_free(family: str) -> None:
     model = build_model(_shape(family), 0)
     assert model.config.tie_word_embeddings is False
-    assert model.config._attn_implementation == "eager"
+    assert model.config._attn_implementation == "sdpa"
     head = model.lm_head.weight
     embedding = model.get_input_embeddings().weight
     assert head.data_ptr() != embedding.data_ptr()
@@ -242,6 +242,8 @@ def _check_chain_matches_full_model(shape: ModelShape, plan: list[tuple[int, int
     loss = _chain_loss_and_grads(stages, ids, ids.size(0), shape)
     reference = model(ids, labels=ids).loss
     reference.backward()
+    # The tolerance, not bit-identity: the same ops on the same numbers, but the attention
+    # kernel's sums may run in another order (docs/data-path.md, "Where determinism is kept").
     torch.testing.assert_close(loss, reference.detach(), atol=1e-5, rtol=0)
 
     full_grads = {name: p.grad for name, p in model.named_parameters()}
@@ -255,6 +257,38 @@ def _check_chain_matches_full_model(shape: ModelShape, plan: list[tuple[int, int
             assert full is not None
             torch.testing.assert_close(p.grad, full, atol=1e-5, rtol=1e-4, msg=_prefixed(name))
     assert seen == set(full_grads), "every parameter of the full model is owned by exactly one stage"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_stages_attend_causally_through_sdpa_without_a_mask(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[bool, bool]] = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append((kwargs.get("attn_mask") is None, bool(kwargs.get("is_causal"))))
+        return sdpa(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    shape = _shape(family)
+    model = build_model(shape, 3)
+    first, last = (StageModule(model, [(0, 2), (2, 4)], i) for i in range(2))
+    ids = _batch()
+    logits = last(first(ids))
+    # No mask, is_causal: what the flash and memory-efficient kernels take.
+    assert calls == [(True, True)] * shape.layers
+    # And causal it is: a later token changes no earlier position's logits.
+    changed = ids.clone()
+    changed[:, 10] = (changed[:, 10] + 1) % 256
+    after = last(first(changed))
+    torch.testing.assert_close(after[:, :10], logits[:, :10], atol=1e-6, rtol=0)
+    assert not torch.allclose(after[:, 10:], logits[:, 10:])
+
+
+def test_a_stage_refuses_a_model_with_another_attention_kernel() -> None:
+    config = make_config(_shape("llama"))
+    config._attn_implementation = "eager"  # which, without a mask, would attend to the future
+    with pytest.raises(ModelError, match="attention is 'eager'; a stage computes with 'sdpa'"):
+        StageModule(AutoModelForCausalLM.from_config(config), [(0, 4)], 0)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
