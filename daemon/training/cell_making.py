@@ -3,7 +3,9 @@
 The module is the run's seed stage (``run_facts.stage_module``), as the shard servers start
 from; the cell's weights are then whatever its stage's shards serve. It computes as the run's
 facts say (``RunFacts.compute``: device, precision, compile), with activation checkpointing
-where the plan asks for it (``make(..., checkpointing=)``).
+where the plan asks for it (``Assignment.checkpointed(stage)``: the planner's choice for a stage
+whose activations in flight would not fit its devices otherwise). A cell keeps the choice it was
+made with; a plan that changes it takes effect for the cells opened after it.
 """
 
 from __future__ import annotations
@@ -43,12 +45,8 @@ class CellMaker:
         self._link_Bps = link_Bps
         self.reducer = reducer
 
-    def make(
-        self, cell: Cell, assignment: Assignment, data: TrainingData, *, checkpointing: bool = False
-    ) -> CellWorker:
-        """The worker of ``cell``. ``checkpointing``: run each decoder layer under activation
-        checkpointing, the plan's choice for the cell's stage where its activations in flight
-        would not fit (not wired yet: every cell runs without)."""
+    def make(self, cell: Cell, assignment: Assignment, data: TrainingData) -> CellWorker:
+        """The worker of ``cell``, checkpointing its layers' activations where the plan says."""
         facts = self._facts
         s = facts.spec
         compute = CellCompute(
@@ -58,7 +56,7 @@ class CellMaker:
             lr=s.lr,
             weight_decay=s.weight_decay,
             schedule=s.schedule,
-            settings=dataclasses.replace(facts.compute, checkpointing=checkpointing),
+            settings=dataclasses.replace(facts.compute, checkpointing=assignment.checkpointed(cell[1])),
         )
         return CellWorker(
             cell,
