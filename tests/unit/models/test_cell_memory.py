@@ -5,26 +5,21 @@ forwards kept, a backward frees one before the next forward; the first share mak
 moments in local mode), then the round's contribution and a rebase, and compares the peak of the
 second share and the round's end (``TensorPeak``) with ``cell_peak_bytes``: within 15%.
 
-Attention is SDPA with no explicit mask, as the compute engineer's change makes the stages
-(``ATTN_IMPLEMENTATION = "sdpa"``): patched here until then. bf16 autocast and activation
-checkpointing are applied around the stage as a cell does: ``torch.autocast`` around each
-forward, ``torch.utils.checkpoint`` (non-reentrant) around each block.
+Attention is SDPA with no explicit mask, as the stages run it. bf16 autocast and activation
+checkpointing are the cell's own (``ComputeSettings``): autocast around each forward, each block
+under ``torch.utils.checkpoint`` (non-reentrant).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
-from torch.utils.checkpoint import checkpoint
 
-import swarmd.models.build as build
-import swarmd.models.stages as stages
 from swarmd.models.cell_compute import CellCompute
 from swarmd.models.cell_memory import BlockShape, CellLoad, cell_peak_bytes, phase_lines
+from swarmd.models.precision import ComputeSettings
 from swarmd.models.shape import ModelShape
 from swarmd.models.stages import StageModule
 from swarmd.models.tensor_peak import TensorPeak
@@ -52,23 +47,6 @@ CASES = [
 ]
 
 
-@contextlib.contextmanager
-def sdpa_stages(checkpointing: bool) -> Iterator[None]:
-    """SDPA with no mask (raising=False: once the stages do it themselves, nothing to patch),
-    and each block run under ``torch.utils.checkpoint`` when ``checkpointing``."""
-    plain = stages._call_block
-
-    def checkpointed(block: torch.nn.Module, hidden: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        out = checkpoint(block, hidden, use_reentrant=False, **kwargs)
-        return out[0] if isinstance(out, tuple) else out
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(build, "ATTN_IMPLEMENTATION", "sdpa")
-        mp.setattr(StageModule, "_causal_mask", lambda self, hidden: None, raising=False)
-        mp.setattr(stages, "_call_block", checkpointed if checkpointing else plain)
-        yield
-
-
 def measured_peak(
     shape: ModelShape, ranges: list[tuple[int, int]], stage: int, load: CellLoad
 ) -> tuple[int, dict[str, int]]:
@@ -79,30 +57,25 @@ def measured_peak(
     wire = (load.micro_batch, shape.seq_len, shape.hidden)
     n = load.in_flight
 
-    def autocast() -> contextlib.AbstractContextManager[object]:
-        bf16 = load.precision == "bf16"
-        return torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
-
     def wire_input() -> torch.Tensor:  # hidden states arrive in a half type off the wire
         return ids if module.is_first else torch.randn(wire, dtype=torch.bfloat16)
 
     marks: dict[str, int] = {}
     with TensorPeak([*module.parameters(), *module.buffers(), ids], device="cpu") as peak:
-        cell = CellCompute(module, mode=load.mode, window=n, lr=1e-3)
+        settings = ComputeSettings(dtype=load.precision, checkpointing=load.checkpointing)
+        cell = CellCompute(module, mode=load.mode, window=n, lr=1e-3, settings=settings)
         for share in range(2):
             if share == 1:
                 peak.reset_peak()
             done = 0
             for i in range(n + 1):
                 if module.is_last:
-                    with autocast():
-                        cell.forward_backward_last(i, wire_input(), ids)
+                    cell.forward_backward_last(i, wire_input(), ids)
                     continue
                 if len(cell.in_flight) == n:
                     cell.backward(done, torch.randn(wire, dtype=torch.bfloat16))
                     done += 1
-                with autocast():
-                    cell.forward(i, wire_input())
+                cell.forward(i, wire_input())
             while not module.is_last and done < n + 1:
                 cell.backward(done, torch.randn(wire, dtype=torch.bfloat16))
                 done += 1
@@ -132,8 +105,7 @@ def test_the_model_predicts_a_cells_peak_within_15_percent(case: tuple[Any, ...]
         checkpointing=ckpt,
         mode=mode,
     )
-    with sdpa_stages(ckpt):
-        peak, marks = measured_peak(shape, ranges, stage, load)
+    peak, marks = measured_peak(shape, ranges, stage, load)
     block = BlockShape.from_model_shape(shape)
     predicted = cell_peak_bytes(block, layers, load)
     phases = {k: fixed + per_layer * layers for k, (fixed, per_layer) in phase_lines(block, load).items()}
