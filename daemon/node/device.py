@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import platform
-import time
 from typing import Any
 
 from swarmd.errors import ConfigError
@@ -111,37 +110,3 @@ def _resolve_precision(precision: str, device: str) -> str:
 
     with torch.cuda.device(torch.device(device)):
         return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp32"
-
-
-def measure_throughput_gflops(device: str, size: int = 512, budget_s: float = 0.5) -> float:
-    """Dense fp32 matmul throughput on ``device``, in GFLOP/s, measured for about ``budget_s``."""
-    import torch
-
-    dev = torch.device(device)
-    a = torch.randn(size, size, device=dev)
-    b = torch.randn(size, size, device=dev)
-    torch.matmul(a, b)  # warm-up: kernels, allocator
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-    iterations, started = 0, time.perf_counter()
-    while True:
-        torch.matmul(a, b)
-        iterations += 1
-        if dev.type == "cuda" and iterations % 16:
-            continue
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        elapsed = time.perf_counter() - started
-        if elapsed >= budget_s:
-            break
-    gflops = 2 * size**3 * iterations / elapsed / 1e9
-    logger.info(
-        "Measured %.1f GFLOP/s on %s (%d x %dx%d matmuls in %.2f s)",
-        gflops,
-        device,
-        iterations,
-        size,
-        size,
-        elapsed,
-    )
-    return gflops

@@ -1,8 +1,9 @@
 """This peer's presence in its run: the heartbeat it publishes, and whom it sees in return.
 
-A heartbeat says who this peer is, where it listens, what it offers (device, throughput) and
-what it does (roles); it is re-signed every ``[heartbeat] interval_s`` to live ``ttl_s``. The
-membership scan reads everyone else's, and a round-trip probe times each member's DHT node.
+A heartbeat says who this peer is, where it listens, what it offers (device, the TFLOPS its
+probe achieved at the run's shapes, free memory, precision) and what it does (roles); it is
+re-signed every ``[heartbeat] interval_s`` to live ``ttl_s``. The membership scan reads
+everyone else's, and a round-trip probe times each member's DHT node.
 On shutdown a last, "leaving" heartbeat tells the others at once instead of at expiry.
 """
 
@@ -13,12 +14,14 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from swarmd import __version__
-from swarmd.config import ComputeConfig, HeartbeatConfig
-from swarmd.node.device import describe_device, measure_throughput_gflops, resolve_device
+from swarmd.config import ComputeConfig, HeartbeatConfig, LimitsConfig
+from swarmd.node.compute_probe import ProbeResult, probe_device
+from swarmd.node.device import describe_device, resolve_device
 from swarmd.node.lan_service import LanService
+from swarmd.node.rated_tflops import rated_tflops
 from swarmd.node.services import dht_call
 from swarmd.peers.dht.swarm_dht import SwarmDHT
 from swarmd.peers.membership.members import Membership
@@ -27,6 +30,10 @@ from swarmd.peers.membership.versions import newer_in_swarm
 from swarmd.peers.records.heartbeat import MAX_ADDRS, DeviceInfo, Heartbeat, HeldOut
 from swarmd.peers.records.identity import Identity
 from swarmd.system import systemd
+from swarmd.training.cells.throttle import COMPUTE_LIMITS
+
+if TYPE_CHECKING:
+    from swarmd.peers.records.run_spec import RunSpec
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +62,14 @@ class Presence:
         self.run_id, self.identity, self.dht, self.membership = run_id, identity, dht, membership
         self.lan, self.heartbeat, self.roles, self.started_at = lan, heartbeat, roles, started_at
         self.device = DeviceInfo(kind="cpu", name="unknown", memory_bytes=0, cpus=1)
-        self.throughput_gflops = 0.0
+        self.probe: ProbeResult | None = None
+        """The last measurement of the device (``swarmd.node.compute_probe``); None before one."""
+        self.achieved_tflops = 0.0
+        """The probe's figure (0: not measured); what ``offered_tflops`` scales."""
+        self.rated_tflops: float | None = None
+        """The device's rated dense bf16 TFLOPS (``swarmd.node.rated_tflops``); None: not known."""
+        self.compute_share: Callable[[], float] = lambda: COMPUTE_LIMITS.share
+        """``[limits] cpu_share`` in force: compute runs at most that fraction of the time."""
         self.addrs: list[str] = []  # the DHT's visible multiaddrs, refreshed with each heartbeat
         self.rejected_records = 0
         self._last_expires_at = 0.0  # of the last heartbeat published: a later one must outlive it
@@ -65,16 +79,32 @@ class Presence:
         self.held_out: Callable[[], HeldOut | None] = lambda: None
         """The run's held-out score, while this peer scores it (``Heartbeat.held_out``)."""
 
-    async def measure_device(self, compute: ComputeConfig) -> None:
-        """What this machine offers, announced from then on (torch work, so in a worker thread)."""
+    async def measure_device(
+        self, compute: ComputeConfig, limits: LimitsConfig | None = None, run: RunSpec | None = None
+    ) -> None:
+        """What this machine offers, announced from then on: the device and, with ``[compute]
+        benchmark``, the TFLOPS it achieves at ``run``'s block (a generic one before the run's
+        spec is known) in the cells' precision, with ``[limits] torch_threads`` (none: torch's
+        default). Torch work, so in a worker thread. The node measures twice: the generic block
+        while it looks for the spec, the run's once it has it, before its trainer computes."""
         device = await asyncio.to_thread(resolve_device, compute.device)
         self.device = await asyncio.to_thread(describe_device, device)
+        self.rated_tflops = rated_tflops(self.device.name) if self.device.kind == "cuda" else None
         if compute.benchmark:
-            self.throughput_gflops = await asyncio.to_thread(measure_throughput_gflops, device)
+            threads = limits.torch_threads if limits is not None else 0
+            self.probe = await asyncio.to_thread(probe_device, device, compute, threads, run)
+            self.achieved_tflops = self.probe.achieved_tflops
+
+    def offered_tflops(self) -> float:
+        """The speed the planner may count on from this peer: the achieved TFLOPS times ``[limits]
+        cpu_share``; before a measurement, the device's rated figure (0: none known)."""
+        if self.achieved_tflops > 0:
+            return self.achieved_tflops * self.compute_share()
+        return self.rated_tflops or 0.0
 
     def offer(self) -> tuple[float, float]:
-        """This peer's (compute TFLOPS, memory GiB) as measured at start."""
-        return self.throughput_gflops / 1000, self.device.memory_bytes / (1 << 30)
+        """This peer's (compute TFLOPS, memory GiB): ``offered_tflops`` and the device's memory."""
+        return self.offered_tflops(), self.device.memory_bytes / (1 << 30)
 
     async def refresh_addrs(self) -> list[str]:
         self.addrs = await dht_call(self.dht.visible_maddrs())
@@ -96,7 +126,10 @@ class Presence:
             addrs=self.addrs[:MAX_ADDRS],
             lan_addrs=self.lan.listen_maddrs[:MAX_ADDRS],
             device=self.device,
-            throughput_gflops=self.throughput_gflops,
+            # Measured only: a reader takes the rated figure by the device's name before one.
+            throughput_gflops=self.offered_tflops() * 1000 if self.achieved_tflops > 0 else 0.0,
+            free_memory_bytes=self.probe.free_memory_bytes if self.probe is not None else 0,
+            precision=self.probe.dtype if self.probe is not None else "",
             version=__version__,
             roles=self.roles(),
             uptime_s=now - self.started_at,
@@ -161,9 +194,34 @@ class Presence:
             "addrs": self.addrs,
             "lan_addrs": self.lan.listen_maddrs,
             "device": {"kind": self.device.kind, "name": self.device.name, "memory_bytes": self.device.memory_bytes},
-            "throughput_gflops": round(self.throughput_gflops, 1),
+            "throughput_gflops": round(self.offered_tflops() * 1000 if self.achieved_tflops > 0 else 0.0, 1),
+            "probe": probe_status(self.probe, self.achieved_tflops, self.rated_tflops, self.compute_share()),
             "rejected_records": self.rejected_records,
             "refused_members": self.membership.refusals(),
             "dht_restarts": self.dht.restarts,
             "peers": self.membership.snapshot(now),
         }
+
+
+def probe_status(
+    probe: ProbeResult | None, achieved_tflops: float, rated: float | None, share: float
+) -> dict[str, Any]:
+    """The status's ``probe``: what the device achieved (None: not measured), its rated figure
+    and their ratio, and what the measurement was (precision, threads, shapes, its time)."""
+    measured = achieved_tflops if achieved_tflops > 0 else None
+    out: dict[str, Any] = {
+        "achieved_tflops": None if measured is None else round(measured, 4),
+        "rated_tflops": rated,
+        "of_rated": None if measured is None or not rated else round(measured / rated, 4),
+        "cpu_share": share,
+    }
+    if probe is not None:
+        out |= {
+            "precision": probe.dtype,
+            "threads": probe.threads,
+            "run_shapes": probe.run_shapes,
+            "min_fraction": round(probe.min_fraction, 4),
+            "free_memory_bytes": probe.free_memory_bytes,
+            "seconds": round(probe.seconds, 2),
+        }
+    return out
