@@ -18,19 +18,16 @@ from typing import TYPE_CHECKING, Any
 
 from swarmd import __version__
 from swarmd.config import ComputeConfig, HeartbeatConfig, LimitsConfig
-from swarmd.node.compute_probe import ProbeResult, probe_device
-from swarmd.node.device import describe_device, resolve_device
+from swarmd.node.device_offer import DeviceOffer
 from swarmd.node.lan_service import LanService
-from swarmd.node.rated_tflops import rated_tflops
 from swarmd.node.services import dht_call
 from swarmd.peers.dht.swarm_dht import SwarmDHT
 from swarmd.peers.membership.members import Membership
 from swarmd.peers.membership.probes import MAX_PROBES_PER_ROUND, probe_batch
 from swarmd.peers.membership.versions import newer_in_swarm
-from swarmd.peers.records.heartbeat import MAX_ADDRS, DeviceInfo, Heartbeat, HeldOut
+from swarmd.peers.records.heartbeat import MAX_ADDRS, Heartbeat, HeldOut
 from swarmd.peers.records.identity import Identity
 from swarmd.system import systemd
-from swarmd.training.cells.throttle import COMPUTE_LIMITS
 
 if TYPE_CHECKING:
     from swarmd.peers.records.run_spec import RunSpec
@@ -61,15 +58,8 @@ class Presence:
         """``roles()``: what this peer does now (it changes as the trainer takes shards)."""
         self.run_id, self.identity, self.dht, self.membership = run_id, identity, dht, membership
         self.lan, self.heartbeat, self.roles, self.started_at = lan, heartbeat, roles, started_at
-        self.device = DeviceInfo(kind="cpu", name="unknown", memory_bytes=0, cpus=1)
-        self.probe: ProbeResult | None = None
-        """The last measurement of the device (``swarmd.node.compute_probe``); None before one."""
-        self.achieved_tflops = 0.0
-        """The probe's figure (0: not measured); what ``offered_tflops`` scales."""
-        self.rated_tflops: float | None = None
-        """The device's rated dense bf16 TFLOPS (``swarmd.node.rated_tflops``); None: not known."""
-        self.compute_share: Callable[[], float] = lambda: COMPUTE_LIMITS.share
-        """``[limits] cpu_share`` in force: compute runs at most that fraction of the time."""
+        self.offering = DeviceOffer()
+        """The device, what its probe measured, and the speed the planner may count on."""
         self.addrs: list[str] = []  # the DHT's visible multiaddrs, refreshed with each heartbeat
         self.rejected_records = 0
         self._last_expires_at = 0.0  # of the last heartbeat published: a later one must outlive it
@@ -82,29 +72,14 @@ class Presence:
     async def measure_device(
         self, compute: ComputeConfig, limits: LimitsConfig | None = None, run: RunSpec | None = None
     ) -> None:
-        """What this machine offers, announced from then on: the device and, with ``[compute]
-        benchmark``, the TFLOPS it achieves at ``run``'s block (a generic one before the run's
-        spec is known) in the cells' precision, with ``[limits] torch_threads`` (none: torch's
-        default). Torch work, so in a worker thread. The node measures twice: the generic block
-        while it looks for the spec, the run's once it has it, before its trainer computes."""
-        device = await asyncio.to_thread(resolve_device, compute.device)
-        self.device = await asyncio.to_thread(describe_device, device)
-        self.rated_tflops = rated_tflops(self.device.name) if self.device.kind == "cuda" else None
-        if compute.benchmark:
-            threads = limits.torch_threads if limits is not None else 0
-            self.probe = await asyncio.to_thread(probe_device, device, compute, threads, run)
-            self.achieved_tflops = self.probe.achieved_tflops
-
-    def offered_tflops(self) -> float:
-        """The speed the planner may count on from this peer: the achieved TFLOPS times ``[limits]
-        cpu_share``; before a measurement, the device's rated figure (0: none known)."""
-        if self.achieved_tflops > 0:
-            return self.achieved_tflops * self.compute_share()
-        return self.rated_tflops or 0.0
+        """What this machine offers, announced from then on (``DeviceOffer.measure``). The node
+        measures twice: the generic block while it looks for the run's spec, the run's block once
+        it has it, before its trainer computes."""
+        await self.offering.measure(compute, limits, run)
 
     def offer(self) -> tuple[float, float]:
-        """This peer's (compute TFLOPS, memory GiB): ``offered_tflops`` and the device's memory."""
-        return self.offered_tflops(), self.device.memory_bytes / (1 << 30)
+        """This peer's (compute TFLOPS, memory GiB): ``DeviceOffer.tflops`` and the device's memory."""
+        return self.offering.tflops(), self.offering.device.memory_bytes / (1 << 30)
 
     async def refresh_addrs(self) -> list[str]:
         self.addrs = await dht_call(self.dht.visible_maddrs())
@@ -125,11 +100,8 @@ class Presence:
             expires_at=expires_at,
             addrs=self.addrs[:MAX_ADDRS],
             lan_addrs=self.lan.listen_maddrs[:MAX_ADDRS],
-            device=self.device,
-            # Measured only: a reader takes the rated figure by the device's name before one.
-            throughput_gflops=self.offered_tflops() * 1000 if self.achieved_tflops > 0 else 0.0,
-            free_memory_bytes=self.probe.free_memory_bytes if self.probe is not None else 0,
-            precision=self.probe.dtype if self.probe is not None else "",
+            device=self.offering.device,
+            **self.offering.heartbeat_fields(),
             version=__version__,
             roles=self.roles(),
             uptime_s=now - self.started_at,
@@ -188,40 +160,17 @@ class Presence:
 
     def status(self, now: float) -> dict[str, Any]:
         """The control API's view of this peer and of the members it sees."""
+        device = self.offering.device
         return {
             "roles": self.roles(),
             "uptime_s": round(now - self.started_at, 1),
             "addrs": self.addrs,
             "lan_addrs": self.lan.listen_maddrs,
-            "device": {"kind": self.device.kind, "name": self.device.name, "memory_bytes": self.device.memory_bytes},
-            "throughput_gflops": round(self.offered_tflops() * 1000 if self.achieved_tflops > 0 else 0.0, 1),
-            "probe": probe_status(self.probe, self.achieved_tflops, self.rated_tflops, self.compute_share()),
+            "device": {"kind": device.kind, "name": device.name, "memory_bytes": device.memory_bytes},
+            "throughput_gflops": round(self.offering.heartbeat_fields()["throughput_gflops"], 1),
+            "probe": self.offering.status(),
             "rejected_records": self.rejected_records,
             "refused_members": self.membership.refusals(),
             "dht_restarts": self.dht.restarts,
             "peers": self.membership.snapshot(now),
         }
-
-
-def probe_status(
-    probe: ProbeResult | None, achieved_tflops: float, rated: float | None, share: float
-) -> dict[str, Any]:
-    """The status's ``probe``: what the device achieved (None: not measured), its rated figure
-    and their ratio, and what the measurement was (precision, threads, shapes, its time)."""
-    measured = achieved_tflops if achieved_tflops > 0 else None
-    out: dict[str, Any] = {
-        "achieved_tflops": None if measured is None else round(measured, 4),
-        "rated_tflops": rated,
-        "of_rated": None if measured is None or not rated else round(measured / rated, 4),
-        "cpu_share": share,
-    }
-    if probe is not None:
-        out |= {
-            "precision": probe.dtype,
-            "threads": probe.threads,
-            "run_shapes": probe.run_shapes,
-            "min_fraction": round(probe.min_fraction, 4),
-            "free_memory_bytes": probe.free_memory_bytes,
-            "seconds": round(probe.seconds, 2),
-        }
-    return out
