@@ -3,7 +3,8 @@
 Each check prints ``pass``, ``warn`` or ``fail`` with what it found and, when it is not a pass,
 the fix. The exit code is 0 when the daemon can join (warnings allowed), 1 when a check
 failed. Checks: the config and run ID, the state directory and identity key, torch and the
-device it will use, a dry run of one cell of the run (the heaviest stage's forward and
+device it will use, the device's achieved TFLOPS at the run's shapes against its rated figure
+(``swarmd.node.compute_probe``) and its free memory, a dry run of one cell of the run (the heaviest stage's forward and
 backward on one micro-batch, its peak memory against the device's), and, when a daemon runs,
 the swarm as it sees it: clock skew against the peers' heartbeats, whether peers reach this
 daemon directly or through a relay, and whether peers run a newer swarmd.
@@ -51,6 +52,8 @@ class Context:
     run_id: str = ""
     device: str = "cpu"
     memory_bytes: int = 0
+    torch_ready: bool = False
+    """torch imports and ``device`` is the one the config asks for."""
     status: dict[str, Any] | None = None
 
 
@@ -125,7 +128,7 @@ def check_torch(ctx: Context) -> list[Check]:
     except SwarmdError as e:
         return [Check("torch", "fail", str(e), 'set [compute] device = "auto" or "cpu"')]
     info = describe_device(ctx.device)
-    ctx.memory_bytes = info.memory_bytes
+    ctx.memory_bytes, ctx.torch_ready = info.memory_bytes, True
     found = f"torch {torch.__version__} on {ctx.device}: {info.name}, {info.memory_bytes / 2**30:.1f} GiB"
     if ctx.device == "cpu" and _has_gpu_device_node():
         return [
@@ -141,6 +144,41 @@ def check_torch(ctx: Context) -> list[Check]:
 
 def _has_gpu_device_node() -> bool:
     return Path("/dev/nvidia0").exists() or Path("/dev/kfd").exists()
+
+
+def check_compute(ctx: Context) -> list[Check]:
+    """The device probe, as the daemon runs it: the TFLOPS the cells' matmuls achieve at the run's
+    block (a generic one when the run's spec is not here yet), of the rated figure, free memory."""
+    from swarmd.node.compute_probe import probe_device
+    from swarmd.node.device import describe_device
+    from swarmd.node.rated_tflops import rated_tflops
+    from swarmd.system.state_dir import load_cached_spec
+
+    if not ctx.torch_ready:
+        return []
+    if ctx.device.startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()  # what the dry run left cached is not in use: count it free
+    spec = load_cached_spec(ctx.config.node.state_path, ctx.run_id) if ctx.run_id else None
+    threads = ctx.config.limits.torch_threads
+    try:
+        probe = probe_device(ctx.device, ctx.config.compute, threads, spec.spec if spec is not None else None)
+    except (SwarmdError, RuntimeError) as e:  # torch reports a device fault as a RuntimeError
+        fix = "run doctor again; if it fails again, the device or its driver is at fault (nvidia-smi shows which)"
+        return [Check("compute", "fail", f"the device probe failed on {ctx.device}: {e}", fix)]
+    name = describe_device(ctx.device).name
+    rated = rated_tflops(name) if ctx.device.startswith("cuda") else None
+    where = "the run's shapes" if probe.run_shapes else "a generic block (the run's spec is not here yet)"
+    found = (
+        f"{probe.achieved_tflops:.3g} TFLOPS achieved at {where}, {probe.dtype}, {probe.threads} thread(s)"
+        + (f", {probe.achieved_tflops / rated:.1%} of {name}'s {rated:g} rated" if rated else ", no rated figure known")
+        + f"; {probe.free_memory_bytes / 2**30:.1f} GiB free; probed in {probe.seconds:.1f} s"
+    )
+    share = ctx.config.limits.cpu_share
+    if share < 1:
+        found += f"; the planner is offered {probe.achieved_tflops * share:.3g} at cpu_share {share:g}"
+    return [Check("compute", "pass", found)]
 
 
 def check_cell_memory(ctx: Context) -> list[Check]:
@@ -322,7 +360,8 @@ def run_doctor(load: Callable[[], Any], run_id: str | None, ask: Ask) -> int:
     checks = check_config(ctx, load, run_id)
     _print(checks)
     if ctx.config is not None:
-        for step in (check_state_dir, check_torch, check_cell_memory, check_in_use):
+        # The probe after the dry run: its operands would raise the peak the dry run reads.
+        for step in (check_state_dir, check_torch, check_cell_memory, check_compute, check_in_use):
             found = step(ctx)
             _print(found)
             checks += found

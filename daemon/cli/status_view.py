@@ -25,8 +25,8 @@ def format_status(result: dict[str, Any]) -> str:
         f"run       {run_text}",
         *([f"access    {run['access']}"] if run and run.get("access") else []),
         f"roles     {', '.join(result['roles'])}",
-        f"device    {device['kind']}: {device['name']}, {device['memory_bytes'] / 2**30:.1f} GiB, "
-        f"{result['throughput_gflops']:.1f} GFLOP/s",
+        f"device    {device['kind']}: {device['name']}, {device['memory_bytes'] / 2**30:.1f} GiB",
+        fmt_probe(result.get("probe")),
         f"addresses {' '.join(result['addrs']) or '-'}",
         f"peers     {len(result['peers'])} seen",
     ]
@@ -59,6 +59,27 @@ def fmt_newer_version(own: str, peers: list[dict[str, Any]]) -> str:
     """A warning line when peers run a newer swarmd (empty: none does)."""
     newer = newer_in_swarm(own, [str(p.get("version", "")) for p in peers])
     return f"WARNING   {newer.warning(own)}" if newer else ""
+
+
+def fmt_probe(probe: dict[str, Any] | None) -> str:
+    """The compute line: what the device achieved at the run's shapes (or a generic block's), of
+    its rated figure, its free memory, and what the planner is offered under ``cpu_share``."""
+    if not probe or probe.get("achieved_tflops") is None:
+        rated = probe.get("rated_tflops") if probe else None
+        return "compute   not measured" + (f"; rated {rated:g} TFLOPS" if rated else "")
+    achieved, rated = probe["achieved_tflops"], probe.get("rated_tflops")
+    how = [probe.get("precision"), "the run's shapes" if probe.get("run_shapes") else "a generic block"]
+    if probe.get("threads"):
+        how.append(f"{probe['threads']} thread(s)")
+    text = f"compute   {achieved:.3g} TFLOPS achieved ({', '.join(h for h in how if h)})"
+    if rated:
+        text += f", {probe['of_rated']:.0%} of {rated:g} rated"
+    if probe.get("free_memory_bytes"):
+        text += f"; {probe['free_memory_bytes'] / 2**30:.1f} GiB free"
+    if probe.get("seconds") is not None:
+        text += f"; probed in {probe['seconds']:.1f} s"
+    share = probe.get("cpu_share", 1.0)
+    return text + (f"; offers {achieved * share:.3g} at cpu_share {share:g}" if share < 1 else "")
 
 
 def fmt_refused(result: dict[str, Any]) -> str:
@@ -112,12 +133,12 @@ def fmt_duration(seconds: float) -> str:
 
 
 def fmt_peers(peers: list[dict[str, Any]]) -> list[str]:
-    lines = [f"  {'PEER':<54} {'AGE':>6} {'RTT':>9} {'DEVICE':<6} {'GFLOP/S':>8} {'UPTIME':>8}  ROLES"]
+    lines = [f"  {'PEER':<54} {'AGE':>6} {'RTT':>9} {'DEVICE':<6} {'TFLOPS':>8} {'UPTIME':>8}  ROLES"]
     for p in peers:
         rtt = "-" if p["rtt_ms"] is None else f"{p['rtt_ms']:.1f}ms"
         lines.append(
             f"  {p['peer_id']:<54} {p['age_s']:>5.1f}s {rtt:>9} {p['device']['kind']:<6} "
-            f"{p['throughput_gflops']:>8.1f} {fmt_duration(p['uptime_s']):>8}  {','.join(p['roles'])}"
+            f"{p['throughput_gflops'] / 1000:>8.3g} {fmt_duration(p['uptime_s']):>8}  {','.join(p['roles'])}"
         )
     return lines
 

@@ -15,7 +15,10 @@
 - ``plan_publisher``  the elected coordinator's plans: made, repaired, compared, published
 - ``coordination``    the coordination round, and the roles and plan in force that others ask about
 - ``silent_members``  the coordinator's check that planned members took their cells and shards
-- ``device``          what this machine offers: device model, memory, measured throughput
+- ``device``          what this machine offers: device model, memory (free too), the cells' precision
+- ``compute_probe``   the device's achieved TFLOPS: a block of the run's matmuls, timed in seconds
+- ``device_offer``    what this peer offers the planner: the probe's figures, else the rated one
+- ``rated_tflops``    the vendors' rated dense bf16 TFLOPS by device name, for MFU and before a probe
 - ``relay``           forwarding others' requests when elected a relay, and routing our own
 - ``request_gate``    whom the request server serves: live members, and strangers only the public reads
 - ``dial_back``       reachability from outside: members dial each other back on fresh connections

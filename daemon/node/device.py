@@ -1,7 +1,7 @@
-"""What this machine offers the swarm: device model, memory, and measured throughput.
+"""What this machine offers the swarm: its compute device, the device's memory, and its precision.
 
-Throughput is measured, not looked up: a short dense matmul loop on the chosen device, the
-figure that the scheduler divides layers by. It runs in a worker thread, never on the loop.
+The device's speed is measured, not looked up: ``swarmd.node.compute_probe`` times the run's
+matmuls on it; ``swarmd.node.rated_tflops`` holds the vendors' figures it is compared with.
 """
 
 from __future__ import annotations
@@ -9,12 +9,15 @@ from __future__ import annotations
 import logging
 import os
 import platform
-import time
+from typing import Any
 
 from swarmd.errors import ConfigError
 from swarmd.peers.records.heartbeat import DeviceInfo
 
 logger = logging.getLogger(__name__)
+
+PRECISIONS = ("auto", "bf16", "fp32")
+"""``[compute] precision``: the autocast dtype of the cells' forward and backward."""
 
 
 def _cpu_name() -> str:
@@ -63,35 +66,47 @@ def describe_device(device: str) -> DeviceInfo:
     return DeviceInfo(kind="cpu", name=_cpu_name(), memory_bytes=_system_memory_bytes(), cpus=cpus)
 
 
-def measure_throughput_gflops(device: str, size: int = 512, budget_s: float = 0.5) -> float:
-    """Dense fp32 matmul throughput on ``device``, in GFLOP/s, measured for about ``budget_s``."""
+def free_memory_bytes(device: str) -> int:
+    """The device's free memory now: what CUDA says is free on a GPU (``torch.cuda.mem_get_info``,
+    other processes' use included), the kernel's ``MemAvailable`` on a CPU; 0 when unreadable."""
+    if device.startswith("cuda"):
+        import torch
+
+        free, _total = torch.cuda.mem_get_info(torch.device(device))
+        return int(free)
+    try:
+        with open("/proc/meminfo") as f:
+            return meminfo_available_bytes(f.read())
+    except OSError:
+        return 0
+
+
+def meminfo_available_bytes(meminfo: str) -> int:
+    """``MemAvailable`` of a ``/proc/meminfo`` text, in bytes (0 when absent: kernels before 3.14)."""
+    for line in meminfo.splitlines():
+        if line.startswith("MemAvailable:"):
+            value, _, unit = line.split(":", 1)[1].strip().partition(" ")
+            return int(value) * (1024 if unit.strip() == "kB" else 1)
+    return 0
+
+
+def compute_dtype(compute: Any, device: str) -> str:
+    """The dtype the cells compute in on ``device``, "bf16" or "fp32": ``[compute] precision``
+    (absent from a config before it existed: ``auto``) resolved as the cells resolve it."""
+    return _resolve_precision(str(getattr(compute, "precision", "auto")), device)
+
+
+def _resolve_precision(precision: str, device: str) -> str:
+    """``swarmd.models.precision.resolve_precision``'s rule (issue 28's shared interface), kept
+    here until that module lands: ``auto`` is bf16 on a CUDA device with bf16 tensor cores (not
+    emulated: a V100 would run it slower than fp32), fp32 elsewhere."""
+    if precision not in PRECISIONS:
+        raise ConfigError(f"[compute] precision = {precision!r} is not one of {', '.join(PRECISIONS)}")
+    if precision != "auto":
+        return precision
+    if not device.startswith("cuda"):
+        return "fp32"
     import torch
 
-    dev = torch.device(device)
-    a = torch.randn(size, size, device=dev)
-    b = torch.randn(size, size, device=dev)
-    torch.matmul(a, b)  # warm-up: kernels, allocator
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-    iterations, started = 0, time.perf_counter()
-    while True:
-        torch.matmul(a, b)
-        iterations += 1
-        if dev.type == "cuda" and iterations % 16:
-            continue
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        elapsed = time.perf_counter() - started
-        if elapsed >= budget_s:
-            break
-    gflops = 2 * size**3 * iterations / elapsed / 1e9
-    logger.info(
-        "Measured %.1f GFLOP/s on %s (%d x %dx%d matmuls in %.2f s)",
-        gflops,
-        device,
-        iterations,
-        size,
-        size,
-        elapsed,
-    )
-    return gflops
+    with torch.cuda.device(torch.device(device)):
+        return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp32"

@@ -218,7 +218,7 @@ class Node:
                 await lan.start(presence.sign_heartbeat)
             except SwarmdError as e:
                 logger.warning("%s; going on without it, retrying in %.0f s", e, LAN_RESTART_INTERVAL_S)
-        device_task = asyncio.create_task(presence.measure_device(self.config.compute))
+        device_task = asyncio.create_task(presence.measure_device(self.config.compute, self.config.limits))
         self.spec = spec = await joining.find_spec()
         self.membership.follow(spec, cfg.join_token)  # a private run's refusal stops us here
         await device_task
@@ -244,6 +244,7 @@ class Node:
         services.spawn("probes", lambda: PROBE_ROUND_S, measurements.probe)
         services.spawn("measurements", lambda: _paced(hb.interval_s, 5.0, PUBLISH_MEASUREMENTS_S), measurements.publish)
         services.spawn("coordination", lambda: coordination_round_s(hb.interval_s), coordination.coordinate)
+        await presence.measure_device(self.config.compute, self.config.limits, spec.spec)
         if self.config.compute.train:
             await self._start_trainer(spec, measurements, coordination)
         if cfg.mdns:

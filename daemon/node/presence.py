@@ -1,8 +1,9 @@
 """This peer's presence in its run: the heartbeat it publishes, and whom it sees in return.
 
-A heartbeat says who this peer is, where it listens, what it offers (device, throughput) and
-what it does (roles); it is re-signed every ``[heartbeat] interval_s`` to live ``ttl_s``. The
-membership scan reads everyone else's, and a round-trip probe times each member's DHT node.
+A heartbeat says who this peer is, where it listens, what it offers (device, the TFLOPS its
+probe achieved at the run's shapes, free memory, precision) and what it does (roles); it is
+re-signed every ``[heartbeat] interval_s`` to live ``ttl_s``. The membership scan reads
+everyone else's, and a round-trip probe times each member's DHT node.
 On shutdown a last, "leaving" heartbeat tells the others at once instead of at expiry.
 """
 
@@ -13,20 +14,23 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from swarmd import __version__
-from swarmd.config import ComputeConfig, HeartbeatConfig
-from swarmd.node.device import describe_device, measure_throughput_gflops, resolve_device
+from swarmd.config import ComputeConfig, HeartbeatConfig, LimitsConfig
+from swarmd.node.device_offer import DeviceOffer
 from swarmd.node.lan_service import LanService
 from swarmd.node.services import dht_call
 from swarmd.peers.dht.swarm_dht import SwarmDHT
 from swarmd.peers.membership.members import Membership
 from swarmd.peers.membership.probes import MAX_PROBES_PER_ROUND, probe_batch
 from swarmd.peers.membership.versions import newer_in_swarm
-from swarmd.peers.records.heartbeat import MAX_ADDRS, DeviceInfo, Heartbeat, HeldOut
+from swarmd.peers.records.heartbeat import MAX_ADDRS, Heartbeat, HeldOut
 from swarmd.peers.records.identity import Identity
 from swarmd.system import systemd
+
+if TYPE_CHECKING:
+    from swarmd.peers.records.run_spec import RunSpec
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +58,8 @@ class Presence:
         """``roles()``: what this peer does now (it changes as the trainer takes shards)."""
         self.run_id, self.identity, self.dht, self.membership = run_id, identity, dht, membership
         self.lan, self.heartbeat, self.roles, self.started_at = lan, heartbeat, roles, started_at
-        self.device = DeviceInfo(kind="cpu", name="unknown", memory_bytes=0, cpus=1)
-        self.throughput_gflops = 0.0
+        self.offering = DeviceOffer()
+        """The device, what its probe measured, and the speed the planner may count on."""
         self.addrs: list[str] = []  # the DHT's visible multiaddrs, refreshed with each heartbeat
         self.rejected_records = 0
         self._last_expires_at = 0.0  # of the last heartbeat published: a later one must outlive it
@@ -65,16 +69,17 @@ class Presence:
         self.held_out: Callable[[], HeldOut | None] = lambda: None
         """The run's held-out score, while this peer scores it (``Heartbeat.held_out``)."""
 
-    async def measure_device(self, compute: ComputeConfig) -> None:
-        """What this machine offers, announced from then on (torch work, so in a worker thread)."""
-        device = await asyncio.to_thread(resolve_device, compute.device)
-        self.device = await asyncio.to_thread(describe_device, device)
-        if compute.benchmark:
-            self.throughput_gflops = await asyncio.to_thread(measure_throughput_gflops, device)
+    async def measure_device(
+        self, compute: ComputeConfig, limits: LimitsConfig | None = None, run: RunSpec | None = None
+    ) -> None:
+        """What this machine offers, announced from then on (``DeviceOffer.measure``). The node
+        measures twice: the generic block while it looks for the run's spec, the run's block once
+        it has it, before its trainer computes."""
+        await self.offering.measure(compute, limits, run)
 
     def offer(self) -> tuple[float, float]:
-        """This peer's (compute TFLOPS, memory GiB) as measured at start."""
-        return self.throughput_gflops / 1000, self.device.memory_bytes / (1 << 30)
+        """This peer's (compute TFLOPS, memory GiB): ``DeviceOffer.tflops`` and the device's memory."""
+        return self.offering.tflops(), self.offering.device.memory_bytes / (1 << 30)
 
     async def refresh_addrs(self) -> list[str]:
         self.addrs = await dht_call(self.dht.visible_maddrs())
@@ -95,8 +100,8 @@ class Presence:
             expires_at=expires_at,
             addrs=self.addrs[:MAX_ADDRS],
             lan_addrs=self.lan.listen_maddrs[:MAX_ADDRS],
-            device=self.device,
-            throughput_gflops=self.throughput_gflops,
+            device=self.offering.device,
+            **self.offering.heartbeat_fields(),
             version=__version__,
             roles=self.roles(),
             uptime_s=now - self.started_at,
@@ -155,13 +160,15 @@ class Presence:
 
     def status(self, now: float) -> dict[str, Any]:
         """The control API's view of this peer and of the members it sees."""
+        device = self.offering.device
         return {
             "roles": self.roles(),
             "uptime_s": round(now - self.started_at, 1),
             "addrs": self.addrs,
             "lan_addrs": self.lan.listen_maddrs,
-            "device": {"kind": self.device.kind, "name": self.device.name, "memory_bytes": self.device.memory_bytes},
-            "throughput_gflops": round(self.throughput_gflops, 1),
+            "device": {"kind": device.kind, "name": device.name, "memory_bytes": device.memory_bytes},
+            "throughput_gflops": round(self.offering.heartbeat_fields()["throughput_gflops"], 1),
+            "probe": self.offering.status(),
             "rejected_records": self.rejected_records,
             "refused_members": self.membership.refusals(),
             "dht_restarts": self.dht.restarts,

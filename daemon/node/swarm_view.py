@@ -13,6 +13,7 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from swarmd.node.rated_tflops import rated_tflops
 from swarmd.peers.membership.election import RoleCandidate
 from swarmd.peers.membership.reliability import Observations, Reliability, swarm_reliability
 from swarmd.peers.planning.scenario import ScenarioError
@@ -113,7 +114,7 @@ def _snapshot(
     listed = [own]
     for peer, m in members.items():
         memory = float(m.get("device", {}).get("memory_bytes", 0)) / (1 << 30)
-        listed.append(Member(peer, memory, float(m.get("throughput_gflops", 0.0)) / 1000))
+        listed.append(Member(peer, memory, member_tflops(m)))
     uptime = {p: (r.mean_uptime_h, r.mean_downtime_h) for p, r in reliability.items() if r.observers}
     model = model_for_scenario(run.model.layers, run.model.hidden, run.model.vocab, run.model.seq_len)
     batch = {"sequences": run.batch_sequences, "micro_batch": run.micro_batch}
@@ -122,6 +123,17 @@ def _snapshot(
     except ScenarioError as e:
         logger.warning("The live swarm does not make a scenario: %s", e)
         return None
+
+
+def member_tflops(member: dict[str, Any]) -> float:
+    """A member's speed as its heartbeat says (``throughput_gflops``: what its probe achieved at
+    the run's shapes); before it measured, its device's rated figure (``rated_tflops``); 0 when
+    neither is known (the snapshot then takes the others' median)."""
+    measured = float(member.get("throughput_gflops", 0.0)) / 1000
+    if measured > 0:
+        return measured
+    device = member.get("device", {})
+    return (rated_tflops(str(device.get("name", ""))) or 0.0) if device.get("kind") == "cuda" else 0.0
 
 
 def matrix_of(snap: Snapshot | None) -> Matrix | None:

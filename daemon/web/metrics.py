@@ -90,8 +90,27 @@ def _peer(s: Status) -> Iterator[Metric]:
     yield from _gauge("swarmd_device_memory_bytes", "Memory of this peer's compute device", device.get("memory_bytes"))
     gflops = s.get("throughput_gflops")
     yield from _gauge(
-        "swarmd_device_throughput_flops", "Measured compute throughput", None if gflops is None else gflops * 1e9
+        "swarmd_device_throughput_flops",
+        "Compute this peer offers the planner: achieved at the run's shapes times cpu_share (0: not measured)",
+        None if gflops is None else gflops * 1e9,
     )
+    yield from _probe(s.get("probe") or {})
+
+
+def _probe(p: Status) -> Iterator[Metric]:
+    """The device probe's figures (``swarmd.node.compute_probe``): none before it measured."""
+    achieved, rated = p.get("achieved_tflops"), p.get("rated_tflops")
+    yield from _gauge(
+        "swarmd_device_achieved_flops",
+        "FLOP/s the device achieved at the run's shapes in the cells' precision and threads",
+        None if achieved is None else achieved * 1e12,
+    )
+    yield from _gauge(
+        "swarmd_device_rated_flops", "The device's rated dense bf16 FLOP/s", None if rated is None else rated * 1e12
+    )
+    free = p.get("free_memory_bytes")
+    yield from _gauge("swarmd_device_free_memory_bytes", "The device's free memory when probed", free)
+    yield from _gauge("swarmd_device_probe_seconds", "How long the device probe took", p.get("seconds"))
 
 
 def _training(t: Status | None) -> Iterator[Metric]:

@@ -45,6 +45,8 @@ class PeerView:
                 "memory_bytes": hb.device.memory_bytes,
             },
             "throughput_gflops": round(hb.throughput_gflops, 1),
+            "free_memory_bytes": hb.free_memory_bytes,
+            "precision": hb.precision,
             # Its uptime now, not as of its last heartbeat: peers that heartbeat at different
             # moments then keep their order (the standby and a free stage's claimant are picked
             # by it; as of the heartbeat, two peers started a second apart swapped places).

@@ -227,7 +227,9 @@ def micro_batches_per_pipeline(scenario: Scenario, shape: Shape) -> int:
 
 
 def device_tflops(scenario: Scenario) -> np.ndarray:
-    return np.array([d.tflops for d in scenario.devices], dtype=float)
+    """Each device's speed as the plan is priced at: achieved where measured, else rated
+    (``Device.speed_tflops``)."""
+    return scenario.device_arrays.tflops.copy()  # the cached array stays as it is
 
 
 # -- a stage's size and a cell's memory --------------------------------------------------------------

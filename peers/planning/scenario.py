@@ -41,6 +41,15 @@ class Device:
     mean_uptime_h: float | None = None
     """Absent: the device is always up."""
     mean_downtime_h: float | None = None
+    achieved_tflops: float | None = None
+    """Measured: what the device's probe achieved at the run's shapes (``swarmd.node.compute_probe``).
+    Absent: only ``tflops``, the rated figure, is known."""
+
+    @property
+    def speed_tflops(self) -> float:
+        """What the planner and the simulator price the device at: its achieved TFLOPS where
+        measured, else its rated ``tflops``."""
+        return self.tflops if self.achieved_tflops is None else self.achieved_tflops
 
     @property
     def availability(self) -> float:
@@ -99,6 +108,7 @@ class Shape:
 @dataclass(frozen=True)
 class DeviceArrays:
     tflops: np.ndarray
+    """Each device's ``speed_tflops``: achieved where measured, else rated."""
     memory_gib: np.ndarray
     availability: np.ndarray
     leave_rate_per_s: np.ndarray
@@ -132,7 +142,7 @@ class Scenario:
         """The devices' figures as arrays, built once per scenario: the planner and its repair
         read them on every call, and at 10,000 devices the Python loop is not free."""
         return DeviceArrays(
-            tflops=np.array([d.tflops for d in self.devices], dtype=float),
+            tflops=np.array([d.speed_tflops for d in self.devices], dtype=float),
             memory_gib=np.array([d.memory_gib for d in self.devices]),
             availability=np.array([d.availability for d in self.devices]),
             leave_rate_per_s=np.array([d.leave_rate_per_s for d in self.devices]),
@@ -334,7 +344,9 @@ def _device(raw: Any, i: int) -> Device:
     tflops = _number(d, "tflops", path)
     memory = _number(d, "memory_gib", path)
     assert tflops is not None and memory is not None
-    return Device(ident, tflops, memory, region, up, down)
+    # Not bounded by the rated figure: a GeForce card boosting past its rated clock beats it.
+    achieved = _number(d, "achieved_tflops", path, required=False)
+    return Device(ident, tflops, memory, region, up, down, achieved)
 
 
 def parse_scenario(raw: Any, progress: Callable[[float], None] | None = None) -> Scenario:

@@ -1,7 +1,8 @@
 """What the planner is told (``PlannerConfig``) and what it may know of the scenario (``planning_view``).
 
 Each awareness can be switched off alone (``Awareness``): the planner then sees a uniform
-network (every link the mean latency and bandwidth), uniform devices (mean speed and memory),
+network (every link the mean latency and bandwidth), uniform devices (mean speed, achieved where
+measured, and memory),
 or devices that never leave; the plan is still costed on the real scenario, so the switch
 measures what that knowledge is worth.
 """
@@ -69,9 +70,9 @@ def planning_view(scenario: Scenario, awareness: Awareness) -> Scenario:
         lat = np.where(off, lat[off].mean(), 0.0)
         bw = np.where(off, bw[off].mean(), np.inf)
     if not awareness.devices:
-        tflops = float(np.mean([d.tflops for d in devices]))
+        tflops = float(np.mean([d.speed_tflops for d in devices]))
         memory = float(np.mean([d.memory_gib for d in devices]))
-        devices = tuple(replace(d, tflops=tflops, memory_gib=memory) for d in devices)
+        devices = tuple(replace(d, tflops=tflops, memory_gib=memory, achieved_tflops=None) for d in devices)
     if not awareness.reliability:
         devices = tuple(replace(d, mean_uptime_h=None, mean_downtime_h=None) for d in devices)
     return replace(scenario, devices=devices, latency_s=lat, bandwidth_Bps=bw)

@@ -6,7 +6,8 @@ peer's device and uptime is its own claim; measured reliability comes from what 
 
 A heartbeat of a private run also carries the peer's join token (``join_token``), which the
 readers check against the run's spec (``swarmd.peers.membership.admission``); a heartbeat
-without one, as every heartbeat before private runs existed, reads as before.
+without one, as every heartbeat before private runs existed, reads as before. So does one
+without the probe's ``free_memory_bytes`` and ``precision``, as every heartbeat before them.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ MAX_TTL_S = 600.0
 MAX_ADDRS = 16
 ROLES = ("worker", "parameter_server", "relay", "paused")
 """``paused``: its owner (or ``[limits]``) paused its work; it is planned for nothing meanwhile."""
+PRECISIONS = ("bf16", "fp32")
+"""The dtypes a peer's cells compute in (``precision``)."""
 HOLDS = ("dataset", "shards", "init")
 """What of the run's files a peer holds and serves to members (``swarmd.data``): every file of
 the data manifest, some of its shards (fetched into its cache), the checkpoint the run starts from."""
@@ -64,7 +67,9 @@ class Heartbeat(SignedRecord):
     """Multiaddrs of the peer's py-libp2p host (LAN discovery, event path)."""
     device: DeviceInfo
     throughput_gflops: float
-    """Measured dense matmul throughput; 0 when not measured."""
+    """The speed the peer's probe achieved at the run's block, in its cells' precision and
+    threads, times its ``[limits] cpu_share`` (``swarmd.node.compute_probe``), in GFLOP/s; 0
+    before a measurement (readers then take the device's rated figure)."""
     version: str
     roles: list[str]
     uptime_s: float
@@ -78,14 +83,21 @@ class Heartbeat(SignedRecord):
     not a proof: every file is checked against its digest where it arrives."""
     held_out: HeldOut | None = None
     """The run's held-out loss, from the peer that scores it: shown in every member's status."""
+    free_memory_bytes: int = 0
+    """The device's free memory when the probe measured it; 0: not measured."""
+    precision: str = ""
+    """What the probe measured in, the cells' dtype (one of ``PRECISIONS``); empty: not measured."""
+
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("join_token", "holds", "held_out", "free_memory_bytes", "precision")
+    """Left out of the signed body when empty: the heartbeat then reads the same to daemons from
+    before them."""
 
     def sign(self, identity: Identity) -> bytes:
-        """As every record's, but without ``join_token``, ``holds`` or ``held_out`` when they are
-        empty: such a heartbeat then reads the same to daemons from before them."""
+        """As every record's, but without the ``OPTIONAL`` fields that are empty."""
         if identity.peer_id != self.peer_id:
             raise RecordError(f"cannot sign the heartbeat of {self.peer_id} with the key of {identity.peer_id}")
         body = asdict(self)
-        for name in ("join_token", "holds", "held_out"):
+        for name in self.OPTIONAL:
             if not body[name]:
                 del body[name]
         return sign_record(identity, self.KIND, body)
@@ -122,12 +134,21 @@ class Heartbeat(SignedRecord):
             "join_token": f.string("join_token", MAX_TOKEN_CHARS) if "join_token" in f.obj else "",
             "holds": _holds(f, head) if "holds" in f.obj else [],
             "held_out": _held_out(f.object("held_out")) if f.obj.get("held_out") is not None else None,
+            "free_memory_bytes": f.integer("free_memory_bytes", 0, 2**50) if "free_memory_bytes" in f.obj else 0,
+            "precision": _precision(f, head) if "precision" in f.obj else "",
         }
 
 
 def _held_out(h: Fields) -> HeldOut:
     h.only({"version", "loss"})
     return HeldOut(version=h.integer("version", 0, 2**40), loss=h.number("loss", 0.0, 1e4))
+
+
+def _precision(f: Fields, head: Head) -> str:
+    precision = f.string("precision", 8)
+    if precision and precision not in PRECISIONS:  # empty: not measured, as when absent
+        raise RecordError(f"heartbeat of {head.peer_id} says it computes in {precision!r}, not one of {PRECISIONS}")
+    return precision
 
 
 def _holds(f: Fields, head: Head) -> list[str]:

@@ -28,7 +28,7 @@ def main() -> None:
 
     async def claim(self: Presence, *how: object) -> None:
         await measure(self, *how)  # type: ignore[arg-type]
-        self.throughput_gflops = claimed
+        self.offering.achieved_tflops = claimed / 1000
 
     async def idle(self: Lifecycle, actions: object, now: float) -> None:
         return None

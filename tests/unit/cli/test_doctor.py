@@ -56,7 +56,17 @@ def test_a_machine_that_can_join_passes_and_tries_a_cell(
     config, run_id = state
     assert run_doctor(lambda: config, run_id, a_daemon(3.0)) == 0
     out = capsys.readouterr().out
-    for name in ("config", "run ID", "state dir", "identity", "torch", "cell memory", "clock", "reachability"):
+    for name in (
+        "config",
+        "run ID",
+        "state dir",
+        "identity",
+        "torch",
+        "cell memory",
+        "compute",
+        "clock",
+        "reachability",
+    ):
         assert any(line.startswith("pass") and f" {name} " in line for line in out.splitlines()), (name, out)
     assert "a cell's share of one micro-batch peaked at" in out and "the memory model predicts" in out
     assert "this machine can join" in out

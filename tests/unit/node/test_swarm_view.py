@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from swarmd.node.swarm_view import SwarmView, connectivity_from, matrix_of
+from swarmd.node.swarm_view import SwarmView, connectivity_from, matrix_of, member_tflops
 from swarmd.peers.membership.reliability import Reliability
 from swarmd.peers.planning.snapshot import Member, build_snapshot, model_for_scenario
 from swarmd.peers.records.links import LinksRecord
@@ -62,3 +62,14 @@ def test_the_matrix_indexes_the_snapshots_members() -> None:
     snap = build_snapshot("r.x", members, {}, {}, model, {"sequences": 8, "micro_batch": 2})
     matrix = matrix_of(snap)
     assert matrix is not None and dict(matrix.index) == {"a": 0, "b": 1, "c": 2}
+
+
+def test_a_members_speed_is_its_measured_figure_else_its_devices_rated_one() -> None:
+    h100 = {"kind": "cuda", "name": "NVIDIA H100 80GB HBM3", "memory_bytes": 80 * 2**30}
+    assert member_tflops({"throughput_gflops": 412_000.0, "device": h100}) == 412.0  # measured
+    assert member_tflops({"throughput_gflops": 0.0, "device": h100}) == 989.0  # before it measured: rated
+    unknown = {"kind": "cuda", "name": "NVIDIA A10G", "memory_bytes": 24 * 2**30}
+    assert member_tflops({"throughput_gflops": 0.0, "device": unknown}) == 0.0  # the snapshot's fallback then
+    cpu = {"kind": "cpu", "name": "AMD EPYC", "memory_bytes": 16 * 2**30}
+    assert member_tflops({"throughput_gflops": 0.0, "device": cpu}) == 0.0
+    assert member_tflops({"throughput_gflops": 96.0, "device": cpu}) == 0.096

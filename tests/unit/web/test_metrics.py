@@ -54,6 +54,18 @@ STATUS: dict[str, Any] = {
     "uptime_s": 26.0,
     "device": {"kind": "cpu", "name": "AMD EPYC", "memory_bytes": 25275973632},
     "throughput_gflops": 1.5,
+    "probe": {
+        "achieved_tflops": 0.003,
+        "rated_tflops": None,
+        "of_rated": None,
+        "cpu_share": 0.5,
+        "precision": "fp32",
+        "threads": 2,
+        "run_shapes": True,
+        "min_fraction": 1.0,
+        "free_memory_bytes": 9 * 2**30,
+        "seconds": 1.4,
+    },
     "rejected_records": 4,
     "refused_members": {"bad_signature": 2},
     "dht_restarts": 0,
@@ -200,3 +212,16 @@ def test_a_peer_that_does_not_train_reports_no_training_figures() -> None:
     assert not any(n.startswith("swarmd_limit_") for n in names)
     assert m[("swarmd_state", (("state", "running"),))] == 1
     assert m[("swarmd_members", (("state", "provisional"),))] == 3
+
+
+def test_the_device_probes_figures_are_gauges_and_an_unknown_rated_figure_is_no_sample() -> None:
+    m = scrape(STATUS)
+    assert m[("swarmd_device_achieved_flops", ())] == 3e9  # the probe's, before cpu_share's half
+    assert m[("swarmd_device_free_memory_bytes", ())] == 9 * 2**30
+    assert m[("swarmd_device_probe_seconds", ())] == 1.4
+    assert ("swarmd_device_rated_flops", ()) not in m
+    rated = scrape({**STATUS, "probe": {**STATUS["probe"], "rated_tflops": 989.0}})
+    assert rated[("swarmd_device_rated_flops", ())] == 989e12
+    unmeasured = scrape({**STATUS, "probe": {"achieved_tflops": None, "rated_tflops": None, "cpu_share": 1.0}})
+    assert ("swarmd_device_achieved_flops", ()) not in unmeasured
+    assert ("swarmd_device_probe_seconds", ()) not in unmeasured

@@ -151,6 +151,8 @@ def test_snapshot_fields() -> None:
         "roles": ["worker"],
         "device": {"kind": "cuda", "name": "GPU", "memory_bytes": 2**34},
         "throughput_gflops": 1234.6,
+        "free_memory_bytes": 0,  # the heartbeat's probe said none (before probes carried it)
+        "precision": "",
         "uptime_s": 110.99,  # 99.99 s when it sent its heartbeat, 11 s ago
         "version": "0.1.0",
         "holds": [],

@@ -302,3 +302,23 @@ def test_a_stage_whose_activations_fit_only_checkpointed_is_marked_and_pays_the_
     if any(needed):
         unflagged = predict_throughput(sc, dataclasses.replace(p, checkpointing=()))
         assert predict_throughput(sc, p).tokens_per_s < unflagged.tokens_per_s
+
+
+def test_the_planner_prices_a_device_at_its_achieved_figure_where_measured() -> None:
+    """Two devices rated alike, one of which measured a tenth of its rating: a one-device plan
+    takes the other; and alone, a device measured at 10 TFLOPS plans as one rated at 10."""
+    one = {"stages": 1, "data_parallel": 1}
+    raw = synthetic_scenario_dict(2, regions=1, seed=0, model=FOUR_LAYERS, parallelism=one)
+    for d in raw["devices"]:
+        d["tflops"], d["memory_gib"] = 100.0, 80
+    raw["devices"][0]["achieved_tflops"] = 10.0
+    assert plan(parse_scenario(raw), FAST).pipelines == ((1,),)
+
+    def alone(device: dict[str, Any]) -> Scenario:
+        return parse_scenario({**raw, "devices": [device], "latency_s": [[0.0]], "bandwidth_Bps": [[0.0]]})
+
+    measured = plan(alone({"id": "d0", "tflops": 100.0, "achieved_tflops": 10.0, "memory_gib": 80}), FAST)
+    rated = plan(alone({"id": "d0", "tflops": 10.0, "memory_gib": 80}), FAST)
+    assert measured.meta["prediction"].tokens_per_s == pytest.approx(rated.meta["prediction"].tokens_per_s)
+    fast = plan(alone({"id": "d0", "tflops": 100.0, "memory_gib": 80}), FAST)
+    assert fast.meta["prediction"].tokens_per_s > 5 * measured.meta["prediction"].tokens_per_s

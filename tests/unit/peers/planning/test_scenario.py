@@ -131,3 +131,27 @@ def test_matrices_given_as_arrays_are_checked_by_the_same_rules() -> None:
             parse_scenario(bad)
     arrays["latency_s"][1, 1] = np.nan  # the diagonal is ignored here too
     parse_scenario(arrays)
+
+
+def test_a_measured_achieved_figure_is_what_the_device_is_priced_at() -> None:
+    raw = example()
+    raw["devices"][1]["achieved_tflops"] = 7.5
+    sc = parse_scenario(raw)
+    assert sc.devices[1].achieved_tflops == 7.5 and sc.devices[1].tflops == raw["devices"][1]["tflops"]
+    assert sc.devices[0].achieved_tflops is None  # absent: the rated figure stands
+    assert list(sc.device_arrays.tflops) == [
+        raw["devices"][0]["tflops"],
+        7.5,
+        *(d["tflops"] for d in raw["devices"][2:]),
+    ]
+    # Above the rated figure is allowed: a card boosting past its rated clock measures so.
+    raw["devices"][1]["achieved_tflops"] = raw["devices"][1]["tflops"] * 1.05
+    assert parse_scenario(raw).devices[1].speed_tflops == raw["devices"][1]["achieved_tflops"]
+
+
+@pytest.mark.parametrize("value", [0, -2.0, "fast", True, float("inf")])
+def test_a_bad_achieved_figure_is_refused_by_name(value: object) -> None:
+    raw = example()
+    raw["devices"][3]["achieved_tflops"] = value
+    with pytest.raises(ScenarioError, match=r"devices\[3\]\.achieved_tflops"):
+        parse_scenario(raw)

@@ -263,3 +263,20 @@ def test_held_out_score_carried_and_checked(identity: Identity) -> None:
         Heartbeat.parse(signed_body(identity, held_out={"version": 1, "loss": -1.0}), run_id=RUN_ID, now=NOW)
     with pytest.raises(RecordError, match="unknown fields"):
         Heartbeat.parse(signed_body(identity, held_out={"version": 1, "loss": 1.0, "x": 1}), run_id=RUN_ID, now=NOW)
+
+
+def test_the_probes_figures_are_carried_and_absent_before_a_measurement(identity: Identity) -> None:
+    probed = make_heartbeat(identity, throughput_gflops=412_000.0, free_memory_bytes=75 * 2**30, precision="bf16")
+    assert Heartbeat.parse(probed.sign(identity), run_id=RUN_ID, now=NOW) == probed
+    # Not measured: the body is what daemons from before the probe's fields signed and read.
+    raw = make_heartbeat(identity, throughput_gflops=0.0).sign(identity)
+    body = json.loads(json.loads(raw)["body"])
+    assert "free_memory_bytes" not in body and "precision" not in body
+    parsed = Heartbeat.parse(raw, run_id=RUN_ID, now=NOW)
+    assert parsed.free_memory_bytes == 0 and parsed.precision == "" and parsed.throughput_gflops == 0.0
+    with pytest.raises(RecordError, match=r"computes in 'fp16', not one of \('bf16', 'fp32'\)"):
+        Heartbeat.parse(signed_body(identity, precision="fp16"), run_id=RUN_ID, now=NOW)
+    with pytest.raises(RecordError, match="'free_memory_bytes' = -1 is outside"):
+        Heartbeat.parse(signed_body(identity, free_memory_bytes=-1), run_id=RUN_ID, now=NOW)
+    with pytest.raises(RecordError, match="'free_memory_bytes' has type float"):
+        Heartbeat.parse(signed_body(identity, free_memory_bytes=1.5), run_id=RUN_ID, now=NOW)

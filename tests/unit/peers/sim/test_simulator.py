@@ -378,3 +378,12 @@ def test_a_plan_whose_coordinator_leaves_while_computing_it_is_lost_and_the_next
     # departure is noticed, at 660, and d4 elected.
     assert r.plans_lost == 1 and sim.control.coordinator == 4
     assert [(e.kind, e.at_s) for e in r.plan_events[1:]] == [("repair", 620.0), ("repair", 660.0)]
+
+
+def test_a_device_measured_slower_than_rated_simulates_at_its_measured_speed() -> None:
+    measured = scenario(1)
+    measured = replace(measured, devices=(replace(measured.devices[0], tflops=10 * TFLOPS, achieved_tflops=TFLOPS),))
+    as_rated = run(scenario(1), fixed(((0,),), (4,), (0,), k=8), hours=0.25)
+    as_measured = run(measured, fixed(((0,),), (4,), (0,), k=8), hours=0.25)
+    assert (as_measured.updates, as_measured.tokens) == (as_rated.updates, as_rated.tokens) and as_rated.updates > 0
+    assert as_measured.compute_bound_tokens_per_s == pytest.approx(as_rated.compute_bound_tokens_per_s)
