@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from swarmd.errors import SwarmdError
-from swarmd.node.device import compute_dtype, free_memory_bytes
+from swarmd.node.device import free_memory_bytes
 
 if TYPE_CHECKING:
     from swarmd.config import ComputeConfig
@@ -187,8 +187,10 @@ class ProbeResult:
 def probe_device(device: str, compute: ComputeConfig, torch_threads: int, run: RunSpec | None) -> ProbeResult:
     """The probe as the cells would compute on ``device``: ``run``'s block (None: ``GENERIC``) in
     ``[compute]``'s precision, with ``[limits] torch_threads`` (0: torch's default)."""
+    from swarmd.models.precision import resolve_precision  # imports torch: in the probe's thread
+
     dims = GENERIC if run is None else StageDims.of_run(run.model, run.micro_batch)
-    dtype = compute_dtype(compute, device)
+    dtype = resolve_precision(compute.precision, device)
     return measure_achieved_tflops(device, dtype, compute_threads(torch_threads), dims, run is not None)
 
 

@@ -9,15 +9,11 @@ from __future__ import annotations
 import logging
 import os
 import platform
-from typing import Any
 
 from swarmd.errors import ConfigError
 from swarmd.peers.records.heartbeat import DeviceInfo
 
 logger = logging.getLogger(__name__)
-
-PRECISIONS = ("auto", "bf16", "fp32")
-"""``[compute] precision``: the autocast dtype of the cells' forward and backward."""
 
 
 def _cpu_name() -> str:
@@ -88,25 +84,3 @@ def meminfo_available_bytes(meminfo: str) -> int:
             value, _, unit = line.split(":", 1)[1].strip().partition(" ")
             return int(value) * (1024 if unit.strip() == "kB" else 1)
     return 0
-
-
-def compute_dtype(compute: Any, device: str) -> str:
-    """The dtype the cells compute in on ``device``, "bf16" or "fp32": ``[compute] precision``
-    (absent from a config before it existed: ``auto``) resolved as the cells resolve it."""
-    return _resolve_precision(str(getattr(compute, "precision", "auto")), device)
-
-
-def _resolve_precision(precision: str, device: str) -> str:
-    """``swarmd.models.precision.resolve_precision``'s rule (issue 28's shared interface), kept
-    here until that module lands: ``auto`` is bf16 on a CUDA device with bf16 tensor cores (not
-    emulated: a V100 would run it slower than fp32), fp32 elsewhere."""
-    if precision not in PRECISIONS:
-        raise ConfigError(f"[compute] precision = {precision!r} is not one of {', '.join(PRECISIONS)}")
-    if precision != "auto":
-        return precision
-    if not device.startswith("cuda"):
-        return "fp32"
-    import torch
-
-    with torch.cuda.device(torch.device(device)):
-        return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp32"

@@ -4,11 +4,11 @@ itself on this CPU (a positive figure within its few seconds; never an assertion
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 
+from swarmd.config import ComputeConfig
 from swarmd.models.presets import DEFAULT_RUN
 from swarmd.models.shape import ModelShape
 from swarmd.node.compute_probe import (
@@ -110,12 +110,12 @@ def test_the_probe_measures_a_positive_figure_within_its_seconds_and_restores_th
 
 
 def test_before_the_run_is_known_the_probe_takes_the_generic_block_and_the_cells_dtype() -> None:
-    compute = SimpleNamespace(device="cpu", benchmark=True)  # a config from before [compute] precision
-    generic = probe_device("cpu", compute, 1, None)  # type: ignore[arg-type]
+    compute = ComputeConfig(device="cpu")  # precision "auto": fp32 on a CPU
+    generic = probe_device("cpu", compute, 1, None)
     assert not generic.run_shapes and generic.dtype == "fp32" and generic.threads == 1
     assert generic.achieved_tflops > 0 and generic.seconds < 6  # its budget is 0.8 s of timed calls
     run = parse_spec_body(dict(DEFAULT_RUN))
-    at_run = probe_device("cpu", compute, 1, run)  # type: ignore[arg-type]
+    at_run = probe_device("cpu", compute, 1, run)
     assert at_run.run_shapes and at_run.min_fraction == 1.0  # the default run's block is small: full size
 
 
