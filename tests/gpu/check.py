@@ -56,6 +56,12 @@ the same weights), but the swarm's data path rounds: contributions in the run's 
 error feedback, fp16 deltas, the hidden state in bf16 between stages, a shard server's norm
 bound on a spike. The --cpu dry run measured gaps under 0.001 nats, one daemon and two
 (docs/results.md): a broken data path costs far more (a stage that stops learning, +1.9)."""
+LOSS_TOLERANCE_MOVED_NATS = 0.4
+"""The same, for a row in which a cell or shard changed hands while it trained (the first plan
+may move what the provisional assignment placed): the share in flight is dropped and trained
+again on weights a step on, which moves a small model's loss as reordering batches does
+(test_swarm_training.py holds a swarm with such events to 0.4 for that reason). One such
+--cpu run ended +0.184 from the reference where a join handed work over at update 4."""
 
 
 @dataclass(frozen=True)
@@ -302,10 +308,13 @@ class Check:
             note = found.problem.splitlines()[0]
         if any(c not in (0, None) for c in codes):
             note += f"; exit codes {codes}"
+        tolerance = LOSS_TOLERANCE_NATS
+        if found.moved_at:
+            tolerance = LOSS_TOLERANCE_MOVED_NATS
+            note += f"; cells or shards changed hands at update(s) {found.moved_at}: loss tolerance {tolerance}"
         steps = by_step(found.losses, self.per_step)
-        loss = compare_losses(
-            steps, reference_losses, window=LOSS_WINDOW, tolerance=LOSS_TOLERANCE_NATS, upto=self.setup.steps - 1
-        )
+        last = self.setup.steps - 1
+        loss = compare_losses(steps, reference_losses, window=LOSS_WINDOW, tolerance=tolerance, upto=last)
         if not found.problem:
             if loss is None:
                 self.failures.append(f"{name}: no step's losses to compare (losses seen: {len(found.losses)})")

@@ -90,34 +90,62 @@ class Measured:
     timed_updates: int = 0
     tokens_per_s: float | None = None
     losses: list[list[float]] = field(default_factory=list)
+    """Every ``[micro-batch, loss]`` the last stage's cells showed while they were watched."""
+    moved_at: list[int] = field(default_factory=list)
+    """The updates at which a cell or shard changed hands after training began (a plan that
+    moved what the provisional assignment placed): each is a share dropped and trained again."""
     peak_bytes: list[int] = field(default_factory=list)
     statuses: list[dict[str, Any]] = field(default_factory=list)
     problem: str = ""
     """Why the row failed (a daemon exited, nothing trained); empty when it did not."""
 
 
+def placement(statuses: list[dict[str, Any]]) -> tuple[tuple[tuple[tuple[int, int], ...], ...], ...]:
+    """Which cells and shards each daemon holds."""
+    return tuple(
+        (
+            tuple((c["pipeline"], c["stage"]) for c in training(s).get("cells") or []),
+            tuple((x["stage"], x["shard"]) for x in training(s).get("shards") or []),
+        )
+        for s in statuses
+    )
+
+
 class TrainingWatch:
-    """Polls a row's daemons until they reach ``steps`` updates or the budget runs out."""
+    """Polls a row's daemons until they reach ``steps`` updates or the budget runs out, keeping
+    the losses and placements it sees on the way (a cell's losses go with it when it moves)."""
 
     def __init__(self, daemons: list[LocalDaemon], *, tokens_per_update: int, cuda: bool) -> None:
         self.daemons = daemons
         self.tokens_per_update = tokens_per_update
         self.cuda = cuda
+        self.found = Measured()
+        self._losses: dict[int, float] = {}
+        self._placed: tuple[Any, ...] | None = None
 
     def updates(self) -> int:
+        """One poll of every daemon: raises RuntimeError when one exited or cannot train."""
         for d in self.daemons:
             if d.proc is not None and d.proc.poll() is not None:
                 raise RuntimeError(f"daemon {d.state_dir.name} exited with {d.proc.returncode}:\n{d.log_tail(30)}")
-        found = [training(status(d)) for d in self.daemons]
-        for d, t in zip(self.daemons, found, strict=True):
+        statuses = [status(d) for d in self.daemons]
+        for d, t in zip(self.daemons, map(training, statuses), strict=True):
             if t.get("error"):
                 raise RuntimeError(f"daemon {d.state_dir.name} cannot train: {t['error']}")
-        return max((t.get("updates") or 0 for t in found), default=0)
+            self._losses.update((int(m), float(loss)) for m, loss in t.get("losses") or [])
+        updates = max((training(s).get("updates") or 0 for s in statuses), default=0)
+        placed = placement(statuses)
+        if all(statuses) and all(cells for cells, _ in placed):  # every daemon answered and works
+            if self._placed is not None and placed != self._placed and updates > 0:
+                self.found.moved_at.append(updates)
+            self._placed = placed
+            self.found.statuses = statuses
+        return updates
 
     def measure(self, *, warmup: int, steps: int, start_s: float, budget_s: float) -> Measured:
         """Wait (up to ``start_s``) for ``warmup`` updates, then time the updates up to ``steps``
         (at most ``budget_s`` more)."""
-        found = Measured()
+        found = self.found
         try:
             u0, t0 = self._wait(warmup, time.monotonic() + start_s)
             if u0 < warmup:
@@ -147,11 +175,11 @@ class TrainingWatch:
         return seen, at
 
     def collect(self, found: Measured) -> None:
-        """Each daemon's status, losses and peak memory, as they stand."""
-        found.statuses = [status(d) for d in self.daemons]
-        found.losses = [pair for s in found.statuses for pair in training(s).get("losses") or []]
+        """The losses seen, and each daemon's peak memory as it stands."""
+        found.losses = [[m, loss] for m, loss in sorted(self._losses.items())]
         found.peak_bytes = []
-        for d, s in zip(self.daemons, found.statuses, strict=True):
+        for d in self.daemons:
+            s = status(d)
             peak = ((s.get("limits") or {}).get("applied") or {}).get("gpu_memory_peak_bytes") if self.cuda else None
             if peak is None and not self.cuda and d.proc is not None:
                 peak = peak_rss_bytes(d.pid)
@@ -161,12 +189,8 @@ class TrainingWatch:
 
 def layout(statuses: list[dict[str, Any]]) -> str:
     """Which cells and shards each daemon holds, and the assignment's pipelines and H."""
-    parts = []
-    for i, s in enumerate(statuses):
-        t = training(s)
-        cells = [(c["pipeline"], c["stage"]) for c in t.get("cells") or []]
-        shards = [(x["stage"], x["shard"]) for x in t.get("shards") or []]
-        parts.append(f"d{i}: cells {cells} shards {shards}")
+    placed = enumerate(placement(statuses))
+    parts = [f"d{i}: cells {list(cells)} shards {list(shards)}" for i, (cells, shards) in placed]
     a = next((training(s).get("assignment") for s in statuses if training(s).get("assignment")), None) or {}
     return "; ".join(parts) + f"; pipelines {a.get('pipelines')}, H {a.get('local_steps')}"
 
