@@ -149,8 +149,18 @@ class LiveLimits:
                 "throttled_s": round(self._compute.throttled_s, 1),
                 "torch_threads": self._compute.threads or None,
                 "gpu_memory": self.gpu_memory,
+                "gpu_memory_peak_bytes": self._gpu_peak_bytes(),
             },
         }
+
+    def _gpu_peak_bytes(self) -> int | None:
+        """What this process's compute has held at most on its CUDA device (the allocator's
+        peak, ``torch.cuda.max_memory_allocated``), against the cap above; None on the CPU."""
+        if self.device is None or not self.device.startswith("cuda"):
+            return None
+        import torch
+
+        return int(torch.cuda.max_memory_allocated(torch.device(self.device)))
 
 
 class Reloads:

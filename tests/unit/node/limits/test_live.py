@@ -59,6 +59,7 @@ def test_threads_and_gpu_memory_apply_once_compute_starts() -> None:
     try:
         assert compute.threads == 1
         assert live.status()["applied"]["gpu_memory"] == "does not apply: compute runs on the CPU"
+        assert live.status()["applied"]["gpu_memory_peak_bytes"] is None
         live.apply(LimitsConfig(torch_threads=0))  # back to torch's default
         assert compute.threads == live._default_threads and compute.threads >= 1
         live.apply(LimitsConfig(torch_threads=0, gpu_memory_gib=4))
