@@ -40,11 +40,12 @@ from typing import Any
 
 from swarmd.models.presets import Preset, materialize
 from swarmd.models.shape import ModelShape
+from swarmd.node.rated_tflops import rated_tflops  # the daemon's table: doctor's MFU and this one agree
 from swarmd.peers.records.run_spec import run_seed
 from swarmd.system.local_swarm import create_run
 from tests.gpu import daemons as d
 from tests.gpu import device_checks as checks
-from tests.gpu.figures import Row, compare_losses, flops_per_token, goals, markdown_table, mfu, rated_tflops
+from tests.gpu.figures import Row, compare_losses, flops_per_token, goals, markdown_table, mfu
 from tests.gpu.figures import step_losses as by_step
 
 LOSS_WINDOW = 5

@@ -3,7 +3,7 @@
 Each daemon is a real ``swarmd run`` subprocess on 127.0.0.1 with port 0, no mDNS and no UPnP
 (``LocalDaemon``, as the integration tests and ``swarmd demo`` start them), with short
 heartbeats, no start-up benchmark, and a config file of its own: the compute device, the
-precision where the installed swarmd has that key, and the ``[limits]`` that let two daemons
+precision, and the ``[limits]`` that let two daemons
 share one GPU (a GPU memory cap each; ``pause_while_gpu_used`` off, since each would otherwise
 see the other on the GPU and pause).
 
@@ -16,13 +16,11 @@ one; losses off ``training.losses`` (the last stage's ``[micro-batch, loss]``); 
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swarmd.config import ComputeConfig
 from swarmd.system.control import call
 from swarmd.system.local_swarm import LocalDaemon, stop_all, wait_for
 
@@ -31,10 +29,8 @@ POLL_S = 0.1
 
 
 def config_toml(*, device: str, gpu_memory_gib: float = 0.0, precision: str = "auto") -> str:
-    """A daemon's config file; ``[compute] precision`` only where this swarmd's config has it."""
-    compute = [f'device = "{device}"']
-    if "precision" in {f.name for f in dataclasses.fields(ComputeConfig)}:
-        compute.append(f'precision = "{precision}"')
+    """A daemon's config file."""
+    compute = [f'device = "{device}"', f'precision = "{precision}"']
     limits = ["pause_while_gpu_used = false", "pause_on_battery = false"]
     if gpu_memory_gib > 0:
         limits.append(f"gpu_memory_gib = {gpu_memory_gib:.2f}")

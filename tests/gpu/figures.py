@@ -16,35 +16,6 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
-RATED_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
-    # Dense bf16 tensor-core TFLOPS from the vendors' data sheets (without sparsity), matched
-    # against torch.cuda.get_device_name in order: the first name it contains wins.
-    ("H100 PCIe", 756.0),
-    ("H100 NVL", 835.0),
-    ("H100", 989.0),  # SXM
-    ("H200", 989.0),
-    ("H800", 989.0),
-    ("GH200", 989.0),
-    ("A100", 312.0),
-    ("A800", 312.0),
-    ("L40S", 362.0),
-    ("L4", 121.0),
-    ("A10G", 70.0),
-    ("A10", 125.0),
-    ("RTX 4090", 165.0),
-    ("RTX 3090", 71.0),
-    ("MI300X", 1307.0),
-    ("MI250X", 383.0),
-)
-
-
-def rated_tflops(device_name: str) -> float | None:
-    """The device's rated dense bf16 TFLOPS by its name, or None for a device not in the table."""
-    for part, tflops in RATED_BF16_TFLOPS:
-        if part in device_name:
-            return tflops
-    return None
-
 
 def flops_per_token(*, params: int, embedding_params: int, layers: int, hidden: int, seq_len: int) -> int:
     """Training FLOPs per token (module doc): 6 x the parameters that multiply, plus attention's."""

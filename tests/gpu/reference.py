@@ -15,7 +15,6 @@ result, one JSON object, to ``--out``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import resource
 import time
@@ -27,14 +26,9 @@ import torch
 from swarmd.models.build import build_model
 from swarmd.models.data.shard_files import open_prepared
 from swarmd.models.lr_schedule import LrSchedule
+from swarmd.models.precision import ComputeSettings, start_device
 from swarmd.models.shape import ModelShape
-from swarmd.node.device import measure_throughput_gflops
-
-
-def _autocast(device: str, dtype: str) -> contextlib.AbstractContextManager[Any]:
-    if dtype == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+from swarmd.node.compute_probe import StageDims, measure_achieved_tflops
 
 
 def train(spec: dict[str, Any], seed: int, *, steps: int, warmup: int, device: str, dtype: str) -> dict[str, Any]:
@@ -47,8 +41,9 @@ def train(spec: dict[str, Any], seed: int, *, steps: int, warmup: int, device: s
     schedule = LrSchedule(opt["lr"], opt.get("warmup_steps", 0), opt.get("decay_steps", 0))
     prepared = open_prepared(Path(spec["data"]["manifest"]).parent, shape.seq_len, seed)
     cuda = device.startswith("cuda")
-    model = build_model(shape, seed).to(device)
-    model.set_attn_implementation("sdpa")
+    compute = ComputeSettings(device=device, dtype=dtype)  # the cells' own autocast and TF32
+    start_device(compute.torch_device)
+    model = build_model(shape, seed).to(device)  # SDPA, as the stages run it
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=opt["lr"], weight_decay=opt.get("weight_decay", 0.0), fused=cuda or None
     )
@@ -66,7 +61,7 @@ def train(spec: dict[str, Any], seed: int, *, steps: int, warmup: int, device: s
             for k in range(per_step):
                 ids = prepared.train.micro_batch(step * per_step + k, micro)
                 ids = ids.pin_memory().to(device, non_blocking=True) if cuda else ids
-                with _autocast(device, dtype):
+                with compute.autocast():
                     loss = model(input_ids=ids, labels=ids).loss
                 (loss / per_step).backward()
                 total += loss.detach()
@@ -105,9 +100,6 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     cuda = args.device.startswith("cuda")
     if cuda:
-        # TF32 for what autocast leaves in fp32, as torchtitan and nanoGPT set it.
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
         torch.cuda.reset_peak_memory_stats(args.device)
     spec = json.loads(args.spec.read_text())
     result: dict[str, Any] = {"device": args.device, "dtype": args.dtype, "threads": torch.get_num_threads()}
@@ -115,9 +107,12 @@ def main(argv: list[str] | None = None) -> int:
         result["device_name"] = torch.cuda.get_device_name(args.device)
         result["total_bytes"] = int(torch.cuda.get_device_properties(args.device).total_memory)
     else:
-        # The CPU has no rated bf16 figure: its measured fp32 matmul throughput stands in for it.
+        # The CPU has no rated bf16 figure: what the daemon's probe measures for the run's block,
+        # fp32 on these threads, stands in for it.
         result["device_name"] = "cpu"
-        result["measured_gflops"] = measure_throughput_gflops("cpu", size=512, budget_s=1.0)
+        dims = StageDims.of_run(ModelShape.from_dict(spec["model"]), spec["batch"]["micro_batch"])
+        probe = measure_achieved_tflops("cpu", "fp32", torch.get_num_threads(), dims, run_shapes=True)
+        result["measured_gflops"] = probe.achieved_tflops * 1000
     runs = []
     for i, seed in enumerate(args.seed):
         runs.append(train(spec, seed, steps=args.steps, warmup=args.warmup, device=args.device, dtype=args.dtype))
