@@ -12,7 +12,11 @@ graph serves all, and the stage's parameters keep their names (the compiled wrap
 here, never registered as a submodule). Compilation is lazy and can fail on a machine without
 a compiler or with an unsupported op; so the first micro-batch runs a **trial**, a forward and
 backward of the compiled stage whose gradients are thrown away. If it fails, the stage goes
-eager with a warning that says why; it never stops training.
+eager with a warning that says why; it never stops training. If it compiles, the trial then
+times one more compiled pass against one eager pass of the same micro-batch and keeps the
+compiled layers only if they **measure faster** (a CPU, or small layers on a GPU, often do not:
+compiled code pays guards and launches that eager does not). Compiling is bounded: one graph
+per layer shape (``dynamic=False``), made once, at the trial, and its time is logged.
 """
 
 from __future__ import annotations
@@ -50,13 +54,22 @@ class LayerRunner:
     """Calls a stage's decoder layers, each checkpointed and/or compiled as configured."""
 
     def __init__(
-        self, *, checkpointing: bool = False, compile: bool = False, backend: str | Callable[..., Any] = COMPILE_BACKEND
+        self,
+        *,
+        checkpointing: bool = False,
+        compile: bool = False,
+        backend: str | Callable[..., Any] = COMPILE_BACKEND,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        """``clock``: what the trial times the compiled and eager passes with (a test's fake)."""
         self.checkpointing = checkpointing
         self.compile = compile
         self.backend = backend
         self.compile_error: str | None = None
         """Why compiling failed (the stage then runs eager); None while it has not."""
+        self.trial_s: dict[str, float] = {}
+        """The trial's figures: "compile" (the first pass, compiling), "compiled" and "eager"."""
+        self._clock = clock
         self._compiled: dict[int, Callable[..., Any]] = {}
         self._tried = not compile
 
@@ -69,27 +82,47 @@ class LayerRunner:
 
     def try_compile(self, forward: Callable[[], torch.Tensor], params: Sequence[torch.Tensor], where: str) -> None:
         """Once, before the first real forward: compile by running ``forward`` (the stage's) and
-        its backward; the gradients go nowhere. On failure, warn and run eager from then on."""
+        its backward, then time a compiled and an eager pass; the gradients go nowhere. On a
+        failure, or where compiled measures no faster, run eager from then on (module doc)."""
         if self._tried or not torch.is_grad_enabled():
             return
         self._tried = True
-        started = time.perf_counter()
-        try:
+        trainable = [p for p in params if p.requires_grad]
+        device = trainable[0].device if trainable else torch.device("cpu")
+
+        def timed() -> float:
+            started = self._clock()
             out = forward()
-            trainable = [p for p in params if p.requires_grad]
             torch.autograd.grad(out.float().sum(), trainable, allow_unused=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            return self._clock() - started
+
+        try:
+            self.trial_s["compile"] = timed()
+            self.trial_s["compiled"] = timed()
         except Exception as e:  # anything the compiler raises: eager still computes the same
-            self.compile = False
-            self._compiled.clear()
             self.compile_error = _reason(e)
-            logger.warning(
-                "%s: torch.compile of its layers failed after %.1f s (%s); running them eager",
-                where,
-                time.perf_counter() - started,
-                self.compile_error,
-            )
+            self._go_eager()
+            logger.warning("%s: torch.compile of its layers failed (%s); running them eager", where, self.compile_error)
             return
-        logger.info("%s: layers compiled in %.1f s", where, time.perf_counter() - started)
+        self.compile = False
+        self.trial_s["eager"] = timed()
+        self.compile = self.trial_s["compiled"] < self.trial_s["eager"]
+        if not self.compile:
+            self._go_eager()
+        logger.info(
+            "%s: layers compiled in %.1f s; a pass takes %.1f ms compiled, %.1f ms eager: running them %s",
+            where,
+            self.trial_s["compile"],
+            self.trial_s["compiled"] * 1e3,
+            self.trial_s["eager"] * 1e3,
+            "compiled" if self.compile else "eager",
+        )
+
+    def _go_eager(self) -> None:
+        self.compile = False
+        self._compiled.clear()
 
     def _compiled_block(self, block: nn.Module) -> Callable[..., Any]:
         found = self._compiled.get(id(block))

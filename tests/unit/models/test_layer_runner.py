@@ -1,9 +1,11 @@
 """models/layer_runner.py: checkpointed and compiled layers compute what plain ones do; checkpointing
-keeps fewer activations; a compile that fails leaves the stage eager, with a warning."""
+keeps fewer activations; compiled layers stay only if they measure faster; a compile that fails
+leaves the stage eager, with a warning."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -76,18 +78,31 @@ def test_checkpointed_layers_give_the_plain_gradients_and_keep_fewer_activations
     assert kept < kept_plain / 4 and kept_bytes < bytes_plain / 4, (kept, kept_plain, kept_bytes, bytes_plain)
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
-def test_compiled_layers_compute_what_eager_ones_do(family: str) -> None:
+def _clock(*readings: float) -> Callable[[], float]:
+    """A clock that reads ``readings`` in turn: the trial's start and end of each timed pass."""
+    it = iter(readings)
+    return lambda: next(it)
+
+
+@pytest.mark.parametrize(
+    ("family", "eager_s", "kept"), [("gpt2", 2.0, True), ("llama", 2.0, True), ("llama", 0.5, False)]
+)
+def test_compiled_layers_compute_what_eager_ones_do_and_stay_only_if_faster(
+    family: str, eager_s: float, kept: bool
+) -> None:
     torch._dynamo.reset()
     model = build_model(_shape(family), 3)
     ids = _ids()
     eager, compiled = StageModule(model, [(0, 4)], 0), StageModule(model, [(0, 4)], 0)
-    # aot_eager traces forward and backward as inductor does, without a C compiler's minutes.
-    compiled.layers_run = LayerRunner(compile=True, backend="aot_eager")
+    # aot_eager traces forward and backward as inductor does, without a C compiler's minutes. The
+    # trial's passes read: compiling 10 s, compiled 1 s, eager ``eager_s``.
+    clock = _clock(0.0, 10.0, 10.0, 11.0, 11.0, 11.0 + eager_s)
+    compiled.layers_run = LayerRunner(compile=True, backend="aot_eager", clock=clock)
     expected = _stage_grads(eager, ids, ids)
-    for _ in range(2):  # the trial, then the compiled graphs reused
+    for _ in range(2):  # the trial, then the compiled graphs reused (or eager, where it was faster)
         _assert_same(_stage_grads(compiled, ids, ids), expected, atol=1e-5, rtol=1e-4)
-    assert compiled.layers_run.compile and compiled.layers_run.compile_error is None
+    assert compiled.layers_run.compile == kept and compiled.layers_run.compile_error is None
+    assert compiled.layers_run.trial_s == {"compile": 10.0, "compiled": 1.0, "eager": eager_s}
     assert [n for n, _ in compiled.named_parameters()] == [n for n, _ in eager.named_parameters()]
 
 
