@@ -208,13 +208,13 @@ class Check:
         ref = reference(self.setup, spec_path, seeds, self.cores, self.out)
         self._reference_row(ref)
         print(f"      {ref['runs'][0]['tokens_per_s']:,.0f} tokens/s on {ref['device_name']}", flush=True)
-        config = d.config_toml(device=self.setup.device)
+        config = d.config_toml(device=self.setup.device, precision=self.setup.dtype)
         print("[3/4] one daemon, the one-stage run", flush=True)
         one = [d.make_daemon(self.out / "one", "d0", run_ids[0], config=config, threads=self.cores)]
         self._daemon_row("one daemon", one, ref["runs"][0]["losses"], doctor=True)
         total = int(ref.get("total_bytes", 0))  # CUDA only
         cap = total / 2 / 2**30
-        config = d.config_toml(device=self.setup.device, gpu_memory_gib=cap)
+        config = d.config_toml(device=self.setup.device, gpu_memory_gib=cap, precision=self.setup.dtype)
         print("[4/4] two daemons, the two-stage run" + (f", {cap:.1f} GiB each" if self.cuda else ""), flush=True)
         data = self.out / "files" / "data"
         half = self.setup.threads or max(1, self.cores // 2)
@@ -358,8 +358,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="where the table, the runs and the logs go (default: a temp dir)")
     parser.add_argument("--steps", type=int, help="optimizer steps of each row (default: the mode's)")
     parser.add_argument("--rated-tflops", type=float, help="the device's rated bf16 TFLOPS (one not in the table)")
+    parser.add_argument(
+        "--precision", choices=("bf16", "fp32"), help="what every row computes in (default: bf16 on a GPU, fp32 --cpu)"
+    )
     args = parser.parse_args(argv)
     setup = CPU if args.cpu else GPU
+    if args.precision:
+        setup = Setup(**{**setup.__dict__, "dtype": args.precision})
     if args.steps:
         setup = Setup(**{**setup.__dict__, "steps": args.steps, "warmup": min(setup.warmup, args.steps - 1)})
     if setup.steps < 2:
