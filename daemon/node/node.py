@@ -296,15 +296,13 @@ class Node:
 
     async def _start_trainer(self, spec: SignedRunSpec, measurements: Measurements, coordination: Coordination) -> None:
         # transformers loads only on peers that train (seconds of start-up otherwise).
+        from swarmd.node.device import resolve_device
+        from swarmd.training.run_facts import compute_settings
         from swarmd.training.trainer import Trainer
 
         assert self.identity is not None and self.dht is not None
-        assert self.membership is not None and self.rpc is not None
-        from swarmd.node.device import resolve_device
-        from swarmd.training.run_facts import compute_settings
-
+        assert self.membership is not None and self.rpc is not None and self.files is not None
         self.limits.start_compute(device := resolve_device(self.config.compute.device))
-        assert self.files is not None
         membership = self.membership
 
         def members() -> list[dict[str, Any]]:
