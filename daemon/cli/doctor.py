@@ -25,6 +25,9 @@ from swarmd.errors import SwarmdError
 from swarmd.node.dial_back import scope, tcp_target
 
 MAX_CLOCK_SKEW_S = 5.0
+MEMORY_MODEL_TOLERANCE = 0.15
+"""How far the cell memory model may miss the dry run's measured peak before doctor says so:
+what its unit test holds it to on the CPU (``tests/unit/models/test_cell_memory.py``)."""
 """Heartbeats and leases are judged by their signer's clock: a few seconds of skew make a peer's
 records look stale or from the future; NTP keeps clocks within milliseconds."""
 MARK = {"pass": "pass", "warn": "WARN", "fail": "FAIL"}
@@ -195,11 +198,21 @@ def check_cell_memory(ctx: Context) -> list[Check]:
                 "start the daemon once (it fetches the spec), then run doctor again",
             )
         ]
-    peak, stage, predicted = _dry_run(spec.spec, ctx.device)
+    peak, stage, predicted = _dry_run(spec.spec, ctx.device, ctx.config.compute.precision)
     found = (
         f"stage {stage} of {spec.spec.stages}: a cell's share of one micro-batch peaked at {peak / 2**20:.0f} MiB "
         f"(the memory model predicts {predicted / 2**20:.0f} MiB)"
     )
+    if peak > 0 and abs(predicted - peak) > MEMORY_MODEL_TOLERANCE * peak:
+        return [
+            Check(
+                "cell memory",
+                "warn",
+                found + f": {predicted / peak - 1:+.0%}, past the model's {MEMORY_MODEL_TOLERANCE:.0%}",
+                "the planner sizes cells with that model, so it may place too much or too little here: "
+                "report this line (with `swarmd doctor`'s torch line) as an issue",
+            )
+        ]
     if ctx.memory_bytes and peak > 0.9 * ctx.memory_bytes:
         return [
             Check(
@@ -214,14 +227,18 @@ def check_cell_memory(ctx: Context) -> list[Check]:
     ]
 
 
-def _dry_run(spec: Any, device: str) -> tuple[int, int, float]:
-    """A cell of the heaviest stage through one share of one micro-batch and its round's end:
-    the peak of tensor memory it took, the stage, and what the cell memory model predicts."""
+def _dry_run(spec: Any, device: str, precision: str) -> tuple[int, int, float]:
+    """A cell of the heaviest stage through one share of one micro-batch and its round's end,
+    computing as the daemon's cells will (``device``, ``[compute] precision``): the peak of
+    tensor memory it took, the stage, and what the cell memory model predicts."""
     import torch
 
     from swarmd.models.cell_compute import CellCompute
     from swarmd.models.cell_memory import BlockShape, CellLoad, cell_peak_bytes
+    from swarmd.models.precision import ComputeSettings, resolve_precision
     from swarmd.models.stages import StageModule, split_layers
+
+    settings = ComputeSettings(device=device, dtype=resolve_precision(precision, device))
 
     shape, stages = spec.model, spec.stages
     ranges = split_layers(shape.layers, stages)
@@ -229,11 +246,17 @@ def _dry_run(spec: Any, device: str) -> tuple[int, int, float]:
     module = StageModule.from_shape(shape, 0, ranges, stage)
     ids = torch.randint(0, shape.vocab, (spec.micro_batch, shape.seq_len), device=device)
     hidden = (spec.micro_batch, shape.seq_len, shape.hidden)
-    load = CellLoad(first=stage == 0, last=module.is_last, micro_batch=spec.micro_batch, seq_len=shape.seq_len)
+    load = CellLoad(
+        first=stage == 0,
+        last=module.is_last,
+        micro_batch=spec.micro_batch,
+        seq_len=shape.seq_len,
+        precision=settings.dtype,
+    )
     predicted = cell_peak_bytes(BlockShape.from_model_shape(shape), ranges[stage][1] - ranges[stage][0], load)
 
     def share() -> None:
-        cell = CellCompute(module.to(device), mode="gradient", window=1, lr=0.0)
+        cell = CellCompute(module, mode="gradient", window=1, lr=0.0, settings=settings)
         x = ids if module.is_first else torch.randn(hidden, device=device)
         if module.is_last:
             cell.forward_backward_last(0, x, ids)

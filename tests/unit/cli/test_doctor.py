@@ -110,3 +110,18 @@ def test_reachability_is_what_a_peer_dialling_back_found(
     assert "WARN  reachability" in out and "UnknownMethod" in out
     run_doctor(lambda: config, run_id, a_daemon(1.0, reached=True))
     assert f"a peer opened a fresh connection to {ADDR}" in capsys.readouterr().out
+
+
+def test_a_memory_model_that_misses_the_dry_run_is_reported(
+    state: tuple[Config, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import swarmd.models.cell_memory as cell_memory
+
+    config, run_id = state
+    exact = cell_memory.cell_peak_bytes
+    monkeypatch.setattr(cell_memory, "cell_peak_bytes", lambda *a, **k: 2 * exact(*a, **k))  # a model 2x off
+    assert run_doctor(lambda: config, run_id, a_daemon(3.0)) == 0  # a warning: the machine still joins
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if " cell memory " in x)
+    assert line.startswith("WARN") and "past the model's 15%" in line, line
+    assert "report this line" in out
