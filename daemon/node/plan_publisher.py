@@ -4,8 +4,10 @@ The coordinator plans from the live scenario (``swarmd.peers.planning.snapshot``
 the first time, a repair when members joined or left (``swarmd.peers.planning.planner.repair``),
 and publishes it signed with the next version. While the members stay the same it keeps the
 plan, only re-electing its relays and renewing its expiry, unless a fresh plan on what was
-measured since is predicted ``REPLAN_GAIN`` faster. Planning runs in a worker thread (it is
-pure numpy work of up to ``PLAN_BUDGET_S``).
+measured since is predicted ``REPLAN_GAIN`` faster. A full plan keeps the peers of the
+assignment in force (the provisional rule's before the first plan) in their cells and shards
+where swapping alike devices costs at most ``KEEP_WITHIN`` of its predicted speed. Planning
+runs in a worker thread (it is pure numpy work of up to ``PLAN_BUDGET_S``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from swarmd.node.swarm_view import SwarmView
 from swarmd.peers.membership.election import ElectionConfig, elect_relays, relays_wanted
 from swarmd.peers.planning.plan_cost import Plan
 from swarmd.peers.planning.planner import PlanError, PlannerConfig, plan, repair
+from swarmd.peers.planning.repair import kept_in_place
 from swarmd.peers.planning.scenario import ScenarioError
 from swarmd.peers.planning.snapshot import Snapshot
 from swarmd.peers.planning.throughput import ThroughputModel
@@ -27,6 +30,7 @@ from swarmd.peers.records.identity import Identity
 from swarmd.peers.records.plan_record import KIND as PLAN_KIND
 from swarmd.peers.records.plan_record import PlanRecord
 from swarmd.peers.records.run_spec import SignedRunSpec
+from swarmd.peers.taskpool.assignment import from_plan, provisional
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +49,13 @@ re-grows it once members hold still. Not most of it: a repair that put stage 0 b
 relayed link once held a swarm at 1,855 tokens/s (0.17 of the full plan's predicted 10,952) for
 3.5 min while members came and went. At 0.5, CI's five-daemon test once answered a departure
 with a full plan (its predictions were not on record)."""
+KEEP_WITHIN = 0.05
+"""A full plan is published with alike devices swapped so that the assignment in force keeps
+its cells and shards (``swarmd.peers.planning.repair.kept_in_place``) when that is predicted
+at most this fraction slower. A moved cell or shard is a hand-over the prediction does not
+price: two equal CPU daemons, placed by peer ID provisionally, were swapped by the first plan
+(the planner orders them by noise in their links, both orders predicted alike), and the
+6 s hand-over fell in a timed window: 1,800 tokens/s against 12,800."""
 
 
 class PlanPublisher:
@@ -136,6 +147,8 @@ class PlanPublisher:
         self, view: SwarmView, snap: Snapshot, result: Plan, kind: str, previous: PlanRecord | None, now: float
     ) -> None:
         """Publish a plan of the planner's as the next version, its relays elected."""
+        if kind == "full":
+            result = await asyncio.to_thread(self._kept, snap, result, previous)
         ids = snap.scenario.ids
         current_relays = [] if previous is None else [previous.devices[r] for r in previous.relays]
         relays = self._elect_relays(view, ids, [ids.index(p) for p in current_relays if p in ids], list(result.relays))
@@ -170,6 +183,36 @@ class PlanPublisher:
             record.predicted.get("tokens_per_s", 0.0),
         )
         await self._publish(record, now)
+
+    def _kept(self, snap: Snapshot, fresh: Plan, previous: PlanRecord | None) -> Plan:
+        """``fresh`` with the peers of the assignment in force kept in their places where that
+        is predicted at most ``KEEP_WITHIN`` slower (module doc): ``previous``, else the
+        provisional rule over the members planned, which each of them follows until a plan."""
+        run = self.spec.spec
+        if previous is not None:
+            held = from_plan(previous, run.stages, 1)
+            if held is None:
+                return fresh
+        else:
+            held = provisional(list(snap.scenario.ids), run.stages, 1)
+        kept = kept_in_place(fresh, snap.scenario, held.cells, held.servers, KEEP_WITHIN)
+        if kept is fresh:
+            return fresh
+        model = ThroughputModel(snap.scenario, max_staleness=run.max_staleness)
+        try:
+            fresh_tps = model.evaluate(fresh).effective_tokens_per_s
+            prediction = model.evaluate(kept)
+        except (ScenarioError, ValueError) as e:
+            logger.debug("Cannot weigh keeping the cells in place: %s", e)
+            return fresh
+        if prediction.effective_tokens_per_s < (1 - KEEP_WITHIN) * fresh_tps:
+            return fresh
+        logger.info(
+            "Keeping the cells and shards in place: %.0f effective tokens/s predicted against %.0f for the plan's own",
+            prediction.effective_tokens_per_s,
+            fresh_tps,
+        )
+        return replace(kept, meta={**fresh.meta, "prediction": prediction})
 
     async def _better_plan(self, view: SwarmView, snap: Snapshot, previous: PlanRecord, now: float) -> bool:
         """Plan afresh on what is measured now; publish it if it is predicted ``REPLAN_GAIN``

@@ -12,6 +12,9 @@
 - The layer split, H and k are kept unless the number of pipelines changed by a tenth or more
   (``RESCHEDULE_FRACTION``) or a stage no longer fits (then chosen again as a full plan chooses
   them; k stays within the batch split either way). The relays still live stay; spares are listed anew.
+
+``kept_in_place`` keeps cells and shards in place under a full plan instead: it swaps devices
+alike for that plan so that the peers of the assignment in force keep what they hold.
 """
 
 from __future__ import annotations
@@ -23,9 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from swarmd.peers.planning.builder import GridCandidate, Planner
+from swarmd.peers.planning.builder import LOCAL, GridCandidate, Planner
 from swarmd.peers.planning.construction import pipelines_first
-from swarmd.peers.planning.plan_cost import Plan
+from swarmd.peers.planning.plan_cost import Plan, cell_layer_caps
 from swarmd.peers.planning.scenario import Scenario, Shape
 from swarmd.peers.planning.schedule import (
     choose_local_steps,
@@ -239,3 +242,56 @@ def _grow(
         return model.evaluate(trial).effective_tokens_per_s
 
     return (bigger, len(rows)) if effective(bigger) > effective(grid) else (grid, 0)
+
+
+def kept_in_place(
+    plan: Plan,
+    scenario: Scenario,
+    cells: Sequence[Sequence[str]],
+    shards: Sequence[Sequence[str]],
+    tolerance: float,
+) -> Plan:
+    """``plan`` with devices alike for it swapped, so that the peers of the assignment in force
+    keep their places: ``cells[p][s]`` the cell (p, s), then ``shards[s][k]`` the shard (s, k),
+    where ``plan`` has that cell or shard (the first place named keeps a peer). ``plan`` itself
+    when no swap is needed or allowed. Alike: both hold the plan's layers at the same stages,
+    with checkpointing and without (so the plan stays whole and checkpoints alike), and their
+    speeds and availabilities are within ``tolerance`` of each other. Links are not compared
+    here: the caller weighs the result on the throughput model before it keeps it."""
+    index = scenario.index()
+    stages = len(plan.layers_per_stage)
+    local = LOCAL if plan.local_steps > 1 else 1
+    memory = scenario.device_arrays.memory_gib
+    layers = np.asarray(plan.layers_per_stage)
+    fit = np.concatenate(
+        [cell_layer_caps(scenario, memory, stages, local, checkpointing=c) >= layers for c in (False, True)], axis=1
+    )
+    arrays = scenario.device_arrays
+
+    def near(a: float, b: float) -> bool:
+        return abs(a - b) <= tolerance * max(abs(a), abs(b))
+
+    def alike(a: int, b: int) -> bool:
+        return (
+            bool((fit[a] == fit[b]).all())
+            and near(arrays.tflops[a], arrays.tflops[b])
+            and near(arrays.availability[a], arrays.availability[b])
+        )
+
+    to = list(range(scenario.n))  # the new plan is ``plan.remapped(to)``
+    origin = list(range(scenario.n))  # origin[to[d]] == d
+    fixed: set[int] = set()
+    wanted = [(row, named) for row, named in zip(plan.pipelines, cells, strict=False)]
+    wanted += [(row, named) for row, named in zip(plan.shard_servers, shards, strict=False)]
+    for row, named in wanted:
+        for at, peer in zip(row, named, strict=False):
+            want, there = index.get(peer), to[at]
+            if want is None or want in fixed or there in fixed:
+                continue
+            if want != there:
+                if not alike(want, there):
+                    continue
+                a, b = origin[there], origin[want]
+                to[a], to[b], origin[want], origin[there] = want, there, a, b
+            fixed.add(want)
+    return plan if to == list(range(scenario.n)) else plan.remapped(to)

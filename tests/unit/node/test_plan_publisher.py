@@ -17,6 +17,7 @@ from swarmd.peers.planning.snapshot import Member
 from swarmd.peers.records.identity import Identity
 from swarmd.peers.records.plan_record import PlanRecord
 from swarmd.peers.records.run_spec import parse_spec_body, sign_run_spec
+from swarmd.peers.taskpool.assignment import provisional
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -75,3 +76,39 @@ def test_a_repair_far_slower_than_a_full_plan_gives_way_to_it() -> None:
     chosen, kind = asyncio.run(publisher._repair_or_full(snap, mended, settings))
     assert kind == "full" and slow not in {d for row in chosen.pipelines for d in row}
     assert asyncio.run(publisher._repair_or_full(snap, full, settings)) == (full, "repair")
+
+
+class _Board:
+    """The DHT as far as the publisher writes to it: the records it published."""
+
+    def __init__(self) -> None:
+        self.published: list[bytes] = []
+
+    async def publish_peer_record(self, kind: str, peer: str, signed: bytes, expires_at: float) -> None:
+        self.published.append(signed)
+
+
+@pytest.mark.parametrize("others", [1, 2])
+def test_the_first_full_plan_keeps_equal_members_where_the_provisional_rule_put_them(others: int) -> None:
+    """Equal CPU daemons (same memory, no benchmark, links alike both ways) are placed by peer ID
+    before the first plan; the planner, to which both orders predict the same, put the higher
+    ID at stage 0 and so moved every cell and shard (a 6 s hand-over, unpriced). The first full
+    plan keeps them where they are."""
+    me = Identity.generate()
+    spec = sign_run_spec(me, parse_spec_body({**DEFAULT_RUN, "stages": 2}))
+    device = {"kind": "cpu", "name": "AMD EPYC", "memory_bytes": 16 << 30}
+    members = {f"p{i}": {"peer_id": f"p{i}", "device": device, "throughput_gflops": 0.0} for i in range(others)}
+    view = read_view(spec, Member(me.peer_id, 16.0, 0.0), members, {}, [])
+    assert view.snapshot is not None
+    ids = view.snapshot.scenario.ids
+    held = provisional(ids, 2, 1)
+    board = _Board()
+    publisher = PlanPublisher(spec, me, board, ElectionConfig())
+    asyncio.run(publisher.round(view, None, 1_800_000_000.0))
+    record = publisher.published
+    assert record is not None and record.version == 1 and record.kind == "full" and board.published
+    assert [record.devices[d] for d in record.pipelines[0]] == list(held.cells[0])
+    assert [[record.devices[d] for d in row] for row in record.shard_servers] == [list(r) for r in held.servers]
+    # the planner's own choice here is the other order: without the swap back, every cell moves
+    fresh = plan(view.snapshot.scenario, publisher._settings())
+    assert [ids[d] for d in fresh.pipelines[0]] != list(held.cells[0])

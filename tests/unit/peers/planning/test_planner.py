@@ -20,6 +20,7 @@ from swarmd.peers.planning.plan_cost import (
     reference_lower_bound,
 )
 from swarmd.peers.planning.planner import Awareness, PlanError, PlannerConfig, plan, planning_view, repair
+from swarmd.peers.planning.repair import kept_in_place
 from swarmd.peers.planning.scenario import Scenario, Shape, parse_scenario
 from swarmd.peers.planning.scenario_gen import synthetic_scenario, synthetic_scenario_dict
 from swarmd.peers.planning.throughput import Throughput, predict_throughput
@@ -322,3 +323,23 @@ def test_the_planner_prices_a_device_at_its_achieved_figure_where_measured() -> 
     assert measured.meta["prediction"].tokens_per_s == pytest.approx(rated.meta["prediction"].tokens_per_s)
     fast = plan(alone({"id": "d0", "tflops": 100.0, "memory_gib": 80}), FAST)
     assert fast.meta["prediction"].tokens_per_s > 5 * measured.meta["prediction"].tokens_per_s
+
+
+def test_kept_in_place_swaps_only_devices_alike_for_the_plan() -> None:
+    """The assignment in force keeps its places where a device alike holds them in the new plan
+    (the plan relabelled: its shape, split and schedule unchanged); a device that cannot hold
+    the place's layers, or is much slower, is not swapped in."""
+    raw = synthetic_scenario_dict(4, regions=1, seed=3, model=FOUR_LAYERS)
+    for d, (memory, tflops) in zip(raw["devices"], [(80, 100.0), (40, 100.0), (0.5, 100.0), (80, 10.0)], strict=True):
+        d["tflops"], d["memory_gib"] = tflops, memory
+        d.pop("mean_uptime_h", None)
+        d.pop("mean_downtime_h", None)
+    sc = parse_scenario(raw)
+    a, b, c, d = sc.ids
+    p = Plan(((1, 0),), (2, 2), (1, 0), relays=(1,), shard_servers=((1,), (0,)), spares=(3,))
+    kept = kept_in_place(p, sc, [[a, b]], [[a], [b]], 0.05)
+    assert kept.pipelines == ((0, 1),) and kept.shard_servers == ((0,), (1,)) and kept.parameter_servers == (0, 1)
+    assert kept.relays == (0,) and kept.spares == (3,) and kept.layers_per_stage == p.layers_per_stage
+    assert kept_in_place(p, sc, [[c, a]], [[c], [a]], 0.05) is p  # c holds no two layers; a is in place
+    assert kept_in_place(p, sc, [[d, a]], [[d], [a]], 0.05) is p  # d is ten times slower
+    assert kept_in_place(p, sc, [[b, a]], [[b], [a]], 0.05) is p  # already in place
