@@ -89,8 +89,11 @@ class ShardedData:
         self.fetcher = fetcher
         self._dtype = np.dtype(manifest.dtype).newbyteorder("<")
         self.train = Dataset([e.tokens for e in manifest.train], seq_len, seed, self._reader(manifest.train))
-        self._held_out = Dataset(
-            [e.tokens for e in manifest.validation], seq_len, seed, self._reader(manifest.validation)
+        # A dataset prepared with no held-out split is trained on all the same; it is never scored.
+        self._held_out = (
+            Dataset([e.tokens for e in manifest.validation], seq_len, seed, self._reader(manifest.validation))
+            if manifest.validation
+            else None
         )
         self._active: OrderedDict[int, None] = OrderedDict()
         self._ahead: dict[int, asyncio.Task[None]] = {}

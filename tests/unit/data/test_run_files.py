@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import hashlib
 from pathlib import Path
 from typing import Any
@@ -114,3 +115,24 @@ def _tokenizer_wanted(pair: Pair) -> Any:
     manifest = pair.creator.manifest
     assert manifest is not None and manifest.tokenizer.sha256 is not None and manifest.tokenizer.file is not None
     return Wanted(manifest.tokenizer.sha256, manifest.tokenizer.file, 1 << 26, "the tokenizer", anyone=True)
+
+
+def test_data_prepared_with_no_held_out_split_trains_and_is_never_scored(tmp_path: Path) -> None:
+    preset = dataclasses.replace(PRESETS["tiny-llama-bpe"], validation_fraction=0.0)
+    materialize(preset, tmp_path / "preset")
+    data = tmp_path / "preset" / "data"
+    files = Pair(tmp_path, signed_spec(data), data).creator
+
+    async def main() -> tuple[int, Any, dict[str, Any]]:
+        await files.open()
+        training = await files.training_data()
+        assert isinstance(training, ShardedData)
+        await training.ready(0, 4, 4, deadline_s=30)
+        status = training.status()
+        batch, held_out = training.micro_batch(0, 4), await training.held_out()
+        await files.stop()
+        return batch.shape[0], held_out, status
+
+    rows, held_out, status = asyncio.run(main())
+    assert rows == 4 and held_out is None
+    assert status["held_out_shards"] == 0 and status["held_out_sequences"] == 0
