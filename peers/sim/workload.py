@@ -7,7 +7,8 @@ with ``swarmd.peers.wire.sizes`` exactly as the planner's cost model prices them
   the embedding on the first stage, the output head on the last), cut into the plan's ``K_s``
   shards by ``exchange.shard_sizes``.
 - A micro-batch's forward is a third of its stage's flops (``stage_flops_per_sequence``) and
-  its backward the other two thirds: a cell keeps its activations, nothing is recomputed.
+  its backward the other two thirds; on a stage the plan checkpoints, the backward also runs
+  its layers' forward again (``recompute_flops_per_sequence``), as the planner prices it.
 - Messages: an activation (or its gradient) in the codec its link calls for; a contribution
   per shard; a step's delta in fp16; a whole slice in fp32; a checkpoint of a shard (its
   fp32 weights, AdamW's two moments and the delta's error-feedback residual).
@@ -22,7 +23,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from swarmd.peers.planning.plan_cost import Plan, stage_flops_per_sequence, stage_parameters
+from swarmd.peers.planning.plan_cost import (
+    Plan,
+    recompute_flops_per_sequence,
+    stage_flops_per_sequence,
+    stage_parameters,
+)
 from swarmd.peers.planning.scenario import Scenario
 from swarmd.peers.taskpool.exchange import ExchangeConfig, shard_sizes
 from swarmd.peers.wire.sizes import activation_elements, codec_for, message_bytes
@@ -46,14 +52,22 @@ class Workload:
     half: str = "fp16"
 
     @classmethod
-    def of(cls, scenario: Scenario, layers_per_stage: tuple[int, ...], shards: tuple[int, ...]) -> Workload:
+    def of(
+        cls,
+        scenario: Scenario,
+        layers_per_stage: tuple[int, ...],
+        shards: tuple[int, ...],
+        checkpointing: tuple[bool, ...] = (),
+    ) -> Workload:
+        """``checkpointing``: per stage, whether its cells checkpoint activations (the plan's)."""
         params = stage_parameters(scenario, layers_per_stage)
         flops = stage_flops_per_sequence(scenario, np.asarray(layers_per_stage, dtype=float)) * scenario.micro_batch
+        again = recompute_flops_per_sequence(scenario, layers_per_stage, checkpointing) * scenario.micro_batch
         m = scenario.model
         return cls(
             shard_elements=tuple(tuple(shard_sizes(p, k)) for p, k in zip(params, shards, strict=True)),
             forward_flops=tuple(float(f) / 3.0 for f in flops),
-            backward_flops=tuple(2.0 * float(f) / 3.0 for f in flops),
+            backward_flops=tuple(2.0 * float(f) / 3.0 + float(a) for f, a in zip(flops, again, strict=True)),
             activation_elements=activation_elements(scenario.micro_batch, m.seq_len, m.hidden),
             tokens_per_micro_batch=scenario.micro_batch * m.seq_len,
         )
@@ -102,7 +116,12 @@ class RunSizes:
     def of(cls, scenario: Scenario, plan: Plan, max_staleness: int) -> RunSizes:
         k = plan.micro_batches_per_share(scenario)
         return cls(
-            workload=Workload.of(scenario, plan.layers_per_stage, tuple(len(row) for row in plan.shard_servers)),
+            workload=Workload.of(
+                scenario,
+                plan.layers_per_stage,
+                tuple(len(row) for row in plan.shard_servers),
+                tuple(plan.checkpointing),
+            ),
             share_micro_batches=k,
             local_steps=plan.local_steps,
             exchange=ExchangeConfig(

@@ -66,6 +66,17 @@ def test_a_stages_parameters_are_its_layers_and_the_embedding_first_and_head_las
     assert w.checkpoint_bytes(1, 0) == message_bytes(4 * elements, "fp32")
 
 
+def test_a_checkpointed_stages_backward_runs_its_layers_forward_again() -> None:
+    sc = scenario([{"id": "a", "tflops": 1.0, "memory_gib": 8}])
+    plain = Workload.of(sc, (2, 3), (1, 1))
+    checkpointed = Workload.of(sc, (2, 3), (1, 1), (False, True))
+    assert checkpointed.forward_flops == plain.forward_flops
+    assert checkpointed.backward_flops[0] == plain.backward_flops[0]
+    again = checkpointed.backward_flops[1] - plain.backward_flops[1]
+    # The planner's price: a third of the stage's layers' flops (not the head's), per micro-batch.
+    assert again == pytest.approx(3 * sc.model.layer_flops_per_sequence() * sc.micro_batch / 3)
+
+
 def test_churn_is_drawn_once_per_seed_and_alternates() -> None:
     devices = [
         {"id": f"d{i}", "tflops": 1.0, "memory_gib": 8, "mean_uptime_h": 2.0 + i, "mean_downtime_h": 0.5}
