@@ -202,6 +202,8 @@ def measure_achieved_tflops(
     warm-ups and sizing."""
     import torch
 
+    from swarmd.models.precision import start_device
+
     if dtype not in DTYPE_BYTES:
         raise ProbeError(f"the probe computes in bf16 or fp32, not {dtype!r}")
     started = time.perf_counter()
@@ -209,11 +211,11 @@ def measure_achieved_tflops(
     cap_elements = (min(MAX_PROBE_BYTES, free // 4) if free else MAX_PROBE_BYTES) // DTYPE_BYTES[dtype]
     products = block_matmuls(dims)
     run = _Runner(torch, torch.device(device), torch.bfloat16 if dtype == "bf16" else torch.float32)
+    start_device(run.device)  # fp32 matmuls on a GPU in TF32, as the cells will run them
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        with _tf32_matmuls(torch, run.device):
-            speeds = [_product_speed(run, p, cap_elements, budget_s / len(products)) for p in products]
+        speeds = [_product_speed(run, p, cap_elements, budget_s / len(products)) for p in products]
     finally:
         torch.set_num_threads(previous)
         run.operands = ()
@@ -319,20 +321,3 @@ def _largest_fraction(p: Matmul, cap_elements: int) -> float:
             )
         fraction /= 2
     return fraction
-
-
-class _tf32_matmuls:
-    """fp32 matmuls on a GPU as the cells run them (issue 28: TF32), for the probe only."""
-
-    def __init__(self, torch: Any, device: Any) -> None:
-        self.torch, self.cuda = torch, device.type == "cuda"
-        self.before = "highest"
-
-    def __enter__(self) -> None:
-        if self.cuda:
-            self.before = self.torch.get_float32_matmul_precision()
-            self.torch.set_float32_matmul_precision("high")
-
-    def __exit__(self, *exc: object) -> None:
-        if self.cuda:
-            self.torch.set_float32_matmul_precision(self.before)
