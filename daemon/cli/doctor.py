@@ -170,8 +170,8 @@ def check_compute(ctx: Context) -> list[Check]:
     except (SwarmdError, RuntimeError) as e:  # torch reports a device fault as a RuntimeError
         fix = "run doctor again; if it fails again, the device or its driver is at fault (nvidia-smi shows which)"
         return [Check("compute", "fail", f"the device probe failed on {ctx.device}: {e}", fix)]
-    name = describe_device(ctx.device).name
-    rated = rated_tflops(name) if ctx.device.startswith("cuda") else None
+    info = describe_device(ctx.device)
+    name, rated = info.name, rated_tflops(info.name, info.kind)
     where = "the run's shapes" if probe.run_shapes else "a generic block (the run's spec is not here yet)"
     found = (
         f"{probe.achieved_tflops:.3g} TFLOPS achieved at {where}, {probe.dtype}, {probe.threads} thread(s)"

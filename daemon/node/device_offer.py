@@ -44,7 +44,7 @@ class DeviceOffer:
         torch_threads`` (none: torch's default). Torch work, so in a worker thread."""
         device = await asyncio.to_thread(resolve_device, compute.device)
         self.device = await asyncio.to_thread(describe_device, device)
-        self.rated_tflops = rated_tflops(self.device.name) if self.device.kind == "cuda" else None
+        self.rated_tflops = rated_tflops(self.device.name, self.device.kind)
         if compute.benchmark:
             threads = limits.torch_threads if limits is not None else 0
             self.probe = await asyncio.to_thread(probe_device, device, compute, threads, run)

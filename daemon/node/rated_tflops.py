@@ -51,9 +51,12 @@ RATED_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
 _COMPILED = tuple((re.compile(pattern, re.IGNORECASE), tflops) for pattern, tflops in RATED_BF16_TFLOPS)
 
 
-def rated_tflops(device_name: str) -> float | None:
+def rated_tflops(device_name: str, kind: str = "cuda") -> float | None:
     """The rated dense bf16 TFLOPS of the accelerator named ``device_name`` (as torch names it),
-    or None for a device the table does not know (every CPU among them)."""
+    or None for a device the table does not know. ``kind`` is the device's (``DeviceInfo.kind``):
+    a CPU has no rated figure, whatever its name reads like."""
+    if kind != "cuda":
+        return None
     for pattern, tflops in _COMPILED:
         if pattern.search(device_name):
             return tflops

@@ -133,7 +133,7 @@ def member_tflops(member: dict[str, Any]) -> float:
     if measured > 0:
         return measured
     device = member.get("device", {})
-    return (rated_tflops(str(device.get("name", ""))) or 0.0) if device.get("kind") == "cuda" else 0.0
+    return rated_tflops(str(device.get("name", "")), str(device.get("kind", ""))) or 0.0
 
 
 def matrix_of(snap: Snapshot | None) -> Matrix | None:

@@ -50,3 +50,8 @@ def test_known_devices_have_their_datasheets_dense_figure(name: str, rated: floa
 )
 def test_an_unknown_device_has_no_rated_figure_rather_than_a_guess(name: str) -> None:
     assert rated_tflops(name) is None
+
+
+def test_a_cpu_has_no_rated_figure_whatever_its_name_reads_like() -> None:
+    assert rated_tflops("NVIDIA H100 80GB HBM3", "cpu") is None
+    assert rated_tflops("NVIDIA H100 80GB HBM3", "cuda") == 989.0
