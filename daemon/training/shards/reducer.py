@@ -201,7 +201,9 @@ class Reducer:
         if bucket.timer is not None:
             bucket.timer.cancel()
         stage, shard = bucket.key[0], bucket.key[1]
-        parts = list(bucket.parts.values())
+        # By pipeline, not by arrival: float addition is not associative, so a sum taken in
+        # arrival order would differ in its last bits from one run to the next.
+        parts = [bucket.parts[pipeline] for pipeline in sorted(bucket.parts)]
         chosen, _ = summable([p.request.base_version for p in parts])
         for i, part in enumerate(parts):
             if i not in chosen:  # too far behind the others' base to share their staleness

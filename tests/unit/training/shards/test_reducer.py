@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +89,11 @@ def slice_of(pipeline: int, share_id: int, value: float, micro_batches: int) -> 
     return request, bytes(encode_vector(torch.full((SIZE,), value), "fp32")), tickets
 
 
+async def _until(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await asyncio.sleep(0.001)
+
+
 def head(server: Server) -> Reducer:
     pool = Pool()
     cells = {(0, 0): HeadCell()}  # pipeline 0 heads shard 0 for the group
@@ -100,7 +106,10 @@ def test_a_groups_slices_go_as_one_weighted_sum_and_every_member_gets_its_answer
 
     async def scenario() -> list[Contributed]:
         a, b = slice_of(0, 5, 1.0, 1), slice_of(1, 6, 4.0, 2)
-        return await asyncio.gather(reducer.reduce("cell-0", *a), reducer.reduce("cell-1", *b))
+        # Pipeline 1's slice is in the bucket before pipeline 0's: the sum is still in pipeline order.
+        second = asyncio.create_task(reducer.reduce("cell-1", *b))
+        await asyncio.wait_for(_until(lambda: reducer.stats.slices == 1), 5)
+        return [await reducer.reduce("cell-0", *a), await second]
 
     answers = asyncio.run(scenario())
     assert [a.version for a in answers] == [7, 7]
