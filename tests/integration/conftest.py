@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from swarmd.models.presets import DEFAULT_RUN
 from swarmd.system.local_swarm import LocalDaemon, create_run
 from tests.integration.procfs import descendants
+from tests.integration.small_run import SMALL_RUN
 
 # Short heartbeats so that a killed daemon is dropped within seconds.
 FAST_HEARTBEAT = ["--heartbeat-interval", "1", "--heartbeat-ttl", "8", "--no-benchmark", "--no-train"]
@@ -51,11 +51,11 @@ def workdir() -> Iterator[Path]:
 
 @pytest.fixture
 def make_run(workdir: Path) -> Callable[..., str]:
-    """Create a run (signed by the identity in ``state_dir``) and return its run ID."""
+    """Create a run of ``SMALL_RUN`` (signed by the identity in ``state_dir``) and return its run ID."""
 
     def make(state_dir: Path, name: str = "tiny-bytes") -> str:
         spec_path = workdir / f"{name}.json"
-        spec_path.write_text(json.dumps({**DEFAULT_RUN, "name": name}))
+        spec_path.write_text(json.dumps({**SMALL_RUN, "name": name}))
         return create_run(state_dir, spec_path)
 
     return make

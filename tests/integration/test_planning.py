@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from swarmd.system.local_swarm import LocalDaemon, wait_for
+from tests.integration.small_run import SMALL_RUN
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -75,7 +76,7 @@ def test_a_coordinator_plans_from_measurements_and_repairs_after_a_departure(
     assert len(coordinators) == 1 and plan["by"] in coordinators
     # (a daemon seen late is added by repair: the first version is full, later ones mend it)
     assert plan["stages"] == 2 and 1 <= plan["pipelines"] <= 2 and plan["kind"] in ("full", "repair")
-    assert plan["predicted_iteration_s"] > 0 and sum(plan["layers_per_stage"]) == 4
+    assert plan["predicted_iteration_s"] > 0 and sum(plan["layers_per_stage"]) == SMALL_RUN["model"]["layers"]
     for d, peer in zip(daemons, ids, strict=True):
         mine = plan_of(d)["my_stage"]
         in_plan = [s for row in plan["grid"] for s, p in enumerate(row) if p == peer]

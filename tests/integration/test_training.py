@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
-from swarmd.models.presets import DEFAULT_RUN
 from swarmd.system.local_swarm import LocalDaemon, create_run, wait_for
+from tests.integration.small_run import SMALL_RUN
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -147,7 +147,7 @@ def owner(daemon: LocalDaemon, *command: str) -> str:
 
 def start_pair(workdir: Path) -> tuple[str, LocalDaemon, LocalDaemon]:
     spec = workdir / "tiny-bytes.json"
-    spec.write_text(json.dumps({**DEFAULT_RUN, "name": "tiny-bytes"}))
+    spec.write_text(json.dumps({**SMALL_RUN, "name": "tiny-bytes"}))
     run_id = create_run(workdir / "d0", spec)
     d0 = LocalDaemon(workdir / "d0", run_id, TRAINING)
     d1 = LocalDaemon(workdir / "d1", run_id, TRAINING)
@@ -270,7 +270,7 @@ def test_doctor_has_a_peer_dial_the_daemon_back(shared_pair: tuple[Path, str, Lo
 
 def test_a_corpus_missing_here_fails_training_not_the_daemon(workdir: Path) -> None:
     spec = workdir / "spec.json"
-    spec.write_text(json.dumps({**DEFAULT_RUN, "name": "elsewhere", "data": {"corpus": "/nonexistent/corpus.txt"}}))
+    spec.write_text(json.dumps({**SMALL_RUN, "name": "elsewhere", "data": {"corpus": "/nonexistent/corpus.txt"}}))
     run_id = create_run(workdir / "d0", spec)
     d0 = LocalDaemon(workdir / "d0", run_id, TRAINING)
     try:

@@ -13,10 +13,10 @@ from typing import Any
 
 from safetensors.torch import load_file
 
-from swarmd.models.presets import DEFAULT_RUN
 from swarmd.models.shard_checkpoint import ShardCheckpoint
 from swarmd.system.local_swarm import LocalDaemon, wait_for
 from tests.integration.procfs import TICK_S, descendants
+from tests.integration.small_run import SMALL_RUN
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -50,14 +50,14 @@ def describe(daemons: list[LocalDaemon], run_id: str) -> dict[str, Any]:
                 "replicas": list((t.get("replicas") or {}).get("shards") or {}),
             }
         )
-    model = DEFAULT_RUN["model"]
+    model = SMALL_RUN["model"]
     return {
         "run_id": run_id,
         "bootstrap": peers[0]["addrs"],
-        "stages": DEFAULT_RUN["stages"],
+        "stages": SMALL_RUN["stages"],
         "layers": model["layers"],
-        "micro_batch": DEFAULT_RUN["batch"]["micro_batch"],
-        "batch_micro_batches": DEFAULT_RUN["batch"]["sequences"] // DEFAULT_RUN["batch"]["micro_batch"],
+        "micro_batch": SMALL_RUN["batch"]["micro_batch"],
+        "batch_micro_batches": SMALL_RUN["batch"]["sequences"] // SMALL_RUN["batch"]["micro_batch"],
         "seq_len": model["seq_len"],
         "hidden": model["hidden"],
         "peers": peers,
@@ -69,7 +69,7 @@ def placed(daemons: list[LocalDaemon]) -> bool:
     swarm = describe(daemons, "")
     stages = {c["stage"] for p in swarm["peers"] for c in p["cells"]}
     shards = {s["stage"] for p in swarm["peers"] for s in p["shards"]}
-    return stages == shards == set(range(DEFAULT_RUN["stages"])) and any(p["ledger"] for p in swarm["peers"])
+    return stages == shards == set(range(SMALL_RUN["stages"])) and any(p["ledger"] for p in swarm["peers"])
 
 
 def planned(daemons: list[LocalDaemon]) -> bool:
