@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -27,43 +26,30 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(1)
 
 
-LONGER_SCOPES = ("module", "package", "class")
-
-
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In a pytest-xdist worker (``--dist loadgroup``), the costliest work first, and a module's
-    shared fixture on one worker.
+    """In a pytest-xdist worker (``--dist loadfile``: a file's tests on one worker, so that a
+    swarm a module starts once serves its tests), the costliest files first: list scheduling.
 
-    The suite is bound by two cores; with the long integration tests taken in file order, the
-    four-daemon test started last once and ran alone for three minutes at the end (880 s, against
-    784 s when it happened to start early). So work units go longest first (list scheduling):
-    a unit's budget is its tests' ``timeout`` marks summed, the cost each test declares. Tests
-    that start daemons (``integration``) and share a module-scoped fixture (a swarm started once
-    for them all) are one unit, so that the swarm starts once, on one worker: pytest-xdist reads
-    ``xdist_group`` after this hook. (A unit test's module fixture, a key or a spec, may be made
-    once per worker.)"""
+    The suite is bound by two cores; with the files taken in name order, the four-daemon test
+    once started last and ran alone for three minutes at the end (880 s, against 784 s when it
+    started early). A file's budget is what its tests declare (their ``timeout`` marks): summed
+    over the tests that start daemons (``integration``), which run for much of theirs; the
+    largest one otherwise, since unit tests end far below theirs. ``--no-loadscope-reorder``
+    keeps this order."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     default = float(config.getini("timeout") or 0)
-    budget: dict[str, float] = {}
-    unit: dict[int, str] = {}
+    daemons: dict[str, float] = {}
+    largest: dict[str, float] = {}
     for item in items:
-        name = item.nodeid
-        if item.get_closest_marker("integration") and any(d.scope in LONGER_SCOPES for d in _fixture_defs(item)):
-            name = item.nodeid.split("::")[0]
-            item.add_marker(pytest.mark.xdist_group(name))
         mark = item.get_closest_marker("timeout")
-        unit[id(item)] = name
-        budget[name] = budget.get(name, 0.0) + (float(mark.args[0]) if mark and mark.args else default)
-    items.sort(key=lambda item: budget[unit[id(item)]], reverse=True)  # stable: ties keep file order
-
-
-def _fixture_defs(item: pytest.Item) -> list[Any]:
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return []
-    return [d for defs in info.name2fixturedefs.values() for d in defs]
+        seconds = float(mark.args[0]) if mark and mark.args else default
+        file = item.nodeid.split("::")[0]
+        largest[file] = max(largest.get(file, 0.0), seconds)
+        if item.get_closest_marker("integration"):
+            daemons[file] = daemons.get(file, 0.0) + seconds
+    budget = {file: daemons.get(file) or most for file, most in largest.items()}
+    items.sort(key=lambda item: budget[item.nodeid.split("::")[0]], reverse=True)  # stable: files stay whole
 
 
 @pytest.fixture(autouse=True)

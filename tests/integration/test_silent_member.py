@@ -27,7 +27,7 @@ from tests.integration.conftest import TRAINING
 from tests.integration.hostile.harness import planned, status, tracebacks, updates, wait_updates
 from tests.integration.hostile.silent_daemon import SILENT_GFLOPS
 
-pytestmark = pytest.mark.timeout(480)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(480)]
 
 ONE_STAGE_RUN = {**DEFAULT_RUN, "stages": 1}
 """The default run in one stage: every pipeline is one device, so a device a thousand times
