@@ -15,6 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.schedule import Declared, costliest_first
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """In a pytest-xdist worker, torch computes on one thread: two workers on two cores, each
@@ -27,29 +29,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In a pytest-xdist worker (``--dist loadfile``: a file's tests on one worker, so that a
-    swarm a module starts once serves its tests), the costliest files first: list scheduling.
-
-    The suite is bound by two cores; with the files taken in name order, the four-daemon test
-    once started last and ran alone for three minutes at the end (880 s, against 784 s when it
-    started early). A file's budget is what its tests declare (their ``timeout`` marks): summed
-    over the tests that start daemons (``integration``), which run for much of theirs; the
-    largest one otherwise, since unit tests end far below theirs. ``--no-loadscope-reorder``
-    keeps this order."""
+    """In a pytest-xdist worker, the costliest files first (``tests/schedule.py``). With
+    ``--dist loadfile`` a file's tests run on one worker, so that a swarm a module starts once
+    serves them all; ``--no-loadscope-reorder`` keeps this order."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     default = float(config.getini("timeout") or 0)
-    daemons: dict[str, float] = {}
-    largest: dict[str, float] = {}
-    for item in items:
+
+    def declared(item: pytest.Item) -> Declared:
         mark = item.get_closest_marker("timeout")
         seconds = float(mark.args[0]) if mark and mark.args else default
-        file = item.nodeid.split("::")[0]
-        largest[file] = max(largest.get(file, 0.0), seconds)
-        if item.get_closest_marker("integration"):
-            daemons[file] = daemons.get(file, 0.0) + seconds
-    budget = {file: daemons.get(file) or most for file, most in largest.items()}
-    items.sort(key=lambda item: budget[item.nodeid.split("::")[0]], reverse=True)  # stable: files stay whole
+        return Declared(item.nodeid.split("::")[0], seconds, item.get_closest_marker("integration") is not None)
+
+    order = costliest_first([declared(item) for item in items])
+    items[:] = [items[i] for i in order]
 
 
 @pytest.fixture(autouse=True)
