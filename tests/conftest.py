@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.schedule import Declared, costliest_first
+from tests.suite_order import Declared, costliest_first
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -29,7 +29,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In a pytest-xdist worker, the costliest files first (``tests/schedule.py``). With
+    """In a pytest-xdist worker, the costliest files first (``tests/suite_order.py``). With
     ``--dist loadfile`` a file's tests run on one worker, so that a swarm a module starts once
     serves them all; ``--no-loadscope-reorder`` keeps this order."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):

@@ -1,8 +1,8 @@
-"""tests/schedule.py: the files' order for the suite's two workers."""
+"""tests/suite_order.py: the files' order for the suite's two workers."""
 
 from __future__ import annotations
 
-from tests.schedule import Declared, costliest_first
+from tests.suite_order import Declared, costliest_first
 
 
 def files(tests: list[Declared]) -> list[str]:
