@@ -15,6 +15,7 @@ import signal
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,11 +52,11 @@ def workdir() -> Iterator[Path]:
 
 @pytest.fixture
 def make_run(workdir: Path) -> Callable[..., str]:
-    """Create a run of ``SMALL_RUN`` (signed by the identity in ``state_dir``) and return its run ID."""
+    """Create a run of ``spec`` (signed by the identity in ``state_dir``) and return its run ID."""
 
-    def make(state_dir: Path, name: str = "tiny-bytes") -> str:
+    def make(state_dir: Path, name: str = "tiny-bytes", spec: dict[str, Any] = SMALL_RUN) -> str:
         spec_path = workdir / f"{name}.json"
-        spec_path.write_text(json.dumps({**SMALL_RUN, "name": name}))
+        spec_path.write_text(json.dumps({**spec, "name": name}))
         return create_run(state_dir, spec_path)
 
     return make

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from swarmd.models.presets import DEFAULT_RUN
 from swarmd.system.local_swarm import LocalDaemon, wait_for
-from tests.integration.small_run import SMALL_RUN
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -41,7 +41,7 @@ def agreed_plan(daemons: list[LocalDaemon], members: set[str]) -> dict[str, Any]
 def test_a_coordinator_plans_from_measurements_and_repairs_after_a_departure(
     workdir: Path, make_run: Callable[..., str], daemon_factory: Callable[..., LocalDaemon]
 ) -> None:
-    run_id = make_run(workdir / "d0")
+    run_id = make_run(workdir / "d0", spec=DEFAULT_RUN)
     daemons = [daemon_factory(workdir / f"d{i}", run_id) for i in range(5)]
     addrs = daemons[0].start().wait_running()["addrs"]
     for d in daemons[1:]:
@@ -76,7 +76,7 @@ def test_a_coordinator_plans_from_measurements_and_repairs_after_a_departure(
     assert len(coordinators) == 1 and plan["by"] in coordinators
     # (a daemon seen late is added by repair: the first version is full, later ones mend it)
     assert plan["stages"] == 2 and 1 <= plan["pipelines"] <= 2 and plan["kind"] in ("full", "repair")
-    assert plan["predicted_iteration_s"] > 0 and sum(plan["layers_per_stage"]) == SMALL_RUN["model"]["layers"]
+    assert plan["predicted_iteration_s"] > 0 and sum(plan["layers_per_stage"]) == DEFAULT_RUN["model"]["layers"]
     for d, peer in zip(daemons, ids, strict=True):
         mine = plan_of(d)["my_stage"]
         in_plan = [s for row in plan["grid"] for s, p in enumerate(row) if p == peer]
@@ -119,7 +119,7 @@ def test_roles_follow_the_history_the_observers_kept(
     from swarmd.peers.records.identity import load_or_create_identity
     from swarmd.system.state_dir import prepare_state_dir
 
-    run_id = make_run(workdir / "d0")
+    run_id = make_run(workdir / "d0", spec=DEFAULT_RUN)
     dirs = [workdir / f"d{i}" for i in range(4)]
     ids = [load_or_create_identity(prepare_state_dir(d)).peer_id for d in dirs]
     veteran, regular, flapper, newcomer = ids
