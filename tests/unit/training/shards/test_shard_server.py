@@ -74,8 +74,8 @@ class Standby:
             await asyncio.sleep(0.01)
 
 
-def server(tmp_path: Path, standby: Standby, every: int) -> ShardServer:
-    shard = ParameterShard(0, SIZE, torch.zeros(SIZE), CONFIG, step_micro_batches=1)
+def server(tmp_path: Path, standby: Standby, every: int, step_micro_batches: int = 1) -> ShardServer:
+    shard = ParameterShard(0, SIZE, torch.zeros(SIZE), CONFIG, step_micro_batches=step_micro_batches)
     settings = ExchangeConfig(batch_micro_batches=1, share_micro_batches=1)
     return ShardServer(KEY, 1, shard, settings, "lineage", tmp_path / "shard.pt", standby.log, standby.copy, every)
 
@@ -129,6 +129,23 @@ def test_steps_go_on_while_a_periodic_copy_travels_and_the_standby_rebuilds_ever
         replica = standby.store.newest(KEY)
         assert replica is not None and replica.checkpoint_version >= 3
         assert torch.equal(rebuilt(standby, srv), weights_of(srv))  # new copy + the log after it
+
+    asyncio.run(scenario())
+
+
+def test_a_closing_server_steps_on_its_buffer_and_leaves_that_version_in_its_file(tmp_path: Path) -> None:
+    """The file is the state handed to the shard's next holder (``handlers.replica_fetch``): it
+    once stayed at the last periodic checkpoint while the flush's step made a newer version, and
+    the next holder refused the state it was sent (four daemons, two test workers)."""
+
+    async def scenario() -> None:
+        srv = server(tmp_path, Standby(), every=10, step_micro_batches=2)
+        for share in (1, 2, 3):  # a step on 1 and 2 (the new standby's copy at 1); 3 buffered
+            await step(srv, share)
+        assert srv.version == 1
+        assert await srv.close() == 2  # stepped on the half-full buffer
+        saved = ParameterShard.from_checkpoint(srv.checkpoint_path, CONFIG, step_micro_batches=2).weights()
+        assert saved is not None and saved[0] == 2 and torch.equal(saved[1], weights_of(srv))
 
     asyncio.run(scenario())
 
