@@ -8,6 +8,9 @@ version of the shard, the run's seed weights. While a holder the assignment move
 from still serves it (it follows an older assignment and answers ``serving``,
 ``StillServed``), nothing is opened: it would go on committing steps that a state taken
 elsewhere lacks; it hands its own over, closing first, once it follows the same assignment.
+A peer that holds a live lease of the shard and refuses the ask (``NOT_MEMBER``: it has not
+seen this peer's heartbeat yet; ``NOT_HOLDER``: it does not follow the assignment that moved
+the shard here yet) is waited for alike: its view lags, and it may still step the shard.
 Every state is checked against what the rightful holders' signed leases have shown
 (``SeenVersions``): one far past it is a lie and is refused. When no believable state can be
 had for ``OPEN_GRACE_S``, the shard opens from the best it has (this peer's last checkpoint,
@@ -50,7 +53,7 @@ from swarmd.peers.taskpool.assignment import Assignment
 from swarmd.peers.taskpool.exchange import ExchangeConfig, shard_range
 from swarmd.peers.taskpool.servers import SeenVersions, Shard, ShardLease
 from swarmd.peers.wire.codecs import decode_vector
-from swarmd.peers.wire.errors import RpcError
+from swarmd.peers.wire.errors import NotHolder, NotMember, RpcError
 from swarmd.peers.wire.messages import ReplicaFetch
 from swarmd.training.bookkeeping import Books
 from swarmd.training.run_facts import RunFacts, Send, stage_module
@@ -73,11 +76,7 @@ def shard_file(checkpoint_dir: Path, key: Shard, shards: int) -> Path:
 
 
 class StillServed(Exception):
-    """A source still serves the shard (at ``version``): its state is not final yet."""
-
-    def __init__(self, version: int) -> None:
-        super().__init__(f"still served at version {version}")
-        self.version = version
+    """A source may still step the shard: its state is not final yet (the message says why)."""
 
 
 class GeometryView(Protocol):
@@ -200,7 +199,7 @@ class ShardSources:
                 fetched = await self._fetch(key, peer, layout, step)
             except StillServed as e:
                 still_served = peer
-                logger.info("shard %s: %s still serves it, at version %d", key, peer[:16], e.version)
+                logger.info("shard %s: %s %s; its state is not final yet", key, peer[:16], e)
                 continue
             if fetched is not None:
                 found.append(fetched)
@@ -273,6 +272,13 @@ class ShardSources:
         current = {lease.peer_id for lease in [*leases, *books.lease_holders.get(key, ())]}
         return current | set(self._past_holders.get(key, ()))
 
+    def _leased_by(self, key: Shard) -> set[str]:
+        """The live members whose unexpired lease of ``key`` this peer last read: who may still step it."""
+        books, now = self._pool.books, time.time()
+        leases = [known[0] for known in [books.rightful.get(key)] if known is not None]
+        leases += books.lease_holders.get(key, ())
+        return {lease.peer_id for lease in leases if lease.expires_at > now and lease.peer_id in books.live}
+
     def _sources(self, key: Shard) -> list[str]:
         """Whom a state is taken from: the last rightful holder and the standby it named, the
         live members that still hold a lease of the shard (a holder the assignment has just moved
@@ -291,10 +297,15 @@ class ShardSources:
         try:
             answer, blobs = await self._send(peer, request, [], FETCH_TIMEOUT_S)
         except RpcError as e:
+            if isinstance(e, NotMember | NotHolder) and peer in self._leased_by(key):
+                # It holds the shard's lease, so it may still step it, but its view lags ours: it
+                # does not know us yet as a member, or as the shard's next holder. Taking a state
+                # from anyone else now would lose the steps it makes until it hands over.
+                raise StillServed(f"holds its lease but refuses us for now ({e.code.value})") from None
             logger.info("shard %s: %s has no state for us (%s)", key, peer, e)
             return None
         if answer.kind == "serving":
-            raise StillServed(answer.version)
+            raise StillServed(f"still serves it, at version {answer.version}")
         if answer.kind != "checkpoint" or not blobs:
             return None
         if not self._seen.admits(key, answer.version):

@@ -1,14 +1,15 @@
-"""daemon/training/shards/shard_sources.py with fakes: the state a shard opens from. Not from a standby
-while the holder the assignment moved it from still serves it (unless it never lets go past the
-grace); a fetched state far past what the swarm has seen, or made by someone the shard never
-had as holder, is refused; this peer's own file that cannot be traced is set aside; a shard
-nobody ever trained starts from the run's starting slice."""
+"""daemon/training/shards/shard_sources.py with fakes: the state a shard opens from. Not from a
+standby while the holder the assignment moved it from still serves it, or holds its lease and
+refuses the ask for now (unless it never lets go past the grace); a fetched state far past what
+the swarm has seen, or made by someone the shard never had as holder, is refused; this peer's
+own file that cannot be traced is set aside; a shard nobody ever trained starts from the run's
+starting slice."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import torch
 from swarmd.models.checkpoint_check import Provenance, ShardLayout, TracedShard
 from swarmd.models.shard_config import ShardConfig
 from swarmd.peers.taskpool.servers import SeenVersions, ShardLease
-from swarmd.peers.wire.errors import RpcError, Unavailable
+from swarmd.peers.wire.errors import NotHolder, NotMember, RpcError, Unavailable
 from swarmd.peers.wire.messages import Fetched, ReplicaFetch
 from swarmd.training.bookkeeping import Books
 from swarmd.training.shards.replicas import ReplicaStore
@@ -140,6 +141,27 @@ def test_no_state_is_taken_from_the_standby_while_the_holder_still_serves_the_sh
     s._waiting_since[KEY] -= OPEN_GRACE_S + 1
     found = believable(s, tmp_path)
     assert found is not None and found.version == 13 and s.versions_lost == 0
+
+
+def test_a_lease_holder_that_refuses_the_ask_for_now_is_waited_for(tmp_path: Path) -> None:
+    """The failure this guards against (four daemons, two test workers): the shard's holder had
+    not yet seen the new holder's heartbeat (NOT_MEMBER), or did not yet follow the assignment
+    that moved the shard (NOT_HOLDER), and had stepped it once unreplicated; the new holder took
+    its own version 0 for the swarm's and the version went back."""
+    for refusal in (NotMember("not a live member here"), NotHolder("not its holder here")):
+        standby_state = ("checkpoint", 0, state(tmp_path, 0))
+        peers = Peers({HOLDER: refusal, STANDBY: standby_state})
+        s = sources(peers, seen=0)
+        assert believable(s, tmp_path) is None  # its lease is live: it may still step the shard
+        peers.answers[HOLDER] = ("checkpoint", 1, state(tmp_path, 1))  # once its view catches up
+        found = believable(s, tmp_path)
+        assert found is not None and found.version == 1
+    # The same refusal from a peer that holds no live lease of the shard holds nothing up.
+    expired = replace(lease(HOLDER, 13, STANDBY), expires_at=time.time() - 1)
+    pool = Pool(books=Books(own=ME, live=frozenset({ME, HOLDER, STANDBY}), rightful={KEY: (expired, b"")}))
+    s = sources(Peers({HOLDER: NotHolder("not its holder here"), STANDBY: standby_state}), seen=0, pool=pool)
+    found = believable(s, tmp_path)
+    assert found is not None and found.version == 0
 
 
 def test_states_past_the_swarm_or_from_strangers_are_refused_and_counted(tmp_path: Path) -> None:
