@@ -361,8 +361,7 @@ class ShardServer:
             step = await asyncio.to_thread(self.shard.flush)
             if step is not None:
                 await self._commit(step)
-            # The file written here is the state handed to the shard's next holder: at the final
-            # version, whether or not the flush's step fell on a periodic checkpoint.
+            # The file here is what the next holder gets: at the final version, checkpoint due or not.
             await self._copy_to_standby()
         async with self._new_version:
             self._new_version.notify_all()
