@@ -1,5 +1,6 @@
 """Knowing the swarm, live: daemons probe each other, observe each other, elect one coordinator,
-and follow the plan it publishes; a departure is repaired, not re-planned from scratch.
+and follow the plan it publishes; a departure is repaired, not re-planned from scratch, unless
+the coordinator predicts the repair far slower than a fresh plan on the same measurements.
 
 The daemons do not train (--no-train): placement is decided the same way, at a fraction of
 the cost on two cores.
@@ -8,6 +9,7 @@ the cost on two cores.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +18,7 @@ from typing import Any
 import pytest
 
 from swarmd.models.presets import DEFAULT_RUN
+from swarmd.node.plan_publisher import REPAIR_FLOOR
 from swarmd.system.local_swarm import LocalDaemon, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -101,10 +104,19 @@ def test_a_coordinator_plans_from_measurements_and_repairs_after_a_departure(
     )
     coordinator = daemons[ids.index(plan["by"])]
     plans_logged = [line for line in coordinator.log_tail(400).splitlines() if "Plan v" in line or "repair" in line]
-    assert repaired["kind"] == "repair" and repaired["by"] == plan["by"], plans_logged
+    assert repaired["by"] == plan["by"], plans_logged
     assert ids[victim] not in {peer for row in repaired["grid"] for peer in row}
-    assert all(row in repaired["grid"] for row in untouched), (untouched, repaired["grid"])
     assert len(repaired["relays"]) == 1 and ids[victim] not in repaired["relays"]
+    if repaired["kind"] == "repair":
+        assert all(row in repaired["grid"] for row in untouched), (untouched, repaired["grid"])
+        return
+    # A full plan only where the coordinator weighed the repair on the same measurements and
+    # found it under REPAIR_FLOOR of a full plan's speed. Under two test workers the first plan's
+    # links were once measured so poorly that this held (11,905 against 45,191 tokens/s).
+    weighed = [re.search(r"A repair predicted (\d+) .* against (\d+) for a full plan", line) for line in plans_logged]
+    found = [(int(m[1]), int(m[2])) for m in weighed if m]
+    assert found and found[-1][0] < REPAIR_FLOOR * found[-1][1], plans_logged
+    print("planned afresh: the repair was predicted at", found[-1][0], "against", found[-1][1], "tokens/s")
 
 
 def test_roles_follow_the_history_the_observers_kept(
