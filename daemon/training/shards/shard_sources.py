@@ -264,32 +264,30 @@ class ShardSources:
             while len(past) > PAST_HOLDERS:
                 del past[next(iter(past))]
 
+    def _leases(self, key: Shard) -> list[ShardLease]:
+        """The leases of ``key`` this peer last read: its rightful holder's, then those of the live
+        members that still hold one (a holder the assignment has just moved it from)."""
+        books = self._pool.books
+        rightful = [known[0] for known in [books.rightful.get(key)] if known is not None]
+        return [*rightful, *books.lease_holders.get(key, ())]
+
     def _holders(self, key: Shard) -> set[str]:
         """The peers whose leases of ``key`` this peer has read: whose states it may take."""
-        books = self._pool.books
-        known = books.rightful.get(key)
-        leases = [known[0]] if known is not None else []
-        current = {lease.peer_id for lease in [*leases, *books.lease_holders.get(key, ())]}
-        return current | set(self._past_holders.get(key, ()))
+        return {lease.peer_id for lease in self._leases(key)} | set(self._past_holders.get(key, ()))
 
     def _leased_by(self, key: Shard) -> set[str]:
         """The live members whose unexpired lease of ``key`` this peer last read: who may still step it."""
-        books, now = self._pool.books, time.time()
-        leases = [known[0] for known in [books.rightful.get(key)] if known is not None]
-        leases += books.lease_holders.get(key, ())
-        return {lease.peer_id for lease in leases if lease.expires_at > now and lease.peer_id in books.live}
+        live, now = self._pool.books.live, time.time()
+        return {lease.peer_id for lease in self._leases(key) if lease.expires_at > now and lease.peer_id in live}
 
     def _sources(self, key: Shard) -> list[str]:
         """Whom a state is taken from: the last rightful holder and the standby it named, the
         live members that still hold a lease of the shard (a holder the assignment has just moved
         it from) with their named standbys, and the holders it had lately (one that paused hands
         back the steps its standby may not have). Nobody else's state is asked for."""
-        books = self._pool.books
-        leases: list[ShardLease] = [known[0] for known in [books.rightful.get(key)] if known is not None]
-        leases += books.lease_holders.get(key, [])
-        peers = [p for lease in leases for p in (lease.peer_id, lease.standby)]
+        peers = [p for lease in self._leases(key) for p in (lease.peer_id, lease.standby)]
         peers += reversed(self._past_holders.get(key, {}))  # a holder that let go, newest first
-        reachable = books.live | self._pool.reachable  # a paused holder still serves what it handed back
+        reachable = self._pool.books.live | self._pool.reachable  # a paused holder still serves what it handed back
         return [p for p in dict.fromkeys(peers) if p and p != self._facts.own and p in reachable]
 
     async def _fetch(self, key: Shard, peer: str, layout: ShardLayout, step: int) -> TracedShard | None:
