@@ -254,7 +254,7 @@ def test_daemons_on_one_lan_find_each_other_without_bootstrap(
             d.stop(timeout=20)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_lan_discovery_child_is_restarted(
     lan: tuple[str, str, str, str], make_run: Callable[..., str], workdir: Path
 ) -> None:
@@ -290,9 +290,9 @@ def test_lan_discovery_child_is_restarted(
         (child,) = wait_for(lan_children, 10, "the LAN discovery child")
         os.kill(child, signal.SIGKILL)
         wait_for(lambda: [p for p in lan_children() if p != child], 40, "a new LAN discovery child")
-        after = wait_for(
+        after = wait_for(  # 20 s ran out once in CI, with both cores loaded by the other worker
             lambda: (a.status() or {}).get("lan_addrs") != before and a.status()["lan_addrs"],
-            20,
+            60,
             "the new child's addresses in status",
         )
         assert after[0].startswith(f"/ip4/{ip_a}/tcp/")
