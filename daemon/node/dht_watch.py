@@ -5,10 +5,9 @@ of memory, a hivemind bug). The watchdog round asks ``check`` each time; on a de
 restarts the process in a worker thread, so the loop goes on answering status, feeding the
 service manager's watchdog and handling signals meanwhile, then lets the node re-attach what
 rode on the old process (the data path's p2pd replica) and publish again what only lived
-there (its heartbeat, the run's spec). A death in the middle of a call leaves its trace in
-this process too (``quiet_handoff_failures``). Deaths past ``MAX_RESTARTS`` within
-``RESTART_WINDOW_S`` stop the daemon with exit code 1: something is wrong that a restart
-does not mend, and the service manager (or the operator) must look.
+there (its heartbeat, the run's spec); a call waiting on it fails at once. Deaths past
+``MAX_RESTARTS`` within ``RESTART_WINDOW_S`` stop the daemon with exit code 1: something is
+wrong that a restart does not mend, and the service manager (or the operator) must look.
 """
 
 from __future__ import annotations
@@ -16,12 +15,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import sys
 import time
-import traceback
 from collections.abc import Awaitable, Callable
-from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING
 
 from swarmd.errors import SwarmdError
@@ -94,36 +89,3 @@ class DhtWatch:
         if self._restarting is not None:
             self._restarting.cancel()
             await asyncio.gather(self._restarting, return_exceptions=True)
-
-
-def quiet_handoff_failures() -> None:
-    """Log, in one line, a child process gone in the middle of taking a shared buffer from this one.
-
-    Every call to the DHT process hands it a future whose state lives in shared memory
-    (hivemind's ``MPFuture``); the child takes the buffer's file descriptor from this process
-    through the standard library's resource sharer, whose thread prints the traceback of a
-    ``ConnectionError`` when the child is killed halfway (the DHT test saw it once in CI). The
-    watchdog restarts the process; that is worth a line, not a traceback. Any other uncaught
-    exception goes to the hook installed before. Installed once a process."""
-    previous = sys.excepthook
-    if getattr(previous, "quiets_handoffs", False):
-        return
-
-    def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
-        if issubclass(kind, ConnectionError | EOFError) and _raised_in_resource_sharer(tb):
-            logger.warning(
-                "A child process went away while taking a shared buffer from this one (%s: %s); "
-                "if it was the DHT process, it is restarted",
-                kind.__name__,
-                value,
-            )
-            return
-        previous(kind, value, tb)
-
-    hook.quiets_handoffs = True  # type: ignore[attr-defined]
-    sys.excepthook = hook
-
-
-def _raised_in_resource_sharer(tb: TracebackType | None) -> bool:
-    where = ("multiprocessing", "resource_sharer.py")
-    return any(Path(frame.filename).parts[-2:] == where for frame in traceback.extract_tb(tb))

@@ -25,7 +25,7 @@ from swarmd.config import Config
 from swarmd.errors import SwarmdError
 from swarmd.node.control_api import ControlApi
 from swarmd.node.coordination import Coordination
-from swarmd.node.dht_watch import DhtWatch, quiet_handoff_failures
+from swarmd.node.dht_watch import DhtWatch
 from swarmd.node.dial_back import DialBackService
 from swarmd.node.joining import Joining
 from swarmd.node.lan_service import LAN_RESTART_INTERVAL_S, LanService
@@ -212,7 +212,6 @@ class Node:
         # The DHT forks before torch starts threads: fork after that is unsafe.
         await joining.start_dht()
         self.dht_watch = DhtWatch(dht, self._after_dht_restart, self.request_stop)
-        quiet_handoff_failures()
         logger.info("DHT listening on %s", " ".join(await presence.refresh_addrs()))
         if cfg.mdns:
             try:

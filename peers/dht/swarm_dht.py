@@ -250,7 +250,7 @@ class SwarmDHT:
 
     async def visible_maddrs(self) -> list[str]:
         """Addresses others can dial (a future: hivemind's own getter blocks without a deadline)."""
-        return await self.dht.call(self.dht.run_coroutine, _visible_maddrs)
+        return await self.dht.ask(_visible_maddrs)
 
     def shutdown(self) -> None:
         """Bounded: hivemind joins for shutdown_timeout, then terminates; then we kill the group."""
@@ -278,14 +278,14 @@ class SwarmDHT:
                 f"a {len(raw)}-byte value for {key} is over the {MAX_REQUEST_BYTES}-byte limit of one DHT "
                 "request; split or shrink the record"
             )
-        return bool(await self.dht.call(self.dht.store, key, raw, expires_at, subkey=subkey))
+        return bool(await self.dht.ask(functools.partial(_store_value, key, raw, expires_at, subkey)))
 
     async def _read(self, key: str, limit: int, known: Sequence[str] = ()) -> dict[str, bytes]:
         """Up to ``limit`` of the per-peer records under ``key`` (``known`` subkeys first, then a
         random draw): what crosses the pipe and what the caller checks stay bounded however
         many records strangers stored."""
         read = functools.partial(_sample_records, key, limit, list(known)[:limit])
-        records, total = await self.dht.call(self.dht.run_coroutine, read)
+        records, total = await self.dht.ask(read)
         if total > len(records):
             logger.debug("Read %d of the %d records under %s (the rest on later reads)", len(records), total, key)
         return records
@@ -389,14 +389,14 @@ class SwarmDHT:
         return await self._plans.assemble(checked, self._live) if kind == PLAN_KIND else checked
 
     async def _fetch_part(self, key: str) -> bytes | None:
-        found = await self.dht.call(self.dht.get, key, latest=True)
+        found = await self.dht.ask(functools.partial(_get_latest, key))
         return found.value if found is not None and isinstance(found.value, bytes) else None
 
     async def publish_spec(self, raw: bytes) -> bool:
         return await self._store(spec_key(self.run_id), raw, get_dht_time() + SPEC_TTL_S)
 
     async def fetch_spec(self) -> SignedRunSpec | None:
-        found = await self.dht.call(self.dht.get, spec_key(self.run_id), latest=True)
+        found = await self.dht.ask(functools.partial(_get_latest, spec_key(self.run_id)))
         if found is None:
             return None
         try:
@@ -409,27 +409,37 @@ class SwarmDHT:
 
     async def ping(self, peer_id: str) -> float | None:
         """Round-trip time of a DHT ping to ``peer_id`` in seconds, or None if it did not answer."""
-        return await self.dht.call(self.dht.run_coroutine, functools.partial(_ping, peer_id))
+        return await self.dht.ask(functools.partial(_ping, peer_id))
 
     async def known_peers(self) -> int:
         """How many other DHT nodes this one knows (0: it has not reached the swarm)."""
-        return await self.dht.call(self.dht.run_coroutine, _routing_table_size)
+        return await self.dht.ask(_routing_table_size)
 
     async def replicate_p2p(self) -> Any:
         """A hivemind P2P handle in this process on the DHT's own p2pd (same peer ID, same host)."""
         from hivemind.p2p import P2P
 
-        maddr = await self.dht.call(self.dht.run_coroutine, _daemon_listen_maddr)
+        maddr = await self.dht.ask(_daemon_listen_maddr)
         return await P2P.replicate(maddr)
 
     async def add_peers(self, peer_id: str, maddrs: Sequence[str]) -> int:
         """Connect to ``peer_id``, found out of band (LAN discovery), at those of ``maddrs`` that
         name it (a hello must not make us dial third parties); returns how many answered."""
         own = [m for m in maddrs if m.endswith(f"/p2p/{peer_id}")][:MAX_ADDRS]
-        return await self.dht.call(self.dht.run_coroutine, functools.partial(_add_peers, own))
+        return await self.dht.ask(functools.partial(_add_peers, own))
 
 
-# These run inside the DHT process (hivemind pickles them across), so they are module-level.
+# These run inside the DHT process (pickled into each request), so they are module-level.
+
+
+async def _store_value(
+    key: str, raw: bytes, expires_at: float, subkey: str | None, dht: hivemind.DHT, node: DHTNode
+) -> bool:
+    return bool(await node.store(key, raw, expires_at, subkey=subkey))
+
+
+async def _get_latest(key: str, dht: hivemind.DHT, node: DHTNode) -> Any:
+    return await node.get(key, latest=True)
 
 
 async def _sample_records(

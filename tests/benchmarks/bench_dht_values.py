@@ -17,8 +17,8 @@ largest size that round-trips and the smallest that does not, and prints what th
 probe's DHT process wrote to stderr (hivemind logs the traceback there) and whether the DHT
 process was still alive. A probe "fails" when the value does not come back equal within
 ``--probe-timeout`` seconds, or the DHT process dies. Then it tries ``--swarmd-sizes-kib``
-each way through ``swarmd.peers.dht.process.TiedDHT``, which reads each request whole.
-Figures only; nothing is asserted.
+each way through ``swarmd.peers.dht.process.TiedDHT``, which reads each request whole and
+answers on a pipe of its own (``TiedDHT.ask``). Figures only; nothing is asserted.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ KiB = 1024
 # Runs in its own interpreter: a probe that kills the DHT (or wedges the caller in a pipe
 # write) must not take the benchmark with it.
 PROBE = r"""
-import functools, json, sys, threading, time
+import asyncio, functools, json, sys, threading, time
 import hivemind
 from hivemind.utils.timed_storage import get_dht_time
 
@@ -56,17 +56,28 @@ dht = make_dht(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], nat_port_map=Fa
 value = b"x" * size
 outcome = {}
 
+async def store(key, value, expires, dht, node):
+    return await node.store(key, value, expires)
+
+async def get(key, dht, node):
+    return await node.get(key, latest=True)
+
+def run(coro):  # hivemind's way (an MPFuture), or TiedDHT's (an answer tagged by request)
+    if variant == "swarmd":
+        return asyncio.run(asyncio.wait_for(dht.ask(coro), timeout))
+    return dht.run_coroutine(coro, return_future=True).result(timeout)
+
 def call():
     try:
         if way == "in":
-            found = dht.run_coroutine(functools.partial(echo_len, value), return_future=True).result(timeout)
+            found = run(functools.partial(echo_len, value))
             outcome["ok"] = found == size
         elif way == "out":
-            found = dht.run_coroutine(functools.partial(make, size), return_future=True).result(timeout)
+            found = run(functools.partial(make, size))
             outcome["ok"] = found == b"y" * size
         else:
-            stored = dht.store("bench", value, get_dht_time() + 60, return_future=True).result(timeout)
-            found = dht.get("bench", latest=True, return_future=True).result(timeout)
+            stored = run(functools.partial(store, "bench", value, get_dht_time() + 60))
+            found = run(functools.partial(get, "bench"))
             outcome["ok"] = bool(stored) and found is not None and found.value == value
     except BaseException as e:
         outcome["error"] = repr(e)[:300]

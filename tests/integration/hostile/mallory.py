@@ -61,7 +61,7 @@ LOT_BYTES = 64 * 1024
 
 
 async def _store_many(records: list[Stored], dht: Any, node: Any) -> dict[Any, bool]:
-    """Run in the DHT process (hivemind pickles it across): ``Mallory.store_many``."""
+    """Run in the DHT process (pickled into the request): ``Mallory.store_many``."""
     keys, subkeys, values, expiries = (list(column) for column in zip(*records, strict=True))
     return await node.store_many(keys, values, expiries, subkeys=subkeys)
 
@@ -126,7 +126,7 @@ class Mallory:
 
     async def store(self, key: str, subkey: str, raw: bytes, expires_at: float) -> bool:
         # Through the DHT's pipe thread, as the daemons write: never from this event loop.
-        return bool(await self.swarm_dht.dht.call(self.swarm_dht.dht.store, key, raw, expires_at, subkey=subkey))
+        return (await self.store_many([(key, subkey, raw, expires_at)]))[0]
 
     async def store_many(self, records: Sequence[Stored]) -> list[bool]:
         """Many records in a few calls (hivemind's ``store_many``: one search per key, one store
@@ -145,7 +145,7 @@ class Mallory:
             size += len(record[2])
         dht = self.swarm_dht.dht
         done: dict[Any, bool] = {}
-        calls = [dht.call(dht.run_coroutine, functools.partial(_store_many, lot)) for lot in lots]
+        calls = [dht.ask(functools.partial(_store_many, lot)) for lot in lots]
         for found in await asyncio.gather(*calls):
             done |= found
         return [bool(done.get(key if subkey is None else (key, subkey))) for key, subkey, _, _ in records]
