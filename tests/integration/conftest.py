@@ -27,6 +27,11 @@ from tests.integration.small_run import SMALL_RUN
 FAST_HEARTBEAT = ["--heartbeat-interval", "1", "--heartbeat-ttl", "8", "--no-benchmark", "--no-train"]
 # The same for daemons that train, one torch thread each: several share this machine's cores.
 TRAINING = ["--heartbeat-interval", "1", "--heartbeat-ttl", "6", "--no-benchmark", "--threads", "1"]
+BACKGROUND_SHARE = Path(__file__).with_name("background_training.toml")
+"""``[limits] cpu_share`` for daemons whose training only has to go on while a test watches
+something else: unthrottled, a daemon on one thread uses about 1.2 cores (its compute, RPC and
+p2pd), so two of them took the whole machine from the suite's other worker."""
+BACKGROUND_TRAINING = [*TRAINING, "--config", str(BACKGROUND_SHARE)]
 
 _started: list[LocalDaemon] = []
 
@@ -78,8 +83,13 @@ FAILURE_LOG_LINES = 30
 def daemon_factory(request: pytest.FixtureRequest) -> Iterator[Callable[..., LocalDaemon]]:
     mine: list[LocalDaemon] = []
 
-    def make(state_dir: Path, run_id: str, extra_args: list[str] | None = None, train: bool = False) -> LocalDaemon:
-        daemon = LocalDaemon(state_dir, run_id, (TRAINING if train else FAST_HEARTBEAT) + (extra_args or []))
+    def make(
+        state_dir: Path, run_id: str, extra_args: list[str] | None = None, train: bool = False, full_speed: bool = False
+    ) -> LocalDaemon:
+        """A daemon that trains (``train``: in the background, at ``BACKGROUND_SHARE``, unless
+        ``full_speed``, for a test that counts updates) or only joins."""
+        args = (TRAINING if full_speed else BACKGROUND_TRAINING) if train else FAST_HEARTBEAT
+        daemon = LocalDaemon(state_dir, run_id, args + (extra_args or []))
         mine.append(daemon)
         _started.append(daemon)
         return daemon

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from swarmd.system.local_swarm import LocalDaemon, create_run, wait_for
-from tests.integration.conftest import TRAINING
+from tests.integration.conftest import BACKGROUND_TRAINING
 from tests.integration.hostile.harness import (
     RssPeak,
     bad_checkpoints,
@@ -54,8 +54,6 @@ PROGRESS_S = 120.0
 applies several a second unhurried; a plan change costs tens of seconds, a member that
 left is noticed when its heartbeat expires)."""
 MORE = 3
-CPU_SHARE = 0.3
-"""The daemons' ``[limits] cpu_share``: they train at about 11 updates a second at it."""
 BIG_RSS_GROWTH = 96 * 2**20
 """Four 48 MiB requests from a stranger may not cost the daemon more than two of them."""
 QUIET_WINDOW_S = 8.0
@@ -117,11 +115,8 @@ def swarm() -> Iterator[Swarm]:
     spec = workdir / "run.json"
     spec.write_text(json.dumps(SMALL_RUN))
     run_id = create_run(workdir / "d0", spec)
-    # Training only has to go on under the attacks: a share of the cores leaves the rest to the
-    # suite's other worker (a daemon on one thread uses 1.2 cores unthrottled, 0.6 at 0.3).
-    throttle = workdir / "throttle.toml"
-    throttle.write_text(f"[limits]\ncpu_share = {CPU_SHARE}\n")
-    daemons = [LocalDaemon(workdir / f"d{i}", run_id, [*TRAINING, "--config", str(throttle)]) for i in range(2)]
+    # Training only has to go on under the attacks: in the background (a share of the cores).
+    daemons = [LocalDaemon(workdir / f"d{i}", run_id, BACKGROUND_TRAINING) for i in range(2)]
     try:
         daemons[1].start(daemons[0].start().wait_running()["addrs"])
         daemons[1].wait_running()

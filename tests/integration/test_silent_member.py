@@ -23,7 +23,7 @@ import pytest
 
 from swarmd.models.presets import DEFAULT_RUN
 from swarmd.system.local_swarm import LocalDaemon, create_run, wait_for
-from tests.integration.conftest import TRAINING
+from tests.integration.conftest import BACKGROUND_TRAINING
 from tests.integration.hostile.harness import planned, status, tracebacks, updates, wait_updates
 from tests.integration.hostile.silent_daemon import SILENT_GFLOPS
 
@@ -85,11 +85,11 @@ def test_a_silent_member_is_planned_out_and_training_goes_on(workdir: Path) -> N
     run_id = create_run(workdir / "d0", spec)
     claiming = [sys.executable, str(CLAIMING)]
     honest = [
-        LocalDaemon(workdir / f"d{i}", run_id, TRAINING, command_prefix=[*claiming, str(HONEST_GFLOPS)])
+        LocalDaemon(workdir / f"d{i}", run_id, BACKGROUND_TRAINING, command_prefix=[*claiming, str(HONEST_GFLOPS)])
         for i in range(2)
     ]
     silent = LocalDaemon(
-        workdir / "silent", run_id, TRAINING, command_prefix=[*claiming, str(SILENT_GFLOPS), "--silent"]
+        workdir / "silent", run_id, BACKGROUND_TRAINING, command_prefix=[*claiming, str(SILENT_GFLOPS), "--silent"]
     )
     try:
         addrs = honest[0].start().wait_running()["addrs"]

@@ -237,7 +237,7 @@ def test_a_daemon_alone_trains_exactly_as_the_reference(
 ) -> None:
     """The data path's arithmetic is the reference's: see ``ALONE_TOLERANCE_NATS``."""
     run_id = _preset_run(workdir)
-    daemon = daemon_factory(workdir / "d0", run_id, train=True)
+    daemon = daemon_factory(workdir / "d0", run_id, train=True, full_speed=True)
     daemon.start().wait_running()
     wait_for(lambda: updates([daemon]) >= ALONE_UPDATES, 300, f"{ALONE_UPDATES} updates", 0.5)
     print_training([daemon])
@@ -253,7 +253,10 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
 ) -> None:
     run_id = _preset_run(workdir)
     via_relay = ["--data-via-relay", "always"]
-    daemons = [daemon_factory(workdir / f"d{i}", run_id, via_relay if i >= 2 else None, train=True) for i in range(4)]
+    daemons = [
+        daemon_factory(workdir / f"d{i}", run_id, via_relay if i >= 2 else None, train=True, full_speed=True)
+        for i in range(4)
+    ]
     addrs = daemons[0].start().wait_running()["addrs"]
     for daemon in daemons[1:]:
         daemon.start(addrs)

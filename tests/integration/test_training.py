@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from swarmd.system.local_swarm import LocalDaemon, create_run, wait_for
+from tests.integration.conftest import BACKGROUND_SHARE
 from tests.integration.small_run import SMALL_RUN
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -66,7 +67,9 @@ async def main(addr, run_id):
 asyncio.run(main(*sys.argv[1:]))
 """
 
+# Training goes on in the background while these tests watch hand-overs and take-overs.
 TRAINING = ["--heartbeat-interval", "1", "--heartbeat-ttl", "8", "--no-benchmark", "--threads", "1"]
+TRAINING += ["--config", str(BACKGROUND_SHARE)]
 
 
 def training(daemon: LocalDaemon) -> dict[str, Any]:
