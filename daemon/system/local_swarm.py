@@ -30,8 +30,12 @@ T = TypeVar("T")
 LOOPBACK_FLAGS = ["--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--no-mdns", "--no-nat-port-map"]
 
 
-def wait_for(condition: Callable[[], T | None], timeout: float, what: str, poll_s: float = 0.1) -> T:
-    """Poll ``condition`` until it returns a truthy value; raise TimeoutError naming ``what``."""
+def wait_for(condition: Callable[[], T | None], timeout: float, what: str, poll_s: float = 0.25) -> T:
+    """Poll ``condition`` until it returns a truthy value; raise TimeoutError naming ``what``.
+
+    A condition mostly reads daemons' status, which costs each daemon asked 1.5 ms of CPU or
+    more (a training daemon's is larger); a daemon's state moves in seconds, so four polls a
+    second see it soon enough without taking the CPU the daemons run on."""
     deadline = time.monotonic() + timeout
     while True:
         value = condition()

@@ -83,6 +83,10 @@ stage that stops learning costs +1.9 in bench_robust_swarm.py; one that learns f
 sequence ends far below) and the paired benchmarks price the rest."""
 NEEDED_SAMPLES = 4
 """Samples (0.5 s apart) a relay-mode daemon's cell must need the relay in a row to count."""
+POLL_S = 0.5
+"""How often a wait reads the daemons' status. Every poll asks each daemon for its whole
+status; at ``wait_for``'s 0.1 s default that was 40 status calls a second on top of the
+``VersionWatch``'s 8, CPU the training waited on (an idle daemon's status costs it 1.5 ms)."""
 BETTER_BOUND_NATS = 0.4
 """Ending further below the reference than this would mean the swarm learned from what the
 reference never saw (a held-out sequence, a micro-batch counted twice)."""
@@ -239,7 +243,7 @@ def test_a_daemon_alone_trains_exactly_as_the_reference(
     run_id = _preset_run(workdir)
     daemon = daemon_factory(workdir / "d0", run_id, train=True, full_speed=True)
     daemon.start().wait_running()
-    wait_for(lambda: updates([daemon]) >= ALONE_UPDATES, 300, f"{ALONE_UPDATES} updates", 0.5)
+    wait_for(lambda: updates([daemon]) >= ALONE_UPDATES, 300, f"{ALONE_UPDATES} updates", POLL_S)
     print_training([daemon])
     exported = workdir / "exported"
     versions, printed_loss = _export(daemon, exported)
@@ -262,14 +266,14 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
         daemon.start(addrs)
     for daemon in daemons:
         daemon.wait_running()
-    wait_for(lambda: all(len(d.seen_peers()) == 3 for d in daemons), 60, "every daemon to see the other three")
+    wait_for(lambda: all(len(d.seen_peers()) == 3 for d in daemons), 60, "every daemon to see the other three", POLL_S)
 
     def cells_and_shards() -> list[tuple[int, int]]:
         return [(len(t.get("cells") or []), len(t.get("shards") or [])) for t in map(training, daemons)]
 
     started = time.monotonic()
     with VersionWatch(daemons, via_relay={2, 3}) as watch:
-        wait_for(lambda: updates(daemons) >= KILL_AT, 300, f"{KILL_AT} updates")
+        wait_for(lambda: updates(daemons) >= KILL_AT, 300, f"{KILL_AT} updates", POLL_S)
 
         # The victim works a cell, and serves no shard if the plan left such a worker; else it
         # serves one too, and its standby must take the shard over with every committed step.
@@ -278,24 +282,25 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
             found = [(s, d) for d, (c, s) in zip(daemons[1:], cells_and_shards()[1:], strict=True) if c]
             return min(found, key=lambda pair: pair[0])[1] if found else None
 
-        victim = wait_for(victim_of, 120, "a daemon that works a cell")
+        victim = wait_for(victim_of, 120, "a daemon that works a cell", POLL_S)
         relayed_before = relayed(daemons)  # the victim's own counts go with it (it may be the relay)
         forwarded_before = forwarded(daemons)
         cursor = ledger(daemons)["cursor"]
         victim.kill()  # SIGKILL: no goodbye; its share in flight and its round's gradient are lost with it
         killed_at = updates(daemons)
-        wait_for(lambda: updates(daemons) >= killed_at + 10, 180, "training to go on after the kill")
+        wait_for(lambda: updates(daemons) >= killed_at + 10, 180, "training to go on after the kill", POLL_S)
         # Every micro-batch issued before the kill is trained: none is skipped.
         wait_for(
             lambda: ledger(daemons).get("done_below", 0) >= cursor,
             180,
             f"every micro-batch below the kill's cursor {cursor} to be trained",
+            POLL_S,
         )
         # Restarted, it rejoins and gets a cell (or stands by as a spare, if the plan says so).
         others = next(d for d in daemons if d is not victim and alive(d)).status() or {}
         victim.start(others["addrs"])  # (it may have been the first: join through another)
         victim.wait_running()
-        wait_for(lambda: updates(daemons) >= UPDATES, 600, f"{UPDATES} updates")
+        wait_for(lambda: updates(daemons) >= UPDATES, 600, f"{UPDATES} updates", POLL_S)
         print(f"\n{UPDATES} updates in {time.monotonic() - started:.0f} s, a kill and a restart included")
         print_training(daemons)
         routes = [(d.status() or {}).get("routes") or {} for d in daemons]
@@ -313,7 +318,12 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
         print("data:", [(x.get("holds"), x.get("fetch"), x.get("serve")) for x in data])
         assert data[0]["holds"][:1] == ["dataset"] and all(x["fetch"]["refused"] == 0 for x in data)
         assert sum(x["fetch"]["fetched_files"].get("member", 0) for x in data[1:]) >= 3
-        wait_for(lambda: all(training(d).get("held_out") for d in daemons), 60, "every status to show a held-out loss")
+        wait_for(
+            lambda: all(training(d).get("held_out") for d in daemons),
+            60,
+            "every status to show a held-out loss",
+            POLL_S,
+        )
         # The swarm's weights as they stand: every stage gathered from its shards by a running
         # daemon and exported (what a user does at the end of a run).
         exported = workdir / "exported"
