@@ -120,17 +120,19 @@ class TiedDHT(hivemind.DHT):
         (from this loop's thread only, so one message never interleaves with another)."""
         try:
             outcome: tuple[bool, Any] = (True, await coro(self, self._node))
-        except BaseException as e:
+        except Exception as e:
             outcome = (False, e)
-            if not isinstance(e, Exception):
-                self._send_answer(request_id, outcome)
-                raise
             logger.debug("a DHT coroutine failed: %r", e)
+        except BaseException as e:  # the process is stopping: the caller must not read it as its own cancellation
+            self._send_answer(request_id, (False, ConnectionResetError(f"the DHT process stopped the call ({e!r})")))
+            raise
         self._send_answer(request_id, outcome)
 
     def _send_answer(self, request_id: int, outcome: tuple[bool, Any]) -> None:
         try:
             message = ForkingPickler.dumps((request_id, *outcome))
+            if not outcome[0]:  # an exception class may pickle and not rebuild (required arguments)
+                ForkingPickler.loads(message)
         except Exception as e:  # an answer that cannot travel is an error the caller reads
             error = RuntimeError(f"the DHT process could not send its answer ({type(outcome[1]).__name__}): {e}")
             message = ForkingPickler.dumps((request_id, False, error))
@@ -151,7 +153,12 @@ class TiedDHT(hivemind.DHT):
         every request still waiting."""
         try:
             while True:
-                request_id, ok, value = self._answers_in.recv()
+                message = self._answers_in.recv_bytes()
+                try:
+                    request_id, ok, value = ForkingPickler.loads(message)
+                except Exception as e:  # its caller waits out its deadline; the others are served
+                    logger.warning("Dropped an answer of the DHT process that did not unpickle: %r", e)
+                    continue
                 answer = self._pending.pop(request_id, None)
                 if answer is None:  # its caller gave up (a deadline): nobody waits for it
                     continue
@@ -177,6 +184,9 @@ class TiedDHT(hivemind.DHT):
         answer: concurrent.futures.Future[Any] = concurrent.futures.Future()
         answer.add_done_callback(lambda _: self._pending.pop(request_id, None))  # a caller that gave up
         self._pending[request_id] = answer
+        if self._gone is not None:  # it ended after the check above, and its reader may be done
+            answer.cancel()
+            raise ConnectionResetError(self._gone)
         request: tuple[str, list[Any], dict[str, Any]] = (
             "_answer_request",
             [],

@@ -39,6 +39,13 @@ async def fail(message, dht, node):
 async def unpicklable(dht, node):
     return lambda: None
 
+class Picky(Exception):  # pickles, and does not rebuild: its class wants two arguments
+    def __init__(self, a, b):
+        super().__init__(f"{a} {b}")
+
+async def picky(dht, node):
+    raise Picky("no", "rebuild")
+
 async def slow(seconds, value, dht, node):
     await asyncio.sleep(seconds)
     return value
@@ -59,7 +66,8 @@ async def main(dht):
            sharer_listening=resource_sharer._resource_sharer._listener is not None)
 
     report("errors", failed=await outcome(dht.ask(functools.partial(fail, "refused here"))),
-           unpicklable=await outcome(dht.ask(unpicklable)), after=await dht.ask(functools.partial(echo, 7)))
+           unpicklable=await outcome(dht.ask(unpicklable)), picky=await outcome(dht.ask(picky)),
+           after=await dht.ask(functools.partial(echo, 7)))
 
     gave_up = await outcome(asyncio.wait_for(dht.ask(functools.partial(slow, 1.0, "late")), 0.1))
     mine = await dht.ask(functools.partial(slow, 1.5, "mine"))  # the late answer comes in first
@@ -108,6 +116,7 @@ def test_errors_come_back_as_the_callers_exceptions(seen: dict[str, dict[str, An
     assert errors["failed"] == {"raised": "ValueError", "message": "refused here"}
     assert errors["unpicklable"]["raised"] == "RuntimeError"
     assert "could not send its answer" in errors["unpicklable"]["message"]
+    assert errors["picky"]["raised"] == "RuntimeError" and "Picky" in errors["picky"]["message"]
     assert errors["after"] == 7  # the pipe is still in step
 
 
