@@ -284,11 +284,17 @@ class SwarmDHT:
         """Up to ``limit`` of the per-peer records under ``key`` (``known`` subkeys first, then a
         random draw): what crosses the pipe and what the caller checks stay bounded however
         many records strangers stored."""
-        read = functools.partial(_sample_records, key, limit, list(known)[:limit])
-        records, total = await self.dht.ask(read)
-        if total > len(records):
-            logger.debug("Read %d of the %d records under %s (the rest on later reads)", len(records), total, key)
-        return records
+        return (await self._read_many([(key, limit, known)]))[0]
+
+    async def _read_many(self, reads: Sequence[tuple[str, int, Sequence[str]]]) -> list[dict[str, bytes]]:
+        """``_read`` of several keys (key, limit, known) in one search of the DHT: a peer asked
+        is asked for all of them in one request, not in one each."""
+        bounded = [(key, limit, list(known)[:limit]) for key, limit, known in reads]
+        found = await self.dht.ask(functools.partial(_sample_many, bounded))
+        for (key, _, _), (records, total) in zip(bounded, found, strict=True):
+            if total > len(records):
+                logger.debug("Read %d of the %d records under %s (the rest on later reads)", len(records), total, key)
+        return [records for records, _ in found]
 
     # --- records ---------------------------------------------------------------------------
 
@@ -301,11 +307,11 @@ class SwarmDHT:
         by_bucket: list[list[str]] = [[] for _ in range(MEMBER_BUCKETS)]
         for peer_id in known:
             by_bucket[member_bucket(peer_id)].append(peer_id)
-        reads = await asyncio.gather(
-            *(
-                self._read(members_key(self.run_id, b), MEMBERS_PER_BUCKET, by_bucket[b][:KNOWN_PER_BUCKET])
+        reads = await self._read_many(
+            [
+                (members_key(self.run_id, b), MEMBERS_PER_BUCKET, by_bucket[b][:KNOWN_PER_BUCKET])
                 for b in range(MEMBER_BUCKETS)
-            )
+            ]
         )
         records = {subkey: raw for read in reads for subkey, raw in read.items()}
         # One signature check per record: in a worker thread, so that a big swarm cannot stall the loop.
@@ -442,13 +448,19 @@ async def _get_latest(key: str, dht: hivemind.DHT, node: DHTNode) -> Any:
     return await node.get(key, latest=True)
 
 
-async def _sample_records(
-    key: str, limit: int, known: list[str], dht: hivemind.DHT, node: DHTNode
-) -> tuple[dict[str, bytes], int]:
-    """At most ``limit`` of the per-peer values under ``key``, ``known`` subkeys first, and how
-    many there were: only these cross the pipe back (its answer side carries megabytes, but
-    the reader's checks and memory must not grow with what strangers store)."""
-    found = await node.get(key, latest=True)
+async def _sample_many(
+    reads: list[tuple[str, int, list[str]]], dht: hivemind.DHT, node: DHTNode
+) -> list[tuple[dict[str, bytes], int]]:
+    """For each (key, limit, known): ``_sample`` of its newest value, all keys found in one
+    search (hivemind asks each peer on the way for every key at once)."""
+    found = await node.get_many([key for key, _, _ in reads], sufficient_expiration_time=float("inf"))
+    return [_sample(found.get(key), limit, known) for key, limit, known in reads]
+
+
+def _sample(found: Any, limit: int, known: list[str]) -> tuple[dict[str, bytes], int]:
+    """At most ``limit`` of the per-peer values of a key's value ``found``, ``known`` subkeys
+    first, and how many there were: only these cross the pipe back (its answer side carries
+    megabytes, but the reader's checks and memory must not grow with what strangers store)."""
     if found is None or not isinstance(found.value, dict):
         return {}, 0
     records = {
