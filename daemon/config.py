@@ -238,7 +238,9 @@ class LimitsConfig:
     pause_while_gpu_used: bool = True
     """Pause while another process computes on this peer's GPU (seen through NVML)."""
     cpu_share: float = 1.0
-    """The fraction of the time compute may run, in (0, 1]: 0.5 trains at most half the time."""
+    """The fraction of what compute runs on that swarmd may use, in (0, 1]. On a CPU: of the
+    compute's cores (``torch_threads``), every swarmd process's CPU time counted (the daemon, its
+    DHT process, p2pd); on a GPU: of the time compute runs. 0.5: at most half."""
     torch_threads: int = 0
     """torch threads for compute (0: torch's default, one per core)."""
     gpu_memory_gib: float = 0.0
@@ -262,7 +264,9 @@ class LimitsConfig:
     def __post_init__(self) -> None:
         _check_range("limits", "in_use_idle_s", self.in_use_idle_s, 10, 86400)
         if not 0 < self.cpu_share <= 1:
-            raise ConfigError(f"[limits] cpu_share = {self.cpu_share} must be in (0, 1] (0.5: compute half the time)")
+            raise ConfigError(
+                f"[limits] cpu_share = {self.cpu_share} must be in (0, 1] (0.5: at most half of what it computes on)"
+            )
         if isinstance(self.torch_threads, bool) or not 0 <= self.torch_threads <= 1024:
             raise ConfigError(f"[limits] torch_threads = {self.torch_threads!r} must be in [0, 1024] (0: one per core)")
         _check_range("limits", "gpu_memory_gib", self.gpu_memory_gib, 0, 4096)

@@ -280,7 +280,7 @@ def member_state(peer: str, roles: set[str], plan: Status | None) -> str:
 
 # [limits] field -> (metric, help, factor to base units). 0 means no cap, as in the config.
 LIMITS = {
-    "cpu_share": ("swarmd_limit_cpu_share_ratio", "The fraction of the time compute may run", 1.0),
+    "cpu_share": ("swarmd_limit_cpu_share_ratio", "The fraction of what compute runs on that swarmd may use", 1.0),
     "torch_threads": ("swarmd_limit_torch_threads", "torch threads for compute (0: one per core)", 1.0),
     "gpu_memory_gib": ("swarmd_limit_gpu_memory_bytes", "GPU memory compute may hold (0: no cap)", GIB),
     "upload_mbit_s": ("swarmd_limit_upload_bytes_per_second", "Training traffic sent (0: no cap)", MBIT),

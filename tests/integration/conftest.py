@@ -29,8 +29,10 @@ FAST_HEARTBEAT = ["--heartbeat-interval", "1", "--heartbeat-ttl", "8", "--no-ben
 TRAINING = ["--heartbeat-interval", "1", "--heartbeat-ttl", "6", "--no-benchmark", "--threads", "1"]
 BACKGROUND_SHARE = Path(__file__).with_name("background_training.toml")
 """``[limits] cpu_share`` for daemons whose training only has to go on while a test watches
-something else: unthrottled, a daemon on one thread uses about 1.2 cores (its compute, RPC and
-p2pd), so two of them took the whole machine from the suite's other worker."""
+something else: unthrottled, a daemon on one thread uses about 0.8 cores (its compute, RPC,
+DHT process and p2pd), so two of them took the whole machine from the suite's other worker. At
+0.3 of its one thread's core, all of that counted, two use 0.6 cores and make about 2 updates a
+second on the small run."""
 BACKGROUND_TRAINING = [*TRAINING, "--config", str(BACKGROUND_SHARE)]
 
 _started: list[LocalDaemon] = []

@@ -126,6 +126,9 @@ class LiveLimits:
         torch.set_num_threads(count)  # the count a thread that starts later begins with
         # Each cell's worker thread takes it before its next job (torch keeps it per thread).
         self._compute.threads = count
+        # On a CPU the share is of the cores compute runs on, all of swarmd's CPU time counted;
+        # on a GPU, of the time compute runs (swarmd.training.cells.throttle).
+        self._compute.meter_cpu(count if self.device == "cpu" else 0)
 
     def _apply_gpu_memory(self) -> None:
         if self.device is None or not self.device.startswith("cuda"):

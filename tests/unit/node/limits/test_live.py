@@ -57,11 +57,12 @@ def test_threads_and_gpu_memory_apply_once_compute_starts() -> None:
     assert live.status()["applied"]["torch_threads"] is None
     live.start_compute("cpu")
     try:
-        assert compute.threads == 1
+        assert compute.threads == 1 and compute.cores == 1  # on a CPU the share meters its CPU time
         assert live.status()["applied"]["gpu_memory"] == "does not apply: compute runs on the CPU"
         assert live.status()["applied"]["gpu_memory_peak_bytes"] is None
         live.apply(LimitsConfig(torch_threads=0))  # back to torch's default
         assert compute.threads == live._default_threads and compute.threads >= 1
+        assert compute.cores == compute.threads
         live.apply(LimitsConfig(torch_threads=0, gpu_memory_gib=4))
         assert "does not apply" in live.status()["applied"]["gpu_memory"]
     finally:

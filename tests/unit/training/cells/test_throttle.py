@@ -1,14 +1,16 @@
-"""The CPU share's duty cycle, on an injected clock."""
+"""The CPU share's duty cycle, on an injected clock (and an injected CPU clock, where the share
+meters the daemon's CPU time)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from swarmd.errors import ConfigError
-from swarmd.training.cells.throttle import BURST_S, ComputeLimits, DutyCycle
+from swarmd.training.cells.throttle import BURST_S, IDLE_DEBT_S, ComputeLimits, DutyCycle
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -156,3 +158,80 @@ def test_a_thread_count_reaches_a_real_worker_thread() -> None:
         limits.threads = 1 if before != 1 else 2
         after = worker.submit(duty.run, torch.get_num_threads).result()[0]
     assert after == limits.threads
+
+
+class FakeCpu(FakeTime):
+    """Wall time and the daemon's CPU time: ``idle_cores`` busy all along (the network, the
+    DHT), plus what each job computes."""
+
+    def __init__(self, idle_cores: float = 0.0) -> None:
+        super().__init__()
+        self.idle_cores = idle_cores
+        self.jobs_cpu = 0.0
+
+    def cpu(self) -> float:
+        return self.jobs_cpu + self.idle_cores * self.now
+
+    def compute(self, seconds: float, cores: float = 1.0) -> str:
+        self.jobs_cpu += seconds * cores
+        return self.busy(seconds)
+
+
+def metered(share: float, cores: int, idle_cores: float = 0.0) -> tuple[FakeCpu, ComputeLimits, DutyCycle]:
+    t = FakeCpu(idle_cores)
+    limits = ComputeLimits(share, clock=t.clock, wait=t.wait, cpu_seconds=t.cpu)
+    limits.meter_cpu(cores)
+    return t, limits, DutyCycle(limits, set_threads=lambda n: None)
+
+
+def test_on_a_cpu_the_daemons_cpu_time_over_its_cores_is_spent() -> None:
+    t, limits, duty = metered(0.5, cores=2)
+    limits.balance = 0.0
+    duty.run(t.compute, 1.0, 2.0)  # 1 s on both cores: 1 s busy of 2 cores' worth
+    assert limits.owed_s() == pytest.approx((1.0 - 0.5) / 0.5)
+    t.now += 2.0
+    assert limits.owed_s() == 0.0
+    limits.balance = 0.0
+    t.jobs_cpu += 2.0  # the RPC between jobs: one core for 2 s, no compute running
+    t.now += 2.0
+    assert limits.owed_s() == pytest.approx(0.0, abs=1e-9)  # half of two cores for 2 s: the share exactly
+    t.jobs_cpu += 1.0
+    assert limits.owed_s() == pytest.approx(0.5 / 0.5)
+
+
+@pytest.mark.parametrize(("share", "idle_cores"), [(0.3, 0.0), (0.3, 0.1), (0.5, 0.2)])
+def test_jobs_and_idle_costs_together_use_the_share(share: float, idle_cores: float) -> None:
+    t, _, duty = metered(share, cores=1, idle_cores=idle_cores)
+    start, cpu = t.now, t.cpu()
+    for _ in range(500):
+        duty.run(t.compute, 0.05)
+    assert (t.cpu() - cpu) / (t.now - start) == pytest.approx(share, rel=0.05)
+
+
+def test_idle_costs_over_the_share_hold_a_job_back_boundedly(caplog: pytest.LogCaptureFixture) -> None:
+    """A peer made busy without training (a crowd of records to check) keeps training, slowly,
+    and says why; a job's own cost is still paid in full."""
+    share = 0.25
+    t, limits, duty = metered(share, cores=1, idle_cores=0.5)
+    with caplog.at_level(logging.WARNING, logger="swarmd.training.cells.throttle"):
+        for _ in range(5):
+            _, waited = duty.run(t.compute, 0.2)
+    assert waited == pytest.approx((0.2 + IDLE_DEBT_S) / share)
+    assert caplog.text.count("cpu_share 0.25: a compute job waited") == 1  # said once, not every job
+
+
+def test_a_long_jobs_own_debt_is_never_forgiven() -> None:
+    t, limits, duty = metered(0.5, cores=1)
+    limits.balance = 0.0
+    duty.run(t.compute, 60.0)
+    assert limits.owed_s() == pytest.approx(60.0 * 0.5 / 0.5)
+
+
+def test_cpu_used_uncapped_is_not_owed_once_capped() -> None:
+    t, limits, duty = metered(1.0, cores=1)
+    duty.run(t.compute, 100.0)
+    limits.set(0.5)
+    assert limits.owed_s() == 0.0
+    limits.meter_cpu(0)  # a GPU: compute's running time again, not the CPU
+    t.jobs_cpu += 50.0
+    assert limits.owed_s() == 0.0
