@@ -255,6 +255,7 @@ class Lifecycle:
                     ledger=servers.get((0, 0)),
                     heads=[None if head is None else holders.get((head, s)) for head in heads],
                     head_pipelines=heads,
+                    pipelines=assignment.pipelines,
                 )
             )
 

@@ -104,6 +104,8 @@ class CellView:
     included: its own slices go through its reducer too); None: straight to the server."""
     head_pipelines: list[int | None] = field(default_factory=list)
     """By shard index, the pipeline whose cell heads it for this cell's group (None: no group)."""
+    pipelines: int = 0
+    """The pipelines of the assignment in force (0: not told)."""
 
 
 class Sends(Protocol):

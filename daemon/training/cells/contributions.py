@@ -76,6 +76,8 @@ class _Round:
     """Slices that go straight to the server: their reduction head failed them once."""
     lost: bool = False
     """A slice could not be resent (its blob was let go): the shares are trained again."""
+    buffered: set[int] = field(default_factory=set)
+    """Shards whose server took the slice into its buffer without stepping on it."""
 
     @property
     def delivered(self) -> bool:
@@ -361,7 +363,15 @@ class Contributions:
         if answer is not None and answer.committed:
             r.committed[k] = True
             self._settle()
+        elif answer is not None and answer.accepted:
+            r.buffered.add(k)
         return True
+
+    def step_awaits_more(self) -> bool:
+        """Whether every shard buffered the newest round and none stepped on it: those steps wait
+        for more rounds, another pipeline's or this cell's next."""
+        r = self.rounds[-1] if self.rounds else None
+        return r is not None and len(r.buffered) == len(r.committed) and not any(r.committed)
 
     async def wait_for_room(self, timeout_s: float) -> bool:
         """Wait until ``room`` (or ``timeout_s``): woken by progress, not by polling."""

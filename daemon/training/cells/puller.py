@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypedDict
 
@@ -41,6 +42,9 @@ from swarmd.training.cells.contributions import Contributions
 logger = logging.getLogger(__name__)
 
 POLL_WAIT_S = 10.0
+IN_VAIN_CHECK_S = 0.1
+"""How often a wait for a step asks whether it waits in vain (the answer moves with the
+contributions' deliveries, which do not wake it)."""
 RETRY_S = (0.2, 5.0)
 HEAD_RETRY_S = 5.0
 """After its group's head failed a pull, the cell pulls that shard from the server this long (a
@@ -131,18 +135,22 @@ class Puller:
         if self.facts.settings.mode == "gradient":
             self._bases = [s.applied for s in self.shards]
 
-    async def wait_past(self, bases: list[int], timeout_s: float) -> bool:
+    async def wait_past(self, bases: list[int], timeout_s: float, in_vain: Callable[[], bool] = lambda: False) -> bool:
         """Wait until every shard has sent a version past ``bases`` (the step our contribution
-        went into); False if ``timeout_s`` passed first (another pipeline is slow or gone)."""
+        went into), or ``in_vain()`` says none can come before this cell's next round (checked
+        every ``IN_VAIN_CHECK_S``); False if ``timeout_s`` passed first (another pipeline is
+        slow or gone)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while any(s.fetched <= base for s, base in zip(self.shards, bases, strict=True)):
+            if in_vain():
+                return True
             left = deadline - loop.time()
             if left <= 0:
                 return False
             self._arrived.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), left)
+                await asyncio.wait_for(self._arrived.wait(), min(left, IN_VAIN_CHECK_S))
         return True
 
     async def apply(self) -> None:

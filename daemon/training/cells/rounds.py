@@ -139,6 +139,12 @@ class CellRounds:
         if self._sync_after is not None:
             bases, self._sync_after = self._sync_after, None
             with self.stats.timing("sync"):
-                if not await self.puller.wait_past(bases, SYNC_WAIT_S):
+                if not await self.puller.wait_past(bases, SYNC_WAIT_S, self._step_awaits_this_cell):
                     self.stats.sync_timeouts += 1
         await self.puller.apply()
+
+    def _step_awaits_this_cell(self) -> bool:
+        """Alone in the assignment, with the round buffered at every shard and no step on it:
+        that step waits for this cell's next round (the batch was cut into shares of a smaller k
+        before a re-plan left one pipeline), so waiting for it would stall for ``SYNC_WAIT_S``."""
+        return self.cell.view.pipelines == 1 and self.contributions.step_awaits_more()

@@ -80,6 +80,28 @@ def test_no_room_for_a_round_until_the_last_is_delivered_and_its_shares_stay_ope
     asyncio.run(scenario())
 
 
+def test_a_round_every_shard_buffered_unstepped_awaits_more_rounds() -> None:
+    """What a lone pipeline's wait for its step asks: whether that step needs more rounds."""
+
+    async def scenario() -> None:
+        cell = FakeCell(view=CellView(epoch="e1", next="next", servers=["s0", "s1"]))
+        stepped: set[str] = set()
+        cell.answer = lambda peer, request: taken(committed=peer in stepped)
+        c = Contributions(facts((0, 1), shards=2), cell, lambda _: 1e9)
+        assert not c.step_awaits_more()  # no round yet
+        tasks = c.start()
+        c.add([5], ["t"], torch.ones(100), 2, [3, 3])
+        await until(lambda: c.undelivered() == 0)
+        assert c.step_awaits_more()  # both shards buffered it: their steps need another round
+        stepped.add("s0")
+        c.add([6], ["t"], torch.ones(100), 2, [3, 3])
+        await until(lambda: c.undelivered() == 0)
+        assert not c.step_awaits_more()  # shard 0 stepped on it: its version will come
+        await stopped(cell, tasks)
+
+    asyncio.run(scenario())
+
+
 def test_stage_zero_tells_the_ledger_once_every_shard_committed_a_round() -> None:
     async def scenario() -> None:
         cell = FakeCell(view=CellView(epoch="e1", next="next", servers=["s0", "s1"], ledger="ledger"))

@@ -199,3 +199,30 @@ def test_a_cell_heading_its_shard_asks_for_its_members_and_offers_them_what_came
             task.cancel()
 
     asyncio.run(scenario())
+
+
+def test_a_wait_for_a_step_ends_once_it_waits_in_vain_and_else_times_out() -> None:
+    async def scenario() -> None:
+        p, _, _, _, server = puller()
+        tasks = p.start()
+        server.will(whole(3, torch.zeros(SIZE)))
+        await until(lambda: p.shards[0].fetched == 3)
+        vain = False
+        loop = asyncio.get_running_loop()
+
+        async def turn_vain() -> None:
+            nonlocal vain
+            await asyncio.sleep(0.2)
+            vain = True
+
+        started = loop.time()
+        turned = asyncio.create_task(turn_vain())
+        assert await p.wait_past([3], 10, lambda: vain)  # ended, not timed out
+        assert loop.time() - started < 2
+        await turned
+        assert not await p.wait_past([3], 0.3)  # nothing says in vain: the timeout
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(scenario())

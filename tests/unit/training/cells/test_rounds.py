@@ -5,11 +5,13 @@ given back, when it is not finite; it waits for room, and in gradient mode for i
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
 import torch
 
+from swarmd.training.cells.cell_facts import CellView
 from swarmd.training.cells.cell_stats import CellStats
 from swarmd.training.cells.in_flight import ShareInFlight
 from swarmd.training.cells.rounds import CellRounds, named_once
@@ -64,9 +66,9 @@ class Weights:
     def round_bases(self) -> list[int]:
         return [self.version]
 
-    async def wait_past(self, bases: list[int], timeout_s: float) -> bool:
-        self.calls.append(f"wait past {bases}")
-        return not self.late
+    async def wait_past(self, bases: list[int], timeout_s: float, in_vain: Callable[[], bool] = lambda: False) -> bool:
+        self.calls.append(f"wait past {bases}" + (" (in vain)" if in_vain() else ""))
+        return not self.late or in_vain()
 
     async def apply(self) -> None:
         self.calls.append("apply")
@@ -79,6 +81,10 @@ class Outbox:
     room_after: int = 0
     added: list[tuple[list[int], list[str], torch.Tensor, int, list[int]]] = field(default_factory=list)
     checks: int = 0
+    awaits_more: bool = False
+
+    def step_awaits_more(self) -> bool:
+        return self.awaits_more
 
     async def room(self) -> bool:
         self.checks += 1
@@ -94,12 +100,13 @@ class Outbox:
 
 
 def rounds(
-    compute: Compute, outbox: Outbox, weights: Weights, local_steps: int = 2
+    compute: Compute, outbox: Outbox, weights: Weights, local_steps: int = 2, cell: FakeCell | None = None
 ) -> tuple[CellRounds, list[list[int]], CellStats]:
     """Rounds of ``local_steps`` shares at cell (0, 1); what goes back to the ledger is recorded."""
     given_back: list[list[int]] = []
     stats = CellStats()
-    r = CellRounds(facts(local_steps=local_steps), FakeCell(), compute, stats, weights, outbox, given_back.append)  # type: ignore[arg-type]
+    cell = cell or FakeCell()
+    r = CellRounds(facts(local_steps=local_steps), cell, compute, stats, weights, outbox, given_back.append)  # type: ignore[arg-type]
     return r, given_back, stats
 
 
@@ -152,5 +159,27 @@ def test_a_round_waits_for_room_and_in_gradient_mode_the_next_waits_for_its_step
         assert weights.calls == ["apply", "wait past [4]", "apply"] and stats.sync_timeouts == 1
         await r.between_shares()  # once only
         assert weights.calls[3:] == ["apply"]
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("pipelines", "awaits_more", "waits_in_vain"), [(1, True, True), (2, True, False), (1, False, False)]
+)
+def test_a_lone_pipeline_does_not_wait_for_a_step_that_needs_its_next_round(
+    pipelines: int, awaits_more: bool, waits_in_vain: bool
+) -> None:
+    """After a re-plan leaves one pipeline, shares cut for two make half a batch each round; the
+    step waits for this cell's next round, so waiting for it stalled ``SYNC_WAIT_S`` a step. With
+    another pipeline in the plan (or a round a shard stepped on) the wait is the synchronous one."""
+
+    async def scenario() -> None:
+        cell = FakeCell(view=CellView(epoch="e1", servers=["server"], pipelines=pipelines))
+        compute, outbox, weights = Compute(), Outbox(awaits_more=awaits_more), Weights(late=True)
+        r, _, stats = rounds(compute, outbox, weights, local_steps=1, cell=cell)
+        await r.share_done(share(1, round_end=True))
+        await r.between_shares()
+        assert weights.calls[-2] == "wait past [4]" + (" (in vain)" if waits_in_vain else "")
+        assert stats.sync_timeouts == (0 if waits_in_vain else 1)
 
     asyncio.run(scenario())
