@@ -76,8 +76,9 @@ class _Round:
     """Slices that go straight to the server: their reduction head failed them once."""
     lost: bool = False
     """A slice could not be resent (its blob was let go): the shares are trained again."""
-    buffered: set[int] = field(default_factory=set)
-    """Shards whose server took the slice into its buffer without stepping on it."""
+    unstepped: set[int] = field(default_factory=set)
+    """Shards that answered the slice with no step on it: buffered it, had its shares already
+    (in an earlier step), or refused it."""
 
     @property
     def delivered(self) -> bool:
@@ -211,6 +212,7 @@ class Contributions:
         for r in self.rounds:
             if not r.committed[k] and r.delivered_to[k] == server and not share_ids.isdisjoint(r.share_ids):
                 r.delivered_to[k] = None
+                r.unstepped.discard(k)  # its answer is void: the resend's counts
                 self._wake.set()
 
     def servers_changed(self) -> None:
@@ -333,6 +335,7 @@ class Contributions:
             # wait for; the round's work on this slice is not applied.
             logger.info("cell %s: shard %d refused a contribution (%s); dropped", facts.cell, k, e)
             r.committed[k], r.dropped[k] = True, True
+            r.unstepped.add(k)
             self.stats.dropped += 1
             self._settle()
             return True
@@ -363,15 +366,15 @@ class Contributions:
         if answer is not None and answer.committed:
             r.committed[k] = True
             self._settle()
-        elif answer is not None and answer.accepted:
-            r.buffered.add(k)
+        else:
+            r.unstepped.add(k)
         return True
 
     def step_awaits_more(self) -> bool:
-        """Whether every shard buffered the newest round and none stepped on it: those steps wait
-        for more rounds, another pipeline's or this cell's next."""
+        """Whether every shard answered the newest round with no step on it: their next steps
+        wait for more rounds, another pipeline's or this cell's next."""
         r = self.rounds[-1] if self.rounds else None
-        return r is not None and len(r.buffered) == len(r.committed) and not any(r.committed)
+        return r is not None and len(r.unstepped) == len(r.committed)
 
     async def wait_for_room(self, timeout_s: float) -> bool:
         """Wait until ``room`` (or ``timeout_s``): woken by progress, not by polling."""

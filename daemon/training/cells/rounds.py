@@ -144,7 +144,9 @@ class CellRounds:
         await self.puller.apply()
 
     def _step_awaits_this_cell(self) -> bool:
-        """Alone in the assignment, with the round buffered at every shard and no step on it:
-        that step waits for this cell's next round (the batch was cut into shares of a smaller k
-        before a re-plan left one pipeline), so waiting for it would stall for ``SYNC_WAIT_S``."""
+        """Alone in the assignment, with every shard's answer to the round no step on it, the next
+        step waits for this cell's next round, so waiting for it would stall for ``SYNC_WAIT_S``:
+        the batch was cut into shares of a smaller k before a re-plan left one pipeline (each
+        round fills half a step), or the round's shares were in a step already (a share given
+        back and trained again) or refused."""
         return self.cell.view.pipelines == 1 and self.contributions.step_awaits_more()

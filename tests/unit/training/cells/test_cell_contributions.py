@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from swarmd.peers.wire.errors import BadRequest, NotHolder, Unavailable
+from swarmd.peers.wire.errors import AlreadyApplied, BadRequest, NotHolder, Stale, Unavailable
 from swarmd.peers.wire.messages import Contribute, Contributed, LedgerComplete, Reduce
 from swarmd.training.cells.cell_facts import CellView
 from swarmd.training.cells.contributions import Contributions
@@ -80,21 +80,38 @@ def test_no_room_for_a_round_until_the_last_is_delivered_and_its_shares_stay_ope
     asyncio.run(scenario())
 
 
-def test_a_round_every_shard_buffered_unstepped_awaits_more_rounds() -> None:
-    """What a lone pipeline's wait for its step asks: whether that step needs more rounds."""
+def test_a_round_no_shard_stepped_on_awaits_more_rounds() -> None:
+    """What a lone pipeline's wait for its step asks: whether the next step needs more rounds.
+    A slice buffered unstepped, one whose shares a step had already, and one refused all do."""
 
     async def scenario() -> None:
-        cell = FakeCell(view=CellView(epoch="e1", next="next", servers=["s0", "s1"]))
-        stepped: set[str] = set()
-        cell.answer = lambda peer, request: taken(committed=peer in stepped)
-        c = Contributions(facts((0, 1), shards=2), cell, lambda _: 1e9)
+        cell = FakeCell(view=CellView(epoch="e1", next="next", servers=["s0", "s1", "s2"]))
+        answers: dict[str, Callable[[], Any]] = {"s0": taken, "s1": taken, "s2": taken}
+
+        def answer(peer: str, request: Any) -> Any:
+            return answers[peer]()
+
+        def refuse(error: Exception) -> Callable[[], Any]:
+            def raised() -> Any:
+                raise error
+
+            return raised
+
+        cell.answer = answer
+        c = Contributions(facts((0, 1), shards=3), cell, lambda _: 1e9)
         assert not c.step_awaits_more()  # no round yet
         tasks = c.start()
-        c.add([5], ["t"], torch.ones(100), 2, [3, 3])
+        answers["s1"] = refuse(AlreadyApplied("had shares [5] already"))
+        answers["s2"] = refuse(Stale("from a lineage it cannot use"))
+        c.add([5], ["t"], torch.ones(90), 2, [3, 3, 3])
         await until(lambda: c.undelivered() == 0)
-        assert c.step_awaits_more()  # both shards buffered it: their steps need another round
-        stepped.add("s0")
-        c.add([6], ["t"], torch.ones(100), 2, [3, 3])
+        assert c.step_awaits_more()
+        c.unknown(0, {5}, "s0")  # shard 0 lost it: its answer no longer counts until resent
+        assert not c.step_awaits_more()
+        await until(lambda: c.undelivered() == 0)
+        assert c.step_awaits_more()
+        answers["s0"] = lambda: taken(committed=True)
+        c.add([6], ["t"], torch.ones(90), 2, [3, 3, 3])
         await until(lambda: c.undelivered() == 0)
         assert not c.step_awaits_more()  # shard 0 stepped on it: its version will come
         await stopped(cell, tasks)
