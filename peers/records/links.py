@@ -36,6 +36,11 @@ MAX_PROBE_BYTES = 1024 * 1024
 """A probe request carries at most this much: what a peer's probe handler accepts."""
 SMOOTHING = 0.3
 """Weight of a new sample in the moving averages: a few probes settle a link, one outlier does not."""
+RETRY_UNMEASURED_S = 10.0
+"""A link whose bandwidth probe failed (a timeout, a busy peer: not a refused stream) is probed
+again after this long, doubling with each try up to the interval. Left for the whole interval,
+the planner filled that link in from the others for five minutes (test_planning's "fully
+measured matrix" timed out in CI on one such failure)."""
 UNREACHABLE_BPS = 1.0
 """The bandwidth published for a link whose probe could not even open a stream: the planner
 then keeps the two ends apart (or routes them through a relay), and connectivity counts it."""
@@ -106,16 +111,22 @@ class ProbeBudget:
 
     def due(self, now: float, links: dict[str, LinkEstimate], peers: Iterable[str]) -> list[str]:
         """The peers to probe now: unmeasured first, then the stalest, each at most once per
-        interval, at most ``max_peers`` tracked."""
+        interval (one with no bandwidth yet sooner, ``RETRY_UNMEASURED_S``), at most
+        ``max_peers`` tracked."""
         candidates = []
         for peer in peers:
             est = links.get(peer)
             if est is None or est.samples == 0:
                 candidates.append((0.0, peer))
-            elif now - est.measured_at >= self.interval_s:
+            elif now - est.measured_at >= self._wait(est):
                 candidates.append((est.measured_at, peer))
         candidates.sort()
         return [peer for _, peer in candidates[: self.max_peers]]
+
+    def _wait(self, est: LinkEstimate) -> float:
+        if est.bandwidth_Bps is not None:
+            return self.interval_s
+        return min(self.interval_s, RETRY_UNMEASURED_S * 2.0 ** min(est.samples - 1, 30))
 
 
 @dataclass(frozen=True, kw_only=True)

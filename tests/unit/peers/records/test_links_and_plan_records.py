@@ -14,7 +14,14 @@ from swarmd.peers.records import plan_parts
 from swarmd.peers.records import plan_record as plan_mod
 from swarmd.peers.records.envelope import sign_record
 from swarmd.peers.records.identity import Identity
-from swarmd.peers.records.links import LinkEstimate, LinksRecord, ProbeBudget, bandwidth_from_transfer, make_record
+from swarmd.peers.records.links import (
+    RETRY_UNMEASURED_S,
+    LinkEstimate,
+    LinksRecord,
+    ProbeBudget,
+    bandwidth_from_transfer,
+    make_record,
+)
 from swarmd.peers.records.plan_record import PlanRecord
 from swarmd.peers.records.run_spec import derive_run_id
 
@@ -51,6 +58,23 @@ def test_probe_budget_bounds_bytes_and_frequency() -> None:
     budget.charge(T0 + 1, 200_000)
     assert budget.next_probe_bytes(T0 + 2) == 0
     assert budget.next_probe_bytes(T0 + 3601) == 400_000  # an hour later the budget is back
+
+
+def test_a_link_whose_bandwidth_probe_failed_is_tried_again_sooner_and_sooner_less() -> None:
+    budget = ProbeBudget(interval_s=300)
+    rtt_only = LinkEstimate(rtt_s=1e-3)
+    rtt_only.add(T0, rtt_s=1e-3)  # the ping answered, the bandwidth probe did not
+    assert budget.due(T0 + RETRY_UNMEASURED_S - 1, {"x": rtt_only}, ["x"]) == []
+    assert budget.due(T0 + RETRY_UNMEASURED_S, {"x": rtt_only}, ["x"]) == ["x"]
+    rtt_only.add(T0 + 10, rtt_s=1e-3)  # failed again: twice as long
+    assert budget.due(T0 + 10 + 2 * RETRY_UNMEASURED_S - 1, {"x": rtt_only}, ["x"]) == []
+    assert budget.due(T0 + 10 + 2 * RETRY_UNMEASURED_S, {"x": rtt_only}, ["x"]) == ["x"]
+    for _ in range(10):
+        rtt_only.add(T0 + 100, rtt_s=1e-3)
+    assert budget.due(T0 + 399, {"x": rtt_only}, ["x"]) == []  # never more seldom than the interval
+    assert budget.due(T0 + 400, {"x": rtt_only}, ["x"]) == ["x"]
+    measured = LinkEstimate(1e-3, 1e6, T0, 1)
+    assert budget.due(T0 + 299, {"y": measured}, ["y"]) == []
 
 
 def test_links_record_round_trip_and_refusals() -> None:
