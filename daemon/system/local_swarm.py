@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from swarmd.errors import ControlError, SwarmdError
 from swarmd.system.control import SOCKET_FILENAME, call
@@ -60,6 +60,26 @@ def create_run(state_dir: Path, spec_path: Path, env: dict[str, str] | None = No
     return out.stdout.strip().splitlines()[0]
 
 
+class DaemonProcess(Protocol):
+    """What a ``LocalDaemon`` uses of its process: ``subprocess.Popen``'s names and meanings."""
+
+    pid: int
+    returncode: int | Any
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+
+Launcher = Callable[[list[str], Path], DaemonProcess]
+"""Starts ``swarmd`` with these arguments (``["run", ...]``) in a session of its own, its
+output appended to the log file; the process is a child of the caller. The default runs a
+fresh interpreter (``python -m swarmd``); the tests fork daemons from one that has swarmd's
+modules imported already (``tests/integration/fork_launcher.py``)."""
+
+
 class LocalDaemon:
     def __init__(
         self,
@@ -70,10 +90,15 @@ class LocalDaemon:
         network_args: list[str] | None = None,
         command_prefix: list[str] | None = None,
         tied: bool = False,
+        launcher: Launcher | None = None,
     ) -> None:
         """``tied``: the daemon is sent SIGTERM when this process dies (the module doc); only
-        for a caller that starts it from its main thread and lives as long as it wants it."""
+        for a caller that starts it from its main thread and lives as long as it wants it.
+        ``launcher``: how the process starts (``Launcher``); not with a prefix or ``tied``."""
+        if launcher is not None and (command_prefix or tied):
+            raise ValueError("a launcher starts the daemon itself: no command prefix, not tied")
         self.tied = tied
+        self.launcher = launcher
         self.state_dir = state_dir
         self.run_id = run_id
         self.extra_args = extra_args or []
@@ -81,21 +106,24 @@ class LocalDaemon:
         # e.g. ["ip", "netns", "exec", NS] to run the daemon inside a test's network namespace
         self.command_prefix = command_prefix or []
         self.log_path = state_dir.parent / f"{state_dir.name}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: DaemonProcess | None = None
 
     @property
     def socket(self) -> Path:
         return self.state_dir / SOCKET_FILENAME
 
     def start(self, initial_peers: list[str] | None = None) -> LocalDaemon:
-        args = [*self.command_prefix, sys.executable, "-m", "swarmd", "run", "--run-id", self.run_id]
-        args += ["--state-dir", str(self.state_dir), *self.network_args, *self.extra_args]
+        args = ["run", "--run-id", self.run_id, "--state-dir", str(self.state_dir), *self.network_args]
+        args += self.extra_args
         if initial_peers:
             args += ["--initial-peers", *initial_peers]
         self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self.launcher is not None:
+            self.proc = self.launcher(args, self.log_path)
+            return self
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                args,
+                [*self.command_prefix, sys.executable, "-m", "swarmd", *args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from swarmd.system.local_swarm import LocalDaemon, create_run
+from tests.integration.fork_launcher import ForkLauncher
 from tests.integration.procfs import descendants
 from tests.integration.small_run import SMALL_RUN
 
@@ -81,8 +82,16 @@ FAILURE_LOG_LINES = 30
 """Lines of each daemon's log printed when a test fails: CI keeps no state directory."""
 
 
+@pytest.fixture(scope="session")
+def launcher() -> Iterator[ForkLauncher]:
+    """Daemons forked from an interpreter with swarmd imported (``fork_launcher``'s doc)."""
+    forks = ForkLauncher()
+    yield forks
+    forks.close()
+
+
 @pytest.fixture
-def daemon_factory(request: pytest.FixtureRequest) -> Iterator[Callable[..., LocalDaemon]]:
+def daemon_factory(request: pytest.FixtureRequest, launcher: ForkLauncher) -> Iterator[Callable[..., LocalDaemon]]:
     mine: list[LocalDaemon] = []
 
     def make(
@@ -91,7 +100,7 @@ def daemon_factory(request: pytest.FixtureRequest) -> Iterator[Callable[..., Loc
         """A daemon that trains (``train``: in the background, at ``BACKGROUND_SHARE``, unless
         ``full_speed``, for a test that counts updates) or only joins."""
         args = (TRAINING if full_speed else BACKGROUND_TRAINING) if train else FAST_HEARTBEAT
-        daemon = LocalDaemon(state_dir, run_id, args + (extra_args or []))
+        daemon = LocalDaemon(state_dir, run_id, args + (extra_args or []), launcher=launcher)
         mine.append(daemon)
         _started.append(daemon)
         return daemon

@@ -30,6 +30,7 @@ import pytest
 
 from swarmd.system.local_swarm import LocalDaemon, create_run, wait_for
 from tests.integration.conftest import BACKGROUND_TRAINING
+from tests.integration.fork_launcher import ForkLauncher
 from tests.integration.hostile.harness import (
     RssPeak,
     bad_checkpoints,
@@ -110,13 +111,13 @@ class Swarm:
 
 
 @pytest.fixture(scope="module")
-def swarm() -> Iterator[Swarm]:
+def swarm(launcher: ForkLauncher) -> Iterator[Swarm]:
     workdir = Path(tempfile.mkdtemp(prefix="swd-hostile-", dir="/tmp"))
     spec = workdir / "run.json"
     spec.write_text(json.dumps(SMALL_RUN))
     run_id = create_run(workdir / "d0", spec)
     # Training only has to go on under the attacks: in the background (a share of the cores).
-    daemons = [LocalDaemon(workdir / f"d{i}", run_id, BACKGROUND_TRAINING) for i in range(2)]
+    daemons = [LocalDaemon(workdir / f"d{i}", run_id, BACKGROUND_TRAINING, launcher=launcher) for i in range(2)]
     try:
         daemons[1].start(daemons[0].start().wait_running()["addrs"])
         daemons[1].wait_running()

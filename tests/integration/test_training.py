@@ -27,6 +27,7 @@ import pytest
 
 from swarmd.system.local_swarm import LocalDaemon, create_run, wait_for
 from tests.integration.conftest import BACKGROUND_SHARE
+from tests.integration.fork_launcher import ForkLauncher
 from tests.integration.small_run import SMALL_RUN
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -87,11 +88,11 @@ def cells(daemon: LocalDaemon) -> list[tuple[int, int]]:
 
 
 def test_a_daemon_alone_trains_everything_a_second_takes_its_share_and_hands_it_back_paused(
-    workdir: Path, make_run: Callable[..., str]
+    workdir: Path, make_run: Callable[..., str], launcher: ForkLauncher
 ) -> None:
     run_id = make_run(workdir / "d0")
-    d0 = LocalDaemon(workdir / "d0", run_id, TRAINING)
-    d1 = LocalDaemon(workdir / "d1", run_id, TRAINING)
+    d0 = LocalDaemon(workdir / "d0", run_id, TRAINING, launcher=launcher)
+    d1 = LocalDaemon(workdir / "d1", run_id, TRAINING, launcher=launcher)
     try:
         # Alone, a daemon holds both cells of its pipeline and both shards.
         d0.start()
@@ -148,21 +149,21 @@ def owner(daemon: LocalDaemon, *command: str) -> str:
     return out.stdout
 
 
-def start_pair(workdir: Path) -> tuple[str, LocalDaemon, LocalDaemon]:
+def start_pair(workdir: Path, launcher: ForkLauncher) -> tuple[str, LocalDaemon, LocalDaemon]:
     spec = workdir / "tiny-bytes.json"
     spec.write_text(json.dumps({**SMALL_RUN, "name": "tiny-bytes"}))
     run_id = create_run(workdir / "d0", spec)
-    d0 = LocalDaemon(workdir / "d0", run_id, TRAINING)
-    d1 = LocalDaemon(workdir / "d1", run_id, TRAINING)
+    d0 = LocalDaemon(workdir / "d0", run_id, TRAINING, launcher=launcher)
+    d1 = LocalDaemon(workdir / "d1", run_id, TRAINING, launcher=launcher)
     addrs = d0.start().wait_running()["addrs"]
     d1.start(addrs).wait_running()
     return run_id, d0, d1
 
 
 @pytest.fixture
-def pair(workdir: Path) -> Iterator[tuple[str, LocalDaemon, LocalDaemon]]:
+def pair(workdir: Path, launcher: ForkLauncher) -> Iterator[tuple[str, LocalDaemon, LocalDaemon]]:
     """Two training daemons of a fresh run, both running; stopped afterwards."""
-    run_id, d0, d1 = start_pair(workdir)
+    run_id, d0, d1 = start_pair(workdir, launcher)
     try:
         yield run_id, d0, d1
     finally:
@@ -171,11 +172,11 @@ def pair(workdir: Path) -> Iterator[tuple[str, LocalDaemon, LocalDaemon]]:
 
 
 @pytest.fixture(scope="module")
-def shared_pair() -> Iterator[tuple[Path, str, LocalDaemon, LocalDaemon]]:
+def shared_pair(launcher: ForkLauncher) -> Iterator[tuple[Path, str, LocalDaemon, LocalDaemon]]:
     """The same, for the tests that leave both daemons running: one swarm serves them all
     (each costs a minute of two cores to start and spread)."""
     workdir = Path(tempfile.mkdtemp(prefix="swd-", dir="/tmp"))
-    run_id, d0, d1 = start_pair(workdir)
+    run_id, d0, d1 = start_pair(workdir, launcher)
     try:
         yield workdir, run_id, d0, d1
     finally:
@@ -271,11 +272,11 @@ def test_doctor_has_a_peer_dial_the_daemon_back(shared_pair: tuple[Path, str, Lo
     assert reach.startswith("pass") and "a peer opened a fresh connection to /ip4/127.0.0.1/tcp/" in reach, reach
 
 
-def test_a_corpus_missing_here_fails_training_not_the_daemon(workdir: Path) -> None:
+def test_a_corpus_missing_here_fails_training_not_the_daemon(workdir: Path, launcher: ForkLauncher) -> None:
     spec = workdir / "spec.json"
     spec.write_text(json.dumps({**SMALL_RUN, "name": "elsewhere", "data": {"corpus": "/nonexistent/corpus.txt"}}))
     run_id = create_run(workdir / "d0", spec)
-    d0 = LocalDaemon(workdir / "d0", run_id, TRAINING)
+    d0 = LocalDaemon(workdir / "d0", run_id, TRAINING, launcher=launcher)
     try:
         d0.start().wait_running()
         wait_for(lambda: training(d0).get("state") == "failed", 60, "training to fail")
