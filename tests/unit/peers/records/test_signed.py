@@ -9,9 +9,10 @@ from typing import Any, ClassVar
 import pytest
 
 from swarmd.errors import RecordError
+from swarmd.peers.records import signed
 from swarmd.peers.records.envelope import Fields, sign_record
 from swarmd.peers.records.identity import Identity
-from swarmd.peers.records.signed import CLOCK_SKEW_S, Head, SignedRecord
+from swarmd.peers.records.signed import CLOCK_SKEW_S, Head, RecentlyParsed, SignedRecord
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -115,3 +116,32 @@ def test_the_kinds_own_limits_apply() -> None:
         Note.parse(sign_record(A, Note.KIND, {"pad": "x" * 2000}), run_id=RUN, now=T0)
     with pytest.raises(RecordError, match="expected a test-note record"):
         Note.parse(sign_record(A, "other", dataclasses.asdict(note())), run_id=RUN, now=T0)
+
+
+def test_a_record_read_again_is_not_verified_again_but_its_run_and_clock_are(monkeypatch: pytest.MonkeyPatch) -> None:
+    raw = note(text="again").sign(A)
+    first = Note.parse(raw, run_id=RUN, now=T0, peer_id=A.peer_id)
+
+    def no_second_check(*args: Any) -> None:
+        raise AssertionError("verified twice")
+
+    monkeypatch.setattr(signed, "open_record", no_second_check)
+    assert Note.parse(bytearray(raw), run_id=RUN, now=T0 + 1, peer_id=A.peer_id) is first
+    with pytest.raises(RecordError, match="is for run"):
+        Note.parse(raw, run_id="other-run.abcdefghijklmnopqrstuvwx", now=T0, peer_id=A.peer_id)
+    with pytest.raises(RecordError, match="expired"):
+        Note.parse(raw, run_id=RUN, now=T0 + 30, peer_id=A.peer_id)
+    with pytest.raises(AssertionError, match="verified twice"):  # under another subkey: checked afresh
+        Note.parse(raw, run_id=RUN, now=T0, peer_id=B.peer_id)
+
+
+def test_the_recently_parsed_records_are_bounded_in_count_and_bytes() -> None:
+    recent = RecentlyParsed(entries=2, max_bytes=100)
+    records = [note(text=str(i)) for i in range(4)]
+    recent.put(("a",), records[0], 10)
+    recent.put(("b",), records[1], 10)
+    assert recent.get(("a",)) is records[0]  # now the most recently used
+    recent.put(("c",), records[2], 10)
+    assert len(recent) == 2 and recent.get(("b",)) is None and recent.get(("a",)) is records[0]
+    recent.put(("d",), records[3], 95)  # over the bytes: everything older goes
+    assert len(recent) == 1 and recent.get(("d",)) is records[3]
