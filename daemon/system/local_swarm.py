@@ -73,11 +73,42 @@ class DaemonProcess(Protocol):
     def send_signal(self, sig: int) -> None: ...
 
 
-Launcher = Callable[[list[str], Path], DaemonProcess]
-"""Starts ``swarmd`` with these arguments (``["run", ...]``) in a session of its own, its
-output appended to the log file; the process is a child of the caller. The default runs a
-fresh interpreter (``python -m swarmd``); the tests fork daemons from one that has swarmd's
-modules imported already (``tests/integration/fork_launcher.py``)."""
+class Launcher(Protocol):
+    """How ``swarmd`` processes start. ``FreshInterpreter`` runs ``python -m swarmd``; the tests
+    fork them from an interpreter that has swarmd's modules imported already
+    (``tests/integration/fork_launcher.py``)."""
+
+    def start(self, args: list[str], log_path: Path) -> DaemonProcess:
+        """``swarmd`` with ``args`` (``["run", ...]``) in a session of its own, a child of this
+        process, its output appended to ``log_path``."""
+        ...
+
+    def run(self, args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+        """``swarmd`` with ``args`` run to its end (at most ``timeout``), its output captured."""
+        ...
+
+
+class FreshInterpreter:
+    """A new interpreter per process (``Launcher``), after an optional command prefix (e.g.
+    ``["ip", "netns", "exec", NS]`` for a test's network namespace); ``tied``: each daemon
+    started is sent SIGTERM when this process dies (the module doc)."""
+
+    def __init__(self, command_prefix: list[str] | None = None, tied: bool = False) -> None:
+        self.command_prefix, self.tied = command_prefix or [], tied
+
+    def start(self, args: list[str], log_path: Path) -> DaemonProcess:
+        with open(log_path, "ab") as log:
+            return subprocess.Popen(
+                [*self.command_prefix, sys.executable, "-m", "swarmd", *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=functools.partial(_terminated_with_parent, os.getpid()) if self.tied else None,
+            )
+
+    def run(self, args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+        command = [*self.command_prefix, sys.executable, "-m", "swarmd", *args]
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
 
 
 class LocalDaemon:
@@ -94,17 +125,15 @@ class LocalDaemon:
     ) -> None:
         """``tied``: the daemon is sent SIGTERM when this process dies (the module doc); only
         for a caller that starts it from its main thread and lives as long as it wants it.
-        ``launcher``: how the process starts (``Launcher``); not with a prefix or ``tied``."""
+        ``launcher``: how its processes start (default ``FreshInterpreter``, with
+        ``command_prefix`` and ``tied``, which another launcher does not take)."""
         if launcher is not None and (command_prefix or tied):
             raise ValueError("a launcher starts the daemon itself: no command prefix, not tied")
-        self.tied = tied
-        self.launcher = launcher
+        self.launcher = launcher or FreshInterpreter(command_prefix, tied)
         self.state_dir = state_dir
         self.run_id = run_id
         self.extra_args = extra_args or []
         self.network_args = LOOPBACK_FLAGS if network_args is None else network_args
-        # e.g. ["ip", "netns", "exec", NS] to run the daemon inside a test's network namespace
-        self.command_prefix = command_prefix or []
         self.log_path = state_dir.parent / f"{state_dir.name}.log"
         self.proc: DaemonProcess | None = None
 
@@ -118,17 +147,7 @@ class LocalDaemon:
         if initial_peers:
             args += ["--initial-peers", *initial_peers]
         self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if self.launcher is not None:
-            self.proc = self.launcher(args, self.log_path)
-            return self
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [*self.command_prefix, sys.executable, "-m", "swarmd", *args],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=functools.partial(_terminated_with_parent, os.getpid()) if self.tied else None,
-            )
+        self.proc = self.launcher.start(args, self.log_path)
         return self
 
     def terminate(self) -> None:
@@ -187,10 +206,8 @@ class LocalDaemon:
     def export(self, out: Path, timeout: float = 180) -> str:
         """``swarmd export`` of the run's model into ``out`` through this (running) daemon;
         returns what it printed. Raises ``SwarmdError`` with its error output when it fails."""
-        command = [sys.executable, "-m", "swarmd", "export", "--run-id", self.run_id, str(out)]
-        result = subprocess.run(
-            [*command, "--state-dir", str(self.state_dir)], capture_output=True, text=True, timeout=timeout
-        )
+        command = ["export", "--run-id", self.run_id, str(out), "--state-dir", str(self.state_dir)]
+        result = self.launcher.run(command, timeout)
         if result.returncode != 0:
             raise SwarmdError(f"swarmd export exited with {result.returncode}: {result.stderr[-2000:]}")
         return result.stdout

@@ -29,8 +29,11 @@ import ctypes
 import json
 import os
 import random
+import runpy
+import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -76,23 +79,51 @@ class ForkedDaemon:
 
 
 class ForkLauncher:
-    """The server of one pytest worker (started on first use) and the requests to it."""
+    """The server of one pytest worker (started on first use) and the requests to it: a
+    ``swarmd.system.local_swarm.Launcher``, and any module run as ``python -m`` would."""
 
     def __init__(self) -> None:
         self._server: subprocess.Popen[str] | None = None
         self._lock = threading.Lock()
 
-    def __call__(self, args: list[str], log_path: Path) -> ForkedDaemon:
+    def start(self, args: list[str], log_path: Path) -> ForkedDaemon:
+        return self._fork("swarmd", args, log_path, log_path)
+
+    def run(self, args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+        return self.run_module("swarmd", args, timeout)
+
+    def run_module(
+        self, module: str, args: list[str], timeout: float, cwd: Path | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """``python -m module args`` to its end, its output captured. Past ``timeout`` it gets
+        SIGTERM (to close what it started), then SIGKILL, and ``TimeoutExpired`` is raised."""
+        with tempfile.TemporaryDirectory(prefix="swd-run-") as folder:
+            out, err = Path(folder) / "out", Path(folder) / "err"
+            proc = self._fork(module, args, out, err, cwd)
+            try:
+                code = proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    proc.send_signal(signal.SIGKILL)
+                    proc.wait()
+                raise subprocess.TimeoutExpired(proc.args, timeout, out.read_text(), err.read_text()) from None
+            return subprocess.CompletedProcess(proc.args, code, out.read_text(), err.read_text())
+
+    def _fork(self, module: str, args: list[str], out: Path, err: Path, cwd: Path | None = None) -> ForkedDaemon:
+        request = {"module": module, "args": args, "out": str(out), "err": str(err)}
+        request |= {"env": dict(os.environ), "cwd": str(cwd or os.getcwd())}
         with self._lock:
             server = self._serving()
             assert server.stdin is not None and server.stdout is not None
-            request = {"args": args, "log": str(log_path), "env": dict(os.environ), "cwd": os.getcwd()}
             server.stdin.write(json.dumps(request) + "\n")
             server.stdin.flush()
             answer = server.stdout.readline()
         if not answer:
             raise RuntimeError(f"the fork server exited with {server.wait()}")
-        return ForkedDaemon(int(json.loads(answer)["pid"]), ["swarmd", *args])
+        return ForkedDaemon(int(json.loads(answer)["pid"]), [module, *args])
 
     def _serving(self) -> subprocess.Popen[str]:
         if self._server is None or self._server.poll() is not None:
@@ -143,15 +174,17 @@ def _serve() -> None:
 
 
 def _run_daemon(request: dict[str, Any]) -> None:
-    """In the forked daemon: what ``python -m swarmd`` does, then exit; never returns."""
+    """In the fork: what ``python -m module`` does, then exit; never returns."""
     code: int = 1
     try:
         os.setsid()
-        log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+        out = os.open(request["out"], flags, 0o644)
+        err = out if request["err"] == request["out"] else os.open(request["err"], flags, 0o644)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
+        os.dup2(out, 1)
+        os.dup2(err, 2)
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))
         os.environ.clear()
         os.environ.update(request["env"])
@@ -160,10 +193,14 @@ def _run_daemon(request: dict[str, Any]) -> None:
         import numpy
 
         numpy.random.seed()
-        sys.argv = ["swarmd", *request["args"]]
-        from swarmd.cli.main import main
+        sys.argv = [request["module"], *request["args"]]
+        if request["module"] == "swarmd":
+            from swarmd.cli.main import main
 
-        code = main(request["args"])
+            code = main(request["args"])
+        else:
+            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+            code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException:

@@ -98,11 +98,12 @@ class Swarm:
     daemons: list[LocalDaemon]
     run_id: str
     workdir: Path
+    launcher: ForkLauncher
     mallories: set[str] = field(default_factory=set)
     """Every key Mallory used so far (a member's key may stay in a plan a while after it left)."""
 
     def run(self, attacks: list[str], *extra: str, timeout: float = 240) -> dict[str, Any]:
-        report = mallory(self.workdir, self.describe(), attacks, *extra, timeout=timeout)
+        report = mallory(self.launcher, self.workdir, self.describe(), attacks, *extra, timeout=timeout)
         self.mallories.add(report["mallory"])
         return report
 
@@ -132,7 +133,7 @@ def swarm(launcher: ForkLauncher) -> Iterator[Swarm]:
             raise AssertionError(
                 f"{e}; the daemons' logs end:\n{daemons[0].log_tail(15)}\n{daemons[1].log_tail(15)}"
             ) from None
-        yield Swarm(daemons, run_id, workdir)
+        yield Swarm(daemons, run_id, workdir, launcher)
     finally:
         for daemon in daemons:
             daemon.stop(timeout=20)

@@ -252,9 +252,7 @@ def test_export_gathers_the_stages_from_the_swarm(shared_pair: tuple[Path, str, 
     )
     ((s, version),) = served(d1).items()  # d1's shard: the export on d0 must fetch it
     out = workdir / "exported"
-    export = [sys.executable, "-m", "swarmd", "export", "--run-id", run_id, str(out)]
-    export += ["--state-dir", str(d0.state_dir)]
-    result = subprocess.run(export, capture_output=True, text=True, timeout=180)
+    result = d0.launcher.run(["export", "--run-id", run_id, str(out), "--state-dir", str(d0.state_dir)], 180)
     assert result.returncode == 0, result.stderr[-2000:]
     versions = [int(v) for v in result.stdout.split("versions [")[1].split("]")[0].split(",")]
     assert min(versions) >= 2 and versions[s] >= version, result.stdout
@@ -264,8 +262,7 @@ def test_export_gathers_the_stages_from_the_swarm(shared_pair: tuple[Path, str, 
 def test_doctor_has_a_peer_dial_the_daemon_back(shared_pair: tuple[Path, str, LocalDaemon, LocalDaemon]) -> None:
     _, run_id, d0, _ = shared_pair
     wait_for(lambda: len(d0.status().get("peers") or []) >= 1, 60, "d0 to see d1")
-    doctor = [sys.executable, "-m", "swarmd", "doctor", "--run-id", run_id, "--state-dir", str(d0.state_dir)]
-    result = subprocess.run(doctor, capture_output=True, text=True, timeout=120)
+    result = d0.launcher.run(["doctor", "--run-id", run_id, "--state-dir", str(d0.state_dir)], 120)
     print(result.stdout)
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
     reach = next(line for line in result.stdout.splitlines() if " reachability " in line)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -15,10 +14,12 @@ from safetensors.torch import load_file
 
 from swarmd.models.shard_checkpoint import ShardCheckpoint
 from swarmd.system.local_swarm import LocalDaemon, wait_for
+from tests.integration.fork_launcher import ForkLauncher
 from tests.integration.procfs import TICK_S, descendants
 from tests.integration.small_run import SMALL_RUN
 
 ROOT = Path(__file__).resolve().parents[3]
+MALLORY = "tests.integration.hostile.mallory"
 
 
 def status(daemon: LocalDaemon) -> dict[str, Any]:
@@ -81,28 +82,20 @@ def planned(daemons: list[LocalDaemon]) -> bool:
 
 
 def mallory(
-    workdir: Path, swarm: dict[str, Any], attacks: list[str], *extra: str, timeout: float = 240
+    launcher: ForkLauncher, workdir: Path, swarm: dict[str, Any], attacks: list[str], *extra: str, timeout: float = 240
 ) -> dict[str, Any]:
-    """Run Mallory (its own interpreter) and return its report; raises with its errors if it failed."""
+    """Run Mallory (forked by ``launcher``, as ``python -m`` would run it) and return its
+    report; raises with its errors if it failed or ran past ``timeout`` (then it got SIGTERM
+    first, to close its DHT process and p2pd, a group of their own)."""
     path = workdir / "swarm.json"
     path.write_text(json.dumps(swarm))
-    command = [sys.executable, "-m", "tests.integration.hostile.mallory", *attacks, "--swarm", str(path), *extra]
-    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        # SIGTERM first: Mallory then closes its DHT process and p2pd (a group of their own,
-        # which a SIGKILL to Mallory alone would leave running as a node of the swarm).
-        proc.terminate()
-        try:
-            out, err = proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-        raise AssertionError(f"mallory {attacks} ran past {timeout} s: {err[-3000:]}") from None
-    if proc.returncode != 0 or not out.strip():
-        raise AssertionError(f"mallory {attacks} exited with {proc.returncode}: {err[-3000:]}")
-    report: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+        done = launcher.run_module(MALLORY, [*attacks, "--swarm", str(path), *extra], timeout, cwd=ROOT)
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"mallory {attacks} ran past {timeout} s: {str(e.stderr)[-3000:]}") from None
+    if done.returncode != 0 or not done.stdout.strip():
+        raise AssertionError(f"mallory {attacks} exited with {done.returncode}: {done.stderr[-3000:]}")
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return report
 
 
