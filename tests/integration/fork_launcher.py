@@ -89,6 +89,10 @@ class ForkLauncher:
     def start(self, args: list[str], log_path: Path) -> ForkedDaemon:
         return self._fork("swarmd", args, log_path, log_path)
 
+    def start_module(self, module: str, args: list[str], log_path: Path) -> ForkedDaemon:
+        """``python -m module args`` left running (as ``start``), its output appended to the log."""
+        return self._fork(module, args, log_path, log_path)
+
     def run(self, args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
         return self.run_module("swarmd", args, timeout)
 
@@ -148,6 +152,20 @@ class ForkLauncher:
             self._server.stdin.close()  # it exits at the end of its input
             self._server.wait(30)
             self._server = None
+
+
+class WrappedDaemons:
+    """A ``Launcher`` whose daemons run under a wrapper module that patches the process first and
+    then runs what it is given (``python -m MODULE ARGS python -m swarmd run ...``), forked."""
+
+    def __init__(self, forks: ForkLauncher, module: str, args: list[str]) -> None:
+        self.forks, self.module, self.args = forks, module, args
+
+    def start(self, args: list[str], log_path: Path) -> ForkedDaemon:
+        return self.forks.start_module(self.module, [*self.args, sys.executable, "-m", "swarmd", *args], log_path)
+
+    def run(self, args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+        return self.forks.run(args, timeout)
 
 
 def _serve() -> None:

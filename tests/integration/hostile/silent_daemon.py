@@ -1,9 +1,10 @@
 """A real daemon that claims a device's speed, and (``--silent``) never works: issue 26's silent member.
 
-Run as the ``command_prefix`` of a ``LocalDaemon``: ``python silent_daemon.py GFLOPS [--silent]
-python -m swarmd run ...``. It patches this process and then runs the daemon unchanged: its
-heartbeat announces ``GFLOPS`` instead of what its probe measured (so that what a coordinator
-plans does not hang on how loaded the machine is while the probe runs), and with ``--silent``
+Run as ``python -m tests.integration.hostile.silent_daemon GFLOPS [--silent] python -m swarmd run
+...`` (the tests fork it: ``tests.integration.fork_launcher.WrappedDaemons``). It patches this
+process and then runs the daemon unchanged: its heartbeat announces ``GFLOPS`` instead of what
+its probe measured (so that what a coordinator plans does not hang on how loaded the machine is
+while the probe runs), and with ``--silent``
 its trainer carries out none of what its rounds decide (so it never claims a cell or a shard,
 while it follows the membership and the plan as every member does). Everything else (the DHT,
 heartbeats, elections, the request server) is the real daemon's.
