@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -190,6 +190,26 @@ def train_reference(
 ) -> tuple[list[StepResult], dict[str, torch.Tensor]]:
     """Train synchronously; returns the per-step results and the final weights. ``on_weights``
     is called with the steps taken and the model before the first step and after each."""
+    results: list[StepResult] = []
+    model: torch.nn.Module | None = None
+    for taken, model, result in reference_steps(shape, dataset, settings):
+        if result is not None:
+            results.append(result)
+            if on_step is not None:
+                on_step(result)
+        if on_weights is not None:
+            on_weights(taken, model)
+    assert model is not None
+    return results, {name: p.detach().clone() for name, p in model.state_dict().items()}
+
+
+def reference_steps(
+    shape: ModelShape, dataset: Dataset, settings: TrainConfig
+) -> Iterator[tuple[int, torch.nn.Module, StepResult | None]]:
+    """``train_reference`` one step at a time: yields the steps taken and the model before the
+    first step (with no result) and after each of ``settings.steps`` (with its result). A caller
+    that needs the weights after different step counts at different times goes on from where it
+    stopped instead of training again."""
     if dataset.seq_len != shape.seq_len:
         raise ValueError(f"dataset sequences are {dataset.seq_len} tokens; the model takes {shape.seq_len}")
     if settings.threads is not None:
@@ -200,10 +220,8 @@ def train_reference(
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     exchange = _Exchange(model, shape, settings)
     per_step = settings.micro_batches_per_step
-    results: list[StepResult] = []
     tokens = 0
-    if on_weights is not None:
-        on_weights(0, model)
+    yield 0, model, None
     for step in range(settings.steps):
         started = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
@@ -218,13 +236,7 @@ def train_reference(
             total += float(loss.detach())
             tokens += ids.numel()
         exchange.step(optimizer)
-        result = StepResult(step, total / per_step, tokens, time.perf_counter() - started)
-        results.append(result)
-        if on_step is not None:
-            on_step(result)
-        if on_weights is not None:
-            on_weights(step + 1, model)
-    return results, {name: p.detach().clone() for name, p in model.state_dict().items()}
+        yield step + 1, model, StepResult(step, total / per_step, tokens, time.perf_counter() - started)
 
 
 def held_out_loss(model: torch.nn.Module, dataset: Dataset, *, sequences: int = 64, micro_batch: int = 8) -> float:

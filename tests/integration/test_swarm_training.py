@@ -27,9 +27,12 @@ are filtered would: the relay path carries real training.
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +41,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from swarmd.models.build import build_model
-from swarmd.models.data.shard_files import open_prepared
+from swarmd.models.data.shard_files import PreparedData, open_prepared
 from swarmd.models.lr_schedule import LrSchedule
 from swarmd.models.presets import PRESETS, materialize
-from swarmd.models.reference import TrainConfig, held_out_loss, train_reference
+from swarmd.models.reference import TrainConfig, held_out_loss, reference_steps
 from swarmd.models.shape import ModelShape
 from swarmd.models.stages import split_layers, stage_parameter_shapes
 from swarmd.peers.records.run_spec import run_seed
@@ -224,42 +227,96 @@ def ledger(daemons: list[LocalDaemon]) -> dict[str, Any]:
     return found[0] if found else {}
 
 
-def _preset_run(workdir: Path) -> str:
-    """The preset's run, created in d0's state directory (d0 holds the data), with the mean, as
-    the reference steps: these tests measure that the swarm computes the synchronous algorithm.
-    An open run's default, centred clipping, deliberately steps otherwise; what it costs is
-    measured paired, in the swarm's own code (tests/benchmarks/bench_robust_swarm.py)."""
-    spec_path = materialize(PRESET, workdir / "files")
+@dataclass(frozen=True)
+class PresetRun:
+    folder: Path
+    """The run's prepared files (``files``) and its creator's state directory (``creator``)."""
+    run_id: str
+    prepared: PreparedData
+    """The run's token shards, read in this process (the reference's data, the held-out split)."""
+
+    def creator_in(self, workdir: Path) -> Path:
+        """A fresh state directory for d0 with the creator's key and the run's spec."""
+        return Path(shutil.copytree(self.folder / "creator", workdir / "d0"))
+
+
+@pytest.fixture(scope="module")
+def preset_run() -> Iterator[PresetRun]:
+    """The preset's run, created once (d0 of each test holds the data), with the mean, as the
+    reference steps: these tests measure that the swarm computes the synchronous algorithm. An
+    open run's default, centred clipping, deliberately steps otherwise; what it costs is
+    measured paired, in the swarm's own code (tests/benchmarks/bench_robust_swarm.py). One run
+    for both tests: its seed comes from the creator's key, so they share one reference
+    training (``REFERENCE``)."""
+    folder = Path(tempfile.mkdtemp(prefix="swd-preset-", dir="/tmp"))
+    spec_path = materialize(PRESET, folder / "files")
     spec = json.loads(spec_path.read_text())
     spec["exchange"] = {**spec.get("exchange", {}), "aggregation": "mean"}
     spec_path.write_text(json.dumps(spec))
-    return create_run(workdir / "d0", spec_path)
+    run_id = create_run(folder / "creator", spec_path)
+    seq_len = ModelShape.from_dict(PRESET.spec["model"]).seq_len
+    prepared = open_prepared(folder / "files" / "data", seq_len, run_seed(run_id))
+    yield PresetRun(folder, run_id, prepared)
+    prepared.close()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+class SharedReference:
+    """The reference's weights after given step counts, trained once in this process for the
+    run and settings asked for, and taken further when a later test needs more steps (the alone
+    test's 40, then the four daemons' 100: 40 steps, about 20 s of a core, not trained twice)."""
+
+    def __init__(self) -> None:
+        self._key: tuple[Any, ...] | None = None
+        self._steps: Iterator[tuple[int, torch.nn.Module, Any]] | None = None
+        self._taken = -1
+        self._kept: dict[int, dict[str, torch.Tensor]] = {}
+
+    def weights(
+        self, shape: ModelShape, train: Any, settings: TrainConfig, wanted: list[int]
+    ) -> dict[int, dict[str, torch.Tensor]]:
+        key = (shape, settings)
+        if key != self._key or any(v <= self._taken and v not in self._kept for v in wanted):
+            self._key, self._taken, self._kept = key, -1, {}
+            self._steps = reference_steps(shape, train, settings)
+        assert self._steps is not None
+        while self._taken < max(wanted):
+            self._taken, model, _ = next(self._steps)
+            if self._taken in wanted:
+                self._kept[self._taken] = {name: t.detach().clone() for name, t in model.state_dict().items()}
+        return {v: self._kept[v] for v in wanted}
+
+
+REFERENCE = SharedReference()
+REFERENCE_STEPS = 10**6
+"""As many steps as the reference may be taken to: ``SharedReference`` stops where it is asked."""
 
 
 def test_a_daemon_alone_trains_exactly_as_the_reference(
-    workdir: Path, daemon_factory: Callable[..., LocalDaemon]
+    workdir: Path, daemon_factory: Callable[..., LocalDaemon], preset_run: PresetRun
 ) -> None:
     """The data path's arithmetic is the reference's: see ``ALONE_TOLERANCE_NATS``."""
-    run_id = _preset_run(workdir)
-    daemon = daemon_factory(workdir / "d0", run_id, train=True, full_speed=True)
+    run_id = preset_run.run_id
+    daemon = daemon_factory(preset_run.creator_in(workdir), run_id, train=True, full_speed=True)
     daemon.start().wait_running()
     wait_for(lambda: updates([daemon]) >= ALONE_UPDATES, 300, f"{ALONE_UPDATES} updates", POLL_S)
     print_training([daemon])
     exported = workdir / "exported"
     versions, printed_loss = _export(daemon, exported)
     assert daemon.stop(timeout=60) == 0, daemon.log_tail()
-    gap = _gap_to_reference(workdir, run_id, exported, versions, printed_loss, learned_nats=0.5)
+    gap = _gap_to_reference(preset_run, exported, versions, printed_loss, learned_nats=0.5)
     assert -ALONE_TOLERANCE_NATS < gap < ALONE_TOLERANCE_NATS, gap
 
 
 def test_four_daemons_train_like_the_reference_through_a_killed_worker(
-    workdir: Path, daemon_factory: Callable[..., LocalDaemon]
+    workdir: Path, daemon_factory: Callable[..., LocalDaemon], preset_run: PresetRun
 ) -> None:
-    run_id = _preset_run(workdir)
+    run_id = preset_run.run_id
     via_relay = ["--data-via-relay", "always"]
+    folders = [preset_run.creator_in(workdir), *(workdir / f"d{i}" for i in range(1, 4))]
     daemons = [
-        daemon_factory(workdir / f"d{i}", run_id, via_relay if i >= 2 else None, train=True, full_speed=True)
-        for i in range(4)
+        daemon_factory(folder, run_id, via_relay if i >= 2 else None, train=True, full_speed=True)
+        for i, folder in enumerate(folders)
     ]
     addrs = daemons[0].start().wait_running()["addrs"]
     for daemon in daemons[1:]:
@@ -332,14 +389,14 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
     for daemon in daemons:
         assert daemon.stop(timeout=60) == 0, daemon.log_tail()
 
-    gap = _gap_to_reference(workdir, run_id, exported, versions, printed_loss)
+    gap = _gap_to_reference(preset_run, exported, versions, printed_loss)
     assert -BETTER_BOUND_NATS < gap < TOLERANCE_NATS, gap
     tokenizer = AutoTokenizer.from_pretrained(exported)  # the run's BPE, exported beside the weights
     assert tokenizer.eos_token == "<|endoftext|>" and len(tokenizer) == 1024
 
 
 def _gap_to_reference(
-    workdir: Path, run_id: str, exported: Path, versions: list[int], printed_loss: float, learned_nats: float = 1.5
+    run: PresetRun, exported: Path, versions: list[int], printed_loss: float, learned_nats: float = 1.5
 ) -> float:
     """The exported swarm's held-out loss less the reference's: the same model, tokenizer, data
     and seed, trained synchronously in this process, each stage's weights taken after as many
@@ -347,15 +404,14 @@ def _gap_to_reference(
     a step apart at times: a stage one update on is worth about 0.01 nats here). Checks that
     the swarm learned."""
     shape = ModelShape.from_dict(PRESET.spec["model"])
-    seed = run_seed(run_id)
-    prepared = open_prepared(workdir / "files" / "data", shape.seq_len, seed)
-    train, held_out = prepared.train, prepared.validation
+    seed = run_seed(run.run_id)
+    train, held_out = run.prepared.train, run.prepared.validation
     assert held_out is not None
     mb, batch = PRESET.spec["batch"]["micro_batch"], PRESET.spec["batch"]["sequences"]
     opt = PRESET.spec["optimizer"]
     settings = TrainConfig(
         seed=seed,
-        steps=max(versions),
+        steps=REFERENCE_STEPS,
         batch_sequences=batch,
         micro_batch=mb,
         lr=opt["lr"],
@@ -367,13 +423,7 @@ def _gap_to_reference(
         fp16_deltas=True,
         norm_bound=True,
     )
-    kept: dict[int, dict[str, torch.Tensor]] = {}
-
-    def keep(steps: int, model: torch.nn.Module) -> None:
-        if steps in versions:
-            kept[steps] = {name: t.detach().clone() for name, t in model.state_dict().items()}
-
-    train_reference(shape, train, settings, on_weights=keep)
+    kept = REFERENCE.weights(shape, train, settings, versions)
     ranges = tuple(split_layers(shape.layers, len(versions)))
     reference_weights = dict(kept[min(versions)])
     for stage, version in enumerate(versions):
@@ -384,7 +434,6 @@ def _gap_to_reference(
     start_model.load_state_dict(reference_weights)
     ref_end = held_out_loss(start_model, held_out)
     swarm_end = held_out_loss(AutoModelForCausalLM.from_pretrained(exported), held_out)
-    prepared.close()
     print(
         f"held-out loss: start {start:.3f}; after {versions} updates (by stage) swarm {swarm_end:.3f} "
         f"(export printed {printed_loss:.3f}), reference {ref_end:.3f}, gap {swarm_end - ref_end:+.3f}"
