@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from swarmd.errors import ConfigError
-from swarmd.training.cells.throttle import BURST_S, IDLE_DEBT_S, ComputeLimits, DutyCycle
+from swarmd.training.cells.throttle import BURST_S, IDLE_DEBT_S, TRAINING_FLOOR, ComputeLimits, DutyCycle
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -208,15 +208,21 @@ def test_jobs_and_idle_costs_together_use_the_share(share: float, idle_cores: fl
     assert (t.cpu() - cpu) / (t.now - start) == pytest.approx(share, rel=0.05)
 
 
-def test_idle_costs_over_the_share_hold_a_job_back_boundedly(caplog: pytest.LogCaptureFixture) -> None:
-    """A peer made busy without training (a crowd of records to check) keeps training, slowly,
-    and says why; a job's own cost is still paid in full."""
+@pytest.mark.parametrize(("job", "bound"), [(0.2, "floor"), (10.0, "debt")])
+def test_idle_costs_over_the_share_hold_a_job_back_boundedly(
+    caplog: pytest.LogCaptureFixture, job: float, bound: str
+) -> None:
+    """A peer made busy without training (a crowd of records to check) keeps training, at
+    ``TRAINING_FLOOR`` of its share or more, and says why; a job's own cost is still paid."""
     share = 0.25
     t, limits, duty = metered(share, cores=1, idle_cores=0.5)
     with caplog.at_level(logging.WARNING, logger="swarmd.training.cells.throttle"):
         for _ in range(5):
-            _, waited = duty.run(t.compute, 0.2)
-    assert waited == pytest.approx((0.2 + IDLE_DEBT_S) / share)
+            _, waited = duty.run(t.compute, job)
+    floor = job * (1 / (share * TRAINING_FLOOR) - 1)
+    debt = (job + IDLE_DEBT_S) / share
+    assert waited == pytest.approx(floor if bound == "floor" else debt) and waited == pytest.approx(min(floor, debt))
+    assert job / (job + waited) >= share * TRAINING_FLOOR - 1e-9
     assert caplog.text.count("cpu_share 0.25: a compute job waited") == 1  # said once, not every job
 
 
