@@ -5,8 +5,8 @@ A daemon's start (``python -m swarmd run``, to its control socket answering "run
 3.0 s of wall and 3.1-3.8 s of CPU on this machine, 2.7 s of it importing torch, hivemind,
 scipy and swarmd; the suite starts about 60. Each pytest worker here starts one server
 (``python -m tests.integration.fork_launcher``) that imports them once and then forks a daemon
-per request. What runs in the fork is what ``python -m swarmd`` runs: ``swarmd.cli.main.main``
-with the same arguments, then the interpreter's exit (non-daemon threads joined, ``atexit``
+per request. What runs in the fork is what ``python -m swarmd`` (or any module) runs, through
+``runpy`` with the same arguments, then the interpreter's exit (non-daemon threads joined, ``atexit``
 handlers, stdio flushed).
 
 The server forks twice, and the middle process exits at once: the daemon is then re-parented
@@ -212,13 +212,8 @@ def _run_daemon(request: dict[str, Any]) -> None:
 
         numpy.random.seed()
         sys.argv = [request["module"], *request["args"]]
-        if request["module"] == "swarmd":
-            from swarmd.cli.main import main
-
-            code = main(request["args"])
-        else:
-            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
-            code = 0
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)  # swarmd's raises SystemExit
+        code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException:
