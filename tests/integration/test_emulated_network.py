@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.netns import EmulatedNetwork, need_root_and_iproute2
+from swarmd.system.local_swarm import wait_for
+from tests.integration.netns import EmulatedNetwork, namespace_pids, need_root_and_iproute2
 
 pytestmark = [pytest.mark.integration, pytest.mark.netns, pytest.mark.timeout(60)]
 
@@ -58,6 +59,9 @@ def test_devices_reach_each_other_on_shaped_links_and_everything_goes_on_failure
         sent, received = net.interface_bytes(0)
         assert sent > 0 and received > 0  # the greeting went out and came back
         sleeper = subprocess.Popen([*net.prefix_for(1), "sleep", "600"])
+        # Inside the namespace before the failure: ``ip netns exec`` enters it after it starts,
+        # and a close that lists the namespace's processes before then cannot kill it.
+        wait_for(lambda: sleeper.pid in namespace_pids(net.ns(1)), 10, "the sleeper in device 1's namespace", 0.05)
         raise RuntimeError("the harness failed here")
     assert net.leftovers() == []
     assert sleeper is not None and sleeper.wait(10) != 0  # killed with its namespace
