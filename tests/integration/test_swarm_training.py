@@ -104,7 +104,10 @@ def alive(daemon: LocalDaemon) -> bool:
 
 
 class VersionWatch:
-    """Samples every shard's committed version at whichever daemon serves it and records any decrease;
+    """Samples every shard's committed version at whichever daemons serve it and records any
+    decrease: a holder behind the highest version seen, unless it closes while another serves
+    the shard (two serve one for a moment while an assignment changes: the one that follows the
+    old assignment may be behind and closes, and what it held does not go on);
     and whether the placement ever gave the relay something to carry: a daemon told to relay
     everything (``via_relay``), not the relay itself, holding a cell whose neighbour cell, or a
     shard of whose stage (or the ledger's shard, for stage 0), is held by a third daemon, and
@@ -118,7 +121,8 @@ class VersionWatch:
         self.daemons = daemons
         self.via_relay = via_relay
         self.highest: dict[tuple[int, int], int] = {}
-        self.decreases: list[str] = []
+        self._behind: dict[tuple[int, tuple[int, int]], list[str]] = {}  # (daemon, shard) -> its decreases
+        self.served_twice: list[str] = []  # (printed) a shard two daemons served at once, their versions
         self.relay_needed = False
         self._needed_for: dict[tuple[int, int, int], int] = {}  # (daemon, pipeline, stage) -> samples in a row
         self._worked: dict[tuple[int, int, int], int] = {}  # (daemon, pipeline, stage) -> micro-batches
@@ -143,6 +147,7 @@ class VersionWatch:
             statuses = {i: _status(d) for i, d in enumerate(self.daemons) if alive(d)}
             cells: dict[tuple[int, int], int] = {}
             shards: dict[tuple[int, int], int] = {}
+            held: dict[tuple[int, int], dict[int, int]] = {}  # shard -> daemon -> committed version
             relays: set[str] = set()
             working: set[tuple[int, int]] = set()
             for i, status in statuses.items():
@@ -157,11 +162,10 @@ class VersionWatch:
                 for shard in t.get("shards") or []:
                     # Committed (logged at the standby): a step its standby refused to log, once
                     # the standby took the shard over, was never seen by a pull and is not lost.
-                    key, version = (shard["stage"], shard["shard"]), shard["committed"]
+                    key = (shard["stage"], shard["shard"])
                     shards[key] = i
-                    if version < self.highest.get(key, 0):
-                        self.decreases.append(f"shard {key}: {self.highest[key]} -> {version}")
-                    self.highest[key] = max(version, self.highest.get(key, 0))
+                    held.setdefault(key, {})[i] = shard["committed"]
+            self._note_versions(statuses, held)
             relay = {i for i, status in statuses.items() if status.get("peer_id") in relays}
             needed: set[tuple[int, int, int]] = set()
             for (p, s), i in cells.items():
@@ -181,6 +185,23 @@ class VersionWatch:
             # another, may pair a cell with a holder that has just handed it over.
             self._needed_for = {key: self._needed_for.get(key, 0) + 1 for key in needed}
             self.relay_needed |= any(n >= NEEDED_SAMPLES for n in self._needed_for.values())
+
+    def _note_versions(self, statuses: dict[int, dict[str, Any]], held: dict[tuple[int, int], dict[int, int]]) -> None:
+        for key, holders in held.items():
+            highest = max(self.highest.get(key, 0), *holders.values())
+            for i, version in holders.items():
+                if version < highest:
+                    self._behind.setdefault((i, key), []).append(f"shard {key}: {highest} -> {version} at d{i}")
+            self.highest[key] = highest
+            if len(holders) > 1:
+                self.served_twice.append(f"shard {key}: {holders}")
+        for i, key in list(self._behind):
+            if i in statuses and i not in held.get(key, {}) and held.get(key):
+                del self._behind[(i, key)]  # it closed behind while another serves the shard
+
+    @property
+    def decreases(self) -> list[str]:
+        return [decrease for found in self._behind.values() for decrease in found]
 
 
 def print_training(daemons: list[LocalDaemon]) -> None:
@@ -367,6 +388,7 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
         # which goes direct), and it forwarded their requests, whenever the placement gave them
         # a peer other than the relay to send to.
         print("the placement needed the relay:", watch.relay_needed)
+        print("a shard served twice at once (committed versions):", watch.served_twice[:10])
         if watch.relay_needed:
             assert relayed_before + relayed(daemons) > 0 and forwarded_before + forwarded(daemons) > 0
         # Every daemon but d0 trained on shards fetched from members; every status shows the
