@@ -36,7 +36,8 @@ Pure torch, no network, not thread-safe: the daemon calls one shard from one thr
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -114,14 +115,41 @@ def _all_finite(x: torch.Tensor) -> bool:
 
 
 class _RoundShareIds(ShardShareIds):
-    """ShardShareIds that can also give a dropped step's buffered shares back."""
+    """ShardShareIds that can also give a dropped step's buffered shares back, and tell them
+    from IDs never seen (a contribution still on its way) until they are sent again."""
 
-    def forget_buffered(self) -> int:
+    def __init__(self, recent_share_ids: int) -> None:
+        super().__init__(recent_share_ids)
+        self._given_back: OrderedDict[int, int] = OrderedDict()  # share ID -> the drop that gave it back
+
+    def forget_buffered(self, drop: int) -> int:
         """Forget the buffered IDs (neither buffered nor done now: sent again, they are taken
-        afresh); those settled since the last step stay settled. Returns how many."""
+        afresh), given back by drop number ``drop``; those settled since the last step stay
+        settled. Returns how many."""
         forgotten = len(self._buffered)
+        for i in self._buffered:
+            self._given_back[i] = drop
+            self._given_back.move_to_end(i)
+        while len(self._given_back) > self._capacity:
+            self._given_back.popitem(last=False)
         self._buffered.clear()
         return forgotten
+
+    def given_back(self, ids: Sequence[int]) -> dict[int, int]:
+        """Those of ``ids`` a dropped step gave back and not sent again since, with that drop's number."""
+        return {i: self._given_back[i] for i in ids if i in self._given_back}
+
+    def buffer(self, ids: Iterable[int]) -> None:
+        ids = list(ids)
+        super().buffer(ids)
+        for i in ids:
+            self._given_back.pop(i, None)
+
+    def settle(self, ids: Iterable[int], committed_version: int) -> None:
+        ids = list(ids)
+        super().settle(ids, committed_version)
+        for i in ids:
+            self._given_back.pop(i, None)
 
 
 @dataclass
@@ -337,6 +365,12 @@ class ParameterShard:
         or given back by a dropped step. Their cells send them again."""
         return self._share_ids.fresh(share_ids)
 
+    def given_back(self, share_ids: Sequence[int]) -> dict[int, int]:
+        """Those of ``share_ids`` a dropped step gave back and no cell has sent again since (the
+        rest of ``unknown`` may still be on their way), each with the number of the drop
+        (``counters.dropped_steps`` then): a second drop of one share is news again."""
+        return self._share_ids.given_back(share_ids)
+
     def _step(self) -> ShardStep | None:
         """Step on the buffer; None (everything as before the step, the buffer's shares
         forgotten) when the result is not finite."""
@@ -363,7 +397,7 @@ class ParameterShard:
         if not finite:
             undo.restore(self._param, self._optimizer, self._deltas, self._centred)
             self.counters.dropped_steps += 1
-            _warn_dropped(self, counted, self._share_ids.forget_buffered())
+            _warn_dropped(self, counted, self._share_ids.forget_buffered(self.counters.dropped_steps))
             return None
         self.version += 1
         self.counters.steps += 1

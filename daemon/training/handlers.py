@@ -150,7 +150,7 @@ class TrainingHandlers:
         # run's public weights (the request server admitted the stranger for this alone).
         if self._facts.spec.checkpoint_access != "public":
             self._member(sender)
-        return await self._server((request.stage, request.shard)).pull(request)
+        return await self._server((request.stage, request.shard)).pull(request, sender)
 
     def _ledger(self) -> LedgerHost:
         if self._held.ledger is None:

@@ -6,9 +6,14 @@ does, and hands what came (``offer``) to a **relay** that keeps the last
 ``HEAD_KEEP_VERSIONS`` deltas as they came (no decoding) and the committed share IDs the
 server reported; the members long-poll the relay. The head's pulls ask the server about its
 members' pending share IDs too (those of the sums it sent, ``ask``, and those the members ask
-about), so a member learns its commits from its head. A pull the relay cannot answer (a new
-cell, or one further behind than it keeps) is refused ``UNAVAILABLE``: the member pulls from
-the server.
+about), so a member learns its commits from its head. A step the server drops gives its
+shares back: the head's pull comes back with them ``unknown``, and a member's long poll that
+waits on one the head had delivered ends at once (once per delivery), as the server's own long
+polls end on a drop; one still on its way is unknown too, and does not end it (it would spin
+the member's polls until it lands). Such a give-back also ends every member's wait once, as a
+drop ends every wait at the server: a poll sent before the member's shares went up does not
+name them, and the next one does. A pull the relay cannot answer (a new cell, or one further
+behind than it keeps) is refused ``UNAVAILABLE``: the member pulls from the server.
 
 ``head_for`` is the check both directions share: the plan in force places the sender's cell,
 and a cell here heads the shard for the sender's group.
@@ -80,6 +85,12 @@ class _Relay:
     unknown: frozenset[int] = frozenset()
     """The share IDs the server did not hold at the head's last pull (a step it dropped gave
     them back): a member that asks about one is told, and sends its slice again."""
+    delivered: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    """Share IDs the server took from this head and that have not turned up unknown since: one
+    that does was given back by a step the server dropped (module doc)."""
+    give_backs: int = 0
+    """The head's pulls that brought such IDs back: each ends every member's wait once (a poll
+    sent before its shares went up does not name them; the next one does)."""
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 
 
@@ -119,6 +130,12 @@ class HeadRelays:
         relay = self._relay(stage, shard)
         _remember(relay.asked, [i for i in share_ids if i not in relay.committed])
 
+    def delivered(self, stage: int, shard: int, share_ids: list[int]) -> None:
+        """The server took these share IDs from this head (a sum, or a slice forwarded alone)."""
+        relay = self._relay(stage, shard)
+        _remember(relay.delivered, share_ids)
+        relay.unknown = relay.unknown.difference(share_ids)  # known there now, whatever a pull said before
+
     def asked(self, stage: int, shard: int) -> list[int]:
         """Members' share IDs of this shard to ask the server about (the head's pulls carry them)."""
         relay = self.relays.get((stage, shard))
@@ -128,6 +145,8 @@ class HeadRelays:
         """What the head's cell pulled of a shard it heads: kept for the members' pulls."""
         relay = self._relay(stage, shard)
         _remember(relay.committed, answer.committed)
+        given_back = any(i in relay.delivered and i not in relay.unknown for i in answer.unknown)
+        relay.give_backs += given_back  # news once, not at every pull that still finds them unknown
         relay.unknown = frozenset(answer.unknown)
         for i in answer.committed:
             relay.asked.pop(i, None)
@@ -161,8 +180,18 @@ class HeadRelays:
         pending = request.pending_share_ids
         _remember(relay.asked, [i for i in pending if i not in relay.committed])
 
+        def given_back() -> list[int]:
+            return [i for i in pending if i in relay.unknown and i in relay.delivered]
+
+        give_backs = relay.give_backs
+
         def news() -> bool:
-            return relay.version > have or any(i in relay.committed for i in pending)
+            return (
+                relay.version > have
+                or any(i in relay.committed for i in pending)
+                or bool(given_back())
+                or relay.give_backs != give_backs
+            )
 
         if request.wait_s > 0 and not news():
             async with relay.changed:
@@ -183,6 +212,8 @@ class HeadRelays:
                 "shard's server"
             )
         self.stats.pulls += 1
+        for i in given_back():
+            relay.delivered.pop(i)  # told once: until it is delivered again, it does not end a wait
         answer = Pulled(
             version=relay.version,
             kind="deltas" if newer else "none",

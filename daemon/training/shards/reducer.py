@@ -21,7 +21,8 @@ so a head that dies mid-reduction leaves its members' requests failed, and they 
 slices straight to the server (``Contributions``), which takes each once.
 
 The deltas go back the same way, through the head's relay (``head_relay``): the share IDs of
-every sum sent are handed to it (``ask``), so that the head's pulls ask the server about them.
+every sum sent are handed to it (``ask``), so that the head's pulls ask the server about them,
+and those the server took (``delivered``), so that a step it drops wakes the members at once.
 """
 
 from __future__ import annotations
@@ -229,7 +230,8 @@ class Reducer:
         task.add_done_callback(self._tasks.discard)
 
     async def _send_parts(self, parts: list[_Part], stage: int, shard: int) -> None:
-        self.relays.ask(stage, shard, [i for p in parts for i in p.request.share_ids])
+        share_ids = [i for p in parts for i in p.request.share_ids]
+        self.relays.ask(stage, shard, share_ids)
         if len(parts) > 1:
             try:
                 answer = await self._send_sum(parts, stage, shard)
@@ -249,6 +251,7 @@ class Reducer:
             else:
                 self.stats.sums += 1
                 self.stats.summed += len(parts)
+                self.relays.delivered(stage, shard, share_ids)
                 for part in parts:
                     _answer(part, answer)
                 return
@@ -265,6 +268,7 @@ class Reducer:
             return
         self.stats.singles += 1
         self.stats.bytes_sent += len(part.blob)
+        self.relays.delivered(stage, shard, part.request.share_ids)
         _answer(part, answer)
 
     async def _send_sum(self, parts: list[_Part], stage: int, shard: int) -> Contributed:

@@ -21,8 +21,10 @@ what the network sees of it (``docs/data-path.md``):
 - ``pull``: a long poll for a version newer than the cell's; the answer carries the deltas
   since then (or the whole slice in fp32), which of the cell's pending share IDs are done, and
   which this server does not hold (``unknown``: never seen here, or given back by a step that
-  came out non-finite and was undone): the cell sends those again. A dropped step wakes the
-  long polls so that the resend is prompt.
+  came out non-finite and was undone): the cell sends those again. A dropped step ends the
+  long polls, and a poll that names a share it gave back is answered at once, once per sender
+  and drop, so that the resend is prompt (a share still on its way is unknown too, and ends
+  no wait).
 - every ``checkpoint_every`` steps a checkpoint goes to this peer's disk and to the standby
   (the log after it is all a take-over needs); a new standby gets one first.
 
@@ -43,6 +45,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +70,8 @@ LOG_RETRY_WITHIN_S = 1.0
 """A log that fails this fast is a broken stream, tried once more at once; a slow failure is a
 standby that is slow or gone."""
 WARN_EVERY_S = 60.0
+MAX_TOLD_GIVEN_BACK = 65_536
+"""(Sender, share ID) pairs a server remembers having told of a dropped step's give-back."""
 
 LogStep = Callable[[ShardStep, str], Awaitable[bool]]
 """Sends a step (and the ledger's state) to the standby; False: no standby; raises if it failed."""
@@ -126,6 +131,7 @@ class ShardServer:
         """Counts standby changes: a copy in flight to a standby no longer ours decides nothing."""
         self._copying: asyncio.Task[None] | None = None
         self._warned_at = -WARN_EVERY_S
+        self._told_given_back: OrderedDict[tuple[str, int], int] = OrderedDict()  # -> the drop told of
         self.closed = False
         self.tickets = TicketVerifier()
 
@@ -224,14 +230,23 @@ class ShardServer:
             committed=committed,
         )
 
-    async def pull(self, request: Pull) -> tuple[Pulled, list[bytes]]:
+    async def pull(self, request: Pull, sender: str) -> tuple[Pulled, list[bytes]]:
         self._check_shape(request.stage, request.shard, request.shards)
         self.stats.pulls += 1
+        pending = request.pending_share_ids
+
         # A long poll waits for news: a newer version, unless some of the cell's pending shares
-        # are committed already (it learns that at once, and its next round may start).
-        # Unknown IDs alone do not end the wait: a contribution still on its way is unknown too,
-        # and answering at once would spin the cell's polls until it lands; a dropped step does.
-        news = bool(self.shard.committed(request.pending_share_ids))
+        # are committed already (it learns that at once, and its next round may start), or were
+        # given back by a dropped step since it was last told (it sends them again at once).
+        # Other unknown IDs do not end the wait: a contribution still on its way is unknown too,
+        # and answering at once would spin the cell's polls until it lands. A drop ends every
+        # wait once: a poll sent before the shares it gave back were (a reduction head's, sent
+        # before its group's sum) does not name them, and the next one does.
+        def given_back() -> dict[int, int]:
+            back = self.shard.given_back(pending)
+            return {i: drop for i, drop in back.items() if self._told_given_back.get((sender, i)) != drop}
+
+        news = bool(self.shard.committed(pending)) or bool(given_back())
         drops = self.shard.counters.dropped_steps
         if request.have_version == self.version and request.wait_s > 0 and not news:
             async with self._new_version:
@@ -242,13 +257,14 @@ class ShardServer:
                                 self.version != request.have_version
                                 or self.closed
                                 or self.shard.counters.dropped_steps != drops
+                                or bool(given_back())
                             )
                         ),
                         min(request.wait_s, MAX_WAIT_S),
                     )
         async with self.lock:  # a consistent version, deltas and committed IDs
-            pending = request.pending_share_ids
             ids = dict(committed=sorted(self.shard.committed(pending)), unknown=sorted(self.shard.unknown(pending)))
+            self._tell_given_back(sender, given_back())
             deltas = None if request.have_version < 0 else self.shard.deltas_since(request.have_version)
             if deltas == []:
                 return Pulled(version=self.version, kind="none", versions=[], **ids), []
@@ -260,6 +276,13 @@ class ShardServer:
             version, weights = found
             blob = await asyncio.to_thread(encode_vector, weights, "fp32")
             return Pulled(version=version, kind="full", versions=[version], **ids), [blob]
+
+    def _tell_given_back(self, sender: str, back: dict[int, int]) -> None:
+        for i, drop in back.items():
+            self._told_given_back[(sender, i)] = drop
+            self._told_given_back.move_to_end((sender, i))
+        while len(self._told_given_back) > MAX_TOLD_GIVEN_BACK:
+            self._told_given_back.popitem(last=False)
 
     def _check_shape(self, stage: int, shard: int, shards: int) -> None:
         if (stage, shard) != self.key or shards != self.shards:

@@ -98,6 +98,8 @@ def test_a_poisoned_update_is_undone_and_the_resent_round_steps_as_if_it_never_h
     # The shares are given back, neither done nor buffered: a pull reports them unknown, and the
     # cells' resend is taken afresh (not refused as a duplicate).
     assert shard.unknown([3, 40, 41]) == [40, 41] and shard.committed([40, 41]) == set()
+    # Given back by drop 1, unlike an ID never seen (a contribution still on its way).
+    assert shard.given_back([3, 40, 41, 42]) == {40: 1, 41: 1}
     served = shard.weights()
     assert shard.deltas_since(3) == [] and served is not None and served[0] == 3
     assert torch.equal(served[1], before["weights"])
@@ -111,6 +113,7 @@ def test_a_poisoned_update_is_undone_and_the_resent_round_steps_as_if_it_never_h
     assert torch.equal(shard._param.detach(), reference._param.detach())
     assert torch.equal(shard.residual, reference.residual)
     assert shard.committed([40, 41]) == {40, 41} and shard.counters.dropped_steps == 1
+    assert shard.given_back([40, 41]) == {}  # sent again: not given back any more
 
 
 def test_an_outer_lr_that_overflows_fp32_on_the_first_step_leaves_the_optimizer_unstarted() -> None:
@@ -123,7 +126,7 @@ def test_an_outer_lr_that_overflows_fp32_on_the_first_step_leaves_the_optimizer_
     assert result.step is None and shard.version == 0 and shard.counters.dropped_steps == 1
     assert shard._optimizer.state.get(shard._param, {}) == {}  # no momentum from the dropped step
     assert torch.equal(shard._param.detach(), initial) and torch.equal(shard.residual, torch.zeros(SIZE))
-    assert shard.unknown([1, 2]) == [1, 2]
+    assert shard.unknown([1, 2]) == [1, 2] and shard.given_back([1, 2]) == {1: 1, 2: 1}
     # A pseudo-gradient the lr does not blow up steps from the untouched state.
     reference = ParameterShard(0, SIZE, initial, config, step_micro_batches=2)
     for shards in (shard, reference):
@@ -149,7 +152,7 @@ def test_a_flush_that_comes_out_non_finite_returns_nothing_and_keeps_the_settled
     monkeypatch.setattr(shard._optimizer, "step", nan_step)
     assert shard.flush() is None and shard.version == 0 and shard.counters.dropped_steps == 1
     # The applied share is given back; the settled one stays settled and goes with the next step.
-    assert shard.unknown([1, 2]) == [1] and shard.committed([2]) == {2}
+    assert shard.unknown([1, 2]) == [1] and shard.committed([2]) == {2} and shard.given_back([1, 2]) == {1: 1}
     monkeypatch.setattr(shard._optimizer, "step", honest_step)
     shard.contribute(gradient(1), 0, 1, [1], 1.0)
     step = shard.flush()

@@ -113,3 +113,36 @@ def test_share_ids_sent_up_are_asked_about_until_committed() -> None:
         return [before, r.asked(0, 0)]
 
     assert asyncio.run(scenario()) == [[5, 6], [6]]
+
+
+def test_a_delivered_share_given_back_ends_the_members_waits_at_once_and_only_once() -> None:
+    """A step the server dropped gave share 7 back (the head's pull says it is unknown, and the
+    head had delivered it): every member's wait ends once, a poll sent before the member's
+    shares went up included, and a later poll that names 7 is told at once, once. Share 8,
+    still on its way (asked about, never delivered), is unknown too and ends no wait; nor does
+    the head's next pull finding the same IDs unknown. Sent again and taken, 7 is known there."""
+
+    async def scenario() -> None:
+        r = relays()
+        await r.offer(0, 0, deltas([4]), [b"d4"])
+        r.ask(0, 0, [7, 8])
+        r.delivered(0, 0, [7])
+        sent_before = asyncio.create_task(r.pull("cell-1", pull(4, wait_s=5.0)))
+        await asyncio.sleep(0.05)
+        still_unknown = Pulled(version=4, kind="none", versions=[], committed=[], unknown=[7, 8])
+        await r.offer(0, 0, still_unknown, [])
+        assert (await asyncio.wait_for(sent_before, 1.0))[0].kind == "none"
+        told, _ = await asyncio.wait_for(r.pull("cell-1", pull(4, pending=[7], wait_s=5.0)), 1.0)
+        assert told.unknown == [7]
+        again = asyncio.create_task(r.pull("cell-1", pull(4, pending=[7], wait_s=5.0)))
+        on_its_way = asyncio.create_task(r.pull("cell-1", pull(4, pending=[8], wait_s=5.0)))
+        await asyncio.sleep(0.05)
+        await r.offer(0, 0, still_unknown, [])
+        await asyncio.sleep(0.05)
+        assert not again.done() and not on_its_way.done()
+        r.delivered(0, 0, [7])  # sent again, and taken: known at the server now
+        await r.offer(0, 0, deltas([5], committed=[7]), [b"d5"])
+        assert (await asyncio.wait_for(again, 1.0))[0].committed == [7]
+        assert (await asyncio.wait_for(on_its_way, 1.0))[0].versions == [5]
+
+    asyncio.run(scenario())

@@ -309,7 +309,7 @@ def test_a_replayed_contribution_is_refused_as_already_applied_and_counted(tmp_p
     asyncio.run(scenario())
 
 
-def test_a_non_finite_step_is_not_logged_or_served_and_a_waiting_pull_learns_its_shares_are_unknown(
+def test_a_non_finite_step_is_not_logged_or_served_and_a_pull_learns_its_shares_are_unknown_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def scenario() -> None:
@@ -326,12 +326,22 @@ def test_a_non_finite_step_is_not_logged_or_served_and_a_waiting_pull_learns_its
 
         monkeypatch.setattr(srv.shard._optimizer, "step", nan_step)
         pull = Pull(run_id=RUN_ID, stage=0, shard=0, shards=1, have_version=1, pending_share_ids=[2], wait_s=30.0)
-        waiting = asyncio.create_task(srv.pull(pull))
+        waiting = asyncio.create_task(srv.pull(pull, "cell-0"))
         while not srv._new_version._waiters:  # type: ignore[attr-defined]  # the poll waits before the drop
             await asyncio.sleep(0.01)
         await step(srv, 2)
         answer, blobs = await asyncio.wait_for(waiting, 10.0)  # woken by the drop, not by its 30 s
         assert (answer.version, answer.kind, answer.committed, answer.unknown, blobs) == (1, "none", [], [2], [])
+        # Told once: the same sender's next poll waits. A sender not told yet (a reduction head
+        # whose poll left after the drop) learns it at once. An ID never seen here (a
+        # contribution on its way) ends no wait: answering it at once would spin the polls.
+        again = asyncio.create_task(srv.pull(pull, "cell-0"))
+        never_seen = Pull(run_id=RUN_ID, stage=0, shard=0, shards=1, have_version=1, pending_share_ids=[9], wait_s=30.0)
+        on_its_way = asyncio.create_task(srv.pull(never_seen, "cell-1"))
+        told_late, _ = await asyncio.wait_for(srv.pull(pull, "head"), 1.0)
+        assert told_late.unknown == [2]
+        await asyncio.sleep(0.1)
+        assert not again.done() and not on_its_way.done()
         assert srv.info()["dropped_steps"] == 1 and srv.info()["steps"] == 1 and srv.version == 1
         replica = standby.store.newest(KEY)
         assert replica is not None and replica.version == 1  # nothing logged at the standby
@@ -339,6 +349,8 @@ def test_a_non_finite_step_is_not_logged_or_served_and_a_waiting_pull_learns_its
         monkeypatch.setattr(srv.shard._optimizer, "step", honest_step)
         await step(srv, 2)  # the cell's resend is taken afresh
         assert srv.version == 2 and srv.shard.committed([2]) == {2}
+        assert (await asyncio.wait_for(again, 1.0))[0].committed == [2]  # woken by the version
+        assert (await asyncio.wait_for(on_its_way, 1.0))[0].unknown == [9]
 
     asyncio.run(scenario())
 
