@@ -36,8 +36,7 @@ Pure torch, no network, not thread-safe: the daemon calls one shard from one thr
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -114,44 +113,6 @@ def _all_finite(x: torch.Tensor) -> bool:
     return bool(torch.isfinite(x.sum())) or bool(torch.isfinite(x).all())
 
 
-class _RoundShareIds(ShardShareIds):
-    """ShardShareIds that can also give a dropped step's buffered shares back, and tell them
-    from IDs never seen (a contribution still on its way) until they are sent again."""
-
-    def __init__(self, recent_share_ids: int) -> None:
-        super().__init__(recent_share_ids)
-        self._given_back: OrderedDict[int, int] = OrderedDict()  # share ID -> the drop that gave it back
-
-    def forget_buffered(self, drop: int) -> int:
-        """Forget the buffered IDs (neither buffered nor done now: sent again, they are taken
-        afresh), given back by drop number ``drop``; those settled since the last step stay
-        settled. Returns how many."""
-        forgotten = len(self._buffered)
-        for i in self._buffered:
-            self._given_back[i] = drop
-            self._given_back.move_to_end(i)
-        while len(self._given_back) > self._capacity:
-            self._given_back.popitem(last=False)
-        self._buffered.clear()
-        return forgotten
-
-    def given_back(self, ids: Sequence[int]) -> dict[int, int]:
-        """Those of ``ids`` a dropped step gave back and not sent again since, with that drop's number."""
-        return {i: self._given_back[i] for i in ids if i in self._given_back}
-
-    def buffer(self, ids: Iterable[int]) -> None:
-        ids = list(ids)
-        super().buffer(ids)
-        for i in ids:
-            self._given_back.pop(i, None)
-
-    def settle(self, ids: Iterable[int], committed_version: int) -> None:
-        ids = list(ids)
-        super().settle(ids, committed_version)
-        for i in ids:
-            self._given_back.pop(i, None)
-
-
 @dataclass
 class _StepUndo:
     """What a step changes, as it was before it: enough to put a non-finite step back exactly.
@@ -188,6 +149,13 @@ class _StepUndo:
         deltas.restore_residual(self.residual)
         if centred is not None and self.centre is not None:
             centred.centre = self.centre
+
+
+def _centred_clip(config: ShardConfig, size: int) -> CentredClip | None:
+    """The centred clip's state for an aggregation that clips around the last aggregate, else None."""
+    if config.aggregation != "centred-clip":
+        return None
+    return CentredClip(size, config.clip_radius_factor, config.norm_window, config.norm_warmup)
 
 
 def _warn_dropped(shard: ParameterShard, counted: int, forgotten: int) -> None:
@@ -244,13 +212,9 @@ class ParameterShard:
         self._deltas = DeltaLog(self._param.data, config.keep_versions)
         self._sum = torch.zeros_like(self._param.data)
         self._count = 0
-        self._share_ids = _RoundShareIds(config.recent_share_ids)
+        self._share_ids = ShardShareIds(config.recent_share_ids)
         self._norms = NormBound(config)
-        self._centred = (
-            CentredClip(hi - lo, config.clip_radius_factor, config.norm_window, config.norm_warmup)
-            if config.aggregation == "centred-clip"
-            else None
-        )
+        self._centred = _centred_clip(config, hi - lo)
 
     # --- settings and status ---------------------------------------------------------------
 
@@ -366,9 +330,7 @@ class ParameterShard:
         return self._share_ids.fresh(share_ids)
 
     def given_back(self, share_ids: Sequence[int]) -> dict[int, int]:
-        """Those of ``share_ids`` a dropped step gave back and no cell has sent again since (the
-        rest of ``unknown`` may still be on their way), each with the number of the drop
-        (``counters.dropped_steps`` then): a second drop of one share is news again."""
+        """Those of ``share_ids`` a dropped step gave back, not sent again since (``ShardShareIds``)."""
         return self._share_ids.given_back(share_ids)
 
     def _step(self) -> ShardStep | None:

@@ -45,7 +45,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +61,7 @@ from swarmd.peers.wire.codecs import decode_vector, encode_vector
 from swarmd.peers.wire.errors import AlreadyApplied, BadRequest, FrameError, RpcError, Stale, Unavailable
 from swarmd.peers.wire.messages import Contribute, Contributed, Pull, Pulled
 from swarmd.training.shards.contributors import ContributorPool, contributor_refusal, ticket_error, ticket_pipelines
+from swarmd.training.shards.give_backs import GiveBackNotices
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +70,6 @@ LOG_RETRY_WITHIN_S = 1.0
 """A log that fails this fast is a broken stream, tried once more at once; a slow failure is a
 standby that is slow or gone."""
 WARN_EVERY_S = 60.0
-MAX_TOLD_GIVEN_BACK = 65_536
-"""(Sender, share ID) pairs a server remembers having told of a dropped step's give-back."""
 
 LogStep = Callable[[ShardStep, str], Awaitable[bool]]
 """Sends a step (and the ledger's state) to the standby; False: no standby; raises if it failed."""
@@ -131,7 +129,7 @@ class ShardServer:
         """Counts standby changes: a copy in flight to a standby no longer ours decides nothing."""
         self._copying: asyncio.Task[None] | None = None
         self._warned_at = -WARN_EVERY_S
-        self._told_given_back: OrderedDict[tuple[str, int], int] = OrderedDict()  # -> the drop told of
+        self._give_backs = GiveBackNotices()
         self.closed = False
         self.tickets = TicketVerifier()
 
@@ -233,38 +231,26 @@ class ShardServer:
     async def pull(self, request: Pull, sender: str) -> tuple[Pulled, list[bytes]]:
         self._check_shape(request.stage, request.shard, request.shards)
         self.stats.pulls += 1
-        pending = request.pending_share_ids
+        pending, have, drops = request.pending_share_ids, request.have_version, self.shard.counters.dropped_steps
 
-        # A long poll waits for news: a newer version, unless some of the cell's pending shares
-        # are committed already (it learns that at once, and its next round may start), or were
-        # given back by a dropped step since it was last told (it sends them again at once).
-        # Other unknown IDs do not end the wait: a contribution still on its way is unknown too,
-        # and answering at once would spin the cell's polls until it lands. A drop ends every
-        # wait once: a poll sent before the shares it gave back were (a reduction head's, sent
-        # before its group's sum) does not name them, and the next one does.
+        # A long poll waits for news: a newer version, some of the cell's pending shares committed
+        # (its next round may start), or given back by a dropped step and not told to it yet
+        # (``give_backs``); a drop ends every wait once (a poll sent before the shares it gave
+        # back does not name them, the next one does).
         def given_back() -> dict[int, int]:
-            back = self.shard.given_back(pending)
-            return {i: drop for i, drop in back.items() if self._told_given_back.get((sender, i)) != drop}
+            return self._give_backs.untold(sender, self.shard.given_back(pending))
 
-        news = bool(self.shard.committed(pending)) or bool(given_back())
-        drops = self.shard.counters.dropped_steps
-        if request.have_version == self.version and request.wait_s > 0 and not news:
+        def news() -> bool:
+            dropped = self.shard.counters.dropped_steps != drops
+            return self.version != have or self.closed or dropped or bool(given_back())
+
+        if request.wait_s > 0 and not (news() or self.shard.committed(pending)):
             async with self._new_version:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(
-                        self._new_version.wait_for(
-                            lambda: (
-                                self.version != request.have_version
-                                or self.closed
-                                or self.shard.counters.dropped_steps != drops
-                                or bool(given_back())
-                            )
-                        ),
-                        min(request.wait_s, MAX_WAIT_S),
-                    )
+                    await asyncio.wait_for(self._new_version.wait_for(news), min(request.wait_s, MAX_WAIT_S))
         async with self.lock:  # a consistent version, deltas and committed IDs
             ids = dict(committed=sorted(self.shard.committed(pending)), unknown=sorted(self.shard.unknown(pending)))
-            self._tell_given_back(sender, given_back())
+            self._give_backs.tell(sender, given_back())
             deltas = None if request.have_version < 0 else self.shard.deltas_since(request.have_version)
             if deltas == []:
                 return Pulled(version=self.version, kind="none", versions=[], **ids), []
@@ -276,13 +262,6 @@ class ShardServer:
             version, weights = found
             blob = await asyncio.to_thread(encode_vector, weights, "fp32")
             return Pulled(version=version, kind="full", versions=[version], **ids), [blob]
-
-    def _tell_given_back(self, sender: str, back: dict[int, int]) -> None:
-        for i, drop in back.items():
-            self._told_given_back[(sender, i)] = drop
-            self._told_given_back.move_to_end((sender, i))
-        while len(self._told_given_back) > MAX_TOLD_GIVEN_BACK:
-            self._told_given_back.popitem(last=False)
 
     def _check_shape(self, stage: int, shard: int, shards: int) -> None:
         if (stage, shard) != self.key or shards != self.shards:
