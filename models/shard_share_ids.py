@@ -45,6 +45,8 @@ class ShardShareIds:
 
     def given_back(self, ids: Sequence[int]) -> dict[int, int]:
         """Those of ``ids`` a dropped step gave back and not sent again since, with the drop's number."""
+        if not self._given_back:  # no step dropped lately: every pull asks, on its hot path
+            return {}
         return {i: self._given_back[i] for i in ids if i in self._given_back}
 
     def buffer(self, ids: Iterable[int]) -> None:
