@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -49,6 +48,7 @@ from swarmd.models.shape import ModelShape
 from swarmd.models.stages import split_layers, stage_parameter_shapes
 from swarmd.peers.records.run_spec import run_seed
 from swarmd.system.local_swarm import LocalDaemon, create_run, wait_for
+from tests.integration.version_watch import VersionWatch, alive, status_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -84,8 +84,6 @@ ended -0.23 to +0.33 nats from the reference (-0.231, -0.192, -0.143, -0.055, -0
 this test cannot price anything finer than that, so it bounds what a broken data path costs (a
 stage that stops learning costs +1.9 in bench_robust_swarm.py; one that learns from a held-out
 sequence ends far below) and the paired benchmarks price the rest."""
-NEEDED_SAMPLES = 4
-"""Samples (0.5 s apart) a relay-mode daemon's cell must need the relay in a row to count."""
 POLL_S = 0.5
 """How often a wait reads the daemons' status. Every poll asks each daemon for its whole
 status; at ``wait_for``'s 0.1 s default that was 40 status calls a second on top of the
@@ -96,112 +94,7 @@ reference never saw (a held-out sequence, a micro-batch counted twice)."""
 
 
 def training(daemon: LocalDaemon) -> dict[str, Any]:
-    return _status(daemon).get("training") or {}
-
-
-def alive(daemon: LocalDaemon) -> bool:
-    return daemon.proc is not None and daemon.proc.poll() is None
-
-
-class VersionWatch:
-    """Samples every shard's committed version at whichever daemons serve it and records any
-    decrease: a holder behind the highest version seen, unless it closes while another serves
-    the shard (two serve one for a moment while an assignment changes: the one that follows the
-    old assignment may be behind and closes, and what it held does not go on);
-    and whether the placement ever gave the relay something to carry: a daemon told to relay
-    everything (``via_relay``), not the relay itself, holding a cell whose neighbour cell, or a
-    shard of whose stage (or the ledger's shard, for stage 0), is held by a third daemon, and
-    working there (its micro-batches counted on between two samples: a cell held for a moment
-    under the provisional assignment, before the plan moved it, may have sent nothing; and only
-    once that daemon's own plan names a relay: before it, every path is direct). (A plan
-    may put the relay and the other such daemon in the one pipeline, holding every shard: then
-    nothing of theirs crosses a relay.)"""
-
-    def __init__(self, daemons: list[LocalDaemon], via_relay: set[int]) -> None:
-        self.daemons = daemons
-        self.via_relay = via_relay
-        self.highest: dict[tuple[int, int], int] = {}
-        self._behind: dict[tuple[int, tuple[int, int]], list[str]] = {}  # (daemon, shard) -> its decreases
-        self.served_twice: list[str] = []  # (printed) a shard two daemons served at once, their versions
-        self.relay_needed = False
-        self._needed_for: dict[tuple[int, int, int], int] = {}  # (daemon, pipeline, stage) -> samples in a row
-        self._worked: dict[tuple[int, int, int], int] = {}  # (daemon, pipeline, stage) -> micro-batches
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> VersionWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.5):
-            self.sample()
-
-    def sample(self) -> None:
-        with self._lock:
-            statuses = {i: _status(d) for i, d in enumerate(self.daemons) if alive(d)}
-            cells: dict[tuple[int, int], int] = {}
-            shards: dict[tuple[int, int], int] = {}
-            held: dict[tuple[int, int], dict[int, int]] = {}  # shard -> daemon -> committed version
-            relays: set[str] = set()
-            working: set[tuple[int, int]] = set()
-            for i, status in statuses.items():
-                t = status.get("training") or {}
-                relays.update(((status.get("routes") or {}).get("relays")) or [])
-                cells.update({(c["pipeline"], c["stage"]): i for c in t.get("cells") or []})
-                for c in t.get("cells") or []:
-                    key, done = (i, c["pipeline"], c["stage"]), c["forwards"] + c["backwards"]
-                    if done > self._worked.get(key, done):
-                        working.add((c["pipeline"], c["stage"]))
-                    self._worked[key] = done
-                for shard in t.get("shards") or []:
-                    # Committed (logged at the standby): a step its standby refused to log, once
-                    # the standby took the shard over, was never seen by a pull and is not lost.
-                    key = (shard["stage"], shard["shard"])
-                    shards[key] = i
-                    held.setdefault(key, {})[i] = shard["committed"]
-            self._note_versions(statuses, held)
-            relay = {i for i, status in statuses.items() if status.get("peer_id") in relays}
-            needed: set[tuple[int, int, int]] = set()
-            for (p, s), i in cells.items():
-                if i not in self.via_relay or i in relay or (p, s) not in working:
-                    continue
-                named = set((statuses[i].get("routes") or {}).get("relays") or [])
-                if not named:
-                    continue  # it has no plan naming a relay yet (the provisional assignment): it goes direct
-                if not any(status.get("peer_id") in named for status in statuses.values()):
-                    continue  # its relay is down (killed, restarting): unreachable until the repair, not skipped
-                peers = {cells.get((p, s - 1)), cells.get((p, s + 1))}
-                peers |= {j for (stage, _), j in shards.items() if stage == s}
-                peers.add(shards.get((0, 0)) if s == 0 else None)
-                if peers - {None, i} - relay:
-                    needed.add((i, p, s))
-            # Needed in NEEDED_SAMPLES samples in a row: one sample's statuses, read one daemon after
-            # another, may pair a cell with a holder that has just handed it over.
-            self._needed_for = {key: self._needed_for.get(key, 0) + 1 for key in needed}
-            self.relay_needed |= any(n >= NEEDED_SAMPLES for n in self._needed_for.values())
-
-    def _note_versions(self, statuses: dict[int, dict[str, Any]], held: dict[tuple[int, int], dict[int, int]]) -> None:
-        for key, holders in held.items():
-            highest = max(self.highest.get(key, 0), *holders.values())
-            for i, version in holders.items():
-                if version < highest:
-                    self._behind.setdefault((i, key), []).append(f"shard {key}: {highest} -> {version} at d{i}")
-            self.highest[key] = highest
-            if len(holders) > 1:
-                self.served_twice.append(f"shard {key}: {holders}")
-        for i, key in list(self._behind):
-            if i in statuses and i not in held.get(key, {}) and held.get(key):
-                del self._behind[(i, key)]  # it closed behind while another serves the shard
-
-    @property
-    def decreases(self) -> list[str]:
-        return [decrease for found in self._behind.values() for decrease in found]
+    return status_of(daemon).get("training") or {}
 
 
 def print_training(daemons: list[LocalDaemon]) -> None:
@@ -220,13 +113,6 @@ def print_training(daemons: list[LocalDaemon]) -> None:
         print(f"d{i}: cells (p, s, shares, abandoned, dropped, sync timeouts) {cells}")
         print(f"d{i}: shards (stage, shard, version, staleness, contributions, dropped stale) {shards}")
     print("ledger:", ledger(daemons))
-
-
-def _status(daemon: LocalDaemon) -> dict[str, Any]:
-    try:
-        return daemon.status() or {}
-    except Exception:  # a daemon frozen, killed or restarting: no status, nothing to read
-        return {}
 
 
 def updates(daemons: list[LocalDaemon]) -> int:
@@ -364,6 +250,7 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
         relayed_before = relayed(daemons)  # the victim's own counts go with it (it may be the relay)
         forwarded_before = forwarded(daemons)
         cursor = ledger(daemons)["cursor"]
+        watch.note(f"SIGKILL d{daemons.index(victim)}")
         victim.kill()  # SIGKILL: no goodbye; its share in flight and its round's gradient are lost with it
         killed_at = updates(daemons)
         wait_for(lambda: updates(daemons) >= killed_at + 10, 180, "training to go on after the kill", POLL_S)
@@ -376,6 +263,7 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
         )
         # Restarted, it rejoins and gets a cell (or stands by as a spare, if the plan says so).
         others = next(d for d in daemons if d is not victim and alive(d)).status() or {}
+        watch.note(f"restart d{daemons.index(victim)}")
         victim.start(others["addrs"])  # (it may have been the first: join through another)
         victim.wait_running()
         wait_for(lambda: updates(daemons) >= UPDATES, 600, f"{UPDATES} updates", POLL_S)
@@ -407,7 +295,7 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
         # daemon and exported (what a user does at the end of a run).
         exported = workdir / "exported"
         versions, printed_loss = _export(daemons[0], exported)
-    assert not watch.decreases, f"a shard's version went down: {watch.decreases}"
+    assert not watch.decreases, f"a shard's version went down: {watch.decreases}; the logs:\n{watch.story()}"
     for daemon in daemons:
         assert daemon.stop(timeout=60) == 0, daemon.log_tail()
 
