@@ -5,5 +5,6 @@
 - ``keys``       the key of each record kind (``swarmd/<run id>/…``), free of hivemind
 - ``plan_reader``  plans joined from their manifests and parts: bounded fetching, a cache by digest
 - ``process``    hivemind's DHT process made safe to talk to: whole-message reads, pipe writes
-  off the caller's loop, one request's size bound
+  off the caller's loop, answers tagged by request, one request's size bound
+- ``in_process``  the coroutines ``SwarmDHT`` sends into that process: bounded reads, stores, pings
 """

@@ -20,23 +20,18 @@ import functools
 import hashlib
 import logging
 import os
-import random
 import signal
-import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import hivemind
-from hivemind.dht.node import DHTNode
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
-from hivemind.p2p import PeerID
 from hivemind.utils.serializer import MSGPackSerializer
 from hivemind.utils.timed_storage import get_dht_time
-from multiaddr import Multiaddr
 
 from swarmd.errors import BootstrapError, JoinError, RecordError, RunSpecError
+from swarmd.peers.dht import in_process
 from swarmd.peers.dht.keys import (
     MEMBER_BUCKETS,
     cells_key,
@@ -250,7 +245,7 @@ class SwarmDHT:
 
     async def visible_maddrs(self) -> list[str]:
         """Addresses others can dial (a future: hivemind's own getter blocks without a deadline)."""
-        return await self.dht.ask(_visible_maddrs)
+        return await self.dht.ask(in_process.visible_maddrs)
 
     def shutdown(self) -> None:
         """Bounded: hivemind joins for shutdown_timeout, then terminates; then we kill the group."""
@@ -278,17 +273,23 @@ class SwarmDHT:
                 f"a {len(raw)}-byte value for {key} is over the {MAX_REQUEST_BYTES}-byte limit of one DHT "
                 "request; split or shrink the record"
             )
-        return bool(await self.dht.ask(functools.partial(_store_value, key, raw, expires_at, subkey)))
+        return bool(await self.dht.ask(functools.partial(in_process.store_value, key, raw, expires_at, subkey)))
 
     async def _read(self, key: str, limit: int, known: Sequence[str] = ()) -> dict[str, bytes]:
         """Up to ``limit`` of the per-peer records under ``key`` (``known`` subkeys first, then a
         random draw): what crosses the pipe and what the caller checks stay bounded however
         many records strangers stored."""
-        read = functools.partial(_sample_records, key, limit, list(known)[:limit])
-        records, total = await self.dht.ask(read)
-        if total > len(records):
-            logger.debug("Read %d of the %d records under %s (the rest on later reads)", len(records), total, key)
-        return records
+        return (await self._read_many([(key, limit, known)]))[0]
+
+    async def _read_many(self, reads: Sequence[tuple[str, int, Sequence[str]]]) -> list[dict[str, bytes]]:
+        """``_read`` of several keys (key, limit, known) in one search of the DHT: a peer asked
+        is asked for all of them in one request, not in one each."""
+        bounded = [(key, limit, list(known)[:limit]) for key, limit, known in reads]
+        found = await self.dht.ask(functools.partial(in_process.sample_many, bounded))
+        for (key, _, _), (records, total) in zip(bounded, found, strict=True):
+            if total > len(records):
+                logger.debug("Read %d of the %d records under %s (the rest on later reads)", len(records), total, key)
+        return [records for records, _ in found]
 
     # --- records ---------------------------------------------------------------------------
 
@@ -301,11 +302,11 @@ class SwarmDHT:
         by_bucket: list[list[str]] = [[] for _ in range(MEMBER_BUCKETS)]
         for peer_id in known:
             by_bucket[member_bucket(peer_id)].append(peer_id)
-        reads = await asyncio.gather(
-            *(
-                self._read(members_key(self.run_id, b), MEMBERS_PER_BUCKET, by_bucket[b][:KNOWN_PER_BUCKET])
+        reads = await self._read_many(
+            [
+                (members_key(self.run_id, b), MEMBERS_PER_BUCKET, by_bucket[b][:KNOWN_PER_BUCKET])
                 for b in range(MEMBER_BUCKETS)
-            )
+            ]
         )
         records = {subkey: raw for read in reads for subkey, raw in read.items()}
         # One signature check per record: in a worker thread, so that a big swarm cannot stall the loop.
@@ -389,14 +390,14 @@ class SwarmDHT:
         return await self._plans.assemble(checked, self._live) if kind == PLAN_KIND else checked
 
     async def _fetch_part(self, key: str) -> bytes | None:
-        found = await self.dht.ask(functools.partial(_get_latest, key))
+        found = await self.dht.ask(functools.partial(in_process.get_latest, key))
         return found.value if found is not None and isinstance(found.value, bytes) else None
 
     async def publish_spec(self, raw: bytes) -> bool:
         return await self._store(spec_key(self.run_id), raw, get_dht_time() + SPEC_TTL_S)
 
     async def fetch_spec(self) -> SignedRunSpec | None:
-        found = await self.dht.ask(functools.partial(_get_latest, spec_key(self.run_id)))
+        found = await self.dht.ask(functools.partial(in_process.get_latest, spec_key(self.run_id)))
         if found is None:
             return None
         try:
@@ -409,89 +410,21 @@ class SwarmDHT:
 
     async def ping(self, peer_id: str) -> float | None:
         """Round-trip time of a DHT ping to ``peer_id`` in seconds, or None if it did not answer."""
-        return await self.dht.ask(functools.partial(_ping, peer_id))
+        return await self.dht.ask(functools.partial(in_process.ping, peer_id))
 
     async def known_peers(self) -> int:
         """How many other DHT nodes this one knows (0: it has not reached the swarm)."""
-        return await self.dht.ask(_routing_table_size)
+        return await self.dht.ask(in_process.routing_table_size)
 
     async def replicate_p2p(self) -> Any:
         """A hivemind P2P handle in this process on the DHT's own p2pd (same peer ID, same host)."""
         from hivemind.p2p import P2P
 
-        maddr = await self.dht.ask(_daemon_listen_maddr)
+        maddr = await self.dht.ask(in_process.daemon_listen_maddr)
         return await P2P.replicate(maddr)
 
     async def add_peers(self, peer_id: str, maddrs: Sequence[str]) -> int:
         """Connect to ``peer_id``, found out of band (LAN discovery), at those of ``maddrs`` that
         name it (a hello must not make us dial third parties); returns how many answered."""
         own = [m for m in maddrs if m.endswith(f"/p2p/{peer_id}")][:MAX_ADDRS]
-        return await self.dht.ask(functools.partial(_add_peers, own))
-
-
-# These run inside the DHT process (pickled into each request), so they are module-level.
-
-
-async def _store_value(
-    key: str, raw: bytes, expires_at: float, subkey: str | None, dht: hivemind.DHT, node: DHTNode
-) -> bool:
-    return bool(await node.store(key, raw, expires_at, subkey=subkey))
-
-
-async def _get_latest(key: str, dht: hivemind.DHT, node: DHTNode) -> Any:
-    return await node.get(key, latest=True)
-
-
-async def _sample_records(
-    key: str, limit: int, known: list[str], dht: hivemind.DHT, node: DHTNode
-) -> tuple[dict[str, bytes], int]:
-    """At most ``limit`` of the per-peer values under ``key``, ``known`` subkeys first, and how
-    many there were: only these cross the pipe back (its answer side carries megabytes, but
-    the reader's checks and memory must not grow with what strangers store)."""
-    found = await node.get(key, latest=True)
-    if found is None or not isinstance(found.value, dict):
-        return {}, 0
-    records = {
-        subkey: item.value
-        for subkey, item in found.value.items()
-        if isinstance(subkey, str) and isinstance(getattr(item, "value", None), bytes)
-    }
-    if len(records) <= limit:
-        return records, len(records)
-    chosen = [subkey for subkey in known if subkey in records][:limit]
-    taken = set(chosen)
-    others = [subkey for subkey in records if subkey not in taken]
-    chosen += random.sample(others, min(len(others), limit - len(chosen)))
-    return {subkey: records[subkey] for subkey in chosen}, len(records)
-
-
-async def _ping(peer_id: str, dht: hivemind.DHT, node: DHTNode) -> float | None:
-    started = time.perf_counter()
-    answered = await node.protocol.call_ping(PeerID.from_base58(peer_id))
-    return time.perf_counter() - started if answered is not None else None
-
-
-async def _add_peers(maddrs: list[str], dht: hivemind.DHT, node: DHTNode) -> int:
-    async def one(maddr: str) -> bool:
-        try:
-            addr = Multiaddr(maddr)
-            peer = PeerID.from_base58(addr["p2p"])
-            await asyncio.wait_for(node.protocol.p2p._client.connect(peer, [addr.decapsulate(f"/p2p/{peer}")]), 5)
-            return await node.protocol.call_ping(peer) is not None
-        except Exception as e:
-            logger.debug("Could not reach %s: %r", maddr, e)
-            return False
-
-    return sum(await asyncio.gather(*(one(m) for m in maddrs)))
-
-
-async def _visible_maddrs(dht: hivemind.DHT, node: DHTNode) -> list[str]:
-    return [str(m) for m in await node.get_visible_maddrs()]
-
-
-async def _daemon_listen_maddr(dht: hivemind.DHT, node: DHTNode) -> Any:
-    return node.protocol.p2p.daemon_listen_maddr
-
-
-async def _routing_table_size(dht: hivemind.DHT, node: DHTNode) -> int:
-    return len(node.protocol.routing_table.uid_to_peer_id)
+        return await self.dht.ask(functools.partial(in_process.add_peers, own))
