@@ -18,7 +18,7 @@ STORY_LINES = 40
 """Log lines of a shard's story, per failure: the newest kept (the assertion's message is what CI prints)."""
 _STORY = re.compile(
     r"Serving shard|Stopped serving shard|unreplicated|could not (log|copy)|Following plan|lost|"
-    r"still serves|newest state here"
+    r"still serves|newest state here|view lags"
 )
 
 NEEDED_SAMPLES = 4

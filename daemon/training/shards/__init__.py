@@ -7,6 +7,7 @@ from cells over the wire, and its parts are given values, a pool view and narrow
 - ``shard_sources``  where a shard's state comes from: replica, last holders, own file, seed; its geometry
 - ``shard_server``   one slice of a stage's parameters served: contributions in, deltas out, steps logged
 - ``contributors``   who may contribute to a shard, and which pipelines' ticketed shares
+- ``standby_link``   a server's replication at its standby: steps logged, copies sent, a lagging view waited for
 - ``give_backs``     whom a server told of the shares a dropped step gave back: once a sender and drop
 - ``reducer``        a reduction group's head: members' slices summed, sent to the server once
 - ``head_relay``     a reduction group's head: the deltas it pulled, relayed to the members' pulls

@@ -17,7 +17,8 @@ what the network sees of it (``docs/data-path.md``):
   with centred clipping); one whose shares are in already (a replay, or a resend after a lost
   answer) is refused ``AlreadyApplied``, and the cell counts it delivered. The contribution
   that completes a step logs the step at the standby before anything else happens (then it
-  is **committed**), and only then do pulls see it.
+  is **committed**; where no standby can log it, it is applied unreplicated, and counted),
+  and only then do pulls see it.
 - ``pull``: a long poll for a version newer than the cell's; the answer carries the deltas
   since then (or the whole slice in fp32), which of the cell's pending share IDs are done, and
   which this server does not hold (``unknown``: never seen here, or given back by a step that
@@ -26,17 +27,11 @@ what the network sees of it (``docs/data-path.md``):
   and drop, so that the resend is prompt (a share still on its way is unknown too, and ends
   no wait).
 - every ``checkpoint_every`` steps a checkpoint goes to this peer's disk and to the standby
-  (the log after it is all a take-over needs); a new standby gets one first.
+  (``StandbyLink``: the log after it is all a take-over needs; a new standby gets one first; a
+  standby whose view lags is waited for, a while, before a step goes unreplicated).
 
 Steps, logs and the checkpoints' writing happen one at a time under one lock, off the event
-loop. A new standby's first checkpoint is sent under the lock (no step can be logged before
-it); later ones travel in the background while steps go on: the standby keeps its previous
-checkpoint and the log until the new one is in, and keeps the steps logged meanwhile after it.
-(Sent under the lock they held every step and pull for as long as the shard's state takes on
-the standby's link, about 1 s every 10 steps at 40 Mbit/s; a step's own log still waits behind
-a copy on the same connection, so the calibration's throughput did not measurably change.)
-A standby that cannot log a step does not stall the swarm: the step is applied unreplicated
-(counted) and a new standby gets a fresh checkpoint.
+loop.
 """
 
 from __future__ import annotations
@@ -44,37 +39,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from swarmd.errors import SwarmdError
 from swarmd.models.parameter_shard import Outcome, ParameterShard, ShardStep
 from swarmd.models.shard_config import ContributionError
 from swarmd.peers.taskpool.exchange import ExchangeConfig, staleness_weight
 from swarmd.peers.taskpool.servers import Shard
 from swarmd.peers.taskpool.tickets import TicketVerifier
 from swarmd.peers.wire.codecs import decode_vector, encode_vector
-from swarmd.peers.wire.errors import AlreadyApplied, BadRequest, FrameError, RpcError, Stale, Unavailable
+from swarmd.peers.wire.errors import AlreadyApplied, BadRequest, FrameError, Stale, Unavailable
 from swarmd.peers.wire.messages import Contribute, Contributed, Pull, Pulled
 from swarmd.training.shards.contributors import ContributorPool, contributor_refusal, ticket_error, ticket_pipelines
 from swarmd.training.shards.give_backs import GiveBackNotices
+from swarmd.training.shards.standby_link import LogStep, SendCheckpoint, StandbyLink
 
 logger = logging.getLogger(__name__)
 
 MAX_WAIT_S = 30.0
-LOG_RETRY_WITHIN_S = 1.0
-"""A log that fails this fast is a broken stream, tried once more at once; a slow failure is a
-standby that is slow or gone."""
-WARN_EVERY_S = 60.0
-
-LogStep = Callable[[ShardStep, str], Awaitable[bool]]
-"""Sends a step (and the ledger's state) to the standby; False: no standby; raises if it failed."""
-SendCheckpoint = Callable[[int, bytes], Awaitable[bool]]
-"""Sends a checkpoint (its version and bytes) to the standby; False: no standby."""
 
 
 @dataclass
@@ -117,18 +102,11 @@ class ShardServer:
     ) -> None:
         self.key, self.shards, self.shard, self.settings = key, shards, shard, settings
         self.lineage, self.checkpoint_path = lineage, checkpoint_path
-        self._log_step, self._send_checkpoint = log_step, send_checkpoint
-        self.checkpoint_every = checkpoint_every
         self.ledger_state = ledger_state
         self.stats = ServerStats()
         self.lock = asyncio.Lock()
         self._new_version = asyncio.Condition()
-        self._since_copy = 0
-        self._standby_ready = False
-        self._standby_generation = 0
-        """Counts standby changes: a copy in flight to a standby no longer ours decides nothing."""
-        self._copying: asyncio.Task[None] | None = None
-        self._warned_at = -WARN_EVERY_S
+        self.standby = StandbyLink(key, log_step, send_checkpoint, self._checkpoint, checkpoint_every, ledger_state)
         self._give_backs = GiveBackNotices()
         self.closed = False
         self.tickets = TicketVerifier()
@@ -274,32 +252,12 @@ class ShardServer:
 
     async def _commit(self, step: ShardStep) -> None:
         """Log the step at the standby, then let pulls see it (called under the lock)."""
-        logged = False
-        if self._standby_ready or await self._copy_to_standby():
-            started = time.monotonic()
-            try:
-                logged = await self._log_step(step, self.ledger_state())
-            except RpcError as e:
-                if time.monotonic() - started < LOG_RETRY_WITHIN_S:
-                    try:
-                        logged = await self._log_step(step, self.ledger_state())
-                    except RpcError:
-                        logged = False
-                if not logged:
-                    self._standby_ready = False
-                    self._warn(f"could not log step {step.version} at the standby ({e})")
-        if not logged:
+        if not await self.standby.replicate(step, patient=not self.closed):
             self.stats.unreplicated += 1
         self.shard.confirm(step.version)
         self.stats.steps += 1
         self.stats.trained_micro_batches += step.micro_batches
-        self._since_copy += 1
-        if self._since_copy >= self.checkpoint_every and self._copying is None:
-            version, data = await self._checkpoint()
-            if self._standby_ready:  # it holds an older copy and the log since: this one can travel meanwhile
-                self._copying = asyncio.create_task(self._copy_in_background(version, data, self._standby_generation))
-            else:
-                await self._send_copy(version, data)
+        await self.standby.stepped()
         async with self._new_version:
             self._new_version.notify_all()
 
@@ -312,51 +270,16 @@ class ShardServer:
     async def _checkpoint(self) -> tuple[int, bytes]:
         """Checkpoint here (under the lock): the version and the bytes a standby takes."""
         path = await asyncio.to_thread(self.shard.checkpoint, self.checkpoint_path, {"ledger": self.ledger_state()})
-        self._since_copy = 0
         return self.shard.version, await asyncio.to_thread(path.read_bytes)
 
-    async def _copy_to_standby(self) -> bool:
-        """Checkpoint here and at the standby (under the lock); True when the standby has it."""
-        return await self._send_copy(*await self._checkpoint())
-
-    async def _send_copy(self, version: int, data: bytes) -> bool:
-        try:
-            self._standby_ready = await self._send_checkpoint(version, data)
-        except SwarmdError as e:
-            self._standby_ready = False
-            self._warn(f"could not copy a checkpoint to the standby ({e})")
-        return self._standby_ready
-
-    async def _copy_in_background(self, version: int, data: bytes, generation: int) -> None:
-        """A periodic copy while steps go on. If it fails, the standby still replays its older
-        copy and the log; the next step sends a fresh copy under the lock first."""
-        try:
-            sent = await self._send_checkpoint(version, data)
-            error = "" if sent else "no standby"
-        except SwarmdError as e:
-            sent, error = False, str(e)
-        finally:
-            self._copying = None
-        if not sent and generation == self._standby_generation:
-            self._standby_ready = False
-            self._warn(f"could not copy a checkpoint to the standby ({error})")
-
     def standby_changed(self) -> None:
-        """A new standby starts from a fresh copy, not from the log (called by the trainer)."""
-        self._standby_ready = False
-        self._standby_generation += 1
-
-    def _warn(self, what: str) -> None:
-        if time.monotonic() - self._warned_at >= WARN_EVERY_S:
-            self._warned_at = time.monotonic()
-            logger.warning("shard %s: %s; applying steps unreplicated until a standby takes a copy", self.key, what)
+        """A new standby (called by the trainer): the next step copies a checkpoint to it first."""
+        self.standby.changed()
 
     async def close(self) -> int:
         """Stop serving: step on what is buffered (no accepted contribution is lost), then copy
         the state here and to the standby. Returns the final version."""
-        if self._copying is not None:  # its send has its own deadline
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self._copying)
+        await self.standby.settle()
         async with self.lock:
             self.closed = True
             # A flush that comes out non-finite is undone: its shares go again to the next holder.
@@ -364,7 +287,7 @@ class ShardServer:
             if step is not None:
                 await self._commit(step)
             # The file here is what the next holder gets: at the final version, checkpoint due or not.
-            await self._copy_to_standby()
+            await self.standby.copy_now()
         async with self._new_version:
             self._new_version.notify_all()
         return self.version
@@ -380,7 +303,7 @@ class ShardServer:
             "shard": self.key[1],
             "shards": self.shards,
             "version": self.version,
-            "committed": self.shard.committed_version,  # logged at the standby: what pulls see
+            "committed": self.shard.committed_version,  # logged at the standby (or unreplicated): what pulls see
             "buffered_micro_batches": self.shard.buffered_micro_batches,
             "steps": s.steps,
             "dropped_steps": self.shard.counters.dropped_steps,
@@ -396,6 +319,7 @@ class ShardServer:
             "distrusted": self.shard.distrusted(),  # sender -> weight (0: excluded)
             "aggregation": self.shard.config.aggregation,
             "unreplicated": s.unreplicated,
+            "lagging_standby_waits": self.standby.lagging_waits,
             "pulls": s.pulls,
             "trained_micro_batches": s.trained_micro_batches,
             "staleness": {str(k): v for k, v in sorted(s.staleness.items())},

@@ -205,10 +205,10 @@ def test_a_servers_steps_and_checkpoints_go_to_the_standby_under_its_lineage(tmp
     server = opened.server
     step = ShardStep(version=6, delta=torch.zeros(8, dtype=torch.float16), share_ids=(3,), micro_batches=2)
     # What the server calls after each step and every few steps (``ShardServer``'s log_step and send_checkpoint).
-    assert asyncio.run(server._log_step(step, "")) is False and standby.sent == []  # no standby yet
+    assert asyncio.run(server.standby.log_step(step, "")) is False and standby.sent == []  # no standby yet
     pool.books = replace(pool.books, standby="12D3KooWstandby")
-    assert asyncio.run(server._log_step(step, "")) is True
-    assert asyncio.run(server._send_checkpoint(6, b"state")) is True
+    assert asyncio.run(server.standby.log_step(step, "")) is True
+    assert asyncio.run(server.standby.send_checkpoint(6, b"state")) is True
     (peer, log, _), (_, checkpoint, blobs) = standby.sent
     assert peer == "12D3KooWstandby" and isinstance(log, ReplicaLog) and isinstance(checkpoint, ReplicaCheckpoint)
     assert (log.stage, log.shard, log.version, log.share_ids, log.lineage) == (0, 1, 6, [3], server.lineage)

@@ -44,7 +44,9 @@ class Standby:
     at a gate (a slow link) or fail, as a test says."""
 
     def __init__(self) -> None:
-        self.store = ReplicaStore(lambda key: HOLDER)
+        self.sees: str | None = HOLDER
+        """The shard's holder as this standby's view of the swarm has it (None: none yet)."""
+        self.store = ReplicaStore(lambda key: self.sees)
         self.gate = asyncio.Event()
         self.gate.set()
         self.fail_copies = False
@@ -170,6 +172,59 @@ def test_a_failed_background_copy_makes_the_next_step_copy_first(tmp_path: Path)
         assert standby.copies_started == [1, 2, 4, 5]
         assert srv.stats.unreplicated == 0
         assert torch.equal(rebuilt(standby, srv), weights_of(srv))
+        await srv.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_step_waits_for_a_standby_whose_view_lags_and_is_logged_once_it_sees_the_holder(tmp_path: Path) -> None:
+    """A server opened after a hand-over, whose standby has not read its lease yet (NOT_HOLDER):
+    the step waits, and commits replicated once the standby's view catches up."""
+
+    async def scenario() -> None:
+        standby = Standby()
+        standby.sees = None
+        srv = server(tmp_path, standby, every=10)
+        caught_up = asyncio.get_running_loop().call_later(0.6, setattr, standby, "sees", HOLDER)
+        started = time.monotonic()
+        await asyncio.wait_for(step(srv, 1), 10)
+        assert 0.5 < time.monotonic() - started < 5 and srv.version == 1
+        assert srv.stats.unreplicated == 0 and srv.standby.lagging_waits == 1
+        assert standby.store.refused >= 1 and torch.equal(rebuilt(standby, srv), weights_of(srv))
+        caught_up.cancel()
+        await srv.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_standby_lagging_past_the_wait_leaves_the_step_unreplicated_and_the_next_copies_first(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        standby = Standby()
+        standby.sees = "another holder"
+        srv = server(tmp_path, standby, every=10)
+        srv.standby.lagging_wait_s = 0.5
+        started = time.monotonic()
+        await asyncio.wait_for(step(srv, 1), 10)  # applied unreplicated after the wait, not stalled for good
+        assert time.monotonic() - started >= 0.4 and srv.version == 1 and srv.stats.unreplicated == 1
+        standby.sees = HOLDER
+        await step(srv, 2)  # a copy first (at 2, with the step in it), then the log
+        assert srv.stats.unreplicated == 1 and standby.copies_started[-1] == 2
+        assert torch.equal(rebuilt(standby, srv), weights_of(srv))
+        await srv.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_standby_that_fails_otherwise_is_not_waited_for(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        standby = Standby()
+        standby.fail_copies = True  # its link is broken: no view will mend that
+        srv = server(tmp_path, standby, every=10)
+        started = time.monotonic()
+        await step(srv, 1)
+        assert time.monotonic() - started < 1 and srv.stats.unreplicated == 1 and srv.standby.lagging_waits == 0
         await srv.close()
 
     asyncio.run(scenario())
