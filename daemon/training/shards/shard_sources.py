@@ -8,9 +8,10 @@ version of the shard, the run's seed weights. While a holder the assignment move
 from still serves it (it follows an older assignment and answers ``serving``,
 ``StillServed``), nothing is opened: it would go on committing steps that a state taken
 elsewhere lacks; it hands its own over, closing first, once it follows the same assignment.
-A peer that holds a live lease of the shard and refuses the ask (``NOT_MEMBER``: it has not
-seen this peer's heartbeat yet; ``NOT_HOLDER``: it does not follow the assignment that moved
-the shard here yet) is waited for alike: its view lags, and it may still step the shard.
+A peer that holds a live lease of the shard, or stands by for a holder that is gone, and
+refuses the ask (``NOT_MEMBER``: it has not seen this peer's heartbeat yet; ``NOT_HOLDER``: it
+does not follow the assignment that moved the shard here yet) is waited for alike: its view
+lags, and it may still step the shard (a standby takes it over from its own view).
 Every state is checked against what the rightful holders' signed leases have shown
 (``SeenVersions``): one far past it is a lie and is refused. When no believable state can be
 had for ``OPEN_GRACE_S``, the shard opens from the best it has (this peer's last checkpoint,
@@ -280,6 +281,15 @@ class ShardSources:
         live, now = self._pool.books.live, time.time()
         return {lease.peer_id for lease in self._leases(key) if lease.expires_at > now and lease.peer_id in live}
 
+    def _may_step(self, key: Shard) -> set[str]:
+        """Who may step ``key`` while its view lags ours: the live members with an unexpired lease
+        of it, and the live standby a gone holder's lease names (it takes the shard over as soon
+        as it sees the holder gone, from a view that may not follow the assignment that moved
+        the shard here yet)."""
+        live = self._pool.books.live
+        orphaned = {lease.standby for lease in self._leases(key) if lease.peer_id not in live}
+        return self._leased_by(key) | {peer for peer in orphaned if peer in live}
+
     def _sources(self, key: Shard) -> list[str]:
         """Whom a state is taken from: the last rightful holder and the standby it named, the
         live members that still hold a lease of the shard (a holder the assignment has just moved
@@ -295,10 +305,11 @@ class ShardSources:
         try:
             answer, blobs = await self._send(peer, request, [], FETCH_TIMEOUT_S)
         except RpcError as e:
-            if isinstance(e, NotMember | NotHolder) and peer in self._leased_by(key):
-                # It holds the shard's lease, so it may still step it, but its view lags ours: it
-                # does not know us yet as a member, or as the shard's next holder. Taking a state
-                # from anyone else now would lose the steps it makes until it hands over.
+            if isinstance(e, NotMember | NotHolder) and peer in self._may_step(key):
+                # It may step the shard (it holds its lease, or stands by for a holder that is
+                # gone), but its view lags ours: it does not know us yet as a member, or as the
+                # shard's next holder. Taking a state from anyone else now would lose the steps
+                # it makes until it hands over.
                 raise StillServed(f"holds its lease but refuses us for now ({e.code.value})") from None
             logger.info("shard %s: %s has no state for us (%s)", key, peer, e)
             return None

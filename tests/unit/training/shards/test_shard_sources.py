@@ -164,6 +164,22 @@ def test_a_lease_holder_that_refuses_the_ask_for_now_is_waited_for(tmp_path: Pat
     assert found is not None and found.version == 0
 
 
+def test_the_standby_of_a_gone_holder_that_refuses_the_ask_for_now_is_waited_for(tmp_path: Path) -> None:
+    """The holder is gone and its standby's view does not follow the plan that moved the shard
+    here yet: it may take the shard over from that view and step it, so its refusal is waited
+    out, not taken for "no state" (another source's older state would fork the shard)."""
+    books = Books(own=ME, live=frozenset({ME, STANDBY}), rightful={KEY: (lease(HOLDER, 13, STANDBY), b"")})
+    pool = Pool(books=books, reachable=frozenset({"earlier"}))  # a holder that let go, still up
+    for refusal in (NotMember("not a live member here"), NotHolder("not its holder here")):
+        peers = Peers({HOLDER: RpcError("gone"), STANDBY: refusal, "earlier": ("checkpoint", 12, state(tmp_path, 12))})
+        s = sources(peers, seen=12, pool=pool)
+        s.note_holders({KEY: lease("earlier", 12)})
+        assert believable(s, tmp_path) is None  # not the earlier holder's 12
+        peers.answers[STANDBY] = ("checkpoint", 13, state(tmp_path, 13))  # its view caught up
+        found = believable(s, tmp_path)
+        assert found is not None and found.version == 13
+
+
 def test_states_past_the_swarm_or_from_strangers_are_refused_and_counted(tmp_path: Path) -> None:
     peers = Peers({HOLDER: ("checkpoint", 10_000, state(tmp_path, 10_000)), STANDBY: Unavailable("nothing")})
     s = sources(peers, seen=13)
