@@ -23,7 +23,7 @@ from typing import Any
 from swarmd.peers.taskpool.cells import Cell
 from swarmd.peers.taskpool.exchange import shard_range, step_micro_batches
 from swarmd.peers.taskpool.servers import Shard
-from swarmd.peers.wire.errors import NotHolder, NotMember
+from swarmd.peers.wire.errors import Busy, NotHolder, NotMember
 from swarmd.peers.wire.messages import (
     Ack,
     CellBackward,
@@ -109,6 +109,14 @@ class TrainingHandlers:
         if sender not in self._pool.books.live:
             raise NotMember(f"{sender[:16]} is not a live member of run {self._facts.run_id} here")
 
+    def _standing_by(self, sender: str) -> None:
+        """A standby takes a holder's replication: not while paused. A paused peer reads the pool
+        no more, and its frozen view would refuse a new holder as "not its holder" for good,
+        which the holder takes for a view that lags and waits out (``standby_link``)."""
+        self._member(sender)
+        if self._paused():
+            raise Busy("this peer is paused by its owner and stands by for no shard; another standby takes over")
+
     def _worker(self, cell: Cell) -> CellWorker:
         worker = self._held.cells.get(cell)
         if worker is None:
@@ -173,7 +181,7 @@ class TrainingHandlers:
         return Ack(), []
 
     async def replica_log(self, sender: str, request: ReplicaLog, blobs: list[bytes]) -> tuple[Ack, list[bytes]]:
-        self._member(sender)
+        self._standing_by(sender)
         entry = LogEntry(request.version, blobs[0], tuple(request.share_ids), request.ledger)
         self._replicas.append((request.stage, request.shard), sender, request.lineage, entry)
         return Ack(), []
@@ -181,7 +189,7 @@ class TrainingHandlers:
     async def replica_checkpoint(
         self, sender: str, request: ReplicaCheckpoint, blobs: list[bytes]
     ) -> tuple[Ack, list[bytes]]:
-        self._member(sender)
+        self._standing_by(sender)
         replicas, key = self._replicas, (request.stage, request.shard)
         # Its checks read the whole file (80 ms for 64 MB): off the loop; kept on it.
         length = await asyncio.to_thread(

@@ -252,7 +252,7 @@ class ShardServer:
 
     async def _commit(self, step: ShardStep) -> None:
         """Log the step at the standby, then let pulls see it (called under the lock)."""
-        if not await self.standby.replicate(step, patient=not self.closed):
+        if not await self.standby.replicate(step):
             self.stats.unreplicated += 1
         self.shard.confirm(step.version)
         self.stats.steps += 1
@@ -279,6 +279,7 @@ class ShardServer:
     async def close(self) -> int:
         """Stop serving: step on what is buffered (no accepted contribution is lost), then copy
         the state here and to the standby. Returns the final version."""
+        self.standby.hurry()
         await self.standby.settle()
         async with self.lock:
             self.closed = True

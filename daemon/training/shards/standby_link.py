@@ -9,14 +9,15 @@ logged meanwhile after it. (Sent under the lock they held every step and pull fo
 the shard's state takes on the standby's link, about 1 s every 10 steps at 40 Mbit/s.)
 
 A standby that refuses because its view of the swarm lags this peer's is asked again, with
-backoff, for up to ``LAGGING_STANDBY_WAIT_S``, the step held: it has not read this peer's lease
+backoff, for up to ``LAGGING_STANDBY_WAIT_S`` in all, the step held: it has not read this peer's lease
 of the shard yet (``NOT_HOLDER``), nor its heartbeat (``NOT_MEMBER``), or follows no assignment
 yet (``UNAVAILABLE``; which also asks for a copy first). Such a refusal ends within a trainer
 tick or a membership scan, and a step applied meanwhile would be lost with this peer: a server
 opened after a hand-over, or copying to a new standby, met one in most runs of the four-daemon
 test. A standby that cannot log a step otherwise (gone, too slow, or lagging longer) does not
 stall the swarm: the step is applied unreplicated (the server counts it) and the next step
-copies a checkpoint first.
+copies a checkpoint first. A standby that does not catch up in that time (paused, leaving)
+holds no later step up; a closing server waits for none.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-LAGGING_STANDBY_WAIT_S = 10.0
-"""How long a step waits for a standby whose view lags (module doc): two membership scans."""
+LAGGING_STANDBY_WAIT_S = 6.0
+"""How long steps wait for a standby whose view lags (module doc), in all, per lag: a
+membership scan (at most 5 s apart) and a trainer tick."""
 LAGGING_FIRST_RETRY_S = 0.25
 LAGGING_MAX_RETRY_S = 2.0
 LOG_RETRY_WITHIN_S = 1.0
@@ -87,12 +89,15 @@ class StandbyLink:
         """Counts standby changes: a copy in flight to a standby no longer ours decides nothing."""
         self._copying: asyncio.Task[None] | None = None
         self._warned_at = -WARN_EVERY_S
+        self._lag_left_s = lagging_wait_s
+        """What is left of the wait for the standby's current lag (module doc)."""
+        self._hurry = asyncio.Event()
 
-    async def replicate(self, step: ShardStep, patient: bool = True) -> bool:
+    async def replicate(self, step: ShardStep) -> bool:
         """Log ``step`` at the standby, a copy first where it needs one; True once it is logged.
-        ``patient``: wait out a lagging standby (module doc); a closing server hands its state
-        to the next holder itself, and does not."""
-        give_up_at = time.monotonic() + (self.lagging_wait_s if patient else 0.0)
+        A lagging standby is waited for (module doc) out of one budget per lag: a standby that
+        does not catch up in it (paused, leaving) holds no later step up, until it takes a copy
+        or another standby is named."""
         delay, relogged, waited = LAGGING_FIRST_RETRY_S, False, False
         while True:
             started, copying = time.monotonic(), not self._ready
@@ -101,15 +106,17 @@ class StandbyLink:
                     self._ready = await self.send_checkpoint(*await self._take_checkpoint())
                     if not self._ready:
                         return False  # no standby
-                return await self.log_step(step, self.ledger_state())
+                logged = await self.log_step(step, self.ledger_state())
+                if logged:
+                    self._lag_left_s = self.lagging_wait_s  # caught up: a later lag is a new one
+                return logged
             except SwarmdError as e:
                 error: SwarmdError = e
             if self._ready and not relogged and not _lagging(error) and time.monotonic() - started < LOG_RETRY_WITHIN_S:
                 relogged = True  # a broken stream: the log once more, at once
                 continue
             self._ready = False
-            left = give_up_at - time.monotonic()
-            if not _lagging(error) or left <= 0:
+            if not _lagging(error) or self._lag_left_s <= 0 or self._hurry.is_set():
                 what = "copy a checkpoint to" if copying else f"log step {step.version} at"
                 self._warn(f"could not {what} the standby ({error})")
                 return False
@@ -117,8 +124,16 @@ class StandbyLink:
                 waited = True
                 self.lagging_waits += 1
                 logger.info("shard %s: the standby's view lags (%s); step %d waits", self.key, error, step.version)
-            await asyncio.sleep(min(left, delay * random.uniform(0.5, 1.0)))  # jittered: servers may share a standby
+            pause = min(self._lag_left_s, delay * random.uniform(0.5, 1.0))  # jittered: servers may share a standby
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._hurry.wait(), pause)
+            self._lag_left_s -= time.monotonic() - started
             delay = min(2 * delay, LAGGING_MAX_RETRY_S)
+
+    def hurry(self) -> None:
+        """The server closes: no step waits for a lagging standby any more (it hands its state
+        to the next holder itself)."""
+        self._hurry.set()
 
     async def stepped(self) -> None:
         """After a committed step: a checkpoint every ``checkpoint_every`` steps, in the
@@ -146,6 +161,7 @@ class StandbyLink:
         """A new standby starts from a fresh copy, not from the log (called by the trainer)."""
         self._ready = False
         self._generation += 1
+        self._lag_left_s = self.lagging_wait_s
 
     async def _take_checkpoint(self) -> tuple[int, bytes]:
         self.since_copy = 0

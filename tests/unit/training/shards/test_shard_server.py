@@ -197,22 +197,45 @@ def test_a_step_waits_for_a_standby_whose_view_lags_and_is_logged_once_it_sees_t
     asyncio.run(scenario())
 
 
-def test_a_standby_lagging_past_the_wait_leaves_the_step_unreplicated_and_the_next_copies_first(
+def test_a_standby_lagging_past_the_wait_holds_up_one_step_and_a_copy_follows_once_it_catches_up(
     tmp_path: Path,
 ) -> None:
+    """One budget per lag: a standby that does not catch up (paused, leaving) stalls the swarm
+    once, not at every step."""
+
     async def scenario() -> None:
         standby = Standby()
         standby.sees = "another holder"
         srv = server(tmp_path, standby, every=10)
         srv.standby.lagging_wait_s = 0.5
+        srv.standby.changed()  # (the budget of a new standby's lag)
         started = time.monotonic()
         await asyncio.wait_for(step(srv, 1), 10)  # applied unreplicated after the wait, not stalled for good
         assert time.monotonic() - started >= 0.4 and srv.version == 1 and srv.stats.unreplicated == 1
+        started = time.monotonic()
+        await step(srv, 2)  # the same lag: no wait
+        assert time.monotonic() - started < 0.3 and srv.stats.unreplicated == 2
         standby.sees = HOLDER
-        await step(srv, 2)  # a copy first (at 2, with the step in it), then the log
-        assert srv.stats.unreplicated == 1 and standby.copies_started[-1] == 2
+        await step(srv, 3)  # a copy first (at 3, with the step in it), then the log
+        assert srv.stats.unreplicated == 2 and standby.copies_started[-1] == 3
         assert torch.equal(rebuilt(standby, srv), weights_of(srv))
         await srv.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_closing_server_ends_a_wait_for_a_lagging_standby(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        standby = Standby()
+        standby.sees = None
+        srv = server(tmp_path, standby, every=10)
+        stepping = asyncio.create_task(step(srv, 1))
+        while srv.standby.lagging_waits == 0:
+            await asyncio.sleep(0.01)
+        started = time.monotonic()
+        assert await asyncio.wait_for(srv.close(), 10) == 1
+        assert time.monotonic() - started < 2 and srv.stats.unreplicated == 1
+        await stepping
 
     asyncio.run(scenario())
 
