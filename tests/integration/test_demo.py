@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -51,7 +52,16 @@ class Demo:
         return {p for p in descendants(self.proc.pid, procs) if procs[p][0] == self.proc.pid}
 
     def finish(self, timeout: float) -> tuple[int, str]:
-        returncode = self.proc.wait(timeout)
+        try:
+            returncode = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:  # what it was doing, for the failure's message
+            spy = Path(sys.executable).with_name("py-spy")  # where the dev extras are installed
+            stack = ""
+            if spy.exists():
+                dump = [spy, "dump", "--pid", str(self.proc.pid)]
+                stack = subprocess.run(dump, capture_output=True, text=True, timeout=30).stdout
+            ended = f"not ended {timeout:.0f} s on; its output ends:\n{self.out[-3000:]}"
+            raise AssertionError(f"{ended}\n{stack}") from None
         self._reader.join(10)
         assert self.proc.stderr is not None
         return returncode, self.proc.stderr.read()
