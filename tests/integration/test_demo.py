@@ -32,6 +32,9 @@ class Demo:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            # As a terminal starts it: Ctrl-C not ignored, even when the suite's own runner
+            # inherited it ignored (a background job of a shell without job control).
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
