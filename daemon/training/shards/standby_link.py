@@ -99,11 +99,13 @@ class StandbyLink:
         does not catch up in it (paused, leaving) holds no later step up, until it takes a copy
         or another standby is named."""
         delay, relogged, waited = LAGGING_FIRST_RETRY_S, False, False
+        copy: tuple[int, bytes] | None = None  # taken once: the shard does not change under the lock
         while True:
             started, copying = time.monotonic(), not self._ready
             try:
                 if copying:
-                    self._ready = await self.send_checkpoint(*await self._take_checkpoint())
+                    copy = copy or await self._take_checkpoint()
+                    self._ready = await self.send_checkpoint(*copy)
                     if not self._ready:
                         return False  # no standby
                 logged = await self.log_step(step, self.ledger_state())
