@@ -93,6 +93,11 @@ class LanDiscoveryProcess:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.returncode is None
 
+    async def ended(self) -> None:
+        """Return once the child has exited (at once if it never started)."""
+        if self._reader is not None:
+            await asyncio.wait({self._reader})  # the reader ends when the child does
+
     def set_hello(self, raw: bytes) -> None:
         if self._proc is None or self._proc.stdin is None or self._proc.stdin.is_closing():
             return

@@ -9,20 +9,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from swarmd.errors import RecordError
+from swarmd.errors import RecordError, SwarmdError
 from swarmd.node.lan_process import LanDiscoveryProcess
-from swarmd.peers.dht.swarm_dht import SwarmDHT
 from swarmd.peers.records.heartbeat import Heartbeat
+
+if TYPE_CHECKING:  # a type only: importing the DHT's module loads hivemind, which its unit test must not
+    from swarmd.peers.dht.swarm_dht import SwarmDHT
 
 logger = logging.getLogger(__name__)
 
 # LAN peers introduced to the DHT at once; more hellos than this wait for the next minute.
 MAX_LAN_DIALS = 8
-LAN_RESTART_INTERVAL_S = 10.0
+LAN_RESTART_DELAYS_S = (1.0, 60.0)
+"""The wait before restarting LAN discovery after its child died or failed to start: the
+first, doubled with each failure in a row, up to the second (a child that keeps crashing
+costs a start a minute at most)."""
+LAN_STABLE_S = 60.0
+"""A child that ran this long before it died counts as a first failure again."""
 
 
 class LanService:
@@ -52,14 +61,26 @@ class LanService:
         process.set_hello(hello())
         logger.info("LAN discovery (mDNS) on %s", " ".join(process.listen_maddrs))
 
-    async def keep(self, hello: Callable[[], bytes]) -> None:
-        """Restart LAN discovery if it failed to start or its child died."""
-        if self._process is not None and self._process.alive:
-            return
-        if self._process is not None:
-            await self._process.stop()
-            self._process = None
-        await self.start(hello)
+    async def keep(self, hello: Callable[[], bytes], sleep_or_stop: Callable[[float], Awaitable[bool]]) -> None:
+        """Restart LAN discovery whenever its child dies or failed to start, after a backoff
+        (``LAN_RESTART_DELAYS_S``), until ``sleep_or_stop`` says the node is stopping."""
+        failures = 0
+        while True:
+            started = time.monotonic()
+            if self._process is not None:
+                await self._process.ended()
+                await self._process.stop()
+                self._process = None
+                logger.warning("LAN discovery's child exited; restarting it")
+            failures = 1 if time.monotonic() - started >= LAN_STABLE_S else failures + 1
+            first, ceiling = LAN_RESTART_DELAYS_S
+            delay = min(ceiling, first * 2 ** (failures - 1)) * random.uniform(0.8, 1.2)
+            if await sleep_or_stop(delay):
+                return
+            try:
+                await self.start(hello)
+            except SwarmdError as e:
+                logger.warning("%s; going on without it, retrying", e)
 
     async def cancel_dials(self) -> None:
         for task in self._dials:

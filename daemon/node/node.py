@@ -28,7 +28,7 @@ from swarmd.node.coordination import Coordination
 from swarmd.node.dht_watch import DhtWatch
 from swarmd.node.dial_back import DialBackService
 from swarmd.node.joining import Joining
-from swarmd.node.lan_service import LAN_RESTART_INTERVAL_S, LanService
+from swarmd.node.lan_service import LanService
 from swarmd.node.limits.auto_pause import limits_reason
 from swarmd.node.limits.live import LiveLimits, Reloads
 from swarmd.node.limits.pausing import Pausing
@@ -217,7 +217,7 @@ class Node:
             try:
                 await lan.start(presence.sign_heartbeat)
             except SwarmdError as e:
-                logger.warning("%s; going on without it, retrying in %.0f s", e, LAN_RESTART_INTERVAL_S)
+                logger.warning("%s; going on without it for now", e)
         device_task = asyncio.create_task(presence.measure_device(self.config.compute, self.config.limits))
         self.spec = spec = await joining.find_spec()
         self.membership.follow(spec, cfg.join_token)  # a private run's refusal stops us here
@@ -248,8 +248,8 @@ class Node:
         if self.config.compute.train:
             await self._start_trainer(spec, measurements, coordination)
         if cfg.mdns:
-            keep_lan = functools.partial(lan.keep, presence.sign_heartbeat)
-            services.spawn("LAN discovery", lambda: LAN_RESTART_INTERVAL_S, keep_lan, run_first=False)
+            keep_lan = functools.partial(lan.keep, presence.sign_heartbeat, services.sleep_or_stop)
+            services.spawn_once("LAN discovery", keep_lan)  # restarts its child whenever it dies
 
     async def _start_rpc(self, measurements: Measurements, coordination: Coordination) -> None:
         """The data path's request server on the DHT's libp2p host (the trainer adds its own)."""
