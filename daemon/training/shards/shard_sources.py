@@ -215,7 +215,9 @@ class ShardSources:
         # (closing first) once it follows the same assignment: wait for that, up to the grace.
         if best is not None and best.version >= seen and still_served is None:
             return best
-        if best is None and seen == 0:  # nobody ever trained it: the weights the run starts from
+        if best is None and seen == 0 and still_served is None:  # nobody trained it: the run's start
+            # (Not while a source may still step it: a holder's lease shows the version it was
+            # claimed or last renewed at, and the steps since are in its state alone.)
             return await self._start(key, span, step)
         since = self._waiting_since.setdefault(key, time.monotonic())
         if time.monotonic() - since < OPEN_GRACE_S:

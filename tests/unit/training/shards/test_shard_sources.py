@@ -156,6 +156,16 @@ def test_a_lease_holder_that_refuses_the_ask_for_now_is_waited_for(tmp_path: Pat
         peers.answers[HOLDER] = ("checkpoint", 1, state(tmp_path, 1))  # once its view catches up
         found = believable(s, tmp_path)
         assert found is not None and found.version == 1
+    # Nor is the seed opened while it refuses, though no version was ever seen: its lease shows
+    # version 0 from its claim, and the steps since are in its state alone (four daemons: the
+    # first plan moved a shard its provisional holder had stepped twice; opened from the seed,
+    # it went 2 -> 0).
+    peers = Peers({HOLDER: NotHolder("not its holder here"), STANDBY: Unavailable("no replica yet")})
+    s = sources(peers, seen=0)
+    assert believable(s, tmp_path) is None
+    peers.answers[HOLDER] = ("checkpoint", 2, state(tmp_path, 2))
+    found = believable(s, tmp_path)
+    assert found is not None and found.version == 2
     # The same refusal from a peer that holds no live lease of the shard holds nothing up.
     expired = replace(lease(HOLDER, 13, STANDBY), expires_at=time.time() - 1)
     pool = Pool(books=Books(own=ME, live=frozenset({ME, HOLDER, STANDBY}), rightful={KEY: (expired, b"")}))
