@@ -1,10 +1,14 @@
 """Bad input gives a one-line error naming the problem and the fix, a non-zero exit, no
-traceback, and leaves what is on disk as it was."""
+traceback, and leaves what is on disk as it was.
+
+Each command runs as ``python -m swarmd`` does, forked from the worker's launcher with swarmd
+imported (``tests/integration/fork_launcher.py``): the same ``main``, arguments, output and exit
+code, without a fresh interpreter's 3 s of imports per command (the demo's and the packaging
+tests still start ``swarmd`` afresh)."""
 
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,20 +16,24 @@ import pytest
 
 from swarmd.peers.records.identity import Identity
 from swarmd.system.local_swarm import LOOPBACK_FLAGS
+from tests.integration.fork_launcher import ForkLauncher
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 RUN_ID = "tiny-bytes.aaaaaaaaaaaaaaaaaaaaaaaa"
 
 
-def swarmd(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "swarmd", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
+Swarmd = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def swarmd(launcher: ForkLauncher) -> Swarmd:
+    """``swarmd ARGS`` run to its end (stdin from /dev/null), its output captured."""
+
+    def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return launcher.run(list(args), timeout)
+
+    return run
 
 
 def assert_one_line_error(out: subprocess.CompletedProcess[str], *fragments: str) -> str:
@@ -38,7 +46,7 @@ def assert_one_line_error(out: subprocess.CompletedProcess[str], *fragments: str
     return errors[0]
 
 
-def test_corrupt_key_is_reported_and_left_untouched(workdir: Path) -> None:
+def test_corrupt_key_is_reported_and_left_untouched(workdir: Path, swarmd: Swarmd) -> None:
     state = workdir / "s"
     state.mkdir(mode=0o700)
     key = state / "identity.key"
@@ -50,7 +58,7 @@ def test_corrupt_key_is_reported_and_left_untouched(workdir: Path) -> None:
     assert key.read_bytes() == before
 
 
-def test_malformed_config(workdir: Path) -> None:
+def test_malformed_config(workdir: Path, swarmd: Swarmd) -> None:
     config = workdir / "config.toml"
     config.write_text('[swarm]\njoin_timeout_s = "soon"\n')
     out = swarmd("run", "--run-id", RUN_ID, "--config", str(config))
@@ -75,14 +83,14 @@ def run_alone(run_id: str, state_dir: Path, join_timeout_s: int) -> list[str]:
     ]
 
 
-def test_malformed_run_id_and_multiaddr(workdir: Path) -> None:
+def test_malformed_run_id_and_multiaddr(workdir: Path, swarmd: Swarmd) -> None:
     out = swarmd("run", "--run-id", "no spaces allowed", "--state-dir", str(workdir / "s"))
     assert_one_line_error(out, "malformed", "swarmd run create")
     out = swarmd("run", "--run-id", RUN_ID, "--state-dir", str(workdir / "s"), "--initial-peers", "1.2.3.4:5")
     assert_one_line_error(out, "initial_peers", "1.2.3.4:5", "not a valid multiaddr")
 
 
-def test_unreachable_initial_peer_gives_up_after_the_join_timeout(workdir: Path) -> None:
+def test_unreachable_initial_peer_gives_up_after_the_join_timeout(workdir: Path, swarmd: Swarmd) -> None:
     nobody = Identity.generate().peer_id
     out = swarmd(
         *run_alone(RUN_ID, workdir / "s", join_timeout_s=3), "--initial-peers", f"/ip4/127.0.0.1/tcp/1/p2p/{nobody}"
@@ -92,12 +100,12 @@ def test_unreachable_initial_peer_gives_up_after_the_join_timeout(workdir: Path)
     assert not (workdir / "s" / "control.sock").exists()
 
 
-def test_run_nobody_serves(workdir: Path) -> None:
+def test_run_nobody_serves(workdir: Path, swarmd: Swarmd) -> None:
     out = swarmd(*run_alone(RUN_ID, workdir / "s", join_timeout_s=2))
     assert_one_line_error(out, "not served", "no --initial-peers")
 
 
-def test_tampered_cached_spec_is_not_trusted(workdir: Path, make_run: Callable[..., str]) -> None:
+def test_tampered_cached_spec_is_not_trusted(workdir: Path, make_run: Callable[..., str], swarmd: Swarmd) -> None:
     state = workdir / "s"
     run_id = make_run(state)
     cached = state / "runs" / f"{run_id}.spec"
@@ -107,11 +115,11 @@ def test_tampered_cached_spec_is_not_trusted(workdir: Path, make_run: Callable[.
     assert_one_line_error(out, "not served")
 
 
-def test_bad_spec_file(workdir: Path) -> None:
+def test_bad_spec_file(workdir: Path, swarmd: Swarmd) -> None:
     spec = workdir / "spec.toml"
     spec.write_text('name = "Bad Name"\n')
     assert_one_line_error(swarmd("run", "create", "--spec", str(spec), "--state-dir", str(workdir / "s")), str(spec))
 
 
-def test_status_without_daemon(workdir: Path) -> None:
+def test_status_without_daemon(workdir: Path, swarmd: Swarmd) -> None:
     assert_one_line_error(swarmd("status", "--state-dir", str(workdir / "s")), "no daemon is running")
