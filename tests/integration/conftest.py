@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -88,6 +89,23 @@ def launcher() -> Iterator[ForkLauncher]:
     forks = ForkLauncher()
     yield forks
     forks.close()
+
+
+Swarmd = Callable[..., subprocess.CompletedProcess[str]]
+"""``swarmd(*args, timeout=120)``: the ``swarmd`` command run to its end, its output captured."""
+
+
+@pytest.fixture
+def swarmd(launcher: ForkLauncher) -> Swarmd:
+    """``swarmd ARGS`` as a user runs it (stdin from /dev/null), forked from the worker's launcher:
+    ``python -m swarmd``'s same main, arguments, output and exit code, without a fresh
+    interpreter's 3 s of imports per command (the demo's and the packaging tests still start
+    ``swarmd`` afresh)."""
+
+    def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return launcher.run(list(args), timeout)
+
+    return run
 
 
 @pytest.fixture

@@ -1,10 +1,6 @@
 """Bad input gives a one-line error naming the problem and the fix, a non-zero exit, no
 traceback, and leaves what is on disk as it was.
-
-Each command runs as ``python -m swarmd`` does, forked from the worker's launcher with swarmd
-imported (``tests/integration/fork_launcher.py``): the same ``main``, arguments, output and exit
-code, without a fresh interpreter's 3 s of imports per command (the demo's and the packaging
-tests still start ``swarmd`` afresh)."""
+Each command is forked from the worker's launcher (the ``swarmd`` fixture)."""
 
 from __future__ import annotations
 
@@ -16,24 +12,11 @@ import pytest
 
 from swarmd.peers.records.identity import Identity
 from swarmd.system.local_swarm import LOOPBACK_FLAGS
-from tests.integration.fork_launcher import ForkLauncher
+from tests.integration.conftest import Swarmd
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 RUN_ID = "tiny-bytes.aaaaaaaaaaaaaaaaaaaaaaaa"
-
-
-Swarmd = Callable[..., subprocess.CompletedProcess[str]]
-
-
-@pytest.fixture
-def swarmd(launcher: ForkLauncher) -> Swarmd:
-    """``swarmd ARGS`` run to its end (stdin from /dev/null), its output captured."""
-
-    def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return launcher.run(list(args), timeout)
-
-    return run
 
 
 def assert_one_line_error(out: subprocess.CompletedProcess[str], *fragments: str) -> str:

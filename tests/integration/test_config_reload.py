@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,17 +12,13 @@ from typing import Any
 import pytest
 
 from swarmd.system.local_swarm import LocalDaemon, wait_for
+from tests.integration.conftest import Swarmd
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 
-def swarmd_config(config: Path, state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "swarmd", "config", *args, "--config", str(config), "--state-dir", str(state_dir)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=60)
-
-
 def test_limits_change_live_and_a_broken_file_changes_nothing(
-    workdir: Path, make_run: Callable[..., str], daemon_factory: Callable[..., LocalDaemon]
+    workdir: Path, make_run: Callable[..., str], daemon_factory: Callable[..., LocalDaemon], swarmd: Swarmd
 ) -> None:
     state = workdir / "a"
     run_id = make_run(state)
@@ -34,19 +28,19 @@ def test_limits_change_live_and_a_broken_file_changes_nothing(
     status = daemon.wait_running()
     assert status["limits"]["cpu_share"] == 1.0 and status["limits"]["applied"]["cpu_share"] == 1.0
 
-    done = swarmd_config(config, state, "set", "limits.cpu_share", "0.5")
+    done = swarmd("config", "set", "limits.cpu_share", "0.5", "--config", str(config), "--state-dir", str(state))
     assert done.returncode == 0, done.stderr
     assert "applied live: [limits] cpu_share: 1.0 -> 0.5" in done.stdout
     assert config.read_text() == "# the owner's notes\n[limits]\ncpu_share = 0.5  # all of it\n"
     limits: dict[str, Any] = (daemon.status() or {})["limits"]
     assert limits["cpu_share"] == 0.5 and limits["applied"]["cpu_share"] == 0.5
 
-    done = swarmd_config(config, state, "set", "node.log_level", '"debug"')
+    done = swarmd("config", "set", "node.log_level", '"debug"', "--config", str(config), "--state-dir", str(state))
     assert done.returncode == 0, done.stderr
     assert "needs a restart: node.log_level" in done.stdout
 
     config.write_text("[limits]\ncpu_share = 7\n")  # the owner's editor, not swarmd config set
-    done = swarmd_config(config, state, "reload")
+    done = swarmd("config", "reload", "--config", str(config), "--state-dir", str(state))
     assert done.returncode == 2, done.stderr
     assert "cpu_share = 7.0 must be in (0, 1]" in done.stderr and "the running daemon keeps" in done.stderr
     os.kill(daemon.pid, signal.SIGHUP)

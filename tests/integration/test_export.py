@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ from swarmd.models.presets import DEFAULT_RUN
 from swarmd.models.tokenizer import ByteTokenizer
 from swarmd.system.local_swarm import create_run
 from swarmd.system.state_dir import prepare_state_dir, run_checkpoint_dir, save_spec
+from tests.integration.conftest import Swarmd
 from tests.unit.training.swarm_in_process import Swarm
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -28,11 +27,7 @@ TINY = {
 }
 
 
-def swarmd(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "swarmd", *args], capture_output=True, text=True, timeout=120)
-
-
-def test_export_after_training_loads_and_generates(workdir: Path) -> None:
+def test_export_after_training_loads_and_generates(workdir: Path, swarmd: Swarmd) -> None:
     # Train 10 updates with the daemon's own trainer (in this process, over an in-memory DHT and
     # network), gather every stage's weights from its shards as a running daemon does for
     # export, and put them where the daemon's state directory keeps them.
@@ -83,7 +78,7 @@ def test_export_after_training_loads_and_generates(workdir: Path) -> None:
     assert swarmd("export", "--run-id", run_id, str(out), "--state-dir", str(state), "--overwrite").returncode == 0
 
 
-def test_export_without_checkpoints_says_so(workdir: Path) -> None:
+def test_export_without_checkpoints_says_so(workdir: Path, swarmd: Swarmd) -> None:
     state = workdir / "s"
     spec_path = workdir / "tiny.json"
     spec_path.write_text(json.dumps(TINY))

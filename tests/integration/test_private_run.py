@@ -38,6 +38,7 @@ from swarmd.peers.wire.file_messages import MAX_CHUNK_BYTES, FileFetch
 from swarmd.peers.wire.messages import Pull, PullFromHead, ReplicaFetch
 from swarmd.system.local_swarm import LocalDaemon, create_run, wait_for
 from swarmd.system.state_dir import prepare_state_dir
+from tests.integration.conftest import Swarmd
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -124,12 +125,8 @@ def peer_id_of(state_dir: Path) -> str:
     return load_or_create_identity(prepare_state_dir(state_dir)).peer_id
 
 
-def swarmd(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "swarmd", *args], capture_output=True, text=True, timeout=60)
-
-
 def test_a_token_run_admits_the_token_holder_and_no_one_else(
-    workdir: Path, daemon_factory: Callable[..., LocalDaemon]
+    workdir: Path, daemon_factory: Callable[..., LocalDaemon], swarmd: Swarmd
 ) -> None:
     spec = materialize(PRESETS["tiny-llama-bpe"], workdir / "files")  # its data, held by the creator
     spec.write_text(json.dumps({**json.loads(spec.read_text()), "name": "private", "access": {"membership": "token"}}))

@@ -139,12 +139,7 @@ def test_a_daemon_alone_trains_everything_a_second_takes_its_share_and_hands_it_
 
 def owner(daemon: LocalDaemon, *command: str) -> str:
     """``swarmd COMMAND --state-dir`` as the daemon's owner types it; what it printed."""
-    out = subprocess.run(
-        [sys.executable, "-m", "swarmd", *command, "--state-dir", str(daemon.state_dir)],
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
+    out = daemon.launcher.run([*command, "--state-dir", str(daemon.state_dir)], 90)
     assert out.returncode == 0, out.stderr
     return out.stdout
 
