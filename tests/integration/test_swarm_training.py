@@ -53,8 +53,14 @@ from tests.integration.version_watch import VersionWatch, alive, status_of
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 PRESET = PRESETS["tiny-llama-bpe"]
-UPDATES = 100
-KILL_AT = 40
+UPDATES = 70
+"""Enough updates for a broken stage to show: in the reference
+(``tests/benchmarks/bench_frozen_stage.py``, seed 7), a stage whose weights never move ends
++0.85 (stage 0) and +1.18 (stage 1) nats above it at 70 updates, far past ``TOLERANCE_NATS``;
+at 50 only +0.34 and +0.74 (the loss sits on a plateau after the warm-up), at 100 +1.29 and
++1.65. 100 updates cost about a minute more of CPU in the suite (30 updates of four
+daemons, 30 reference steps)."""
+KILL_AT = 30
 ALONE_UPDATES = 40
 ALONE_TOLERANCE_NATS = 0.01
 """Both ways, for a daemon alone: it runs the swarm's whole data path (ledger, shard servers,
@@ -80,10 +86,12 @@ membership change perturbs it (see there). Around a kill the swarm is not synchr
 ``SYNC_WAIT_S``, a contribution up to ``max_staleness`` versions old counts in full, a share is
 recomputed into another batch. On this model, steep at 100 updates, 13 runs with the kill
 ended -0.23 to +0.33 nats from the reference (-0.231, -0.192, -0.143, -0.055, -0.045, -0.041,
--0.004, +0.011, +0.043, +0.061, +0.133, +0.237, +0.326): one run against another, at one seed,
-this test cannot price anything finer than that, so it bounds what a broken data path costs (a
-stage that stops learning costs +1.9 in bench_robust_swarm.py; one that learns from a held-out
-sequence ends far below) and the paired benchmarks price the rest."""
+-0.004, +0.011, +0.043, +0.061, +0.133, +0.237, +0.326); at 70 updates (the kill at 30), six
+runs ended -0.059 to +0.002 (-0.059, -0.007, -0.001, -0.001, -0.000, +0.002); at 50 (the kill
+at 20), seven ended -0.058 to +0.159. One run against another, at one seed, this test cannot
+price anything finer than that, so it bounds what a broken data path costs (a stage that stops
+learning: ``UPDATES``; one that learns from a held-out sequence ends far below) and the paired
+benchmarks price the rest."""
 POLL_S = 0.5
 """How often a wait reads the daemons' status. Every poll asks each daemon for its whole
 status; at ``wait_for``'s 0.1 s default that was 40 status calls a second on top of the
@@ -171,7 +179,7 @@ def preset_run() -> Iterator[PresetRun]:
 class SharedReference:
     """The reference's weights after given step counts, trained once in this process for the
     run and settings asked for, and taken further when a later test needs more steps (the alone
-    test's 40, then the four daemons' 100: 40 steps, about 20 s of a core, not trained twice)."""
+    test's 40, then the four daemons' 70: 40 steps, about 20 s of a core, not trained twice)."""
 
     def __init__(self) -> None:
         self._key: tuple[Any, ...] | None = None
@@ -306,7 +314,7 @@ def test_four_daemons_train_like_the_reference_through_a_killed_worker(
 
 
 def _gap_to_reference(
-    run: PresetRun, exported: Path, versions: list[int], printed_loss: float, learned_nats: float = 1.5
+    run: PresetRun, exported: Path, versions: list[int], printed_loss: float, learned_nats: float = 1.2
 ) -> float:
     """The exported swarm's held-out loss less the reference's: the same model, tokenizer, data
     and seed, trained synchronously in this process, each stage's weights taken after as many
