@@ -47,9 +47,9 @@ PLANNED_S = 150.0
 """How long the coordinator may take to plan the newcomer in (it measures its links first)."""
 FOUND_S = 120.0
 """From the first plan naming it: the watch's grace (one cell lease, 30 s) plus its rounds."""
-MORE = 10
+MORE = 5
 """Updates after the repair: training goes on, and the rate after it is measured over them (at
-about 50 a minute on the background share, 10 of them measure it to about five a minute)."""
+about 50 a minute on the background share, 5 of them measure it to about ten a minute)."""
 
 
 def _plan(daemons: list[LocalDaemon]) -> dict[str, Any]:

@@ -61,7 +61,7 @@ at 50 only +0.34 and +0.74 (the loss sits on a plateau after the warm-up), at 10
 +1.65. 100 updates cost about a minute more of CPU in the suite (30 updates of four
 daemons, 30 reference steps)."""
 KILL_AT = 30
-ALONE_UPDATES = 40
+ALONE_UPDATES = 30
 ALONE_TOLERANCE_NATS = 0.01
 """Both ways, for a daemon alone: it runs the swarm's whole data path (ledger, shard servers,
 contributions in the run's half with error feedback, their norm bound, fp16 deltas, the hidden
@@ -179,7 +179,7 @@ def preset_run() -> Iterator[PresetRun]:
 class SharedReference:
     """The reference's weights after given step counts, trained once in this process for the
     run and settings asked for, and taken further when a later test needs more steps (the alone
-    test's 40, then the four daemons' 70: 40 steps, about 20 s of a core, not trained twice)."""
+    test's 30, then the four daemons' 70: 30 steps, about 15 s of a core, not trained twice)."""
 
     def __init__(self) -> None:
         self._key: tuple[Any, ...] | None = None
