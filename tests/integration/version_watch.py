@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from swarmd.system.local_swarm import LocalDaemon
+from tests.integration.sampling import Sampling
 
 STORY_LINES = 40
 """Log lines of a shard's story, per failure: the newest kept (the assertion's message is what CI prints)."""
@@ -36,7 +37,7 @@ def status_of(daemon: LocalDaemon) -> dict[str, Any]:
         return {}
 
 
-class VersionWatch:
+class VersionWatch(Sampling):
     """Samples every shard's committed version at whichever daemons serve it and records any
     decrease: a holder behind the highest version seen, unless it closes while another serves
     the shard (two serve one for a moment while an assignment changes: the one that follows the
@@ -51,6 +52,7 @@ class VersionWatch:
     nothing of theirs crosses a relay.)"""
 
     def __init__(self, daemons: list[LocalDaemon], via_relay: set[int]) -> None:
+        super().__init__(0.5)
         self.daemons = daemons
         self.via_relay = via_relay
         self.highest: dict[tuple[int, int], int] = {}
@@ -62,20 +64,6 @@ class VersionWatch:
         self._needed_for: dict[tuple[int, int, int], int] = {}  # (daemon, pipeline, stage) -> samples in a row
         self._worked: dict[tuple[int, int, int], int] = {}  # (daemon, pipeline, stage) -> micro-batches
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> VersionWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.5):
-            self.sample()
 
     def sample(self) -> None:
         with self._lock:

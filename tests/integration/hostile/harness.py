@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from swarmd.models.shard_checkpoint import ShardCheckpoint
 from swarmd.system.local_swarm import LocalDaemon, wait_for
 from tests.integration.fork_launcher import ForkLauncher
 from tests.integration.procfs import TICK_S, descendants
+from tests.integration.sampling import Sampling
 from tests.integration.small_run import SMALL_RUN
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -183,25 +183,15 @@ def tree_cpu_s(pid: int) -> float:
     return total
 
 
-class RssPeak:
+class RssPeak(Sampling):
     """Samples a process's resident memory every 0.1 s while in use; ``peak`` and ``before``."""
 
     def __init__(self, pid: int) -> None:
+        super().__init__(0.1, join_s=5.0)
         self.pid, self.before, self.peak = pid, rss_bytes(pid), 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> RssPeak:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.1):
-            self.peak = max(self.peak, rss_bytes(self.pid))
+    def sample(self) -> None:
+        self.peak = max(self.peak, rss_bytes(self.pid))
 
 
 def refused(daemons: list[LocalDaemon]) -> dict[str, int]:
